@@ -1,0 +1,364 @@
+//! The Mercury coordinator's policies (§4.2, §4.3, §6.3): membership and liveness, aggregation of
+//! the nodes' queue-delay estimates into the top-k list, the load-shedding threshold
+//! (mean + n·σ), and routing of container notices back to the scheduler that issued them.
+
+use crate::distributed::{ClusterView, NodeDirectoryEntry, NodeLoad};
+use crate::queue_delay::QueueDelay;
+use crate::{ContainerId, NodeId, Time};
+use rand::{Rng, RngExt};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// How the shedding threshold is computed (Mercury §7.2.3 compares none, avg+σ, avg+2σ).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "snake_case")]
+pub enum SheddingPolicy {
+    Off,
+    /// threshold = mean + n·σ of the nodes' R.
+    MeanPlusSigma {
+        n: f64,
+    },
+}
+
+impl std::str::FromStr for SheddingPolicy {
+    type Err = String;
+    /// `off`/`none`, `avg+sigma`, `avg+2sigma`, or `mean+N*sigma`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let l = s.trim().to_ascii_lowercase().replace(['σ'], "sigma");
+        match l.as_str() {
+            "off" | "none" => Ok(SheddingPolicy::Off),
+            "avg+sigma" | "mean+sigma" => Ok(SheddingPolicy::MeanPlusSigma { n: 1.0 }),
+            "avg+2sigma" | "mean+2sigma" => Ok(SheddingPolicy::MeanPlusSigma { n: 2.0 }),
+            other => other
+                .strip_prefix("mean+")
+                .or_else(|| other.strip_prefix("avg+"))
+                .and_then(|r| r.strip_suffix("*sigma"))
+                .and_then(|n| n.parse::<f64>().ok())
+                .filter(|n| *n >= 0.0)
+                .map(|n| SheddingPolicy::MeanPlusSigma { n })
+                .ok_or_else(|| format!("unknown shedding policy {s:?}: expected off, avg+sigma, avg+2sigma or mean+N*sigma")),
+        }
+    }
+}
+
+/// Coordinator settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatorConfig {
+    /// Length of the top-k list sent to distributed schedulers (Mercury's best: 50).
+    pub top_k: usize,
+    pub shedding: SheddingPolicy,
+    /// A threshold below this is raised to it, so tiny queues on an idle cluster are not shed
+    /// (YARN clamps its queue-wait threshold for the same reason).
+    pub min_shedding_threshold_ms: f64,
+    /// A node silent for this long is declared lost.
+    pub node_timeout: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            top_k: 50,
+            shedding: SheddingPolicy::MeanPlusSigma { n: 1.0 },
+            min_shedding_threshold_ms: 100.0,
+            node_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A container notice routed to the scheduler that issued the container.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContainerNotice {
+    pub container_id: ContainerId,
+    pub node_id: NodeId,
+    pub kind: NoticeKind,
+}
+
+/// What happened, for the issuer's accounting and the application's events.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum NoticeKind {
+    /// The node accepted it (queued or running).
+    Started,
+    /// It ended on the node (completed, killed, released, failed).
+    Finished,
+    /// Its node was lost.
+    Lost,
+}
+
+#[derive(Clone, Debug)]
+struct NodeEntry {
+    dir: NodeDirectoryEntry,
+    issuer: u32,
+    load: QueueDelay,
+    last_seen: Time,
+    /// Containers the node last reported holding.
+    containers: Vec<ContainerId>,
+}
+
+/// The coordinator's aggregate view.
+#[derive(Clone, Debug)]
+pub struct CoordinatorState {
+    config: CoordinatorConfig,
+    nodes: BTreeMap<NodeId, NodeEntry>,
+    directory_version: u64,
+    next_issuer: u32,
+    /// Notices waiting for their issuer's next heartbeat, by issuer.
+    outbox: HashMap<u32, Vec<ContainerNotice>>,
+}
+
+impl CoordinatorState {
+    /// `first_issuer` lets a restarted coordinator continue after ids it handed out before.
+    pub fn new(config: CoordinatorConfig, first_issuer: u32) -> CoordinatorState {
+        CoordinatorState {
+            config,
+            nodes: BTreeMap::new(),
+            directory_version: 0,
+            next_issuer: first_issuer.max(1),
+            outbox: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.config
+    }
+
+    pub fn config_mut(&mut self) -> &mut CoordinatorConfig {
+        &mut self.config
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeDirectoryEntry> {
+        self.nodes.values().map(|n| &n.dir)
+    }
+
+    pub fn next_issuer(&self) -> u32 {
+        self.next_issuer
+    }
+
+    pub fn directory_version(&self) -> u64 {
+        self.directory_version
+    }
+
+    pub fn issuer_of(&self, node: &NodeId) -> Option<u32> {
+        self.nodes.get(node).map(|n| n.issuer)
+    }
+
+    /// A node joins (or re-joins after a restart of either side). Returns the issuer prefix its
+    /// distributed scheduler must mint container ids with: always fresh, so ids never repeat.
+    pub fn join(&mut self, now: Time, dir: NodeDirectoryEntry) -> u32 {
+        let issuer = self.next_issuer;
+        self.next_issuer += 1;
+        let previous = self.nodes.insert(
+            dir.node_id.clone(),
+            NodeEntry {
+                dir,
+                issuer,
+                load: QueueDelay::default(),
+                last_seen: now,
+                containers: Vec::new(),
+            },
+        );
+        if let Some(prev) = previous {
+            self.outbox.remove(&prev.issuer);
+        }
+        self.directory_version += 1;
+        issuer
+    }
+
+    /// A heartbeat: the node's queue-delay estimate and the containers it holds.
+    pub fn heartbeat(
+        &mut self,
+        now: Time,
+        node: &NodeId,
+        load: QueueDelay,
+        containers: Vec<ContainerId>,
+    ) -> bool {
+        match self.nodes.get_mut(node) {
+            Some(n) => {
+                n.load = load;
+                n.last_seen = now;
+                n.containers = containers;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Queue a notice for the scheduler that issued the container (by id prefix).
+    pub fn route_notice(&mut self, notice: ContainerNotice) {
+        self.outbox
+            .entry(notice.container_id.issuer())
+            .or_default()
+            .push(notice);
+    }
+
+    /// Notices for the scheduler of `node` (taken).
+    pub fn take_notices_for(&mut self, node: &NodeId) -> Vec<ContainerNotice> {
+        match self.nodes.get(node) {
+            Some(n) => self.outbox.remove(&n.issuer).unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Remove a node (lost or left). Its containers are reported `Lost` to their issuers, and
+    /// returned so the guarantor can free their GUARANTEED capacity.
+    pub fn remove_node(&mut self, node: &NodeId) -> Vec<ContainerId> {
+        let Some(entry) = self.nodes.remove(node) else {
+            return Vec::new();
+        };
+        self.outbox.remove(&entry.issuer);
+        self.directory_version += 1;
+        for &id in &entry.containers {
+            self.route_notice(ContainerNotice {
+                container_id: id,
+                node_id: node.clone(),
+                kind: NoticeKind::Lost,
+            });
+        }
+        entry.containers
+    }
+
+    /// Nodes silent for longer than the timeout.
+    pub fn silent_nodes(&self, now: Time) -> Vec<NodeId> {
+        self.nodes
+            .values()
+            .filter(|n| now.saturating_since(n.last_seen) > self.config.node_timeout)
+            .map(|n| n.dir.node_id.clone())
+            .collect()
+    }
+
+    /// The k nodes of least R, ascending; ties broken at random so an idle cluster spreads work
+    /// over all nodes rather than the first k by name.
+    pub fn top_k<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<NodeLoad> {
+        let mut ranked: Vec<(f64, u64, &NodeEntry)> = self
+            .nodes
+            .values()
+            .map(|n| (n.load.total_ms(), rng.random::<u64>(), n))
+            .collect();
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        ranked
+            .into_iter()
+            .take(self.config.top_k)
+            .map(|(r, _, n)| NodeLoad {
+                node_id: n.dir.node_id.clone(),
+                queue_delay_ms: r,
+            })
+            .collect()
+    }
+
+    /// The view for a distributed scheduler whose directory is at `known_version`.
+    pub fn view_for<R: Rng + ?Sized>(&self, known_version: u64, rng: &mut R) -> ClusterView {
+        ClusterView {
+            directory_version: self.directory_version,
+            directory: if known_version == self.directory_version {
+                Vec::new()
+            } else {
+                self.nodes.values().map(|n| n.dir.clone()).collect()
+            },
+            top_k: self.top_k(rng),
+        }
+    }
+
+    /// Mercury §4.3: the targeted maximal queue delay, mean + n·σ of the nodes' R (population σ),
+    /// floored at the configured minimum. `None` when shedding is off or no node reports.
+    pub fn shedding_threshold_ms(&self) -> Option<f64> {
+        let SheddingPolicy::MeanPlusSigma { n } = self.config.shedding else {
+            return None;
+        };
+        if self.nodes.is_empty() {
+            return None;
+        }
+        let values: Vec<f64> = self.nodes.values().map(|e| e.load.total_ms()).collect();
+        Some(shedding_threshold(&values, n).max(self.config.min_shedding_threshold_ms))
+    }
+}
+
+/// mean + n·σ (population standard deviation) of `values`; 0 for no values.
+pub fn shedding_threshold(values: &[f64], n: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let count = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / count;
+    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / count;
+    mean + n * var.sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Resources;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn dir(name: &str) -> NodeDirectoryEntry {
+        NodeDirectoryEntry {
+            node_id: NodeId::from(name),
+            rack: "r0".into(),
+            capacity: Resources::new(4000, 8192),
+            app_endpoint: format!("{name}:1"),
+        }
+    }
+
+    #[test]
+    fn threshold_matches_hand_computation() {
+        // Same numbers as YARN's worked example {0,2,4,10}: mean 4, σ = sqrt(14) ≈ 3.742.
+        let t = shedding_threshold(&[0.0, 2.0, 4.0, 10.0], 1.0);
+        assert!((t - (4.0 + 14f64.sqrt())).abs() < 1e-9);
+        let t2 = shedding_threshold(&[0.0, 2.0, 4.0, 10.0], 2.0);
+        assert!((t2 - (4.0 + 2.0 * 14f64.sqrt())).abs() < 1e-9);
+        assert!("avg+2sigma".parse::<SheddingPolicy>().is_ok());
+        assert!("avg+xsigma".parse::<SheddingPolicy>().is_err());
+    }
+
+    #[test]
+    fn top_k_is_sorted_and_bounded_and_lost_nodes_notify_issuers() {
+        let mut c = CoordinatorState::new(
+            CoordinatorConfig {
+                top_k: 2,
+                ..Default::default()
+            },
+            1,
+        );
+        let mut rng = StdRng::seed_from_u64(3);
+        for (i, name) in ["a", "b", "c"].iter().enumerate() {
+            c.join(Time::ZERO, dir(name));
+            let load = QueueDelay {
+                tq_ms: (3 - i) as f64 * 100.0,
+                tr_ms: 0.0,
+                tl_ms: 0.0,
+            };
+            assert!(c.heartbeat(Time::ZERO, &NodeId::from(*name), load, vec![]));
+        }
+        let top = c.top_k(&mut rng);
+        assert_eq!(
+            top.iter().map(|l| l.node_id.0.as_str()).collect::<Vec<_>>(),
+            vec!["c", "b"]
+        );
+        let issuer_a = c.issuer_of(&NodeId::from("a")).unwrap();
+        let id = ContainerId::new(issuer_a, 5);
+        c.heartbeat(
+            Time::from_secs(1),
+            &NodeId::from("b"),
+            QueueDelay::default(),
+            vec![id],
+        );
+        assert_eq!(c.silent_nodes(Time::from_secs(11)).len(), 2);
+        let lost = c.remove_node(&NodeId::from("b"));
+        assert_eq!(lost, vec![id]);
+        let notices = c.take_notices_for(&NodeId::from("a"));
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].kind, NoticeKind::Lost);
+        let v = c.view_for(0, &mut rng);
+        assert_eq!(v.directory.len(), 2);
+        assert!(
+            c.view_for(v.directory_version, &mut rng)
+                .directory
+                .is_empty()
+        );
+    }
+}

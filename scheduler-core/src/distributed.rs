@@ -1,0 +1,372 @@
+//! The distributed scheduler that runs on every worker (Mercury §4.2 "Distributed placement of
+//! QUEUEABLE containers", §6.3): places QUEUEABLE asks without contacting the coordinator, by
+//! choosing pseudo-randomly among the top-k nodes of least estimated queue delay in the latest
+//! cluster view, honouring locality, never putting two off-locality containers of one ask on the
+//! same node in one round, and enforcing per-app quotas (§4.1).
+
+use crate::ids::ContainerIdMinter;
+use crate::protocol::app::Locality;
+use crate::quota::{QueueableQuota, QuotaTracker};
+use crate::token::TokenBody;
+use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
+use rand::{Rng, RngExt};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+
+/// One node of the cluster directory (membership; changes rarely).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDirectoryEntry {
+    pub node_id: NodeId,
+    pub rack: String,
+    pub capacity: Resources,
+    /// `host:port` where applications reach this node's worker.
+    pub app_endpoint: String,
+}
+
+/// A node's rank in the top-k list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    pub node_id: NodeId,
+    /// R = Tq + Tr + Tl in ms.
+    pub queue_delay_ms: f64,
+}
+
+/// What the coordinator disseminates: membership and the least-loaded nodes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Bumped whenever membership changes; the directory is resent only then.
+    pub directory_version: u64,
+    pub directory: Vec<NodeDirectoryEntry>,
+    /// Nodes of least queue delay, ascending (at most the coordinator's k).
+    pub top_k: Vec<NodeLoad>,
+}
+
+/// Distributed scheduler settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DistributedSchedulerConfig {
+    /// k of top-k. Mercury §7.2.2 found k = 50 best on 256 nodes.
+    pub top_k: usize,
+    /// Validity of a grant's token (YARN uses the 600 s allocation expiry).
+    pub token_ttl_ms: u64,
+}
+
+impl Default for DistributedSchedulerConfig {
+    fn default() -> Self {
+        DistributedSchedulerConfig {
+            top_k: 50,
+            token_ttl_ms: 600_000,
+        }
+    }
+}
+
+/// A QUEUEABLE ask as the distributed scheduler sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueableAsk {
+    pub app_id: AppId,
+    pub resources: Resources,
+    pub count: u32,
+    pub priority: u32,
+    pub locality: Option<Locality>,
+    pub runtime_estimate_ms: Option<u64>,
+    pub job_id: JobId,
+    pub job_submit_time_ms: u64,
+}
+
+/// One placed container, with the token body to sign.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacedContainer {
+    pub container_id: ContainerId,
+    pub node_id: NodeId,
+    pub node_endpoint: String,
+    pub token_body: TokenBody,
+}
+
+/// Result of placing one ask.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlacementOutcome {
+    pub placed: Vec<PlacedContainer>,
+    pub unplaced: u32,
+    pub unplaced_reason: Option<String>,
+}
+
+/// Refusals of a whole ask.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("no cluster view yet: this worker has not heard from the coordinator")]
+    NoView,
+    #[error("ask of {asked} is larger than every node of the cluster (largest: {largest})")]
+    LargerThanAnyNode {
+        asked: Resources,
+        largest: Resources,
+    },
+    #[error("ask has zero resources or zero count")]
+    Empty,
+    #[error("QUEUEABLE quota of app {app} reached ({outstanding} outstanding)")]
+    QuotaExceeded { app: String, outstanding: u32 },
+}
+
+impl PlacementError {
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            PlacementError::NoView | PlacementError::QuotaExceeded { .. }
+        )
+    }
+}
+
+/// The per-worker distributed scheduler state.
+#[derive(Clone, Debug)]
+pub struct DistributedScheduler {
+    config: DistributedSchedulerConfig,
+    minter: ContainerIdMinter,
+    view: ClusterView,
+    directory_index: HashMap<NodeId, usize>,
+    quotas: QuotaTracker,
+}
+
+impl DistributedScheduler {
+    /// `issuer` is this worker's container-id prefix, assigned by the coordinator at join.
+    pub fn new(config: DistributedSchedulerConfig, issuer: u32) -> DistributedScheduler {
+        DistributedScheduler {
+            config,
+            minter: ContainerIdMinter::new(issuer),
+            view: ClusterView::default(),
+            directory_index: HashMap::new(),
+            quotas: QuotaTracker::new(),
+        }
+    }
+
+    pub fn config(&self) -> &DistributedSchedulerConfig {
+        &self.config
+    }
+
+    pub fn set_top_k(&mut self, k: usize) {
+        self.config.top_k = k.max(1);
+    }
+
+    pub fn issuer(&self) -> u32 {
+        self.minter.issuer()
+    }
+
+    /// Re-key after a (re-)join assigned a new issuer prefix.
+    pub fn set_issuer(&mut self, issuer: u32) {
+        if issuer != self.minter.issuer() {
+            self.minter = ContainerIdMinter::new(issuer);
+        }
+    }
+
+    pub fn view(&self) -> &ClusterView {
+        &self.view
+    }
+
+    pub fn quotas(&self) -> &QuotaTracker {
+        &self.quotas
+    }
+
+    pub fn quotas_mut(&mut self) -> &mut QuotaTracker {
+        &mut self.quotas
+    }
+
+    /// Install a new view. An empty directory with an unchanged version keeps the old directory
+    /// (the coordinator only resends membership when it changes).
+    pub fn update_view(&mut self, view: ClusterView) {
+        if view.directory_version != self.view.directory_version || !view.directory.is_empty() {
+            self.directory_index = view
+                .directory
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.node_id.clone(), i))
+                .collect();
+            self.view.directory = view.directory;
+            self.view.directory_version = view.directory_version;
+        }
+        self.view.top_k = view.top_k;
+    }
+
+    /// Update only the top-k list.
+    pub fn update_top_k(&mut self, top_k: Vec<NodeLoad>) {
+        self.view.top_k = top_k;
+    }
+
+    fn node(&self, id: &NodeId) -> Option<&NodeDirectoryEntry> {
+        self.directory_index
+            .get(id)
+            .map(|&i| &self.view.directory[i])
+    }
+
+    /// Place a QUEUEABLE ask. `now_ms` is the wall clock (token expiry); `rng` is seeded by the
+    /// caller. Containers that cannot be placed this round are reported as `unplaced`.
+    pub fn place<R: Rng + ?Sized>(
+        &mut self,
+        now_ms: u64,
+        ask: &QueueableAsk,
+        quota: &QueueableQuota,
+        rng: &mut R,
+    ) -> Result<PlacementOutcome, PlacementError> {
+        if ask.count == 0 || ask.resources.is_zero() {
+            return Err(PlacementError::Empty);
+        }
+        if self.view.directory.is_empty() {
+            return Err(PlacementError::NoView);
+        }
+        if !self
+            .view
+            .directory
+            .iter()
+            .any(|n| ask.resources.fits_in(&n.capacity))
+        {
+            let largest = self
+                .view
+                .directory
+                .iter()
+                .map(|n| n.capacity)
+                .max_by_key(|c| (c.memory_mib, c.cpu_millis))
+                .unwrap_or_default();
+            return Err(PlacementError::LargerThanAnyNode {
+                asked: ask.resources,
+                largest,
+            });
+        }
+        let admissible = self.quotas.admissible(&ask.app_id, quota, ask.count);
+        if admissible == 0 {
+            return Err(PlacementError::QuotaExceeded {
+                app: ask.app_id.0.clone(),
+                outstanding: self
+                    .quotas
+                    .outstanding(&ask.app_id, ContainerType::Queueable),
+            });
+        }
+        let mut out = PlacementOutcome::default();
+        let mut used_off_locality: HashSet<NodeId> = HashSet::new();
+        let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
+        // Job submit times in the future would let an app jump every queue: clamp to now.
+        let job_submit_time_ms = ask.job_submit_time_ms.min(now_ms);
+        for _ in 0..admissible {
+            let Some(node_id) = self.choose_node(ask, &used_off_locality, rng) else {
+                break;
+            };
+            let (node_id, off_locality) = node_id;
+            if off_locality {
+                used_off_locality.insert(node_id.clone());
+            }
+            let endpoint = self
+                .node(&node_id)
+                .map(|n| n.app_endpoint.clone())
+                .unwrap_or_default();
+            let container_id = self.minter.next_id();
+            self.quotas.on_granted(
+                container_id,
+                &ask.app_id,
+                ContainerType::Queueable,
+                expires_at_ms,
+            );
+            out.placed.push(PlacedContainer {
+                container_id,
+                node_id: node_id.clone(),
+                node_endpoint: endpoint,
+                token_body: TokenBody {
+                    container_id,
+                    node_id,
+                    app_id: ask.app_id.clone(),
+                    resources: ask.resources,
+                    container_type: ContainerType::Queueable,
+                    version: 0,
+                    job_id: ask.job_id.clone(),
+                    job_submit_time_ms,
+                    priority: ask.priority,
+                    runtime_estimate_ms: ask.runtime_estimate_ms,
+                    expires_at_ms,
+                    key_id: 0,
+                },
+            });
+        }
+        out.unplaced = ask.count - out.placed.len() as u32;
+        if out.unplaced > 0 {
+            out.unplaced_reason = Some(
+                if admissible < ask.count && out.placed.len() as u32 == admissible {
+                    format!("QUEUEABLE quota allows {admissible} more containers now")
+                } else if ask.locality.as_ref().is_some_and(|l| !l.relax) {
+                    "no more preferred nodes or racks can take a container in this round (relax is false)".to_string()
+                } else {
+                    "fewer eligible top-k nodes than containers in this round: at most one off-locality container of an ask per node per round".to_string()
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Pick a node for one container: preferred nodes (may stack), then preferred racks, then,
+    /// if relaxed or unconstrained, a uniformly random eligible top-k node. The bool says whether
+    /// the choice was off node-locality (and so must not repeat within the ask).
+    fn choose_node<R: Rng + ?Sized>(
+        &self,
+        ask: &QueueableAsk,
+        used: &HashSet<NodeId>,
+        rng: &mut R,
+    ) -> Option<(NodeId, bool)> {
+        let fits = |n: &NodeDirectoryEntry| ask.resources.fits_in(&n.capacity);
+        let load = |id: &NodeId| {
+            self.view
+                .top_k
+                .iter()
+                .find(|l| &l.node_id == id)
+                .map_or(f64::INFINITY, |l| l.queue_delay_ms)
+        };
+        if let Some(loc) = &ask.locality {
+            // Node-local: the preferred node of least known queue delay.
+            let mut best: Option<(f64, &NodeDirectoryEntry)> = None;
+            for name in &loc.nodes {
+                if let Some(n) = self.node(&NodeId::new(name.as_str())).filter(|n| fits(n)) {
+                    let r = load(&n.node_id);
+                    if best.is_none_or(|(b, _)| r < b) {
+                        best = Some((r, n));
+                    }
+                }
+            }
+            if let Some((_, n)) = best {
+                return Some((n.node_id.clone(), false));
+            }
+            // Rack-local: prefer rack nodes in the top-k list, else any rack node; one per node.
+            if !loc.racks.is_empty() {
+                let in_racks = |n: &NodeDirectoryEntry| loc.racks.iter().any(|r| r == &n.rack);
+                let ranked: Vec<&NodeId> = self
+                    .view
+                    .top_k
+                    .iter()
+                    .take(self.config.top_k)
+                    .map(|l| &l.node_id)
+                    .filter(|id| {
+                        self.node(id).is_some_and(|n| in_racks(n) && fits(n)) && !used.contains(*id)
+                    })
+                    .collect();
+                if !ranked.is_empty() {
+                    return Some((ranked[rng.random_range(0..ranked.len())].clone(), true));
+                }
+                let any: Vec<&NodeDirectoryEntry> = self
+                    .view
+                    .directory
+                    .iter()
+                    .filter(|n| in_racks(n) && fits(n) && !used.contains(&n.node_id))
+                    .collect();
+                if !any.is_empty() {
+                    return Some((any[rng.random_range(0..any.len())].node_id.clone(), true));
+                }
+            }
+            if !loc.relax && (!loc.nodes.is_empty() || !loc.racks.is_empty()) {
+                return None;
+            }
+        }
+        let eligible: Vec<&NodeId> = self
+            .view
+            .top_k
+            .iter()
+            .take(self.config.top_k)
+            .map(|l| &l.node_id)
+            .filter(|id| self.node(id).is_some_and(fits) && !used.contains(*id))
+            .collect();
+        if eligible.is_empty() {
+            return None;
+        }
+        Some((eligible[rng.random_range(0..eligible.len())].clone(), true))
+    }
+}

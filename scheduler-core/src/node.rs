@@ -1,0 +1,725 @@
+//! The node runtime policy (Mercury §3.4 and §4.3): what starts, queues, waits, is preempted or
+//! is shed on one node. Sans-IO: the caller feeds it container submissions, exits and cluster
+//! hints with `now`; it answers with [`NodeEvent`]s the caller acts on (launch or kill a process)
+//! and forwards to the application.
+//!
+//! Rules:
+//! - GUARANTEED containers start at once if they fit. If they do not fit because of running
+//!   QUEUEABLE containers, QUEUEABLE containers are killed, most recently started first (they lost
+//!   least work), until the GUARANTEED container fits (§3.4 "GUARANTEED - QUEUEABLE"). A
+//!   GUARANTEED container never is preempted. If it cannot fit even then (the central view was
+//!   stale), it waits ahead of all QUEUEABLE work and starts as soon as it fits.
+//! - QUEUEABLE containers wait in a node-local queue ordered by their job's submit time (queue
+//!   reordering, §4.3), then priority, then arrival; with reordering off, by arrival. They start in
+//!   that order whenever they fit in both the node's free resources and the policing limit for
+//!   opportunistic work (§4.3 "Resource policing"); a container that does not fit does not block
+//!   smaller ones behind it (no head-of-line blocking).
+//! - Load shedding (§4.3): above the coordinator's threshold, queued QUEUEABLE containers are
+//!   discarded, newest (last in queue order) first, until the estimate is at or below it.
+
+use crate::queue_delay::QueueDelay;
+use crate::{AppId, ContainerId, ContainerType, JobId, KillReason, Resources, Time};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Duration;
+
+/// Node runtime settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeRuntimeConfig {
+    /// Resources this node gives to containers.
+    pub capacity: Resources,
+    /// Order the QUEUEABLE queue by job submit time (Mercury §4.3); FIFO by arrival if false.
+    pub reorder_by_job_submit_time: bool,
+    /// Runtime assumed for containers that came without an estimate (for R only).
+    pub default_runtime_estimate_ms: u64,
+    /// Bound on queued QUEUEABLE containers (protects the node from abuse).
+    pub max_queue_length: usize,
+}
+
+impl NodeRuntimeConfig {
+    pub fn new(capacity: Resources) -> Self {
+        NodeRuntimeConfig {
+            capacity,
+            reorder_by_job_submit_time: true,
+            default_runtime_estimate_ms: 10_000,
+            max_queue_length: 100_000,
+        }
+    }
+}
+
+/// A container as the node runtime knows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub id: ContainerId,
+    pub app_id: AppId,
+    pub job_id: JobId,
+    pub job_submit_time: Time,
+    pub priority: u32,
+    pub container_type: ContainerType,
+    pub resources: Resources,
+    pub runtime_estimate_ms: Option<u64>,
+    /// Token version it was started with.
+    pub version: u32,
+}
+
+/// What the caller must do / report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum NodeEvent {
+    /// The container entered the QUEUEABLE queue (report `queued`).
+    Queued { id: ContainerId },
+    /// A GUARANTEED container waits for resources held by other GUARANTEED work.
+    WaitingGuaranteed { id: ContainerId },
+    /// Launch the container's process now (report `running`).
+    Start { id: ContainerId },
+    /// The container is gone. If `was_running`, kill its process tree.
+    Killed {
+        id: ContainerId,
+        reason: KillReason,
+        was_running: bool,
+        message: String,
+    },
+    /// The container exited by itself (or failed to launch) and its resources are free.
+    Finished { id: ContainerId, exit_code: i32 },
+    /// The container is GUARANTEED now.
+    Promoted { id: ContainerId, version: u32 },
+}
+
+/// Refusals. None changes the node's state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    #[error("container {0} is already known on this node")]
+    Duplicate(ContainerId),
+    #[error("container {id} asks for {asked} but the node has only {capacity}")]
+    LargerThanNode {
+        id: ContainerId,
+        asked: Resources,
+        capacity: Resources,
+    },
+    #[error("the QUEUEABLE queue is full ({0} containers)")]
+    QueueFull(usize),
+    #[error("container {0} is not on this node")]
+    Unknown(ContainerId),
+    #[error("container {id} belongs to app {owner}, not {requester}")]
+    NotOwner {
+        id: ContainerId,
+        owner: String,
+        requester: String,
+    },
+    #[error("container {id} is GUARANTEED already")]
+    AlreadyGuaranteed { id: ContainerId },
+    #[error(
+        "promotion of {id} to version {new_version} is not above the current version {current}"
+    )]
+    StaleVersion {
+        id: ContainerId,
+        new_version: u32,
+        current: u32,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct QueueKey {
+    /// Job submit time when reordering, else zero (so arrival order decides).
+    job_submit_time: Time,
+    /// Inverted priority (higher priority sorts first).
+    inv_priority: u32,
+    arrival_seq: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Running {
+    spec: ContainerSpec,
+    started_at: Time,
+    start_seq: u64,
+}
+
+/// Where a container currently is on the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    Running,
+    Queued,
+    WaitingGuaranteed,
+}
+
+/// A summary row per container, for heartbeats and inspection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    pub id: ContainerId,
+    pub app_id: AppId,
+    pub container_type: ContainerType,
+    pub resources: Resources,
+    pub placement: Placement,
+    /// Token version (bumped by promotion).
+    pub version: u32,
+}
+
+/// The node runtime state machine.
+#[derive(Clone, Debug)]
+pub struct NodeRuntime {
+    config: NodeRuntimeConfig,
+    /// Max resources QUEUEABLE containers may hold together (policing, §4.3).
+    queueable_limit: Resources,
+    running: HashMap<ContainerId, Running>,
+    queue: BTreeMap<QueueKey, ContainerSpec>,
+    queue_keys: HashMap<ContainerId, QueueKey>,
+    waiting_guaranteed: VecDeque<ContainerSpec>,
+    allocated: Resources,
+    queueable_allocated: Resources,
+    next_seq: u64,
+    /// When a QUEUEABLE container last started (for Tl).
+    last_queueable_start: Time,
+    /// Since when a new QUEUEABLE container could not start at once (for Tl).
+    blocked_since: Option<Time>,
+    events: Vec<NodeEvent>,
+}
+
+impl NodeRuntime {
+    pub fn new(config: NodeRuntimeConfig, now: Time) -> NodeRuntime {
+        NodeRuntime {
+            queueable_limit: config.capacity,
+            config,
+            running: HashMap::new(),
+            queue: BTreeMap::new(),
+            queue_keys: HashMap::new(),
+            waiting_guaranteed: VecDeque::new(),
+            allocated: Resources::ZERO,
+            queueable_allocated: Resources::ZERO,
+            next_seq: 0,
+            last_queueable_start: now,
+            blocked_since: None,
+            events: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &NodeRuntimeConfig {
+        &self.config
+    }
+
+    pub fn capacity(&self) -> Resources {
+        self.config.capacity
+    }
+
+    /// Resources held by running containers.
+    pub fn allocated(&self) -> Resources {
+        self.allocated
+    }
+
+    /// Resources held by running GUARANTEED containers.
+    pub fn guaranteed_allocated(&self) -> Resources {
+        self.allocated.saturating_sub(&self.queueable_allocated)
+    }
+
+    pub fn queueable_allocated(&self) -> Resources {
+        self.queueable_allocated
+    }
+
+    pub fn queueable_limit(&self) -> Resources {
+        self.queueable_limit
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn queued_count(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn waiting_guaranteed_count(&self) -> usize {
+        self.waiting_guaranteed.len()
+    }
+
+    /// Take the events produced since the last call.
+    pub fn drain_events(&mut self) -> Vec<NodeEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Where a container is, if it is on this node.
+    pub fn placement(&self, id: ContainerId) -> Option<Placement> {
+        if self.running.contains_key(&id) {
+            Some(Placement::Running)
+        } else if self.queue_keys.contains_key(&id) {
+            Some(Placement::Queued)
+        } else if self.waiting_guaranteed.iter().any(|c| c.id == id) {
+            Some(Placement::WaitingGuaranteed)
+        } else {
+            None
+        }
+    }
+
+    /// The spec of a container on this node.
+    pub fn spec(&self, id: ContainerId) -> Option<&ContainerSpec> {
+        if let Some(r) = self.running.get(&id) {
+            return Some(&r.spec);
+        }
+        if let Some(k) = self.queue_keys.get(&id) {
+            return self.queue.get(k);
+        }
+        self.waiting_guaranteed.iter().find(|c| c.id == id)
+    }
+
+    /// Every container on the node.
+    pub fn statuses(&self) -> Vec<ContainerStatus> {
+        let row = |c: &ContainerSpec, placement| ContainerStatus {
+            id: c.id,
+            app_id: c.app_id.clone(),
+            container_type: c.container_type,
+            resources: c.resources,
+            placement,
+            version: c.version,
+        };
+        let mut out: Vec<ContainerStatus> = self
+            .running
+            .values()
+            .map(|r| row(&r.spec, Placement::Running))
+            .collect();
+        out.extend(
+            self.waiting_guaranteed
+                .iter()
+                .map(|c| row(c, Placement::WaitingGuaranteed)),
+        );
+        out.extend(self.queue.values().map(|c| row(c, Placement::Queued)));
+        out.sort_by_key(|s| s.id);
+        out
+    }
+
+    /// Set the policing limit for opportunistic work (Mercury §4.3). Lowering it does not kill
+    /// running QUEUEABLE containers (the point of policing is to avoid kills); it stops new starts.
+    pub fn set_queueable_limit(&mut self, now: Time, limit: Resources) {
+        self.queueable_limit = limit.min(&self.config.capacity);
+        self.start_pending(now);
+    }
+
+    /// A container arrives with a valid token (`start_container`).
+    pub fn submit(&mut self, now: Time, spec: ContainerSpec) -> Result<(), NodeError> {
+        if self.placement(spec.id).is_some() {
+            return Err(NodeError::Duplicate(spec.id));
+        }
+        if !spec.resources.fits_in(&self.config.capacity) {
+            return Err(NodeError::LargerThanNode {
+                id: spec.id,
+                asked: spec.resources,
+                capacity: self.config.capacity,
+            });
+        }
+        match spec.container_type {
+            ContainerType::Guaranteed => {
+                self.waiting_guaranteed.push_back(spec);
+                self.start_pending(now);
+                if let Some(c) = self.waiting_guaranteed.back() {
+                    if self.placement(c.id) == Some(Placement::WaitingGuaranteed) {
+                        self.events.push(NodeEvent::WaitingGuaranteed { id: c.id });
+                    }
+                }
+            }
+            ContainerType::Queueable => {
+                if self.queue.len() >= self.config.max_queue_length {
+                    return Err(NodeError::QueueFull(self.queue.len()));
+                }
+                let id = spec.id;
+                self.enqueue(spec);
+                self.start_pending(now);
+                if self.queue_keys.contains_key(&id) {
+                    self.events.push(NodeEvent::Queued { id });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, spec: ContainerSpec) {
+        let key = QueueKey {
+            job_submit_time: if self.config.reorder_by_job_submit_time {
+                spec.job_submit_time
+            } else {
+                Time::ZERO
+            },
+            inv_priority: u32::MAX - spec.priority,
+            arrival_seq: self.next_seq,
+        };
+        self.next_seq += 1;
+        self.queue_keys.insert(spec.id, key.clone());
+        self.queue.insert(key, spec);
+    }
+
+    fn free(&self) -> Resources {
+        self.config.capacity.saturating_sub(&self.allocated)
+    }
+
+    fn queueable_headroom(&self) -> Resources {
+        self.free().min(
+            &self
+                .queueable_limit
+                .saturating_sub(&self.queueable_allocated),
+        )
+    }
+
+    /// After `start_pending`, a new QUEUEABLE container could start at once only if nothing waits
+    /// and there is opportunistic headroom in every dimension.
+    fn can_start_queueable_now(&self) -> bool {
+        let headroom = self.queueable_headroom();
+        self.waiting_guaranteed.is_empty()
+            && self.queue.is_empty()
+            && headroom.cpu_millis > 0
+            && headroom.memory_mib > 0
+    }
+
+    fn launch(&mut self, now: Time, spec: ContainerSpec) {
+        self.allocated = self.allocated.saturating_add(&spec.resources);
+        if spec.container_type == ContainerType::Queueable {
+            self.queueable_allocated = self.queueable_allocated.saturating_add(&spec.resources);
+            self.last_queueable_start = now;
+        }
+        let id = spec.id;
+        self.running.insert(
+            id,
+            Running {
+                spec,
+                started_at: now,
+                start_seq: self.next_seq,
+            },
+        );
+        self.next_seq += 1;
+        self.events.push(NodeEvent::Start { id });
+    }
+
+    fn remove_running(&mut self, id: ContainerId) -> Option<Running> {
+        let r = self.running.remove(&id)?;
+        self.allocated = self.allocated.saturating_sub(&r.spec.resources);
+        if r.spec.container_type == ContainerType::Queueable {
+            self.queueable_allocated = self.queueable_allocated.saturating_sub(&r.spec.resources);
+        }
+        Some(r)
+    }
+
+    /// Start what can start: waiting GUARANTEED first (preempting QUEUEABLE), then queued
+    /// QUEUEABLE in queue order, skipping any that does not fit.
+    fn start_pending(&mut self, now: Time) {
+        self.start_what_fits(now);
+        match (self.can_start_queueable_now(), self.blocked_since) {
+            (false, None) => self.blocked_since = Some(now),
+            (true, Some(_)) => self.blocked_since = None,
+            _ => {}
+        }
+    }
+
+    fn start_what_fits(&mut self, now: Time) {
+        while let Some(g) = self.waiting_guaranteed.front() {
+            let need = g.resources;
+            if !need.fits_in(&self.free()) && !self.preempt_queueable_for(now, need, g.id) {
+                break;
+            }
+            let g = self.waiting_guaranteed.pop_front().expect("front exists");
+            self.launch(now, g);
+        }
+        if !self.waiting_guaranteed.is_empty() {
+            return;
+        }
+        let mut headroom = self.queueable_headroom();
+        if headroom.is_zero() {
+            return;
+        }
+        let startable: Vec<QueueKey> = self
+            .queue
+            .iter()
+            .filter_map(|(k, c)| {
+                if c.resources.fits_in(&headroom) {
+                    headroom = headroom.saturating_sub(&c.resources);
+                    Some(k.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for k in startable {
+            let spec = self.queue.remove(&k).expect("key from queue");
+            self.queue_keys.remove(&spec.id);
+            self.launch(now, spec);
+        }
+    }
+
+    /// Kill running QUEUEABLE containers, most recently started first, until `need` fits in the
+    /// free resources. Kills nothing and returns false if even killing all of them would not
+    /// make it fit.
+    fn preempt_queueable_for(&mut self, _now: Time, need: Resources, for_id: ContainerId) -> bool {
+        let reclaimable = self.free().saturating_add(&self.queueable_allocated);
+        if !need.fits_in(&reclaimable) {
+            return false;
+        }
+        let mut victims: Vec<(u64, ContainerId)> = self
+            .running
+            .values()
+            .filter(|r| r.spec.container_type == ContainerType::Queueable)
+            .map(|r| (r.start_seq, r.spec.id))
+            .collect();
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, id) in victims {
+            if need.fits_in(&self.free()) {
+                break;
+            }
+            self.remove_running(id);
+            self.events.push(NodeEvent::Killed {
+                id,
+                reason: KillReason::PreemptedByGuaranteed,
+                was_running: true,
+                message: format!("killed to make room for GUARANTEED container {for_id}"),
+            });
+        }
+        need.fits_in(&self.free())
+    }
+
+    /// A running container's process ended by itself (or could not be launched).
+    pub fn on_exit(&mut self, now: Time, id: ContainerId, exit_code: i32) -> Result<(), NodeError> {
+        self.remove_running(id).ok_or(NodeError::Unknown(id))?;
+        self.events.push(NodeEvent::Finished { id, exit_code });
+        self.start_pending(now);
+        Ok(())
+    }
+
+    /// The infrastructure ended a running container for its own reason (e.g. memory limit).
+    pub fn on_failure(
+        &mut self,
+        now: Time,
+        id: ContainerId,
+        message: String,
+    ) -> Result<(), NodeError> {
+        self.remove_running(id).ok_or(NodeError::Unknown(id))?;
+        self.events.push(NodeEvent::Killed {
+            id,
+            reason: KillReason::Failed,
+            was_running: false,
+            message,
+        });
+        self.start_pending(now);
+        Ok(())
+    }
+
+    /// The application stops or releases a container (queued, waiting or running).
+    pub fn stop(&mut self, now: Time, id: ContainerId, requester: &AppId) -> Result<(), NodeError> {
+        let spec = self.spec(id).ok_or(NodeError::Unknown(id))?;
+        if &spec.app_id != requester {
+            return Err(NodeError::NotOwner {
+                id,
+                owner: spec.app_id.0.clone(),
+                requester: requester.0.clone(),
+            });
+        }
+        self.remove(
+            now,
+            id,
+            KillReason::Released,
+            "released by the application".to_string(),
+        );
+        Ok(())
+    }
+
+    /// Remove a container wherever it is, reporting `reason`.
+    fn remove(&mut self, now: Time, id: ContainerId, reason: KillReason, message: String) {
+        let was_running = self.remove_running(id).is_some();
+        if !was_running {
+            if let Some(k) = self.queue_keys.remove(&id) {
+                self.queue.remove(&k);
+            } else {
+                self.waiting_guaranteed.retain(|c| c.id != id);
+            }
+        }
+        self.events.push(NodeEvent::Killed {
+            id,
+            reason,
+            was_running,
+            message,
+        });
+        self.start_pending(now);
+    }
+
+    /// Promote a QUEUEABLE container to GUARANTEED after the central side validated capacity
+    /// (Mercury §3.4). A queued one leaves the queue and starts like a GUARANTEED arrival
+    /// (preempting other QUEUEABLE work if needed); a running one just changes class.
+    pub fn promote(
+        &mut self,
+        now: Time,
+        id: ContainerId,
+        new_version: u32,
+    ) -> Result<(), NodeError> {
+        let spec = self.spec(id).ok_or(NodeError::Unknown(id))?;
+        if spec.container_type == ContainerType::Guaranteed {
+            return Err(NodeError::AlreadyGuaranteed { id });
+        }
+        if new_version <= spec.version {
+            return Err(NodeError::StaleVersion {
+                id,
+                new_version,
+                current: spec.version,
+            });
+        }
+        if let Some(r) = self.running.get_mut(&id) {
+            r.spec.container_type = ContainerType::Guaranteed;
+            r.spec.version = new_version;
+            self.queueable_allocated = self.queueable_allocated.saturating_sub(&r.spec.resources);
+            self.events.push(NodeEvent::Promoted {
+                id,
+                version: new_version,
+            });
+            self.start_pending(now);
+            return Ok(());
+        }
+        let key = self.queue_keys.remove(&id).ok_or(NodeError::Unknown(id))?;
+        let mut spec = self.queue.remove(&key).ok_or(NodeError::Unknown(id))?;
+        spec.container_type = ContainerType::Guaranteed;
+        spec.version = new_version;
+        self.events.push(NodeEvent::Promoted {
+            id,
+            version: new_version,
+        });
+        self.waiting_guaranteed.push_back(spec);
+        self.start_pending(now);
+        Ok(())
+    }
+
+    /// Shed queued QUEUEABLE containers, newest in queue order first, until the queue-delay
+    /// estimate is at most `threshold_ms` (Mercury §4.3 "Dynamically (re)-balancing load").
+    /// Returns the shed containers.
+    pub fn shed_to_threshold(&mut self, now: Time, threshold_ms: f64) -> Vec<ContainerId> {
+        let mut shed = Vec::new();
+        while self.queue_delay(now).total_ms() > threshold_ms {
+            let Some((key, _)) = self.queue.iter().next_back() else {
+                break;
+            };
+            let key = key.clone();
+            let spec = self.queue.remove(&key).expect("key from queue");
+            self.queue_keys.remove(&spec.id);
+            self.events.push(NodeEvent::Killed {
+                id: spec.id,
+                reason: KillReason::Shed,
+                was_running: false,
+                message: format!(
+                    "shed: node queue delay above the cluster threshold of {threshold_ms:.0} ms; ask again elsewhere"
+                ),
+            });
+            shed.push(spec.id);
+        }
+        self.start_pending(now);
+        shed
+    }
+
+    /// The node is being drained or its state is lost: everything is killed with `reason`.
+    pub fn kill_all(&mut self, now: Time, reason: KillReason, message: &str) {
+        let ids: Vec<ContainerId> = self.statuses().into_iter().map(|s| s.id).collect();
+        for id in ids {
+            self.remove(now, id, reason, message.to_string());
+        }
+    }
+
+    fn estimate_ms(&self, spec: &ContainerSpec) -> f64 {
+        spec.runtime_estimate_ms
+            .unwrap_or(self.config.default_runtime_estimate_ms) as f64
+    }
+
+    /// R = Tq + Tr + Tl for this node now (Mercury §4.2; see [`QueueDelay`] for the weighting).
+    pub fn queue_delay(&self, now: Time) -> QueueDelay {
+        let cap = &self.config.capacity;
+        let tq_ms = self
+            .queue
+            .values()
+            .chain(self.waiting_guaranteed.iter())
+            .map(|c| self.estimate_ms(c) * c.resources.dominant_share(cap))
+            .sum();
+        let tr_ms = self
+            .running
+            .values()
+            .map(|r| {
+                let elapsed = now.saturating_since(r.started_at).as_secs_f64() * 1000.0;
+                let est = self.estimate_ms(&r.spec);
+                // A container past its estimate is expected to end soon but not now: keep a tenth of
+                // the estimate as its remaining time rather than zero.
+                let remaining = if elapsed < est {
+                    est - elapsed
+                } else {
+                    est * 0.1
+                };
+                remaining * r.spec.resources.dominant_share(cap)
+            })
+            .sum();
+        let tl_ms = match self.blocked_since {
+            Some(since) => {
+                now.saturating_since(since.max(self.last_queueable_start))
+                    .as_secs_f64()
+                    * 1000.0
+            }
+            None => 0.0,
+        };
+        QueueDelay {
+            tq_ms,
+            tr_ms,
+            tl_ms,
+        }
+    }
+
+    /// How long a running container has run.
+    pub fn elapsed(&self, now: Time, id: ContainerId) -> Option<Duration> {
+        self.running
+            .get(&id)
+            .map(|r| now.saturating_since(r.started_at))
+    }
+
+    /// Check every invariant; used by tests after each step and by the simulator in debug runs.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut sum = Resources::ZERO;
+        let mut q = Resources::ZERO;
+        for r in self.running.values() {
+            sum = sum.saturating_add(&r.spec.resources);
+            if r.spec.container_type == ContainerType::Queueable {
+                q = q.saturating_add(&r.spec.resources);
+            }
+        }
+        if sum != self.allocated {
+            return Err(format!(
+                "allocated {} != sum of running {}",
+                self.allocated, sum
+            ));
+        }
+        if q != self.queueable_allocated {
+            return Err(format!(
+                "queueable allocated {} != sum {}",
+                self.queueable_allocated, q
+            ));
+        }
+        if !sum.fits_in(&self.config.capacity) {
+            return Err(format!(
+                "running containers {} exceed capacity {}",
+                sum, self.config.capacity
+            ));
+        }
+        if self.queue.len() != self.queue_keys.len() {
+            return Err("queue index out of sync".into());
+        }
+        for (id, k) in &self.queue_keys {
+            match self.queue.get(k) {
+                Some(c) if c.id == *id => {}
+                _ => return Err(format!("queue index for {id} points elsewhere")),
+            }
+        }
+        if self
+            .queue
+            .values()
+            .any(|c| c.container_type != ContainerType::Queueable)
+        {
+            return Err("a GUARANTEED container sits in the QUEUEABLE queue".into());
+        }
+        if self
+            .waiting_guaranteed
+            .iter()
+            .any(|c| c.container_type != ContainerType::Guaranteed)
+        {
+            return Err("a QUEUEABLE container waits among GUARANTEED ones".into());
+        }
+        if self.config.reorder_by_job_submit_time {
+            let times: Vec<Time> = self.queue.values().map(|c| c.job_submit_time).collect();
+            if times.windows(2).any(|w| w[0] > w[1]) {
+                return Err("queue not ordered by job submit time".into());
+            }
+        }
+        Ok(())
+    }
+}

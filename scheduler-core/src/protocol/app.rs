@@ -1,0 +1,381 @@
+//! The application protocol (job manager ↔ its local worker, and ↔ the worker hosting a
+//! container): length-prefixed msgpack frames, see [`crate::codec`] and `docs/protocol.md`.
+
+use crate::token::ContainerToken;
+use crate::{ContainerId, ContainerType, KillReason, NodeId, Resources};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of the application protocol; sent in the first frame of every connection.
+pub const APP_PROTOCOL_VERSION: u32 = 1;
+
+/// Frames an application sends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AppRequest {
+    Hello(Hello),
+    Allocate(Allocate),
+    Release(Release),
+    Promote(Promote),
+    StartContainer(StartContainer),
+    StopContainer(StopContainer),
+    Subscribe(Subscribe),
+}
+
+impl AppRequest {
+    /// The request id, for every frame but `hello`.
+    pub fn request_id(&self) -> Option<u64> {
+        match self {
+            AppRequest::Hello(_) => None,
+            AppRequest::Allocate(r) => Some(r.request_id),
+            AppRequest::Release(r) => Some(r.request_id),
+            AppRequest::Promote(r) => Some(r.request_id),
+            AppRequest::StartContainer(r) => Some(r.request_id),
+            AppRequest::StopContainer(r) => Some(r.request_id),
+            AppRequest::Subscribe(r) => Some(r.request_id),
+        }
+    }
+}
+
+/// First frame of every connection: protocol version and the application's credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    pub app_id: String,
+    pub app_secret: String,
+    /// Free text for logs (e.g. "my-job-manager/2.1").
+    #[serde(default)]
+    pub client_name: Option<String>,
+}
+
+/// Locality preference of an ask.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Locality {
+    /// Preferred node names.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// Preferred rack names.
+    #[serde(default)]
+    pub racks: Vec<String>,
+    /// If true, place anywhere when no preferred node or rack can take the container.
+    #[serde(default)]
+    pub relax: bool,
+}
+
+/// Ask for `count` containers of one shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocate {
+    pub request_id: u64,
+    pub resources: Resources,
+    pub count: u32,
+    /// Higher runs first among containers of jobs submitted at the same time.
+    #[serde(default)]
+    pub priority: u32,
+    /// The weakest guarantee the application accepts (Mercury §6.2).
+    pub container_type: ContainerType,
+    #[serde(default)]
+    pub locality: Option<Locality>,
+    /// Expected task runtime; feeds the nodes' queue-delay estimates (Mercury §4.2).
+    #[serde(default)]
+    pub runtime_estimate_ms: Option<u64>,
+    pub job_id: String,
+    /// When the job was submitted (ms since the Unix epoch); queues are ordered by it (§4.3).
+    pub job_submit_time_ms: u64,
+}
+
+/// Give a container back (queued or running containers are stopped; unstarted grants freed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    pub request_id: u64,
+    pub container_id: ContainerId,
+}
+
+/// Turn a QUEUEABLE container (queued or running) into a GUARANTEED one (Mercury §3.4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Promote {
+    pub request_id: u64,
+    pub container_id: ContainerId,
+}
+
+/// What to run in a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub working_dir: Option<String>,
+}
+
+/// Start a granted container on the node named in its token (send to that node's worker).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartContainer {
+    pub request_id: u64,
+    pub token: ContainerToken,
+    pub launch: LaunchSpec,
+}
+
+/// Stop a container on this node (same effect as `release` for a started container).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopContainer {
+    pub request_id: u64,
+    pub container_id: ContainerId,
+}
+
+/// Receive `event` frames for this application's containers on this connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscribe {
+    pub request_id: u64,
+}
+
+/// Frames a worker sends to an application.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AppResponse {
+    Welcome(Welcome),
+    Allocated(Allocated),
+    Promoted(Promoted),
+    ContainerAccepted(ContainerAccepted),
+    Ack(Ack),
+    Event(ContainerEvent),
+    Error(ErrorFrame),
+}
+
+/// Answer to a good `hello`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub protocol_version: u32,
+    pub node_id: String,
+    pub max_frame_bytes: u64,
+}
+
+/// One granted container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantedContainer {
+    pub container_id: ContainerId,
+    pub node_id: NodeId,
+    /// `host:port` of the app endpoint of the worker to send `start_container` to.
+    pub node_endpoint: String,
+    pub container_type: ContainerType,
+    pub resources: Resources,
+    pub token: ContainerToken,
+}
+
+/// Grants for an `allocate`. QUEUEABLE asks are answered by one frame. GUARANTEED asks may be
+/// answered by several frames as capacity frees up; the last one has `remaining == 0`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocated {
+    pub request_id: u64,
+    pub containers: Vec<GrantedContainer>,
+    /// Containers of this ask still to come in later frames.
+    pub remaining: u32,
+    /// Containers of this ask that will not be granted in answer to this request (QUEUEABLE:
+    /// fewer eligible nodes than containers in this round, or the quota); ask again for them.
+    #[serde(default)]
+    pub unplaced: u32,
+    /// Why `unplaced` is non-zero.
+    #[serde(default)]
+    pub unplaced_reason: Option<String>,
+}
+
+/// Answer to `promote`: the container is GUARANTEED now; the new token replaces the old one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Promoted {
+    pub request_id: u64,
+    pub container_id: ContainerId,
+    pub token: ContainerToken,
+}
+
+/// Where a started container is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptedState {
+    Running,
+    Queued,
+}
+
+/// Answer to `start_container`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerAccepted {
+    pub request_id: u64,
+    pub container_id: ContainerId,
+    pub state: AcceptedState,
+}
+
+/// Answer to `release`, `stop_container` and `subscribe`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub request_id: u64,
+}
+
+/// Lifecycle events of a container, pushed to subscribed connections of its application.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerEvent {
+    pub container_id: ContainerId,
+    pub node_id: NodeId,
+    pub event: ContainerEventKind,
+    /// When the event happened on the reporting worker (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
+/// What happened to a container.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ContainerEventKind {
+    /// Waiting in the node's queue.
+    Queued,
+    /// The process was started.
+    Running,
+    /// The process exited by itself.
+    Completed { exit_code: i32 },
+    /// The container ended early; `reason` says why, `message` gives details.
+    Killed { reason: KillReason, message: String },
+    /// The container is now GUARANTEED, with this token version.
+    Promoted { version: u32 },
+}
+
+/// Machine-readable error classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    VersionMismatch,
+    BadCredentials,
+    HelloRequired,
+    MalformedFrame,
+    FrameTooLarge,
+    UnknownMessage,
+    InvalidRequest,
+    AskTooLarge,
+    QuotaExceeded,
+    InvalidToken,
+    UnknownContainer,
+    PromotionRefused,
+    CoordinatorUnavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    /// Whether the same request may succeed if sent again later.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::QuotaExceeded
+                | ErrorCode::PromotionRefused
+                | ErrorCode::CoordinatorUnavailable
+                | ErrorCode::Internal
+        )
+    }
+
+    /// Whether the worker closes the connection after sending this error.
+    pub fn closes_connection(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::VersionMismatch
+                | ErrorCode::BadCredentials
+                | ErrorCode::HelloRequired
+                | ErrorCode::MalformedFrame
+                | ErrorCode::FrameTooLarge
+        )
+    }
+}
+
+/// An error answer. `request_id` names the request it answers, if it could be read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorFrame {
+    pub request_id: Option<u64>,
+    pub code: ErrorCode,
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl ErrorFrame {
+    pub fn new(request_id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> ErrorFrame {
+        ErrorFrame {
+            request_id,
+            code,
+            message: message.into(),
+            retryable: code.retryable(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{from_payload, to_payload};
+
+    #[test]
+    fn requests_round_trip_with_type_tag() {
+        let req = AppRequest::Allocate(Allocate {
+            request_id: 9,
+            resources: Resources::new(500, 256),
+            count: 3,
+            priority: 1,
+            container_type: ContainerType::Queueable,
+            locality: Some(Locality {
+                nodes: vec!["n1".into()],
+                racks: vec![],
+                relax: true,
+            }),
+            runtime_estimate_ms: Some(2000),
+            job_id: "j".into(),
+            job_submit_time_ms: 5,
+        });
+        let bytes = to_payload(&req).unwrap();
+        assert_eq!(from_payload::<AppRequest>(&bytes).unwrap(), req);
+        let env: crate::protocol::Envelope = from_payload(&bytes).unwrap();
+        assert_eq!(env.kind, "allocate");
+        assert_eq!(env.request_id, Some(9));
+    }
+
+    #[test]
+    fn optional_fields_may_be_omitted_by_clients() {
+        // A minimal allocate as a client in another language would write it.
+        #[derive(Serialize)]
+        struct Minimal<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            request_id: u64,
+            resources: Resources,
+            count: u32,
+            container_type: &'a str,
+            job_id: &'a str,
+            job_submit_time_ms: u64,
+        }
+        let bytes = to_payload(&Minimal {
+            kind: "allocate",
+            request_id: 1,
+            resources: Resources::new(1, 1),
+            count: 1,
+            container_type: "GUARANTEED",
+            job_id: "j",
+            job_submit_time_ms: 0,
+        })
+        .unwrap();
+        match from_payload::<AppRequest>(&bytes).unwrap() {
+            AppRequest::Allocate(a) => {
+                assert_eq!(a.container_type, ContainerType::Guaranteed);
+                assert_eq!(a.locality, None);
+                assert_eq!(a.priority, 0);
+            }
+            other => panic!("decoded as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn events_carry_kind_tags() {
+        let ev = AppResponse::Event(ContainerEvent {
+            container_id: ContainerId::new(1, 2),
+            node_id: NodeId::from("n"),
+            event: ContainerEventKind::Killed {
+                reason: KillReason::Shed,
+                message: "x".into(),
+            },
+            at_ms: 3,
+        });
+        let bytes = to_payload(&ev).unwrap();
+        assert_eq!(from_payload::<AppResponse>(&bytes).unwrap(), ev);
+    }
+}

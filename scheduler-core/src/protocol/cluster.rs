@@ -1,0 +1,207 @@
+//! The cluster protocol (worker ↔ coordinator) carried over QUIC: one long-lived bidirectional
+//! stream per worker, length-prefixed msgpack frames ([`crate::codec`], cap
+//! [`crate::codec::CLUSTER_MAX_FRAME`]). The first frame from the worker is [`Join`] with the
+//! protocol version; the coordinator answers [`JoinAccepted`] or [`JoinRejected`] and closes.
+
+use crate::coordinator::ContainerNotice;
+use crate::distributed::ClusterView;
+use crate::node::ContainerStatus;
+use crate::protocol::app::{Allocate, ErrorCode, GrantedContainer};
+use crate::queue_delay::QueueDelay;
+use crate::quota::QueueableQuota;
+use crate::token::{ContainerToken, KeyRing};
+use crate::{ContainerId, NodeId, Resources};
+use serde::{Deserialize, Serialize};
+
+/// Version of the cluster protocol; sent in the first frame.
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 1;
+
+/// Frames a worker sends to the coordinator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerToCoordinator {
+    Join(Join),
+    Heartbeat(Heartbeat),
+    AllocateGuaranteed(AllocateGuaranteed),
+    Promote(PromoteContainer),
+    Release(ReleaseContainer),
+    PromotionApplied(PromotionApplied),
+}
+
+/// First frame: who the worker is and the cluster's join secret.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Join {
+    pub protocol_version: u32,
+    pub join_token: String,
+    pub node_id: NodeId,
+    pub rack: String,
+    pub capacity: Resources,
+    /// `host:port` applications use to reach this worker.
+    pub app_endpoint: String,
+    /// Containers the worker still runs (after a coordinator restart or a network partition),
+    /// for reconciliation.
+    pub containers: Vec<ContainerStatus>,
+}
+
+/// Periodic load and container report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub node_id: NodeId,
+    /// The membership version the worker knows (the directory is resent when it changes).
+    pub directory_version: u64,
+    /// Tq, Tr, Tl (Mercury §4.2).
+    pub queue_delay: QueueDelay,
+    pub running: u32,
+    pub queued: u32,
+    /// Resources held by running containers.
+    pub allocated: Resources,
+    /// Measured use of the node's containers (sum over processes), if sampled.
+    pub usage: Option<Resources>,
+    /// Every container on the node.
+    pub containers: Vec<ContainerStatus>,
+    /// Containers accepted since the last heartbeat.
+    pub started: Vec<ContainerId>,
+    /// Containers gone since the last heartbeat.
+    pub finished: Vec<ContainerId>,
+}
+
+/// A GUARANTEED ask forwarded to the guarantor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllocateGuaranteed {
+    pub correlation_id: u64,
+    pub app_id: String,
+    pub allocate: Allocate,
+}
+
+/// Promotion of a QUEUEABLE container, to be validated centrally.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromoteContainer {
+    pub correlation_id: u64,
+    pub app_id: String,
+    pub container_id: ContainerId,
+}
+
+/// An application released a container that is not on the forwarding worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseContainer {
+    pub correlation_id: u64,
+    pub app_id: String,
+    pub container_id: ContainerId,
+}
+
+/// The hosting worker's answer to [`ApplyPromotion`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromotionApplied {
+    pub correlation_id: u64,
+    /// `None` on success, else why the node refused.
+    pub error: Option<String>,
+}
+
+/// Frames the coordinator sends to a worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CoordinatorToWorker {
+    JoinAccepted(JoinAccepted),
+    JoinRejected(JoinRejected),
+    HeartbeatAck(HeartbeatAck),
+    GuaranteedAllocated(GuaranteedAllocated),
+    PromoteResult(PromoteResult),
+    Released(Released),
+    RequestFailed(RequestFailed),
+    ApplyPromotion(ApplyPromotion),
+    StopContainer(StopContainerOnNode),
+}
+
+/// A registered application, as workers need it to authenticate and police it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AppRecord {
+    pub app_id: String,
+    /// SHA-256 of the app secret, hex; workers never see secrets.
+    pub secret_sha256: String,
+    pub quota: QueueableQuota,
+}
+
+/// Cluster-wide settings a worker adopts at join.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSettings {
+    pub top_k: usize,
+    pub token_ttl_ms: u64,
+    pub heartbeat_interval_ms: u64,
+}
+
+/// Welcome into the cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JoinAccepted {
+    pub protocol_version: u32,
+    /// Container-id prefix for this worker's distributed scheduler.
+    pub issuer: u32,
+    pub keys: KeyRing,
+    pub apps: Vec<AppRecord>,
+    pub settings: ClusterSettings,
+    pub view: ClusterView,
+}
+
+/// Refusal (bad version, bad join token, bad fields); the coordinator closes the stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JoinRejected {
+    pub reason: String,
+}
+
+/// Answer to a heartbeat.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatAck {
+    pub view: ClusterView,
+    /// Mercury §4.3 shedding threshold for R, if shedding is on.
+    pub shedding_threshold_ms: Option<f64>,
+    /// Mercury §4.3 policing: what the node may give QUEUEABLE work.
+    pub queueable_limit: Resources,
+    /// Notices about containers this worker's scheduler issued.
+    pub notices: Vec<ContainerNotice>,
+    /// New key ring after a rotation.
+    pub keys: Option<KeyRing>,
+    /// New app registry after a change.
+    pub apps: Option<Vec<AppRecord>>,
+}
+
+/// GUARANTEED grants for a forwarded ask (possibly several frames; last has `remaining == 0`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuaranteedAllocated {
+    pub correlation_id: u64,
+    pub containers: Vec<GrantedContainer>,
+    pub remaining: u32,
+}
+
+/// A promotion succeeded; the new token (higher version, GUARANTEED).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PromoteResult {
+    pub correlation_id: u64,
+    pub token: ContainerToken,
+}
+
+/// A release was carried out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Released {
+    pub correlation_id: u64,
+}
+
+/// A forwarded request failed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestFailed {
+    pub correlation_id: u64,
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// Make a container on this node GUARANTEED (validated centrally).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ApplyPromotion {
+    pub correlation_id: u64,
+    pub token: ContainerToken,
+}
+
+/// Stop a container on this node on the application's behalf.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StopContainerOnNode {
+    pub container_id: ContainerId,
+    pub app_id: String,
+}
