@@ -1,0 +1,699 @@
+//! Runtime distributions and what a distribution-based scheduler computes from them
+//! (3Sigma §3: expected utility Eq. 1, expected resource consumption §3.2, conditioning on the
+//! elapsed time Eq. 2; §4.2 under- and over-estimate handling).
+//!
+//! A [`RuntimeDistribution`] is plain data: an ordered list of pieces, each either a point mass
+//! or an interval over which the density is linear. That is exactly the shape a Ben-Haim &
+//! Tom-Tov histogram describes (trapezoids between centroids), and it stays closed under
+//! conditioning on elapsed time, so the guarantor and the simulator can keep and clone it freely.
+
+use rand::{Rng, RngExt};
+use serde::{Deserialize, Serialize};
+
+use crate::histogram::StreamingHistogram;
+
+/// One piece of a runtime distribution. `lo == hi` is a point mass; otherwise the density is
+/// linear from `density_lo` at `lo` to `density_hi` at `hi`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Piece {
+    pub lo: f64,
+    pub hi: f64,
+    pub density_lo: f64,
+    pub density_hi: f64,
+    /// Probability mass of the piece (for a segment `(density_lo + density_hi) / 2 · (hi − lo)`).
+    pub mass: f64,
+}
+
+impl Piece {
+    fn is_atom(&self) -> bool {
+        self.hi <= self.lo
+    }
+
+    fn slope(&self) -> f64 {
+        (self.density_hi - self.density_lo) / (self.hi - self.lo)
+    }
+
+    /// Mass of this piece at or below `t`.
+    fn mass_below(&self, t: f64) -> f64 {
+        if t < self.lo {
+            0.0
+        } else if t >= self.hi {
+            self.mass
+        } else {
+            let y = t - self.lo;
+            (self.density_lo * y + 0.5 * self.slope() * y * y).clamp(0.0, self.mass)
+        }
+    }
+
+    fn density_at(&self, t: f64) -> f64 {
+        if self.is_atom() || t < self.lo || t > self.hi {
+            0.0
+        } else {
+            self.density_lo + self.slope() * (t - self.lo)
+        }
+    }
+
+    /// Smallest `y ≥ 0` such that the mass in `[lo, lo + y]` reaches `remaining`.
+    fn offset_for_mass(&self, remaining: f64) -> f64 {
+        if self.is_atom() {
+            return 0.0;
+        }
+        let width = self.hi - self.lo;
+        let slope = self.slope();
+        let discriminant = (self.density_lo * self.density_lo + 2.0 * slope * remaining).max(0.0);
+        let denominator = self.density_lo + discriminant.sqrt();
+        // Rationalised root of slope/2·y² + d_lo·y − remaining = 0: stable when slope ≈ 0.
+        let offset = if denominator > 0.0 {
+            2.0 * remaining / denominator
+        } else {
+            0.0
+        };
+        offset.clamp(0.0, width)
+    }
+
+    fn mean_contribution(&self) -> f64 {
+        if self.is_atom() {
+            return self.lo * self.mass;
+        }
+        let width = self.hi - self.lo;
+        self.lo * self.mass
+            + self.density_lo * width * width / 2.0
+            + self.slope() * width * width * width / 3.0
+    }
+}
+
+/// Probability distribution of a job's runtime (seconds or any consistent time unit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeDistribution {
+    pieces: Vec<Piece>,
+    /// Largest runtime ever observed for the history this came from: the point past which
+    /// under-estimate handling (exp-inc, 3Sigma §4.2.1) takes over.
+    largest_observed: f64,
+    /// Number of observations behind the distribution (0 for synthetic ones).
+    observations: f64,
+}
+
+impl RuntimeDistribution {
+    /// A runtime known exactly (the PointPerfEst view, or an exp-inc estimate).
+    pub fn point(runtime: f64) -> Self {
+        Self {
+            pieces: vec![Piece {
+                lo: runtime,
+                hi: runtime,
+                density_lo: 0.0,
+                density_hi: 0.0,
+                mass: 1.0,
+            }],
+            largest_observed: runtime,
+            observations: 0.0,
+        }
+    }
+
+    /// Uniform on `[lo, hi]` (`hi > lo`); handy for tests and synthetic workloads.
+    pub fn uniform(lo: f64, hi: f64) -> Self {
+        if hi <= lo {
+            return Self::point(lo);
+        }
+        let density = 1.0 / (hi - lo);
+        Self {
+            pieces: vec![Piece {
+                lo,
+                hi,
+                density_lo: density,
+                density_hi: density,
+                mass: 1.0,
+            }],
+            largest_observed: hi,
+            observations: 0.0,
+        }
+    }
+
+    /// Empirical distribution of `samples` through an 80-bin streaming histogram.
+    pub fn from_samples(samples: &[f64]) -> Option<Self> {
+        let mut histogram = StreamingHistogram::default();
+        for sample in samples {
+            histogram.insert(*sample);
+        }
+        histogram.distribution()
+    }
+
+    /// The trapezoid density of a Ben-Haim & Tom-Tov histogram: mass `(m_i + m_{i+1}) / 2`
+    /// between consecutive centroids, anchored with zero height at the exact min and max.
+    pub fn from_histogram(histogram: &StreamingHistogram) -> Option<Self> {
+        let (min, max) = (histogram.min()?, histogram.max()?);
+        let total = histogram.count();
+        if total <= 0.0 {
+            return None;
+        }
+        let mut knots: Vec<(f64, f64)> = Vec::with_capacity(histogram.bins().len() + 2);
+        knots.push((min, 0.0));
+        knots.extend(histogram.bins().iter().map(|bin| (bin.centroid, bin.count)));
+        knots.push((max, 0.0));
+        let mut pieces = Vec::with_capacity(knots.len());
+        for pair in knots.windows(2) {
+            let ((x0, m0), (x1, m1)) = (pair[0], pair[1]);
+            let mass = (m0 + m1) / 2.0 / total;
+            if mass <= 0.0 {
+                continue;
+            }
+            let width = x1 - x0;
+            if width <= 0.0 {
+                // Zero-width trapezoid: its half-bin mass sits exactly on the value.
+                match pieces.last_mut() {
+                    Some(Piece {
+                        lo, hi, mass: m, ..
+                    }) if *lo == x0 && *hi == x0 => *m += mass,
+                    _ => pieces.push(Piece {
+                        lo: x0,
+                        hi: x0,
+                        density_lo: 0.0,
+                        density_hi: 0.0,
+                        mass,
+                    }),
+                }
+            } else {
+                pieces.push(Piece {
+                    lo: x0,
+                    hi: x1,
+                    density_lo: m0 / total / width,
+                    density_hi: m1 / total / width,
+                    mass,
+                });
+            }
+        }
+        Some(Self {
+            pieces,
+            largest_observed: max,
+            observations: total,
+        })
+    }
+
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    pub fn largest_observed(&self) -> f64 {
+        self.largest_observed
+    }
+
+    pub fn observations(&self) -> f64 {
+        self.observations
+    }
+
+    /// Smallest runtime with positive probability.
+    pub fn support_min(&self) -> f64 {
+        self.pieces.first().map_or(0.0, |piece| piece.lo)
+    }
+
+    /// Largest runtime with positive probability.
+    pub fn support_max(&self) -> f64 {
+        self.pieces.last().map_or(0.0, |piece| piece.hi)
+    }
+
+    /// Density of the continuous part at `t` (point masses are not included; `cdf` has them).
+    pub fn pdf(&self, t: f64) -> f64 {
+        self.pieces.iter().map(|piece| piece.density_at(t)).sum()
+    }
+
+    /// P(runtime ≤ t).
+    pub fn cdf(&self, t: f64) -> f64 {
+        let mut cumulative = 0.0;
+        for piece in &self.pieces {
+            if piece.lo > t {
+                break;
+            }
+            cumulative += piece.mass_below(t);
+        }
+        cumulative.clamp(0.0, 1.0)
+    }
+
+    /// P(runtime > t): the probability the job still holds its resources at `t` (3Sigma §3.2).
+    pub fn survival(&self, t: f64) -> f64 {
+        1.0 - self.cdf(t)
+    }
+
+    /// Smallest `t` with `cdf(t) ≥ q` (`q` clamped to [0, 1]).
+    pub fn quantile(&self, q: f64) -> f64 {
+        let target = if q.is_nan() { 0.5 } else { q.clamp(0.0, 1.0) };
+        let mut cumulative = 0.0;
+        for piece in &self.pieces {
+            if piece.mass <= 0.0 {
+                continue;
+            }
+            if cumulative + piece.mass >= target {
+                return piece.lo + piece.offset_for_mass(target - cumulative);
+            }
+            cumulative += piece.mass;
+        }
+        self.support_max()
+    }
+
+    pub fn median(&self) -> f64 {
+        self.quantile(0.5)
+    }
+
+    pub fn mean(&self) -> f64 {
+        self.pieces.iter().map(Piece::mean_contribution).sum()
+    }
+
+    /// Draws one runtime by inverse-CDF sampling with the caller's (seeded) RNG.
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> f64 {
+        self.quantile(rng.random::<f64>())
+    }
+
+    /// Distribution of the runtime given that the job has already run for `elapsed`
+    /// (3Sigma Eq. 2: `1 − CDF'(t) = (1 − CDF(t)) / (1 − CDF(elapsed))` for `t ≥ elapsed`).
+    ///
+    /// When no probability mass is left beyond `elapsed` (the job has outrun every observation),
+    /// the result is the exp-inc point estimate of §4.2.1 (see [`exp_inc_finish`]) with
+    /// increments of `cycle` time units.
+    pub fn condition_on_elapsed(&self, elapsed: f64, cycle: f64) -> Self {
+        if self.cdf(elapsed) <= 0.0 {
+            return self.clone();
+        }
+        let remaining = self.survival(elapsed);
+        if remaining <= 1e-12 {
+            let mut estimate = Self::point(exp_inc_finish(
+                self.largest_observed.max(self.support_max()),
+                elapsed,
+                cycle,
+            ));
+            estimate.largest_observed = self.largest_observed;
+            estimate.observations = self.observations;
+            return estimate;
+        }
+        let mut pieces = Vec::with_capacity(self.pieces.len());
+        for piece in &self.pieces {
+            if piece.hi <= elapsed {
+                continue;
+            }
+            let mut kept = *piece;
+            if piece.lo <= elapsed {
+                kept.lo = elapsed;
+                kept.density_lo = piece.density_at(elapsed);
+                kept.mass = piece.mass - piece.mass_below(elapsed);
+            }
+            kept.density_lo /= remaining;
+            kept.density_hi /= remaining;
+            kept.mass /= remaining;
+            if kept.mass > 0.0 {
+                pieces.push(kept);
+            }
+        }
+        Self {
+            pieces,
+            largest_observed: self.largest_observed,
+            observations: self.observations,
+        }
+    }
+
+    /// Expected utility of starting the job at `start` (3Sigma Eq. 1):
+    /// `E[U(start)] = ∫ U(start + t) PDF(t) dt`, exact for piecewise-linear utility curves.
+    pub fn expected_utility(&self, utility: &UtilityCurve, start: f64) -> f64 {
+        let mut total = 0.0;
+        for piece in &self.pieces {
+            if piece.is_atom() {
+                total += piece.mass * utility.value_at(start + piece.lo);
+                continue;
+            }
+            // Split at the utility curve's breakpoints so both factors are linear on each part;
+            // two-point Gauss-Legendre is then exact (the product is quadratic) and never
+            // evaluates the utility exactly on a step.
+            let mut cuts = vec![piece.lo];
+            cuts.extend(
+                utility
+                    .points()
+                    .iter()
+                    .map(|point| point.time - start)
+                    .filter(|t| *t > piece.lo && *t < piece.hi),
+            );
+            cuts.push(piece.hi);
+            cuts.dedup();
+            for part in cuts.windows(2) {
+                let (a, b) = (part[0], part[1]);
+                let half = (b - a) / 2.0;
+                let middle = (a + b) / 2.0;
+                let offset = half / 3f64.sqrt();
+                for t in [middle - offset, middle + offset] {
+                    total += half * piece.density_at(t) * utility.value_at(start + t);
+                }
+            }
+        }
+        total
+    }
+
+    /// Expected utility for each candidate start time (one MILP option per start time).
+    pub fn expected_utilities(&self, utility: &UtilityCurve, starts: &[f64]) -> Vec<f64> {
+        starts
+            .iter()
+            .map(|start| self.expected_utility(utility, *start))
+            .collect()
+    }
+
+    /// Expected consumption of `demand` at each of `times` for a job started at `start`
+    /// (3Sigma §3.2: demand × (1 − CDF(t − start))). Condition on elapsed time first for
+    /// running jobs.
+    pub fn expected_usage(&self, demand: f64, start: f64, times: &[f64]) -> Vec<f64> {
+        times
+            .iter()
+            .map(|time| {
+                if *time < start {
+                    0.0
+                } else {
+                    demand * self.survival(time - start)
+                }
+            })
+            .collect()
+    }
+}
+
+/// Finish time estimated by exp-inc (3Sigma §4.2.1): once the elapsed time reaches the largest
+/// observed runtime, the estimate grows by `2^t` cycles, `t = 0, 1, 2, …`, each time the job
+/// outlives the previous estimate. Returns a time strictly greater than `elapsed`.
+pub fn exp_inc_finish(largest_observed: f64, elapsed: f64, cycle: f64) -> f64 {
+    let cycle = if cycle.is_finite() && cycle > 0.0 {
+        cycle
+    } else {
+        1.0
+    };
+    let mut finish = largest_observed.max(0.0);
+    let mut increment = cycle;
+    for _ in 0..1024 {
+        if finish > elapsed {
+            return finish;
+        }
+        finish += increment;
+        increment *= 2.0;
+    }
+    elapsed + cycle
+}
+
+/// A point of a piecewise-linear utility curve over completion time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct UtilityPoint {
+    pub time: f64,
+    pub utility: f64,
+}
+
+/// Utility as a function of completion time: piecewise linear through `points` (sorted by time;
+/// two points at the same time form a step whose left value applies at that instant, so
+/// finishing exactly at a deadline counts as on time), constant before the first and after the
+/// last point (3Sigma Fig. 3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UtilityCurve {
+    points: Vec<UtilityPoint>,
+}
+
+impl UtilityCurve {
+    /// Builds a curve; points are sorted by time (stable, so step order is kept).
+    pub fn new(mut points: Vec<UtilityPoint>) -> Self {
+        points.retain(|point| point.time.is_finite() && point.utility.is_finite());
+        points.sort_by(|a, b| a.time.total_cmp(&b.time));
+        Self { points }
+    }
+
+    /// SLO job: `value` if complete by `deadline`, zero after (Fig. 3(a)).
+    pub fn deadline(deadline: f64, value: f64) -> Self {
+        Self::new(vec![
+            UtilityPoint {
+                time: deadline,
+                utility: value,
+            },
+            UtilityPoint {
+                time: deadline,
+                utility: 0.0,
+            },
+        ])
+    }
+
+    /// SLO job with over-estimate handling (Fig. 3(d)): `value` until `deadline`, then
+    /// `value_after_deadline` decaying linearly to zero over `decay_span`.
+    pub fn deadline_with_decay(
+        deadline: f64,
+        value: f64,
+        value_after_deadline: f64,
+        decay_span: f64,
+    ) -> Self {
+        Self::new(vec![
+            UtilityPoint {
+                time: deadline,
+                utility: value,
+            },
+            UtilityPoint {
+                time: deadline,
+                utility: value_after_deadline,
+            },
+            UtilityPoint {
+                time: deadline + decay_span.max(f64::EPSILON),
+                utility: 0.0,
+            },
+        ])
+    }
+
+    /// Latency-sensitive job: utility decreasing linearly from `value` at `submit` to zero at
+    /// `zero_at` (Fig. 3(b)).
+    pub fn latency_sensitive(submit: f64, value: f64, zero_at: f64) -> Self {
+        Self::new(vec![
+            UtilityPoint {
+                time: submit,
+                utility: value,
+            },
+            UtilityPoint {
+                time: zero_at.max(submit + f64::EPSILON),
+                utility: 0.0,
+            },
+        ])
+    }
+
+    pub fn points(&self) -> &[UtilityPoint] {
+        &self.points
+    }
+
+    /// Utility of completing at `time`.
+    pub fn value_at(&self, time: f64) -> f64 {
+        let Some(first) = self.points.first() else {
+            return 0.0;
+        };
+        if time <= first.time {
+            return first.utility;
+        }
+        let next = self.points.partition_point(|point| point.time < time);
+        match self.points.get(next) {
+            None => self.points[self.points.len() - 1].utility,
+            Some(point) if point.time == time => point.utility,
+            Some(point) => {
+                let previous = self.points[next - 1];
+                let fraction = (time - previous.time) / (point.time - previous.time);
+                previous.utility + fraction * (point.utility - previous.utility)
+            }
+        }
+    }
+}
+
+/// Adaptive over-estimate handling (3Sigma §4.2.2–§4.2.3): an SLO job whose distribution gives
+/// it little chance of meeting its deadline even if started at submission is probably
+/// over-estimated, so its utility decays linearly past the deadline instead of dropping to zero.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OverEstimatePolicy {
+    /// Enable decay when P(runtime ≤ deadline − submit) is below this.
+    pub threshold: f64,
+    /// Utility right after the deadline as a fraction of the on-time value (lower than on-time
+    /// so such jobs only use otherwise idle resources).
+    pub post_deadline_fraction: f64,
+    /// Time for the post-deadline utility to reach zero, as a multiple of (deadline − submit).
+    pub decay_span_factor: f64,
+}
+
+impl Default for OverEstimatePolicy {
+    fn default() -> Self {
+        Self {
+            threshold: 0.05,
+            post_deadline_fraction: 0.5,
+            decay_span_factor: 1.0,
+        }
+    }
+}
+
+impl OverEstimatePolicy {
+    /// True when the runtime distribution says the job cannot realistically meet its deadline.
+    pub fn is_likely_overestimate(
+        &self,
+        distribution: &RuntimeDistribution,
+        submit: f64,
+        deadline: f64,
+    ) -> bool {
+        distribution.cdf(deadline - submit) < self.threshold
+    }
+
+    /// The utility curve the scheduler should use for an SLO job.
+    pub fn slo_utility(
+        &self,
+        distribution: &RuntimeDistribution,
+        submit: f64,
+        deadline: f64,
+        value: f64,
+    ) -> UtilityCurve {
+        if self.is_likely_overestimate(distribution, submit, deadline) {
+            let window = (deadline - submit).max(f64::EPSILON);
+            UtilityCurve::deadline_with_decay(
+                deadline,
+                value,
+                value * self.post_deadline_fraction,
+                window * self.decay_span_factor,
+            )
+        } else {
+            UtilityCurve::deadline(deadline, value)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn close(a: f64, b: f64, tolerance: f64) -> bool {
+        (a - b).abs() <= tolerance
+    }
+
+    #[test]
+    fn uniform_cdf_quantile_pdf_mean() {
+        let distribution = RuntimeDistribution::uniform(0.0, 10.0);
+        assert!(close(distribution.cdf(2.5), 0.25, 1e-12));
+        assert!(close(distribution.quantile(0.75), 7.5, 1e-9));
+        assert!(close(distribution.pdf(3.0), 0.1, 1e-12));
+        assert!(close(distribution.mean(), 5.0, 1e-9));
+        assert_eq!(distribution.cdf(-1.0), 0.0);
+        assert_eq!(distribution.cdf(11.0), 1.0);
+    }
+
+    #[test]
+    fn histogram_of_two_values_puts_quarter_mass_on_each_and_half_between() {
+        let distribution = RuntimeDistribution::from_samples(&[10.0, 20.0]).unwrap();
+        assert!(close(distribution.cdf(10.0), 0.25, 1e-12));
+        assert!(close(distribution.cdf(15.0), 0.5, 1e-12));
+        assert!(close(distribution.cdf(19.999), 0.75, 1e-3));
+        assert!(close(distribution.median(), 15.0, 1e-9));
+        assert!(close(distribution.mean(), 15.0, 1e-9));
+    }
+
+    #[test]
+    fn quantile_inverts_cdf_on_a_skewed_histogram() {
+        let samples: Vec<f64> = (1..=500).map(|i| f64::from(i).powf(1.7)).collect();
+        let distribution = RuntimeDistribution::from_samples(&samples).unwrap();
+        for q in [0.01, 0.1, 0.3, 0.5, 0.8, 0.99] {
+            let t = distribution.quantile(q);
+            assert!(close(distribution.cdf(t), q, 1e-9), "q={q}");
+        }
+    }
+
+    #[test]
+    fn conditioning_follows_equation_two() {
+        // Uniform(0, 10) given elapsed 4 is Uniform(4, 10).
+        let distribution = RuntimeDistribution::uniform(0.0, 10.0);
+        let conditioned = distribution.condition_on_elapsed(4.0, 1.0);
+        for t in [4.0, 5.0, 7.5, 9.0] {
+            let expected = distribution.survival(t) / distribution.survival(4.0);
+            assert!(close(conditioned.survival(t), expected, 1e-12), "t={t}");
+        }
+        assert!(close(conditioned.mean(), 7.0, 1e-9));
+        assert!(close(conditioned.pdf(6.0), 1.0 / 6.0, 1e-12));
+    }
+
+    #[test]
+    fn conditioning_past_all_history_uses_exp_inc() {
+        let distribution = RuntimeDistribution::from_samples(&[50.0, 80.0, 100.0]).unwrap();
+        // At 100 the job has outlived every observation: finish = 100 + 1 cycle.
+        let at_max = distribution.condition_on_elapsed(100.0, 10.0);
+        assert!(close(at_max.median(), 110.0, 1e-9));
+        // Outliving that: + 2 cycles, then + 4 cycles.
+        assert!(close(
+            distribution.condition_on_elapsed(110.0, 10.0).median(),
+            130.0,
+            1e-9
+        ));
+        assert!(close(
+            distribution.condition_on_elapsed(135.0, 10.0).median(),
+            170.0,
+            1e-9
+        ));
+        assert_eq!(exp_inc_finish(100.0, 20.0, 10.0), 100.0);
+    }
+
+    #[test]
+    fn expected_utility_of_paper_example_case_a() {
+        // 3Sigma §2.3 case A: runtimes Uniform(0, 10 min), SLO deadline 15 min. Run the BE job
+        // first (start the SLO job when it ends) => SLO miss probability 12.5%.
+        let slo = RuntimeDistribution::uniform(0.0, 10.0);
+        let deadline = UtilityCurve::deadline(15.0, 1.0);
+        // Starting right away: always on time.
+        assert!(close(slo.expected_utility(&deadline, 0.0), 1.0, 1e-12));
+        // Starting at a BE runtime b ~ U(0, 10): average of P(runtime ≤ 15 − b).
+        let mut average = 0.0;
+        let steps = 10_000;
+        for step in 0..steps {
+            let start = (f64::from(step) + 0.5) / f64::from(steps) * 10.0;
+            average += slo.expected_utility(&deadline, start) / f64::from(steps);
+        }
+        assert!(close(average, 0.875, 1e-4), "{average}");
+    }
+
+    #[test]
+    fn expected_utility_is_exact_for_linear_utility() {
+        // E[U] for U(c) = 1 − c/100 and runtime U(0, 10) started at 20: 1 − (20 + 5)/100.
+        let distribution = RuntimeDistribution::uniform(0.0, 10.0);
+        let utility = UtilityCurve::latency_sensitive(0.0, 1.0, 100.0);
+        assert!(close(
+            distribution.expected_utility(&utility, 20.0),
+            0.75,
+            1e-12
+        ));
+        // A point mass exactly at the deadline counts as on time.
+        let point = RuntimeDistribution::point(5.0);
+        assert_eq!(
+            point.expected_utility(&UtilityCurve::deadline(5.0, 2.0), 0.0),
+            2.0
+        );
+    }
+
+    #[test]
+    fn expected_usage_is_demand_times_survival() {
+        let distribution = RuntimeDistribution::uniform(0.0, 10.0);
+        let usage = distribution.expected_usage(4.0, 100.0, &[90.0, 100.0, 105.0, 120.0]);
+        assert_eq!(usage, vec![0.0, 4.0, 2.0, 0.0]);
+    }
+
+    #[test]
+    fn sampling_matches_distribution_and_is_reproducible() {
+        let distribution = RuntimeDistribution::uniform(0.0, 10.0);
+        let mut rng = StdRng::seed_from_u64(3);
+        let samples: Vec<f64> = (0..20_000).map(|_| distribution.sample(&mut rng)).collect();
+        let below = samples.iter().filter(|s| **s <= 2.0).count() as f64 / 20_000.0;
+        assert!(close(below, 0.2, 0.01), "{below}");
+        let mut again = StdRng::seed_from_u64(3);
+        assert_eq!(distribution.sample(&mut again), samples[0]);
+    }
+
+    #[test]
+    fn over_estimate_policy_switches_to_decay_only_when_deadline_looks_impossible() {
+        let policy = OverEstimatePolicy::default();
+        let slow = RuntimeDistribution::uniform(100.0, 200.0);
+        let utility = policy.slo_utility(&slow, 0.0, 50.0, 1.0);
+        assert!(policy.is_likely_overestimate(&slow, 0.0, 50.0));
+        assert!(utility.value_at(60.0) > 0.0);
+        assert_eq!(utility.value_at(50.0), 1.0);
+        assert_eq!(utility.value_at(100.0), 0.0);
+        let fast = RuntimeDistribution::uniform(10.0, 40.0);
+        let utility = policy.slo_utility(&fast, 0.0, 50.0, 1.0);
+        assert_eq!(utility.value_at(50.1), 0.0);
+    }
+
+    #[test]
+    fn serde_round_trip() {
+        let distribution = RuntimeDistribution::from_samples(&[1.0, 2.0, 3.0, 10.0]).unwrap();
+        let json = serde_json::to_string(&distribution).unwrap();
+        let back: RuntimeDistribution = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, distribution);
+    }
+}

@@ -1,0 +1,18 @@
+//! Everything the schedulers learn from history, as sans-IO library code:
+//!
+//! - [`predictor`]: 3σPredict runtime distributions (3Sigma §4.1) built on [`histogram`] and
+//!   [`distribution`] (expected utility, expected usage, conditioning, mis-estimate handling).
+//!
+//! Nothing here reads the OS clock or an unseeded RNG: callers pass `now` and seeded RNGs.
+
+pub mod distribution;
+pub mod histogram;
+pub mod predictor;
+
+pub use distribution::{
+    OverEstimatePolicy, Piece, RuntimeDistribution, UtilityCurve, UtilityPoint, exp_inc_finish,
+};
+pub use histogram::StreamingHistogram;
+pub use predictor::{
+    Estimator, Expert, Feature, JobFeatures, PredictorConfig, RuntimePrediction, RuntimePredictor,
+};

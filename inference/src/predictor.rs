@@ -1,0 +1,594 @@
+//! 3σPredict (3Sigma §4.1): runtime distributions from job history, chosen per job by the
+//! expert with the lowest normalised mean absolute error.
+//!
+//! Every job carries features (user, job name, template, requested resources, submit hour, …,
+//! and combinations such as user+name). For every feature *value* the predictor keeps a
+//! [`FeatureHistory`]: a Ben-Haim & Tom-Tov histogram of observed runtimes, four point
+//! estimators (mean, median of recent values, exponentially weighted rolling average with
+//! α = 0.6, mean of the X most recent) and a streaming NMAE per estimator. A (feature value,
+//! estimator) pair is an *expert*; the job gets the distribution of the feature value whose
+//! expert has the lowest NMAE. Memory per feature value is constant: a bounded histogram, a
+//! bounded ring of recent values and a few counters.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::distribution::RuntimeDistribution;
+use crate::histogram::{DEFAULT_MAX_BINS, StreamingHistogram};
+
+/// Largest ring of recent values a feature value may keep.
+pub const MAX_RECENT_WINDOW: usize = 64;
+
+/// The four point estimators of 3Sigma §4.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// (a) average of all observations.
+    Mean,
+    /// (b) median of the recent values (proxy for the full median, §4.1 "Scalability").
+    RecentMedian,
+    /// (c) exponentially weighted rolling average: `r ← α·x + (1 − α)·r`, α = 0.6.
+    Rolling,
+    /// (d) average of the X most recent observations.
+    RecentMean,
+}
+
+impl Estimator {
+    pub const ALL: [Estimator; 4] = [
+        Estimator::Mean,
+        Estimator::RecentMedian,
+        Estimator::Rolling,
+        Estimator::RecentMean,
+    ];
+
+    fn index(self) -> usize {
+        match self {
+            Estimator::Mean => 0,
+            Estimator::RecentMedian => 1,
+            Estimator::Rolling => 2,
+            Estimator::RecentMean => 3,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Estimator::Mean => "mean",
+            Estimator::RecentMedian => "recent_median",
+            Estimator::Rolling => "rolling",
+            Estimator::RecentMean => "recent_mean",
+        }
+    }
+}
+
+/// Tunables of the predictor (defaults from 3Sigma §4.1 where the paper gives one).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PredictorConfig {
+    /// Histogram bin budget per feature value (paper: 80).
+    pub max_bins: usize,
+    /// Weight of the newest observation in the rolling estimator (paper: α = 0.6).
+    pub rolling_alpha: f64,
+    /// Recent values kept per feature value for the median estimator (≤ 64).
+    pub recent_window: usize,
+    /// X of the "average of X recent runtimes" estimator (≤ `recent_window`; the paper does not
+    /// give X).
+    pub recent_mean_count: usize,
+}
+
+impl Default for PredictorConfig {
+    fn default() -> Self {
+        Self {
+            max_bins: DEFAULT_MAX_BINS,
+            rolling_alpha: 0.6,
+            recent_window: 20,
+            recent_mean_count: 5,
+        }
+    }
+}
+
+/// One feature of a job, e.g. `user = alice` or `user+name = alice/etl`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Feature {
+    pub name: String,
+    pub value: String,
+}
+
+/// The features a job is described by. Missing attributes are simply not pushed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFeatures {
+    pub features: Vec<Feature>,
+}
+
+impl JobFeatures {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `name = value`; empty values are skipped (an unknown attribute groups nothing).
+    pub fn push(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        let value = value.into();
+        if !value.is_empty() {
+            self.features.push(Feature {
+                name: name.into(),
+                value,
+            });
+        }
+    }
+
+    pub fn with(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.push(name, value);
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.features.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.features.is_empty()
+    }
+}
+
+/// 64-bit FNV-1a of `name`, a separator and `value`: a stable key so the per-value state does not
+/// depend on the length of the (often hashed) attribute strings.
+fn feature_key(feature: &Feature) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in feature
+        .name
+        .bytes()
+        .chain(std::iter::once(0xff))
+        .chain(feature.value.bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// Streaming NMAE accumulator: Σ|estimate − actual| / Σ actual.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorStat {
+    pub absolute_error_sum: f64,
+    pub actual_sum: f64,
+    pub scored: u64,
+}
+
+impl ErrorStat {
+    pub fn record(&mut self, estimate: f64, actual: f64) {
+        self.absolute_error_sum += (estimate - actual).abs();
+        self.actual_sum += actual.abs();
+        self.scored += 1;
+    }
+
+    /// NMAE, or `None` before the first scored estimate.
+    pub fn nmae(&self) -> Option<f64> {
+        if self.scored == 0 {
+            None
+        } else if self.actual_sum > 0.0 {
+            Some(self.absolute_error_sum / self.actual_sum)
+        } else if self.absolute_error_sum == 0.0 {
+            Some(0.0)
+        } else {
+            Some(f64::INFINITY)
+        }
+    }
+}
+
+/// Constant-size state of one feature value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FeatureHistory {
+    histogram: StreamingHistogram,
+    count: u64,
+    mean: f64,
+    rolling: f64,
+    recent: Vec<f64>,
+    recent_next: usize,
+    errors: [ErrorStat; 4],
+}
+
+impl FeatureHistory {
+    fn new(config: &PredictorConfig) -> Self {
+        Self {
+            histogram: StreamingHistogram::new(config.max_bins),
+            count: 0,
+            mean: 0.0,
+            rolling: 0.0,
+            recent: Vec::with_capacity(config.recent_window.clamp(1, MAX_RECENT_WINDOW)),
+            recent_next: 0,
+            errors: [ErrorStat::default(); 4],
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn histogram(&self) -> &StreamingHistogram {
+        &self.histogram
+    }
+
+    pub fn error(&self, estimator: Estimator) -> &ErrorStat {
+        &self.errors[estimator.index()]
+    }
+
+    /// Current point estimate of `estimator` (`None` before the first observation).
+    pub fn estimate(&self, estimator: Estimator, config: &PredictorConfig) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        Some(match estimator {
+            Estimator::Mean => self.mean,
+            Estimator::Rolling => self.rolling,
+            Estimator::RecentMedian => {
+                let mut buffer = [0.0; MAX_RECENT_WINDOW];
+                let values = &mut buffer[..self.recent.len()];
+                values.copy_from_slice(&self.recent);
+                values.sort_unstable_by(f64::total_cmp);
+                let middle = values.len() / 2;
+                if values.len() % 2 == 1 {
+                    values[middle]
+                } else {
+                    (values[middle - 1] + values[middle]) / 2.0
+                }
+            }
+            Estimator::RecentMean => {
+                let capacity = self.recent.capacity().max(1);
+                let take = config.recent_mean_count.clamp(1, self.recent.len());
+                let mut sum = 0.0;
+                for back in 1..=take {
+                    // Walk backwards from the newest entry of the ring.
+                    let index = if self.recent.len() < capacity {
+                        self.recent.len() - back
+                    } else {
+                        (self.recent_next + capacity - back) % capacity
+                    };
+                    sum += self.recent[index];
+                }
+                sum / take as f64
+            }
+        })
+    }
+
+    /// Scores every estimator against `runtime`, then learns it.
+    fn observe(&mut self, runtime: f64, config: &PredictorConfig) {
+        if self.count > 0 {
+            for estimator in Estimator::ALL {
+                if let Some(estimate) = self.estimate(estimator, config) {
+                    self.errors[estimator.index()].record(estimate, runtime);
+                }
+            }
+        }
+        self.count += 1;
+        self.mean += (runtime - self.mean) / self.count as f64;
+        self.rolling = if self.count == 1 {
+            runtime
+        } else {
+            config.rolling_alpha * runtime + (1.0 - config.rolling_alpha) * self.rolling
+        };
+        let capacity = self.recent.capacity().max(1);
+        if self.recent.len() < capacity {
+            self.recent.push(runtime);
+            self.recent_next = self.recent.len() % capacity;
+        } else {
+            self.recent[self.recent_next] = runtime;
+            self.recent_next = (self.recent_next + 1) % capacity;
+        }
+        self.histogram.insert(runtime);
+    }
+
+    /// Bytes this feature value occupies (struct, histogram bins, recent ring).
+    pub fn state_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.histogram.state_bytes()
+            - std::mem::size_of::<StreamingHistogram>()
+            + self.recent.capacity() * std::mem::size_of::<f64>()
+    }
+}
+
+/// Identity and track record of the expert that produced a prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Expert {
+    pub feature: String,
+    pub value: String,
+    pub estimator: Estimator,
+    /// NMAE of this expert so far (`None` if it has never been scored).
+    pub nmae: Option<f64>,
+    /// Observations behind the feature value.
+    pub observations: u64,
+}
+
+/// What 3σPredict hands to the scheduler for one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuntimePrediction {
+    pub distribution: RuntimeDistribution,
+    /// The chosen expert's point estimate (what a PointRealEst scheduler would use).
+    pub point_estimate: f64,
+    pub expert: Expert,
+}
+
+/// A candidate expert for one job, as seen by evaluation code and baselines.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertCandidate {
+    /// Index into the job's `JobFeatures::features`.
+    pub feature_index: usize,
+    pub estimator: Estimator,
+    pub estimate: f64,
+    pub nmae: Option<f64>,
+    pub observations: u64,
+}
+
+/// The 3σPredict state: one [`FeatureHistory`] per feature value seen so far.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RuntimePredictor {
+    config: PredictorConfig,
+    histories: HashMap<u64, FeatureHistory>,
+}
+
+impl RuntimePredictor {
+    pub fn new(config: PredictorConfig) -> Self {
+        Self {
+            config,
+            histories: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &PredictorConfig {
+        &self.config
+    }
+
+    /// Number of feature values with history.
+    pub fn feature_values(&self) -> usize {
+        self.histories.len()
+    }
+
+    /// History of one feature value, if any.
+    pub fn history(&self, feature: &Feature) -> Option<&FeatureHistory> {
+        self.histories.get(&feature_key(feature))
+    }
+
+    /// Total bytes of per-feature-value state (excluding the hash table's own overhead).
+    pub fn state_bytes(&self) -> usize {
+        self.histories
+            .values()
+            .map(FeatureHistory::state_bytes)
+            .sum()
+    }
+
+    /// Upper bound of one feature value's state once its histogram and ring are full.
+    pub fn max_state_bytes_per_value(&self) -> usize {
+        let recent = self.config.recent_window.clamp(1, MAX_RECENT_WINDOW);
+        std::mem::size_of::<FeatureHistory>()
+            + (self.config.max_bins.max(2) + 1) * std::mem::size_of::<crate::histogram::Bin>()
+            + recent * std::mem::size_of::<f64>()
+    }
+
+    /// Every expert available for `features`, in feature order then estimator order.
+    pub fn candidates(&self, features: &JobFeatures) -> Vec<ExpertCandidate> {
+        let mut candidates = Vec::new();
+        for (feature_index, feature) in features.features.iter().enumerate() {
+            let Some(history) = self.histories.get(&feature_key(feature)) else {
+                continue;
+            };
+            for estimator in Estimator::ALL {
+                if let Some(estimate) = history.estimate(estimator, &self.config) {
+                    candidates.push(ExpertCandidate {
+                        feature_index,
+                        estimator,
+                        estimate,
+                        nmae: history.error(estimator).nmae(),
+                        observations: history.count,
+                    });
+                }
+            }
+        }
+        candidates
+    }
+
+    /// The expert 3σPredict would use: lowest NMAE among scored experts (ties keep the first);
+    /// if no expert has been scored yet, the Mean expert of the feature value with the most
+    /// observations.
+    pub fn choose(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
+        Self::choose_among(candidates.iter().copied())
+    }
+
+    /// Same rule restricted to one estimator: the "single point estimator" baselines.
+    pub fn choose_with_estimator(
+        candidates: &[ExpertCandidate],
+        estimator: Estimator,
+    ) -> Option<ExpertCandidate> {
+        Self::choose_among(
+            candidates
+                .iter()
+                .copied()
+                .filter(|candidate| candidate.estimator == estimator),
+        )
+    }
+
+    fn choose_among(candidates: impl Iterator<Item = ExpertCandidate>) -> Option<ExpertCandidate> {
+        let mut best_scored: Option<(f64, ExpertCandidate)> = None;
+        let mut best_unscored: Option<ExpertCandidate> = None;
+        for candidate in candidates {
+            match candidate.nmae {
+                Some(nmae) => {
+                    if best_scored.is_none_or(|(best, _)| nmae < best) {
+                        best_scored = Some((nmae, candidate));
+                    }
+                }
+                None => {
+                    let better = best_unscored.is_none_or(|best| {
+                        candidate.observations > best.observations
+                            || (candidate.observations == best.observations
+                                && candidate.estimator == Estimator::Mean
+                                && best.estimator != Estimator::Mean)
+                    });
+                    if better {
+                        best_unscored = Some(candidate);
+                    }
+                }
+            }
+        }
+        best_scored
+            .map(|(_, candidate)| candidate)
+            .or(best_unscored)
+    }
+
+    /// Runtime distribution for a job from history only (`None` when no feature value of the
+    /// job has been seen).
+    pub fn predict(&self, features: &JobFeatures) -> Option<RuntimePrediction> {
+        let candidates = self.candidates(features);
+        let chosen = Self::choose(&candidates)?;
+        self.prediction_from(features, &chosen)
+    }
+
+    /// Builds the prediction for a chosen candidate of `features`.
+    pub fn prediction_from(
+        &self,
+        features: &JobFeatures,
+        chosen: &ExpertCandidate,
+    ) -> Option<RuntimePrediction> {
+        let feature = features.features.get(chosen.feature_index)?;
+        let history = self.histories.get(&feature_key(feature))?;
+        Some(RuntimePrediction {
+            distribution: history.histogram.distribution()?,
+            point_estimate: chosen.estimate,
+            expert: Expert {
+                feature: feature.name.clone(),
+                value: feature.value.clone(),
+                estimator: chosen.estimator,
+                nmae: chosen.nmae,
+                observations: history.count,
+            },
+        })
+    }
+
+    /// Point estimate only (the PointRealEst baseline of 3Sigma §6), from the same experts.
+    pub fn point_estimate(&self, features: &JobFeatures) -> Option<f64> {
+        Self::choose(&self.candidates(features)).map(|chosen| chosen.estimate)
+    }
+
+    /// Learns a finished job's runtime: every feature value of the job first scores its
+    /// estimators against it, then absorbs it. Non-finite or negative runtimes are ignored.
+    pub fn observe(&mut self, features: &JobFeatures, runtime: f64) {
+        if !runtime.is_finite() || runtime < 0.0 {
+            return;
+        }
+        for feature in &features.features {
+            let config = self.config;
+            self.histories
+                .entry(feature_key(feature))
+                .or_insert_with(|| FeatureHistory::new(&config))
+                .observe(runtime, &config);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(user: &str, name: &str) -> JobFeatures {
+        JobFeatures::new()
+            .with("user", user)
+            .with("name", name)
+            .with("user+name", format!("{user}/{name}"))
+    }
+
+    #[test]
+    fn no_history_means_no_prediction() {
+        let predictor = RuntimePredictor::default();
+        assert!(predictor.predict(&job("a", "x")).is_none());
+    }
+
+    #[test]
+    fn estimators_follow_their_definitions() {
+        let config = PredictorConfig {
+            recent_window: 4,
+            recent_mean_count: 2,
+            ..PredictorConfig::default()
+        };
+        let mut history = FeatureHistory::new(&config);
+        for runtime in [10.0, 20.0, 30.0, 100.0, 50.0] {
+            history.observe(runtime, &config);
+        }
+        assert_eq!(history.estimate(Estimator::Mean, &config), Some(42.0));
+        // Recent ring holds 20, 30, 100, 50 => median 40.
+        assert_eq!(
+            history.estimate(Estimator::RecentMedian, &config),
+            Some(40.0)
+        );
+        // Mean of the two most recent: 100 and 50.
+        assert_eq!(history.estimate(Estimator::RecentMean, &config), Some(75.0));
+        let mut rolling: f64 = 10.0;
+        for runtime in [20.0, 30.0, 100.0, 50.0] {
+            rolling = 0.6 * runtime + 0.4 * rolling;
+        }
+        let estimate = history.estimate(Estimator::Rolling, &config).unwrap();
+        assert!((estimate - rolling).abs() < 1e-12);
+    }
+
+    #[test]
+    fn nmae_is_scored_before_learning() {
+        let config = PredictorConfig::default();
+        let mut history = FeatureHistory::new(&config);
+        history.observe(10.0, &config);
+        history.observe(30.0, &config);
+        // The mean estimator said 10 for the second job: |10 − 30| / 30.
+        let nmae = history.error(Estimator::Mean).nmae().unwrap();
+        assert!((nmae - 20.0 / 30.0).abs() < 1e-12);
+        assert_eq!(history.error(Estimator::Mean).scored, 1);
+    }
+
+    #[test]
+    fn picks_the_feature_value_whose_expert_has_lowest_error() {
+        let mut predictor = RuntimePredictor::default();
+        // User "alice" runs two very different jobs; the name predicts runtime, the user not.
+        for round in 0..20 {
+            let jitter = f64::from(round % 3);
+            predictor.observe(&job("alice", "short"), 10.0 + jitter);
+            predictor.observe(&job("alice", "long"), 1000.0 + jitter);
+        }
+        let prediction = predictor.predict(&job("alice", "long")).unwrap();
+        assert_ne!(prediction.expert.feature, "user");
+        assert!((prediction.distribution.median() - 1001.0).abs() < 5.0);
+        assert!((prediction.point_estimate - 1001.0).abs() < 5.0);
+        // A new job name of a known user falls back to the user's (bimodal) history.
+        let fallback = predictor.predict(&job("alice", "brand-new")).unwrap();
+        assert_eq!(fallback.expert.feature, "user");
+        assert!(fallback.distribution.quantile(0.1) < 20.0);
+        assert!(fallback.distribution.quantile(0.9) > 900.0);
+    }
+
+    #[test]
+    fn memory_per_feature_value_is_bounded() {
+        let mut predictor = RuntimePredictor::default();
+        let features = job("u", "n");
+        predictor.observe(&features, 1.0);
+        let after_one = predictor.state_bytes();
+        for runtime in 0..100_000 {
+            predictor.observe(&features, f64::from(runtime));
+        }
+        assert_eq!(predictor.state_bytes(), after_one);
+        assert!(after_one <= 3 * predictor.max_state_bytes_per_value());
+        assert_eq!(predictor.feature_values(), 3);
+    }
+
+    #[test]
+    fn ignores_invalid_runtimes() {
+        let mut predictor = RuntimePredictor::default();
+        predictor.observe(&job("u", "n"), f64::NAN);
+        predictor.observe(&job("u", "n"), -5.0);
+        assert_eq!(predictor.feature_values(), 0);
+    }
+
+    #[test]
+    fn single_estimator_baseline_uses_only_that_estimator() {
+        let mut predictor = RuntimePredictor::default();
+        for runtime in [10.0, 10.0, 10.0, 200.0] {
+            predictor.observe(&job("u", "n"), runtime);
+        }
+        let candidates = predictor.candidates(&job("u", "n"));
+        let chosen =
+            RuntimePredictor::choose_with_estimator(&candidates, Estimator::Rolling).unwrap();
+        assert_eq!(chosen.estimator, Estimator::Rolling);
+        assert!((chosen.estimate - (0.6 * 200.0 + 0.4 * 10.0)).abs() < 1e-9);
+    }
+}
