@@ -2,12 +2,14 @@
 //!
 //! - [`predictor`]: 3σPredict runtime distributions (3Sigma §4.1) built on [`histogram`] and
 //!   [`distribution`] (expected utility, expected usage, conditioning, mis-estimate handling).
+//! - [`skyline`]: the Morpheus §5 job resource model (skyline LP, Clarabel via good_lp).
 //!
 //! Nothing here reads the OS clock or an unseeded RNG: callers pass `now` and seeded RNGs.
 
 pub mod distribution;
 pub mod histogram;
 pub mod predictor;
+pub mod skyline;
 
 pub use distribution::{
     OverEstimatePolicy, Piece, RuntimeDistribution, UtilityCurve, UtilityPoint, exp_inc_finish,
@@ -16,3 +18,4 @@ pub use histogram::StreamingHistogram;
 pub use predictor::{
     Estimator, Expert, Feature, JobFeatures, PredictorConfig, RuntimePrediction, RuntimePredictor,
 };
+pub use skyline::{Beta, RunSkyline, SkylineError, SkylineLpConfig, SkylineSolution, fit_skyline};
