@@ -1,0 +1,597 @@
+//! cgroup discovery and per-container cgroups (v2 and v1).
+//!
+//! Container cgroups are created below the cgroup the worker itself runs in (the delegated
+//! subtree), never at the hierarchy root, so whatever limits the worker's own supervisor set
+//! still cover its containers. Detection creates a probe cgroup and writes real limits into it:
+//! a hierarchy that is mounted but read-only, lacks a controller, or refuses delegation is
+//! reported as unusable with the reason rather than failing a launch later.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::ContainerLimits;
+use super::error::ExecError;
+
+/// The CFS period used for CPU quotas: the kernel default, 100 ms.
+const CPU_PERIOD_US: u64 = 100_000;
+/// The smallest quota the kernel accepts (1 ms per period).
+const MIN_CPU_QUOTA_US: u64 = 1_000;
+
+/// How container limits are enforced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Unified hierarchy; `root` is the directory under which per-container cgroups are created
+    /// (with the `memory` and `cpu` controllers enabled for its children).
+    CgroupV2 { root: PathBuf },
+    /// Legacy hierarchies; container cgroups are created under `memory_root` (memory.limit_in_bytes)
+    /// and `cpu_root` (cpu.cfs_quota_us).
+    CgroupV1 {
+        memory_root: PathBuf,
+        cpu_root: PathBuf,
+    },
+    /// No usable cgroups: memory is enforced by a monitor that samples the tree's RSS and kills
+    /// the tree when it is over the limit; CPU is sampled but NOT limited (best effort: none).
+    /// The only rlimit applied is RLIMIT_CORE = 0 (RLIMIT_AS would break runtimes that reserve
+    /// large address ranges, so it is deliberately not used).
+    RlimitAndMonitor,
+}
+
+impl Enforcement {
+    /// Short name for logs and reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Enforcement::CgroupV2 { .. } => "cgroup-v2",
+            Enforcement::CgroupV1 { .. } => "cgroup-v1",
+            Enforcement::RlimitAndMonitor => "rlimit+monitor",
+        }
+    }
+}
+
+fn cgroup_err(path: &Path, source: io::Error) -> ExecError {
+    ExecError::Cgroup {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), ExecError> {
+    fs::write(path, value).map_err(|source| cgroup_err(path, source))
+}
+
+fn read_file(path: &Path) -> Option<String> {
+    fs::read_to_string(path).ok()
+}
+
+/// A `key value` line of a flat-keyed cgroup file (memory.events, cpu.stat, memory.oom_control).
+fn keyed_value(content: &str, key: &str) -> Option<u64> {
+    content.lines().find_map(|line| {
+        let mut parts = line.split_whitespace();
+        (parts.next()? == key).then(|| parts.next()?.parse().ok())?
+    })
+}
+
+/// One line of `/proc/self/mountinfo` that mounts a cgroup filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CgroupMount {
+    /// Path inside the hierarchy that is mounted (usually `/`).
+    pub root: String,
+    pub mount_point: PathBuf,
+    /// `cgroup2` or `cgroup`.
+    pub fs_type: String,
+    /// Super options (for v1 they list the controllers, e.g. `rw,cpu,cpuacct`).
+    pub super_options: Vec<String>,
+}
+
+pub(crate) fn parse_mountinfo(content: &str) -> Vec<CgroupMount> {
+    content
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let fields: Vec<&str> = before.split_whitespace().collect();
+            let mut tail = after.split_whitespace();
+            let fs_type = tail.next()?;
+            if fs_type != "cgroup" && fs_type != "cgroup2" {
+                return None;
+            }
+            let _source = tail.next()?;
+            let super_options = tail
+                .next()
+                .unwrap_or("")
+                .split(',')
+                .map(str::to_owned)
+                .collect();
+            Some(CgroupMount {
+                root: unescape_mount_path(fields.get(3)?),
+                mount_point: PathBuf::from(unescape_mount_path(fields.get(4)?)),
+                fs_type: fs_type.to_owned(),
+                super_options,
+            })
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal `\NNN`.
+fn unescape_mount_path(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// One line of `/proc/self/cgroup`: hierarchy id, controllers, path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CgroupMembership {
+    pub hierarchy: u32,
+    pub controllers: Vec<String>,
+    pub path: String,
+}
+
+pub(crate) fn parse_proc_cgroup(content: &str) -> Vec<CgroupMembership> {
+    content
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let hierarchy = parts.next()?.parse().ok()?;
+            let controllers = parts
+                .next()?
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect();
+            Some(CgroupMembership {
+                hierarchy,
+                controllers,
+                path: parts.next()?.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The directory of our own cgroup: mount point plus our path relative to the mounted root.
+fn own_dir(mount: &CgroupMount, path: &str) -> Option<PathBuf> {
+    let relative = if mount.root == "/" {
+        path
+    } else {
+        path.strip_prefix(mount.root.as_str())?
+    };
+    Some(mount.mount_point.join(relative.trim_start_matches('/')))
+}
+
+/// Finds a usable enforcement, trying v2 then v1; returns the reasons each one was rejected.
+pub(crate) fn detect(cgroup_name: &str) -> Result<Enforcement, Vec<String>> {
+    let mounts = parse_mountinfo(&read_file(Path::new("/proc/self/mountinfo")).unwrap_or_default());
+    let memberships =
+        parse_proc_cgroup(&read_file(Path::new("/proc/self/cgroup")).unwrap_or_default());
+    let mut reasons = Vec::new();
+    match detect_v2(&mounts, &memberships, cgroup_name) {
+        Ok(enforcement) => return Ok(enforcement),
+        Err(reason) => reasons.push(format!("cgroup v2: {reason}")),
+    }
+    match detect_v1(&mounts, &memberships, cgroup_name) {
+        Ok(enforcement) => return Ok(enforcement),
+        Err(reason) => reasons.push(format!("cgroup v1: {reason}")),
+    }
+    Err(reasons)
+}
+
+fn detect_v2(
+    mounts: &[CgroupMount],
+    memberships: &[CgroupMembership],
+    cgroup_name: &str,
+) -> Result<Enforcement, String> {
+    let mount = mounts
+        .iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .ok_or("no cgroup2 mount")?;
+    let membership = memberships
+        .iter()
+        .find(|m| m.hierarchy == 0)
+        .ok_or("no `0::` line in /proc/self/cgroup")?;
+    let own = own_dir(mount, &membership.path).ok_or("own cgroup is outside the mounted root")?;
+    let available = read_file(&own.join("cgroup.controllers")).unwrap_or_default();
+    for needed in ["memory", "cpu"] {
+        if !available.split_whitespace().any(|c| c == needed) {
+            return Err(format!(
+                "controller `{needed}` not available in {} (have: `{}`)",
+                own.display(),
+                available.trim()
+            ));
+        }
+    }
+    let root = own.join(cgroup_name);
+    let enforcement = Enforcement::CgroupV2 { root };
+    prepare_root(&enforcement).map_err(|e| e.to_string())?;
+    Ok(enforcement)
+}
+
+fn detect_v1(
+    mounts: &[CgroupMount],
+    memberships: &[CgroupMembership],
+    cgroup_name: &str,
+) -> Result<Enforcement, String> {
+    let dir_for = |controller: &str| -> Result<PathBuf, String> {
+        let mount = mounts
+            .iter()
+            .find(|m| m.fs_type == "cgroup" && m.super_options.iter().any(|o| o == controller))
+            .ok_or_else(|| format!("no v1 hierarchy with controller `{controller}`"))?;
+        let membership = memberships
+            .iter()
+            .find(|m| m.controllers.iter().any(|c| c == controller))
+            .ok_or_else(|| format!("not a member of a `{controller}` hierarchy"))?;
+        let own = own_dir(mount, &membership.path)
+            .ok_or_else(|| format!("own `{controller}` cgroup is outside the mounted root"))?;
+        Ok(own.join(cgroup_name))
+    };
+    let enforcement = Enforcement::CgroupV1 {
+        memory_root: dir_for("memory")?,
+        cpu_root: dir_for("cpu")?,
+    };
+    prepare_root(&enforcement).map_err(|e| e.to_string())?;
+    Ok(enforcement)
+}
+
+/// Creates the root(s) of an enforcement, enables controllers, and proves that a child cgroup
+/// accepts limits by creating, configuring and removing a probe.
+pub(crate) fn prepare_root(enforcement: &Enforcement) -> Result<(), ExecError> {
+    const PROBE_ID: &str = "probe";
+    match enforcement {
+        Enforcement::RlimitAndMonitor => return Ok(()),
+        Enforcement::CgroupV2 { root } => {
+            let parent = root.parent().ok_or_else(|| ExecError::CgroupUnavailable {
+                reason: format!("{} has no parent cgroup", root.display()),
+            })?;
+            ensure_dir(root)?;
+            enable_v2_controllers(parent)?;
+            enable_v2_controllers(root)?;
+        }
+        Enforcement::CgroupV1 {
+            memory_root,
+            cpu_root,
+        } => {
+            ensure_dir(memory_root)?;
+            ensure_dir(cpu_root)?;
+        }
+    }
+    let probe_limits = ContainerLimits {
+        cpu_millis: 100,
+        memory_mib: 64,
+    };
+    let probe = ContainerCgroup::create_named(enforcement, PROBE_ID, probe_limits)?;
+    probe
+        .remove()
+        .map_err(|source| cgroup_err(&probe.primary_dir(), source))
+}
+
+fn ensure_dir(dir: &Path) -> Result<(), ExecError> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(source) => Err(cgroup_err(dir, source)),
+    }
+}
+
+fn enable_v2_controllers(dir: &Path) -> Result<(), ExecError> {
+    let control = dir.join("cgroup.subtree_control");
+    let enabled = read_file(&control).unwrap_or_default();
+    let missing: Vec<&str> = ["memory", "cpu"]
+        .into_iter()
+        .filter(|c| !enabled.split_whitespace().any(|e| e == *c))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let request: Vec<String> = missing.iter().map(|c| format!("+{c}")).collect();
+    // EBUSY here means the cgroup holds processes (the "no internal processes" rule): the
+    // worker would have to move itself into a leaf first, which we do not do behind its back.
+    write_file(&control, &request.join(" "))
+}
+
+/// The cgroup(s) of one container.
+#[derive(Debug)]
+pub(crate) enum ContainerCgroup {
+    V2 {
+        dir: PathBuf,
+    },
+    V1 {
+        memory_dir: PathBuf,
+        cpu_dir: PathBuf,
+    },
+}
+
+impl ContainerCgroup {
+    /// Creates the container's cgroup(s) and writes its limits.
+    pub fn create(
+        enforcement: &Enforcement,
+        container_id: u64,
+        limits: ContainerLimits,
+    ) -> Result<Option<Self>, ExecError> {
+        if *enforcement == Enforcement::RlimitAndMonitor {
+            return Ok(None);
+        }
+        Self::create_named(enforcement, &format!("c{container_id}"), limits).map(Some)
+    }
+
+    fn create_named(
+        enforcement: &Enforcement,
+        name: &str,
+        limits: ContainerLimits,
+    ) -> Result<Self, ExecError> {
+        let cgroup = match enforcement {
+            Enforcement::RlimitAndMonitor => {
+                return Err(ExecError::CgroupUnavailable {
+                    reason: "rlimit+monitor mode has no cgroups".to_owned(),
+                });
+            }
+            Enforcement::CgroupV2 { root } => ContainerCgroup::V2 {
+                dir: root.join(name),
+            },
+            Enforcement::CgroupV1 {
+                memory_root,
+                cpu_root,
+            } => ContainerCgroup::V1 {
+                memory_dir: memory_root.join(name),
+                cpu_dir: cpu_root.join(name),
+            },
+        };
+        for dir in cgroup.dirs() {
+            // A leftover empty cgroup with this name (e.g. after a crash) is removed first; a
+            // populated one means the id is still in use and the mkdir below reports it.
+            let _ = fs::remove_dir(dir);
+            if let Err(source) = fs::create_dir(dir) {
+                cgroup.remove_quietly();
+                return Err(cgroup_err(dir, source));
+            }
+        }
+        if let Err(e) = cgroup.write_limits(limits) {
+            cgroup.remove_quietly();
+            return Err(e);
+        }
+        Ok(cgroup)
+    }
+
+    fn write_limits(&self, limits: ContainerLimits) -> Result<(), ExecError> {
+        let memory_bytes = limits.memory_mib.saturating_mul(1 << 20);
+        let quota_us =
+            (limits.cpu_millis.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US);
+        match self {
+            ContainerCgroup::V2 { dir } => {
+                write_file(&dir.join("memory.max"), &memory_bytes.to_string())?;
+                write_file(&dir.join("cpu.max"), &format!("{quota_us} {CPU_PERIOD_US}"))?;
+                // Without swap accounting the limit could be dodged by swapping; oom.group makes
+                // the kernel kill the whole container rather than one process of it.
+                for (file, value) in [("memory.swap.max", "0"), ("memory.oom.group", "1")] {
+                    let path = dir.join(file);
+                    if path.exists() {
+                        write_file(&path, value)?;
+                    }
+                }
+            }
+            ContainerCgroup::V1 {
+                memory_dir,
+                cpu_dir,
+            } => {
+                write_file(
+                    &memory_dir.join("memory.limit_in_bytes"),
+                    &memory_bytes.to_string(),
+                )?;
+                let memsw = memory_dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write_file(&memsw, &memory_bytes.to_string())?;
+                }
+                write_file(
+                    &cpu_dir.join("cpu.cfs_period_us"),
+                    &CPU_PERIOD_US.to_string(),
+                )?;
+                write_file(&cpu_dir.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn dirs(&self) -> Vec<&Path> {
+        match self {
+            ContainerCgroup::V2 { dir } => vec![dir.as_path()],
+            ContainerCgroup::V1 {
+                memory_dir,
+                cpu_dir,
+            } => vec![memory_dir.as_path(), cpu_dir.as_path()],
+        }
+    }
+
+    /// The directory whose membership and memory accounting describe the container.
+    pub fn primary_dir(&self) -> PathBuf {
+        match self {
+            ContainerCgroup::V2 { dir } => dir.clone(),
+            ContainerCgroup::V1 { memory_dir, .. } => memory_dir.clone(),
+        }
+    }
+
+    /// The `cgroup.procs` files the child writes itself into before exec.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Pids currently in the container's cgroup.
+    pub fn pids(&self) -> Vec<u32> {
+        read_file(&self.primary_dir().join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Memory charged to the cgroup (the quantity the limit applies to).
+    pub fn memory_bytes(&self) -> Option<u64> {
+        let file = match self {
+            ContainerCgroup::V2 { dir } => dir.join("memory.current"),
+            ContainerCgroup::V1 { memory_dir, .. } => memory_dir.join("memory.usage_in_bytes"),
+        };
+        read_file(&file)?.trim().parse().ok()
+    }
+
+    /// The highest memory charge seen, where the kernel records it.
+    pub fn peak_memory_bytes(&self) -> Option<u64> {
+        let file = match self {
+            ContainerCgroup::V2 { dir } => dir.join("memory.peak"),
+            ContainerCgroup::V1 { memory_dir, .. } => memory_dir.join("memory.max_usage_in_bytes"),
+        };
+        read_file(&file)?.trim().parse().ok()
+    }
+
+    /// How many processes the kernel's OOM killer has killed in this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = match self {
+            ContainerCgroup::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
+            ContainerCgroup::V1 { memory_dir, .. } => {
+                (memory_dir.join("memory.oom_control"), "oom_kill")
+            }
+        };
+        read_file(&file)
+            .and_then(|c| keyed_value(&c, key))
+            .unwrap_or(0)
+    }
+
+    /// CPU time used by everything that ever ran in the cgroup, in microseconds (v2 only; v1's
+    /// cpu hierarchy has no usage counter, so callers fall back to `/proc`).
+    pub fn cpu_usage_us(&self) -> Option<u64> {
+        match self {
+            ContainerCgroup::V2 { dir } => {
+                keyed_value(&read_file(&dir.join("cpu.stat"))?, "usage_usec")
+            }
+            ContainerCgroup::V1 { .. } => None,
+        }
+    }
+
+    /// Asks the kernel to kill every process in the cgroup (v2 `cgroup.kill`, Linux ≥ 5.14).
+    /// Returns false when the kernel has no such file; callers then signal pid by pid.
+    pub fn kill_all(&self) -> bool {
+        match self {
+            ContainerCgroup::V2 { dir } => {
+                let kill = dir.join("cgroup.kill");
+                kill.exists() && fs::write(&kill, "1").is_ok()
+            }
+            ContainerCgroup::V1 { .. } => false,
+        }
+    }
+
+    /// Removes the cgroup directories; fails with EBUSY while processes remain.
+    pub fn remove(&self) -> io::Result<()> {
+        let mut first_error = None;
+        for dir in self.dirs() {
+            match fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn remove_quietly(&self) {
+        let _ = self.remove();
+    }
+}
+
+/// Removes the roots an executor created, if they are empty.
+pub(crate) fn remove_root(enforcement: &Enforcement) {
+    match enforcement {
+        Enforcement::CgroupV2 { root } => {
+            let _ = fs::remove_dir(root);
+        }
+        Enforcement::CgroupV1 {
+            memory_root,
+            cpu_root,
+        } => {
+            let _ = fs::remove_dir(memory_root);
+            let _ = fs::remove_dir(cpu_root);
+        }
+        Enforcement::RlimitAndMonitor => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 /outer /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/uni\\040fied rw,relatime - cgroup2 cgroup2 rw
+50 23 0:40 / /proc rw - proc proc rw";
+
+    #[test]
+    fn parses_cgroup_mounts_only() {
+        let mounts = parse_mountinfo(MOUNTINFO);
+        assert_eq!(mounts.len(), 4);
+        assert_eq!(mounts[0].super_options, vec!["rw", "cpu"]);
+        assert_eq!(mounts[2].root, "/outer");
+        assert_eq!(mounts[3].fs_type, "cgroup2");
+        assert_eq!(
+            mounts[3].mount_point,
+            PathBuf::from("/sys/fs/cgroup/uni fied")
+        );
+    }
+
+    #[test]
+    fn parses_proc_self_cgroup() {
+        let lines = parse_proc_cgroup("4:memory:/outer/job\n1:cpu,cpuacct:/\n0::/user.slice\n");
+        assert_eq!(lines[0].controllers, vec!["memory"]);
+        assert_eq!(lines[0].path, "/outer/job");
+        assert_eq!(lines[1].controllers, vec!["cpu", "cpuacct"]);
+        assert_eq!(lines[2].hierarchy, 0);
+        assert!(lines[2].controllers.is_empty());
+    }
+
+    #[test]
+    fn own_dir_strips_the_mounted_root() {
+        let mounts = parse_mountinfo(MOUNTINFO);
+        assert_eq!(
+            own_dir(&mounts[2], "/outer/job"),
+            Some(PathBuf::from("/sys/fs/cgroup/memory/job"))
+        );
+        assert_eq!(own_dir(&mounts[2], "/elsewhere"), None);
+        assert_eq!(
+            own_dir(&mounts[0], "/"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu/"))
+        );
+    }
+
+    #[test]
+    fn reads_keyed_values() {
+        let content = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(keyed_value(content, "oom_kill"), Some(3));
+        assert_eq!(keyed_value(content, "missing"), None);
+    }
+
+    #[test]
+    fn v1_detection_without_a_cpu_hierarchy_names_the_controller() {
+        let mounts = parse_mountinfo(MOUNTINFO);
+        let memberships = parse_proc_cgroup("4:memory:/outer\n");
+        let reason = detect_v1(&mounts, &memberships, "x").unwrap_err();
+        assert!(reason.contains("`cpu`"), "{reason}");
+    }
+}

@@ -1,0 +1,2 @@
+//! worker
+pub mod exec;
