@@ -56,12 +56,13 @@ impl HybridGq {
 
     /// The paper's name of this configuration.
     pub fn label(&self) -> String {
-        match (self.td_ms, self.pq) {
-            (None, p) if p == 0.0 => "only-G".into(),
-            (None, p) if p == 1.0 => "only-Q".into(),
-            (None, p) => format!("{}%-Q", (p * 100.0).round()),
-            (Some(td), p) if p == 1.0 => format!("<{}sec-Q", td / 1000),
-            (Some(td), p) => format!("<{}sec-{}%-Q", td / 1000, (p * 100.0).round()),
+        let percent = (self.pq * 100.0).round();
+        match self.td_ms {
+            None if self.pq <= 0.0 => "only-G".into(),
+            None if self.pq >= 1.0 => "only-Q".into(),
+            None => format!("{percent}%-Q"),
+            Some(td) if self.pq >= 1.0 => format!("<{}sec-Q", td / 1000),
+            Some(td) => format!("<{}sec-{percent}%-Q", td / 1000),
         }
     }
 }

@@ -305,12 +305,11 @@ impl NodeRuntime {
         }
         match spec.container_type {
             ContainerType::Guaranteed => {
+                let id = spec.id;
                 self.waiting_guaranteed.push_back(spec);
                 self.start_pending(now);
-                if let Some(c) = self.waiting_guaranteed.back() {
-                    if self.placement(c.id) == Some(Placement::WaitingGuaranteed) {
-                        self.events.push(NodeEvent::WaitingGuaranteed { id: c.id });
-                    }
+                if self.placement(id) == Some(Placement::WaitingGuaranteed) {
+                    self.events.push(NodeEvent::WaitingGuaranteed { id });
                 }
             }
             ContainerType::Queueable => {
@@ -582,13 +581,18 @@ impl NodeRuntime {
     /// Returns the shed containers.
     pub fn shed_to_threshold(&mut self, now: Time, threshold_ms: f64) -> Vec<ContainerId> {
         let mut shed = Vec::new();
-        while self.queue_delay(now).total_ms() > threshold_ms {
+        // Shedding a queued container lowers R by exactly its Tq term, so one full estimate and
+        // then a subtraction per victim keeps this linear in the queue length.
+        let mut estimate_ms = self.queue_delay(now).total_ms();
+        while estimate_ms > threshold_ms {
             let Some((key, _)) = self.queue.iter().next_back() else {
                 break;
             };
             let key = key.clone();
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
+            estimate_ms -=
+                self.estimate_ms(&spec) * spec.resources.dominant_share(&self.config.capacity);
             self.events.push(NodeEvent::Killed {
                 id: spec.id,
                 reason: KillReason::Shed,
@@ -599,7 +603,9 @@ impl NodeRuntime {
             });
             shed.push(spec.id);
         }
-        self.start_pending(now);
+        if !shed.is_empty() {
+            self.start_pending(now);
+        }
         shed
     }
 

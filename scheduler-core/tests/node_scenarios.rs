@@ -1,0 +1,366 @@
+//! Scenario tests of the node runtime policy (Mercury §3.4, §4.2, §4.3) on a virtual clock, with
+//! every invariant checked after every step.
+
+use scheduler_core::node::{
+    ContainerSpec, NodeError, NodeEvent, NodeRuntime, NodeRuntimeConfig, Placement,
+};
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, Resources, Time};
+
+/// A node plus a clock; every step checks invariants and returns the events it produced.
+struct Scenario {
+    node: NodeRuntime,
+    now: Time,
+    next: u64,
+}
+
+impl Scenario {
+    fn new(cpu: u64, mem: u64) -> Scenario {
+        Scenario::with(NodeRuntimeConfig::new(Resources::new(cpu, mem)))
+    }
+
+    fn with(config: NodeRuntimeConfig) -> Scenario {
+        Scenario {
+            node: NodeRuntime::new(config, Time::ZERO),
+            now: Time::ZERO,
+            next: 1,
+        }
+    }
+
+    fn at(&mut self, secs: u64) -> &mut Self {
+        self.now = Time::from_secs(secs);
+        self
+    }
+
+    fn check(&mut self) -> Vec<NodeEvent> {
+        self.node
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("invariant broken at {}: {e}", self.now));
+        self.node.drain_events()
+    }
+
+    fn container(&mut self, t: ContainerType, cpu: u64, job_submit_secs: u64) -> ContainerSpec {
+        let id = ContainerId::new(1, self.next);
+        self.next += 1;
+        ContainerSpec {
+            id,
+            app_id: AppId::from("app"),
+            job_id: JobId::new(format!("job-{job_submit_secs}")),
+            job_submit_time: Time::from_secs(job_submit_secs),
+            priority: 0,
+            container_type: t,
+            resources: Resources::new(cpu, cpu),
+            runtime_estimate_ms: Some(10_000),
+            version: 0,
+        }
+    }
+
+    fn submit(
+        &mut self,
+        t: ContainerType,
+        cpu: u64,
+        job_submit_secs: u64,
+    ) -> (ContainerId, Vec<NodeEvent>) {
+        let spec = self.container(t, cpu, job_submit_secs);
+        let id = spec.id;
+        self.node.submit(self.now, spec).expect("submit accepted");
+        (id, self.check())
+    }
+
+    fn exit_first_running(&mut self) -> Vec<NodeEvent> {
+        let id = self
+            .node
+            .statuses()
+            .into_iter()
+            .find(|c| c.placement == Placement::Running)
+            .expect("a running container")
+            .id;
+        self.exit(id)
+    }
+
+    fn exit(&mut self, id: ContainerId) -> Vec<NodeEvent> {
+        self.node.on_exit(self.now, id, 0).expect("known container");
+        self.check()
+    }
+}
+
+fn started(events: &[NodeEvent]) -> Vec<ContainerId> {
+    events
+        .iter()
+        .filter_map(|e| {
+            if let NodeEvent::Start { id } = e {
+                Some(*id)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+fn killed(events: &[NodeEvent], why: KillReason) -> Vec<ContainerId> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            NodeEvent::Killed { id, reason, .. } if *reason == why => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn guaranteed_starts_at_once_and_preempts_most_recent_queueable_first() {
+    let mut s = Scenario::new(1000, 1000);
+    let (q1, ev) = s.at(1).submit(ContainerType::Queueable, 400, 1);
+    assert_eq!(started(&ev), vec![q1]);
+    let (q2, _) = s.at(2).submit(ContainerType::Queueable, 400, 1);
+    let (q3, ev) = s.at(3).submit(ContainerType::Queueable, 200, 1);
+    assert_eq!(started(&ev), vec![q3]);
+    assert_eq!(s.node.allocated(), Resources::new(1000, 1000));
+    // Needs 500: killing q3 (200, newest) is not enough, q2 (400) goes too; q1 survives.
+    let (g, ev) = s.at(4).submit(ContainerType::Guaranteed, 500, 0);
+    assert_eq!(killed(&ev, KillReason::PreemptedByGuaranteed), vec![q3, q2]);
+    assert_eq!(started(&ev), vec![g]);
+    assert_eq!(s.node.placement(q1), Some(Placement::Running));
+    assert!(
+        ev.iter()
+            .all(|e| !matches!(e, NodeEvent::Killed { id, .. } if *id == g))
+    );
+}
+
+#[test]
+fn guaranteed_waits_behind_guaranteed_and_blocks_queueable_starts() {
+    let mut s = Scenario::new(1000, 1000);
+    let (g1, _) = s.at(0).submit(ContainerType::Guaranteed, 800, 0);
+    let (g2, ev) = s.at(1).submit(ContainerType::Guaranteed, 500, 0);
+    assert!(
+        ev.contains(&NodeEvent::WaitingGuaranteed { id: g2 }),
+        "{ev:?}"
+    );
+    // A small QUEUEABLE container would fit beside g1 but must not start while g2 waits.
+    let (q, ev) = s.at(2).submit(ContainerType::Queueable, 100, 0);
+    assert!(started(&ev).is_empty());
+    assert_eq!(s.node.placement(q), Some(Placement::Queued));
+    let ev = s.at(3).exit(g1);
+    assert_eq!(started(&ev), vec![g2, q]);
+}
+
+#[test]
+fn queue_is_reordered_by_job_submit_time_and_has_no_head_of_line_blocking() {
+    let mut s = Scenario::new(1000, 1000);
+    let (g, _) = s.at(0).submit(ContainerType::Guaranteed, 900, 0);
+    let (late_big, _) = s.at(1).submit(ContainerType::Queueable, 600, 50);
+    let (early_small, _) = s.at(2).submit(ContainerType::Queueable, 100, 10);
+    let (mid_small, ev) = s.at(3).submit(ContainerType::Queueable, 100, 20);
+    // early_small fits into the 100 left beside g and starts despite late_big arriving first;
+    // mid_small and late_big wait.
+    assert!(started(&ev).is_empty());
+    assert_eq!(s.node.placement(early_small), Some(Placement::Running));
+    assert_eq!(s.node.placement(mid_small), Some(Placement::Queued));
+    let ev = s.at(4).exit(g);
+    // Queue order by job submit time: mid_small (20) before late_big (50).
+    assert_eq!(started(&ev), vec![mid_small, late_big]);
+}
+
+#[test]
+fn fifo_when_reordering_is_off() {
+    let mut cfg = NodeRuntimeConfig::new(Resources::new(1000, 1000));
+    cfg.reorder_by_job_submit_time = false;
+    let mut s = Scenario::with(cfg);
+    let (g, _) = s.at(0).submit(ContainerType::Guaranteed, 1000, 0);
+    let (a, _) = s.at(1).submit(ContainerType::Queueable, 500, 50);
+    let (b, _) = s.at(2).submit(ContainerType::Queueable, 500, 10);
+    assert_eq!(started(&s.at(3).exit(g)), vec![a, b]);
+}
+
+#[test]
+fn shedding_discards_newest_queued_until_under_threshold() {
+    let mut s = Scenario::new(1000, 1000);
+    s.at(0).submit(ContainerType::Guaranteed, 1000, 0);
+    let mut queued = vec![];
+    for job in 1..=5 {
+        queued.push(s.at(1).submit(ContainerType::Queueable, 1000, job).0);
+    }
+    // Each queued container is 10 s of whole-node time: Tq = 50 s; Tr = 10 s (the G).
+    let r = s.node.queue_delay(s.now);
+    assert!((r.tq_ms - 50_000.0).abs() < 1e-6, "{r:?}");
+    let shed = s.node.shed_to_threshold(s.now, 35_000.0);
+    let ev = s.check();
+    // 60 s total -> shed 3 newest (jobs 5, 4, 3) -> 30 s total.
+    assert_eq!(shed, vec![queued[4], queued[3], queued[2]]);
+    assert_eq!(killed(&ev, KillReason::Shed), shed);
+    assert!(s.node.queue_delay(s.now).total_ms() <= 35_000.0);
+    assert!(s.node.shed_to_threshold(s.now, 35_000.0).is_empty());
+}
+
+#[test]
+fn policing_limit_caps_opportunistic_use_without_killing() {
+    let mut s = Scenario::new(1000, 1000);
+    let (q1, _) = s.at(0).submit(ContainerType::Queueable, 300, 1);
+    s.node.set_queueable_limit(s.now, Resources::new(300, 300));
+    s.check();
+    let (q2, ev) = s.at(1).submit(ContainerType::Queueable, 300, 1);
+    assert!(started(&ev).is_empty(), "limit reached, q2 waits");
+    assert_eq!(s.node.placement(q1), Some(Placement::Running));
+    s.node.set_queueable_limit(s.now, Resources::new(200, 200));
+    let ev = s.check();
+    assert!(
+        killed(&ev, KillReason::PreemptedByGuaranteed).is_empty(),
+        "lowering the limit kills nothing"
+    );
+    s.node
+        .set_queueable_limit(s.now, Resources::new(1000, 1000));
+    assert_eq!(started(&s.check()), vec![q2]);
+}
+
+#[test]
+fn promotion_of_queued_and_running_containers() {
+    let mut s = Scenario::new(1000, 1000);
+    let (running_q, _) = s.at(0).submit(ContainerType::Queueable, 600, 1);
+    let (queued_q, _) = s.at(1).submit(ContainerType::Queueable, 600, 1);
+    // Promoting the queued one preempts the running QUEUEABLE one (it is GUARANTEED now).
+    s.node.promote(s.now, queued_q, 1).unwrap();
+    let ev = s.check();
+    assert!(ev.contains(&NodeEvent::Promoted {
+        id: queued_q,
+        version: 1
+    }));
+    assert_eq!(
+        killed(&ev, KillReason::PreemptedByGuaranteed),
+        vec![running_q]
+    );
+    assert_eq!(started(&ev), vec![queued_q]);
+    assert_eq!(s.node.guaranteed_allocated(), Resources::new(600, 600));
+    // A running QUEUEABLE container changes class in place.
+    let (q3, _) = s.at(2).submit(ContainerType::Queueable, 400, 2);
+    s.node.promote(s.now, q3, 1).unwrap();
+    s.check();
+    assert_eq!(s.node.queueable_allocated(), Resources::ZERO);
+    assert_eq!(
+        s.node.promote(s.now, q3, 2),
+        Err(NodeError::AlreadyGuaranteed { id: q3 })
+    );
+    // Then a GUARANTEED arrival cannot preempt it: it waits.
+    let (g, ev) = s.at(3).submit(ContainerType::Guaranteed, 500, 0);
+    assert!(ev.contains(&NodeEvent::WaitingGuaranteed { id: g }));
+}
+
+#[test]
+fn stale_promotion_and_bad_submissions_are_refused_without_state_change() {
+    let mut s = Scenario::new(1000, 1000);
+    let (q, _) = s.at(0).submit(ContainerType::Queueable, 100, 1);
+    assert!(matches!(
+        s.node.promote(s.now, q, 0),
+        Err(NodeError::StaleVersion { .. })
+    ));
+    let mut dup = s.container(ContainerType::Queueable, 100, 1);
+    dup.id = q;
+    assert_eq!(s.node.submit(s.now, dup), Err(NodeError::Duplicate(q)));
+    let huge = s.container(ContainerType::Guaranteed, 5000, 1);
+    assert!(matches!(
+        s.node.submit(s.now, huge),
+        Err(NodeError::LargerThanNode { .. })
+    ));
+    assert!(matches!(
+        s.node.stop(s.now, q, &AppId::from("other")),
+        Err(NodeError::NotOwner { .. })
+    ));
+    assert!(s.check().is_empty());
+    assert_eq!(s.node.placement(q), Some(Placement::Running));
+}
+
+#[test]
+fn queue_delay_components() {
+    let mut s = Scenario::new(1000, 1000);
+    assert_eq!(s.node.queue_delay(s.now).total_ms(), 0.0);
+    s.at(0).submit(ContainerType::Guaranteed, 1000, 0);
+    // Runs 10 s estimate on the whole node; after 4 s, 6 s remain.
+    s.at(4);
+    let r = s.node.queue_delay(s.now);
+    assert!((r.tr_ms - 6_000.0).abs() < 1e-6, "{r:?}");
+    // The node has been unable to take QUEUEABLE work since the GUARANTEED container filled it.
+    assert_eq!(r.tl_ms, 4_000.0);
+    s.submit(ContainerType::Queueable, 500, 1);
+    s.at(7);
+    let r = s.node.queue_delay(s.now);
+    assert!((r.tq_ms - 5_000.0).abs() < 1e-6, "{r:?}");
+    assert_eq!(r.tl_ms, 7_000.0);
+    let ev = s.exit_first_running();
+    assert_eq!(started(&ev).len(), 1, "the queued container starts");
+    assert_eq!(
+        s.node.queue_delay(s.now).tl_ms,
+        0.0,
+        "half the node is free again"
+    );
+    s.at(20);
+    // Past its estimate, a running container keeps 10% of it as remaining time (x 0.5 share).
+    assert!((s.node.queue_delay(s.now).tr_ms - 500.0).abs() < 1e-6);
+}
+
+#[test]
+fn release_and_kill_all_free_everything() {
+    let mut s = Scenario::new(1000, 1000);
+    let (a, _) = s.at(0).submit(ContainerType::Guaranteed, 700, 0);
+    let (b, _) = s.submit(ContainerType::Queueable, 700, 1);
+    s.node.stop(s.now, a, &AppId::from("app")).unwrap();
+    let ev = s.check();
+    assert_eq!(killed(&ev, KillReason::Released), vec![a]);
+    assert_eq!(started(&ev), vec![b]);
+    s.node.kill_all(s.now, KillReason::Lost, "node drained");
+    let ev = s.check();
+    assert_eq!(killed(&ev, KillReason::Lost), vec![b]);
+    assert_eq!(s.node.allocated(), Resources::ZERO);
+}
+
+/// A long pseudo-random run: the invariants hold after every single step.
+#[test]
+fn random_walk_keeps_invariants() {
+    use rand::rngs::StdRng;
+    use rand::{RngExt, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut s = Scenario::new(4000, 4000);
+    let mut live: Vec<ContainerId> = vec![];
+    for step in 0..5_000u64 {
+        s.now = Time::from_millis(step * 100);
+        match rng.random_range(0..10) {
+            0..=1 => {
+                let (id, _) = s.submit(
+                    ContainerType::Guaranteed,
+                    rng.random_range(1..=20) * 100,
+                    rng.random_range(0..100),
+                );
+                live.push(id);
+            }
+            2..=4 => {
+                let (id, _) = s.submit(
+                    ContainerType::Queueable,
+                    rng.random_range(1..=20) * 100,
+                    rng.random_range(0..100),
+                );
+                live.push(id);
+            }
+            5..=7 => {
+                // A random running container finishes.
+                let running: Vec<ContainerId> = live
+                    .iter()
+                    .copied()
+                    .filter(|id| s.node.placement(*id) == Some(Placement::Running))
+                    .collect();
+                if !running.is_empty() {
+                    s.exit(running[rng.random_range(0..running.len())]);
+                }
+            }
+            8 => {
+                let t = rng.random_range(0..100_000) as f64;
+                s.node.shed_to_threshold(s.now, t);
+                s.check();
+            }
+            _ => {
+                if let Some(&id) = live.get(rng.random_range(0..live.len().max(1))) {
+                    let v = s.node.spec(id).map(|c| c.version + 1).unwrap_or(1);
+                    let _ = s.node.promote(s.now, id, v);
+                    s.check();
+                }
+            }
+        }
+        live.retain(|id| s.node.placement(*id).is_some());
+    }
+}

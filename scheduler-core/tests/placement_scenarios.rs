@@ -1,0 +1,307 @@
+//! Scenario tests of QUEUEABLE distributed placement (Mercury §4.1, §4.2) and GUARANTEED central
+//! placement (§4.2), with invariants checked after every step.
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
+use scheduler_core::distributed::{
+    DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry, PlacementError,
+    QueueableAsk,
+};
+use scheduler_core::guarantor::{
+    BestFit, GuaranteedAsk, Guarantor, GuarantorConfig, GuarantorError,
+};
+use scheduler_core::protocol::app::Locality;
+use scheduler_core::queue_delay::QueueDelay;
+use scheduler_core::quota::QueueableQuota;
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources, Time};
+use std::collections::{HashMap, HashSet};
+
+fn node(i: usize, rack: usize) -> NodeDirectoryEntry {
+    NodeDirectoryEntry {
+        node_id: NodeId::new(format!("n{i}")),
+        rack: format!("r{rack}"),
+        capacity: Resources::new(4000, 8192),
+        app_endpoint: format!("10.0.0.{i}:7000"),
+    }
+}
+
+/// A coordinator with `n` nodes (4 per rack) whose R grows with the node index, and a
+/// distributed scheduler holding its view.
+fn cluster(n: usize, k: usize) -> (CoordinatorState, DistributedScheduler, StdRng) {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut coord = CoordinatorState::new(
+        CoordinatorConfig {
+            top_k: k,
+            ..Default::default()
+        },
+        1,
+    );
+    for i in 0..n {
+        coord.join(Time::ZERO, node(i, i / 4));
+        let load = QueueDelay {
+            tq_ms: i as f64 * 10.0,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        };
+        coord.heartbeat(Time::ZERO, &NodeId::new(format!("n{i}")), load, vec![]);
+    }
+    let issuer = coord.join(Time::ZERO, node(999, 99));
+    let mut ds = DistributedScheduler::new(
+        DistributedSchedulerConfig {
+            top_k: k,
+            token_ttl_ms: 60_000,
+        },
+        issuer,
+    );
+    ds.update_view(coord.view_for(0, &mut rng));
+    (coord, ds, rng)
+}
+
+fn ask(count: u32, locality: Option<Locality>) -> QueueableAsk {
+    QueueableAsk {
+        app_id: AppId::from("app"),
+        resources: Resources::new(1000, 1024),
+        count,
+        priority: 0,
+        locality,
+        runtime_estimate_ms: Some(2000),
+        job_id: JobId::from("j"),
+        job_submit_time_ms: 5,
+    }
+}
+
+#[test]
+fn places_only_on_top_k_and_never_twice_per_node_in_a_round() {
+    let (_, mut ds, mut rng) = cluster(40, 5);
+    let out = ds
+        .place(1_000, &ask(8, None), &QueueableQuota::default(), &mut rng)
+        .unwrap();
+    ds.quotas().check_invariants().unwrap();
+    // n999 joined with R = 0 too, so the least-loaded five are n999 and n0..n3.
+    let allowed: HashSet<&str> = ["n999", "n0", "n1", "n2", "n3"].into_iter().collect();
+    let nodes: Vec<&str> = out.placed.iter().map(|p| p.node_id.as_str()).collect();
+    assert_eq!(nodes.len(), 5, "one per top-k node per round");
+    assert!(nodes.iter().all(|n| allowed.contains(n)), "{nodes:?}");
+    assert_eq!(nodes.iter().collect::<HashSet<_>>().len(), 5);
+    assert_eq!(out.unplaced, 3);
+    assert!(
+        out.unplaced_reason
+            .unwrap()
+            .contains("one off-locality container")
+    );
+    // Tokens bind what was granted, with expiry from the scheduler's TTL.
+    let p = &out.placed[0];
+    assert_eq!(p.token_body.container_type, ContainerType::Queueable);
+    assert_eq!(p.token_body.expires_at_ms, 61_000);
+    assert_eq!(p.token_body.container_id.issuer(), ds.issuer());
+    assert_eq!(
+        p.node_endpoint,
+        format!("10.0.0.{}:7000", &p.node_id.as_str()[1..])
+    );
+}
+
+#[test]
+fn random_choice_spreads_over_all_top_k_nodes() {
+    let (_, mut ds, mut rng) = cluster(40, 10);
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    for _ in 0..500 {
+        let out = ds
+            .place(1_000, &ask(1, None), &QueueableQuota::default(), &mut rng)
+            .unwrap();
+        *seen.entry(out.placed[0].node_id.0.clone()).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 10, "{seen:?}");
+    assert!(seen.values().all(|&c| c > 20), "roughly uniform: {seen:?}");
+}
+
+#[test]
+fn locality_node_then_rack_then_relax() {
+    let (_, mut ds, mut rng) = cluster(40, 5);
+    let q = QueueableQuota::default();
+    // Node-local may stack on one node, even outside the top-k.
+    let loc = Locality {
+        nodes: vec!["n30".into()],
+        racks: vec![],
+        relax: false,
+    };
+    let out = ds.place(0, &ask(3, Some(loc)), &q, &mut rng).unwrap();
+    assert!(out.placed.iter().all(|p| p.node_id.as_str() == "n30"));
+    assert_eq!(out.placed.len(), 3);
+    // Rack-local: rack r7 holds n28..n31; at most one per node per round -> 4 placed.
+    let loc = Locality {
+        nodes: vec![],
+        racks: vec!["r7".into()],
+        relax: false,
+    };
+    let out = ds.place(0, &ask(6, Some(loc)), &q, &mut rng).unwrap();
+    let nodes: HashSet<&str> = out.placed.iter().map(|p| p.node_id.as_str()).collect();
+    assert_eq!(nodes, ["n28", "n29", "n30", "n31"].into_iter().collect());
+    assert_eq!(out.unplaced, 2);
+    assert!(out.unplaced_reason.unwrap().contains("relax is false"));
+    // Unknown node, relaxed: falls back to the top-k.
+    let loc = Locality {
+        nodes: vec!["nope".into()],
+        racks: vec![],
+        relax: true,
+    };
+    let out = ds.place(0, &ask(1, Some(loc)), &q, &mut rng).unwrap();
+    assert_eq!(out.placed.len(), 1);
+    // Unknown node, strict: nothing.
+    let loc = Locality {
+        nodes: vec!["nope".into()],
+        racks: vec![],
+        relax: false,
+    };
+    let out = ds.place(0, &ask(1, Some(loc)), &q, &mut rng).unwrap();
+    assert_eq!(out.placed.len(), 0);
+    ds.quotas().check_invariants().unwrap();
+}
+
+#[test]
+fn quotas_are_enforced_and_refilled_by_finish_notices() {
+    let (_, mut ds, mut rng) = cluster(40, 50);
+    let quota = QueueableQuota {
+        max_queueable: Some(10),
+        max_queueable_per_guaranteed: None,
+    };
+    let first = ds.place(0, &ask(8, None), &quota, &mut rng).unwrap();
+    assert_eq!(first.placed.len(), 8);
+    let second = ds.place(0, &ask(8, None), &quota, &mut rng).unwrap();
+    assert_eq!(second.placed.len(), 2);
+    assert!(second.unplaced_reason.unwrap().contains("quota"));
+    let err = ds.place(0, &ask(1, None), &quota, &mut rng).unwrap_err();
+    assert!(matches!(
+        err,
+        PlacementError::QuotaExceeded {
+            outstanding: 10,
+            ..
+        }
+    ));
+    assert!(err.retryable());
+    for p in &first.placed[..3] {
+        ds.quotas_mut().on_finished(p.container_id);
+    }
+    ds.quotas().check_invariants().unwrap();
+    assert_eq!(
+        ds.place(0, &ask(8, None), &quota, &mut rng)
+            .unwrap()
+            .placed
+            .len(),
+        3
+    );
+}
+
+#[test]
+fn asks_larger_than_any_node_or_before_any_view_are_refused() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut empty = DistributedScheduler::new(DistributedSchedulerConfig::default(), 1);
+    assert_eq!(
+        empty.place(0, &ask(1, None), &QueueableQuota::default(), &mut rng),
+        Err(PlacementError::NoView)
+    );
+    let (_, mut ds, mut rng) = cluster(4, 5);
+    let mut big = ask(1, None);
+    big.resources = Resources::new(64_000, 1);
+    assert!(matches!(
+        ds.place(0, &big, &QueueableQuota::default(), &mut rng),
+        Err(PlacementError::LargerThanAnyNode { .. })
+    ));
+    let mut future = ask(1, None);
+    future.job_submit_time_ms = u64::MAX;
+    let out = ds
+        .place(77, &future, &QueueableQuota::default(), &mut rng)
+        .unwrap();
+    assert_eq!(
+        out.placed[0].token_body.job_submit_time_ms, 77,
+        "future submit times are clamped"
+    );
+}
+
+fn g_ask(key: u64, cpu: u64, count: u32) -> GuaranteedAsk {
+    GuaranteedAsk {
+        ask_key: key,
+        app_id: AppId::from("app"),
+        resources: Resources::new(cpu, cpu),
+        count,
+        priority: 0,
+        locality: None,
+        runtime_estimate_ms: None,
+        job_id: JobId::from("j"),
+        job_submit_time_ms: 0,
+    }
+}
+
+#[test]
+fn guarantor_never_overcommits_and_waits_for_capacity() {
+    let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
+    g.add_node(NodeId::from("a"), "r".into(), Resources::new(1000, 1000));
+    g.add_node(NodeId::from("b"), "r".into(), Resources::new(2000, 2000));
+    g.submit(g_ask(1, 800, 4)).unwrap();
+    let first = g.schedule(0);
+    g.check_invariants().unwrap();
+    // b takes two (1600 of 2000), a takes one; the fourth waits.
+    assert_eq!(first.len(), 3);
+    assert_eq!(first.last().unwrap().remaining, 1);
+    assert_eq!(g.pending_containers(), 1);
+    // Best fit: the first goes to a (leaves 200/1000 = 0.2 share) over b (1200/2000 = 0.6).
+    assert_eq!(first[0].token_body.node_id.as_str(), "a");
+    // A small ask behind it is not blocked by it.
+    g.submit(g_ask(2, 200, 1)).unwrap();
+    let second = g.schedule(0);
+    g.check_invariants().unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].ask_key, 2);
+    // Finishing one frees capacity for the waiting one.
+    assert!(g.on_finished(first[0].token_body.container_id));
+    assert!(
+        !g.on_finished(first[0].token_body.container_id),
+        "idempotent"
+    );
+    let third = g.schedule(0);
+    g.check_invariants().unwrap();
+    assert_eq!((third.len(), third[0].remaining), (1, 0));
+    assert!(matches!(
+        g.submit(g_ask(3, 5000, 1)),
+        Err(GuarantorError::LargerThanAnyNode { .. })
+    ));
+}
+
+#[test]
+fn guarantor_expiry_promotion_node_loss_and_policing_limit() {
+    let mut g = Guarantor::new(GuarantorConfig { token_ttl_ms: 100 }, Box::new(BestFit), 41);
+    let a = NodeId::from("a");
+    g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
+    g.submit(g_ask(1, 600, 1)).unwrap();
+    let p = g.schedule(0);
+    assert_eq!(
+        p[0].token_body.container_id,
+        ContainerId::new(0, 42),
+        "resumes after last_seq"
+    );
+    assert_eq!(g.queueable_limit(&a), Some(Resources::new(400, 400)));
+    // Unstarted grants expire and free their capacity; started ones do not.
+    assert_eq!(g.expire_unstarted(100), vec![p[0].token_body.container_id]);
+    g.check_invariants().unwrap();
+    g.submit(g_ask(2, 600, 1)).unwrap();
+    let p = g.schedule(200);
+    g.on_started(p[0].token_body.container_id);
+    assert!(g.expire_unstarted(10_000).is_empty());
+    // Promotion: only if the node has GUARANTEED room.
+    let q = ContainerId::new(5, 1);
+    let err = g
+        .promote(q, &a, &AppId::from("app"), Resources::new(500, 500))
+        .unwrap_err();
+    assert!(err.retryable());
+    g.promote(q, &a, &AppId::from("app"), Resources::new(400, 400))
+        .unwrap();
+    g.check_invariants().unwrap();
+    assert_eq!(g.queueable_limit(&a), Some(Resources::ZERO));
+    // Re-adding a node keeps its bookings (no double booking after a re-join).
+    g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
+    g.check_invariants().unwrap();
+    assert_eq!(g.node(&a).unwrap().guaranteed, Resources::new(1000, 1000));
+    let lost = g.remove_node(&a);
+    assert_eq!(lost.len(), 2);
+    g.check_invariants().unwrap();
+}

@@ -1,0 +1,5 @@
+//! The testbed: local-cluster launcher, load generator (a job manager speaking the app
+//! protocol), the synthetic task program, and the discrete-event simulator that drives the
+//! production `scheduler-core` policies under a virtual clock.
+//!
+//! Each subcommand of the `testbed` binary lives in its own module below.
