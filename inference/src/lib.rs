@@ -2,11 +2,13 @@
 //!
 //! - [`predictor`]: 3σPredict runtime distributions (3Sigma §4.1) built on [`histogram`] and
 //!   [`distribution`] (expected utility, expected usage, conditioning, mis-estimate handling).
+//! - [`forecast`]: Pace §3.1 GP (history kernel) and ARIMA forecasters behind [`forecast::Forecaster`].
 //! - [`skyline`]: the Morpheus §5 job resource model (skyline LP, Clarabel via good_lp).
 //!
 //! Nothing here reads the OS clock or an unseeded RNG: callers pass `now` and seeded RNGs.
 
 pub mod distribution;
+pub mod forecast;
 pub mod histogram;
 pub mod predictor;
 pub mod skyline;
@@ -14,6 +16,7 @@ pub mod skyline;
 pub use distribution::{
     OverEstimatePolicy, Piece, RuntimeDistribution, UtilityCurve, UtilityPoint, exp_inc_finish,
 };
+pub use forecast::{Forecast, ForecastError, Forecaster};
 pub use histogram::StreamingHistogram;
 pub use predictor::{
     Estimator, Expert, Feature, JobFeatures, PredictorConfig, RuntimePrediction, RuntimePredictor,
