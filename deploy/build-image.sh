@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Build the `hybrid-scheduler:local` Docker image FROM scratch: the release binaries, the shared
+# libraries they link (read off `ldd`), a static busybox (a shell for launch specs and health
+# checks) and tini as PID 1 (reaps orphaned container processes). No image is pulled: this machine
+# kind has no registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v busybox >/dev/null 2>&1 || ! [ -x /usr/bin/tini-static ]; then
+  echo "build-image: installing busybox-static and tini (Debian packages)" >&2
+  apt-get install -y -q busybox-static tini >/dev/null
+fi
+
+# BUILD_PROFILE=dev reuses the binaries `cargo test` already built (CI); release by default.
+profile="${BUILD_PROFILE:-release}"
+if [ "$profile" = dev ]; then
+  cargo build -p coordinator -p worker -p testbed
+  bindir=target/debug
+else
+  cargo build --release -p coordinator -p worker -p testbed
+  bindir=target/release
+fi
+
+ctx=target/docker-context
+rm -rf "$ctx"
+mkdir -p "$ctx/rootfs/usr/local/bin" "$ctx/rootfs/bin" "$ctx/rootfs/tmp" "$ctx/rootfs/data" "$ctx/rootfs/etc"
+for bin in coordinator worker testbed; do
+  cp "$bindir/$bin" "$ctx/rootfs/usr/local/bin/$bin"
+done
+# Every shared library the binaries need, at the same path as on the build machine.
+for bin in coordinator worker testbed; do
+  ldd "$bindir/$bin" | awk '/=>/ { print $3 } /^\s*\/.*ld-linux/ { print $1 }'
+done | sort -u | while read -r lib; do
+  [ -n "$lib" ] && cp --parents -L "$lib" "$ctx/rootfs/"
+done
+cp "$(command -v busybox)" "$ctx/rootfs/bin/busybox"
+for tool in sh ls cat sleep kill ps grep test true false mkdir rm echo env; do
+  ln -sf busybox "$ctx/rootfs/bin/$tool"
+done
+cp /usr/bin/tini-static "$ctx/rootfs/bin/tini"
+echo "root:x:0:0:root:/root:/bin/sh" > "$ctx/rootfs/etc/passwd"
+echo "hosts: files dns" > "$ctx/rootfs/etc/nsswitch.conf"
+chmod 1777 "$ctx/rootfs/tmp"
+
+cat > "$ctx/Dockerfile" <<'DOCKERFILE'
+FROM scratch
+COPY rootfs/ /
+ENV PATH=/usr/local/bin:/bin RUST_LOG=info
+ENTRYPOINT ["/bin/tini", "--"]
+DOCKERFILE
+
+docker build -q -t hybrid-scheduler:local "$ctx"
+echo "built hybrid-scheduler:local" >&2

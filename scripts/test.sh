@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's whole test suite: formatting, lints, every crate's unit/scenario/integration/
+# end-to-end tests, and (when a Docker engine is present) the docker-compose node-loss test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== rustfmt"
+cargo fmt --all -- --check
+echo "== clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
+if [ -f deploy/compose-test.sh ] && docker info >/dev/null 2>&1; then
+  echo "== docker-compose test"
+  BUILD_PROFILE=dev bash deploy/compose-test.sh
+else
+  echo "== docker-compose test skipped: no Docker engine reachable"
+fi
