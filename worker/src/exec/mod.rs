@@ -126,8 +126,22 @@ impl Default for ExecutorConfig {
 /// Launches containers with one [`Enforcement`].
 #[derive(Debug)]
 pub struct Executor {
-    enforcement: Enforcement,
+    roots: Arc<CgroupRoots>,
     config: ExecutorConfig,
+}
+
+/// The cgroup roots of an executor, shared with its containers so the roots are removed only
+/// after the executor and the last container cgroup below them are gone.
+#[derive(Debug)]
+struct CgroupRoots {
+    enforcement: Enforcement,
+}
+
+impl Drop for CgroupRoots {
+    fn drop(&mut self) {
+        // Fails harmlessly (EBUSY) if a container cgroup could not be removed.
+        cgroup::remove_root(&self.enforcement);
+    }
 }
 
 impl Executor {
@@ -154,7 +168,7 @@ impl Executor {
             }
         };
         Executor {
-            enforcement,
+            roots: Arc::new(CgroupRoots { enforcement }),
             config,
         }
     }
@@ -167,13 +181,13 @@ impl Executor {
     ) -> Result<Executor, ExecError> {
         cgroup::prepare_root(&enforcement)?;
         Ok(Executor {
-            enforcement,
+            roots: Arc::new(CgroupRoots { enforcement }),
             config,
         })
     }
 
     pub fn enforcement(&self) -> &Enforcement {
-        &self.enforcement
+        &self.roots.enforcement
     }
 
     pub fn config(&self) -> &ExecutorConfig {
@@ -201,7 +215,7 @@ impl Executor {
         }
         let env = container_env(container_id, &spec.env);
         let prepared = {
-            let enforcement = self.enforcement.clone();
+            let enforcement = self.roots.enforcement.clone();
             let log_dir = self.config.log_dir.clone();
             let command = spec.command.clone();
             let working_dir = spec.working_dir.clone();
@@ -276,27 +290,21 @@ impl Executor {
             memory_kill: Mutex::new(None),
             leader_reaped: AtomicBool::new(false),
             cgroup_removed: AtomicBool::new(false),
+            _roots: Arc::clone(&self.roots),
         });
         let monitor = tokio::spawn(monitor_memory(
             Arc::clone(&tree),
             self.config.monitor_interval,
         ));
-        tracing::debug!(container_id, pid, mode = self.enforcement.name(), command = %spec.command, "container started");
+        tracing::debug!(container_id, pid, mode = self.roots.enforcement.name(), command = %spec.command, "container started");
         Ok(ContainerProcess {
-            child,
+            child: Some(child),
             tree,
             monitor: Some(monitor),
             last_sample_at: Instant::now(),
             last_cpu_us: 0,
             outcome: None,
         })
-    }
-}
-
-impl Drop for Executor {
-    fn drop(&mut self) {
-        // Succeeds only once every container cgroup below the roots is gone.
-        cgroup::remove_root(&self.enforcement);
     }
 }
 
@@ -375,6 +383,8 @@ struct ContainerTree {
     /// signalled as a process group.
     leader_reaped: AtomicBool,
     cgroup_removed: AtomicBool,
+    /// Keeps the roots alive until this container's cgroup has been removed.
+    _roots: Arc<CgroupRoots>,
 }
 
 enum MemoryCheck {
@@ -412,26 +422,28 @@ impl ContainerTree {
         if let Some(cgroup) = &self.cgroup {
             cgroup.kill_all();
         }
-        if !self.leader_reaped.load(Ordering::SeqCst) {
-            // The negative pid addresses the whole process group, including members that the
-            // scan below would miss because they are being forked right now.
-            let group = -i32::try_from(self.leader).unwrap_or(i32::MAX);
-            signal(group, self.leader)?;
-        }
+        // Members are listed before anything is signalled: once a parent dies its children are
+        // reparented, and a child that left the session could then no longer be found.
         let mut killed = HashSet::new();
-        for _ in 0..KILL_PASSES {
+        for pass in 0..KILL_PASSES {
             let fresh: Vec<u32> = self
                 .live_members()?
                 .iter()
                 .map(|m| m.pid)
                 .filter(|pid| !killed.contains(pid))
                 .collect();
-            if fresh.is_empty() {
-                break;
-            }
-            for pid in fresh {
+            for &pid in &fresh {
                 signal(i32::try_from(pid).unwrap_or(i32::MAX), pid)?;
                 killed.insert(pid);
+            }
+            if pass == 0 && !self.leader_reaped.load(Ordering::SeqCst) {
+                // The negative pid addresses the whole process group, including members being
+                // forked right now that the scan could not see yet.
+                let group = -i32::try_from(self.leader).unwrap_or(i32::MAX);
+                signal(group, self.leader)?;
+            }
+            if fresh.is_empty() {
+                break;
             }
         }
         Ok(())
@@ -589,7 +601,8 @@ fn outcome_of(status: io::Result<ExitStatus>) -> ExitOutcome {
 /// returned kills its tree, so a lost handle never leaks processes.
 #[derive(Debug)]
 pub struct ContainerProcess {
-    child: tokio::process::Child,
+    /// `None` only while being dropped.
+    child: Option<tokio::process::Child>,
     tree: Arc<ContainerTree>,
     monitor: Option<JoinHandle<()>>,
     last_sample_at: Instant,
@@ -618,7 +631,12 @@ impl ContainerProcess {
         if let Some(outcome) = self.outcome {
             return outcome;
         }
-        let status = self.child.wait().await;
+        let Some(child) = self.child.as_mut() else {
+            return ExitOutcome::WaitFailed {
+                errno: libc::ECHILD,
+            };
+        };
+        let status = child.wait().await;
         self.tree.leader_reaped.store(true, Ordering::SeqCst);
         if let Some(monitor) = self.monitor.take() {
             monitor.abort();
@@ -697,17 +715,23 @@ impl Drop for ContainerProcess {
         if let Err(e) = self.tree.kill_tree() {
             tracing::warn!(container_id = self.tree.container_id, error = %e, "killing a dropped container failed");
         }
-        // tokio reaps the dropped child in the background; the cgroup can go once it has.
-        if self.tree.cgroup.is_some() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let tree = Arc::clone(&self.tree);
-                    runtime.spawn(async move { tree.remove_cgroup().await });
-                }
-                Err(_) => {
-                    if let Some(cgroup) = &self.tree.cgroup {
-                        let _ = cgroup.remove();
-                    }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // Reap the leader and remove the cgroup in the background (a cgroup with an unreaped
+        // member cannot be removed).
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let tree = Arc::clone(&self.tree);
+                runtime.spawn(async move {
+                    let _ = child.wait().await;
+                    tree.leader_reaped.store(true, Ordering::SeqCst);
+                    tree.remove_cgroup().await;
+                });
+            }
+            Err(_) => {
+                if let Some(cgroup) = &self.tree.cgroup {
+                    let _ = cgroup.remove();
                 }
             }
         }

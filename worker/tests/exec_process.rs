@@ -1,0 +1,469 @@
+//! Real-process tests of the container executor: exit codes, environment, errors, tree kills,
+//! memory-limit kills and usage sampling, in the fallback mode and in whatever mode `detect`
+//! picks on this machine. State is observed by waiting on exits or polling `/proc` with a
+//! bounded number of retries, never by sleeping for an assumed time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use worker::exec::{
+    ContainerLimits, DEFAULT_PATH, Enforcement, ExecError, Executor, ExecutorConfig, ExitOutcome,
+    LaunchSpec,
+};
+
+/// Upper bound for anything a test waits on; reaching it is a failure, not a pass.
+const PATIENCE: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(20);
+const POLL_ATTEMPTS: usize = 1500;
+
+fn config() -> ExecutorConfig {
+    ExecutorConfig {
+        monitor_interval: Duration::from_millis(20),
+        ..ExecutorConfig::default()
+    }
+}
+
+fn fallback() -> Executor {
+    Executor::with_enforcement(Enforcement::RlimitAndMonitor, config())
+        .expect("fallback mode always works")
+}
+
+fn detected() -> Executor {
+    let executor = Executor::detect(config());
+    eprintln!("detected enforcement: {:?}", executor.enforcement());
+    executor
+}
+
+fn both() -> Vec<Executor> {
+    vec![fallback(), detected()]
+}
+
+fn sh(script: &str) -> LaunchSpec {
+    LaunchSpec {
+        command: "sh".to_owned(),
+        args: vec!["-c".to_owned(), script.to_owned()],
+        ..LaunchSpec::default()
+    }
+}
+
+fn limits(memory_mib: u64) -> ContainerLimits {
+    ContainerLimits {
+        cpu_millis: 1000,
+        memory_mib,
+    }
+}
+
+/// (state, ppid, session) of a process, or `None` when it no longer exists.
+fn proc_state(pid: u32) -> Option<(char, u32, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    Some((
+        fields[0].chars().next()?,
+        fields[1].parse().ok()?,
+        fields[3].parse().ok()?,
+    ))
+}
+
+fn is_dead(pid: u32) -> bool {
+    matches!(proc_state(pid), None | Some(('Z' | 'X', _, _)))
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Live descendants of `root` (by parent pid) plus live members of its session.
+fn live_tree(root: u32) -> BTreeSet<u32> {
+    let all: Vec<(u32, u32, u32)> = std::fs::read_dir("/proc")
+        .expect("/proc is readable")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let (state, ppid, session) = proc_state(pid)?;
+            (state != 'Z').then_some((pid, ppid, session))
+        })
+        .collect();
+    let mut tree: BTreeSet<u32> = all.iter().filter(|p| p.2 == root).map(|p| p.0).collect();
+    loop {
+        let grown: Vec<u32> = all
+            .iter()
+            .filter(|p| tree.contains(&p.1) && !tree.contains(&p.0))
+            .map(|p| p.0)
+            .collect();
+        if grown.is_empty() {
+            return tree;
+        }
+        tree.extend(grown);
+    }
+}
+
+/// The directory of a container's (memory) cgroup, if the executor uses cgroups.
+fn container_cgroup(executor: &Executor, container_id: u64) -> Option<PathBuf> {
+    let name = format!("c{container_id}");
+    match executor.enforcement() {
+        Enforcement::CgroupV2 { root } => Some(root.join(name)),
+        Enforcement::CgroupV1 { memory_root, .. } => Some(memory_root.join(name)),
+        Enforcement::RlimitAndMonitor => None,
+    }
+}
+
+async fn poll_until(what: &str, mut condition: impl FnMut() -> bool) {
+    for _ in 0..POLL_ATTEMPTS {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("gave up waiting for: {what}");
+}
+
+async fn wait_bounded(process: &mut worker::exec::ContainerProcess) -> ExitOutcome {
+    tokio::time::timeout(PATIENCE, process.wait())
+        .await
+        .expect("container did not end in time")
+}
+
+#[tokio::test]
+async fn exit_codes_are_reported() {
+    for (index, executor) in both().into_iter().enumerate() {
+        let id = 100 + index as u64;
+        let mut zero = executor
+            .launch(id, &sh("exit 0"), limits(64))
+            .await
+            .expect("launch");
+        assert_eq!(
+            wait_bounded(&mut zero).await,
+            ExitOutcome::Exited { code: 0 }
+        );
+        // wait is idempotent after completion.
+        assert_eq!(zero.wait().await, ExitOutcome::Exited { code: 0 });
+        let mut seven = executor
+            .launch(id + 10, &sh("exit 7"), limits(64))
+            .await
+            .expect("launch");
+        assert_eq!(
+            wait_bounded(&mut seven).await,
+            ExitOutcome::Exited { code: 7 }
+        );
+        let mut signaled = executor
+            .launch(id + 20, &sh("kill -TERM $$"), limits(64))
+            .await
+            .expect("launch");
+        assert_eq!(
+            wait_bounded(&mut signaled).await,
+            ExitOutcome::Signaled {
+                signal: libc::SIGTERM
+            }
+        );
+    }
+}
+
+#[tokio::test]
+async fn container_sees_only_its_spec_env_and_defaults() {
+    let logs = tempfile::tempdir().expect("tempdir");
+    let executor = Executor::with_enforcement(
+        Enforcement::RlimitAndMonitor,
+        ExecutorConfig {
+            log_dir: Some(logs.path().to_path_buf()),
+            ..config()
+        },
+    )
+    .expect("fallback");
+    let work = tempfile::tempdir().expect("tempdir");
+    let spec = LaunchSpec {
+        command: "env".to_owned(),
+        args: vec![],
+        env: BTreeMap::from([("FOO".to_owned(), "bar baz".to_owned())]),
+        working_dir: Some(work.path().to_path_buf()),
+    };
+    let mut process = executor
+        .launch(42, &spec, limits(64))
+        .await
+        .expect("launch env");
+    assert_eq!(
+        wait_bounded(&mut process).await,
+        ExitOutcome::Exited { code: 0 }
+    );
+    let printed =
+        std::fs::read_to_string(logs.path().join("container-42.stdout")).expect("stdout log");
+    let lines: BTreeSet<&str> = printed.lines().collect();
+    let path_line = format!("PATH={DEFAULT_PATH}");
+    let expected: BTreeSet<&str> = ["CONTAINER_ID=42", "FOO=bar baz", path_line.as_str()].into();
+    assert_eq!(lines, expected);
+
+    let mut pwd = executor
+        .launch(
+            43,
+            &LaunchSpec {
+                command: "pwd".to_owned(),
+                working_dir: Some(work.path().to_path_buf()),
+                ..LaunchSpec::default()
+            },
+            limits(64),
+        )
+        .await
+        .expect("launch pwd");
+    assert_eq!(
+        wait_bounded(&mut pwd).await,
+        ExitOutcome::Exited { code: 0 }
+    );
+    let printed =
+        std::fs::read_to_string(logs.path().join("container-43.stdout")).expect("stdout log");
+    assert_eq!(
+        PathBuf::from(printed.trim())
+            .canonicalize()
+            .expect("printed dir exists"),
+        work.path().canonicalize().expect("work dir exists")
+    );
+}
+
+#[tokio::test]
+async fn launch_errors_name_the_problem() {
+    for executor in both() {
+        let missing = LaunchSpec {
+            command: "definitely-not-a-command-4711".to_owned(),
+            ..LaunchSpec::default()
+        };
+        let err = executor
+            .launch(200, &missing, limits(64))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::CommandNotFound { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("definitely-not-a-command-4711"),
+            "{err}"
+        );
+
+        let no_dir = LaunchSpec {
+            working_dir: Some(PathBuf::from("/nonexistent/work-dir-4711")),
+            ..sh("true")
+        };
+        let err = executor.launch(201, &no_dir, limits(64)).await.unwrap_err();
+        assert!(
+            matches!(err, ExecError::WorkingDirMissing { .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("/nonexistent/work-dir-4711"),
+            "{err}"
+        );
+
+        // A failed launch leaves nothing behind, so the same id can be launched afterwards.
+        let mut ok = executor
+            .launch(200, &sh("exit 0"), limits(64))
+            .await
+            .expect("relaunch");
+        assert_eq!(wait_bounded(&mut ok).await, ExitOutcome::Exited { code: 0 });
+    }
+}
+
+#[tokio::test]
+async fn kill_tree_kills_children_grandchildren_and_setsid_escapees() {
+    for (index, executor) in both().into_iter().enumerate() {
+        let id = 300 + index as u64;
+        // Two grandchildren under a nested shell, and a child that started its own session.
+        let script = r#"sh -c "sleep 1000 & sleep 1000 & wait" & setsid sleep 1000 & wait"#;
+        let mut process = executor
+            .launch(id, &sh(script), limits(64))
+            .await
+            .expect("launch");
+        let leader = process.pid();
+        let mut sleepers = BTreeSet::new();
+        poll_until("three sleeps in the container tree", || {
+            sleepers = live_tree(leader)
+                .into_iter()
+                .filter(|p| comm(*p) == "sleep")
+                .collect();
+            sleepers.len() == 3
+        })
+        .await;
+        let escaped = sleepers
+            .iter()
+            .filter(|p| proc_state(**p).is_some_and(|s| s.2 != leader))
+            .count();
+        assert_eq!(escaped, 1, "one sleep runs in its own session");
+        let everyone = live_tree(leader);
+
+        process.kill_tree().expect("kill_tree");
+        process.kill_tree().expect("kill_tree is idempotent");
+        assert_eq!(
+            wait_bounded(&mut process).await,
+            ExitOutcome::Signaled {
+                signal: libc::SIGKILL
+            }
+        );
+        poll_until("every process of the tree is dead", || {
+            everyone.iter().all(|p| is_dead(*p))
+        })
+        .await;
+        process
+            .kill_tree()
+            .expect("kill_tree after exit is a no-op");
+    }
+}
+
+#[tokio::test]
+async fn leader_exit_ends_the_container_and_dropping_a_handle_kills_it() {
+    for (index, executor) in both().into_iter().enumerate() {
+        let id = 400 + index as u64;
+        // The leader exits at once, leaving a background sleep behind.
+        let mut process = executor
+            .launch(id, &sh("sleep 1000 & exit 3"), limits(64))
+            .await
+            .expect("launch");
+        let leader = process.pid();
+        assert_eq!(
+            wait_bounded(&mut process).await,
+            ExitOutcome::Exited { code: 3 }
+        );
+        assert!(
+            live_tree(leader).is_empty(),
+            "orphans of the leader were killed"
+        );
+
+        let dropped = executor
+            .launch(id + 10, &sh("sleep 1000"), limits(64))
+            .await
+            .expect("launch");
+        let pid = dropped.pid();
+        drop(dropped);
+        poll_until("dropped container's process is dead", || is_dead(pid)).await;
+        if let Some(dir) = container_cgroup(&executor, id + 10) {
+            poll_until("dropped container's cgroup is removed", || !dir.exists()).await;
+        }
+    }
+}
+
+/// The shell keeps the output of the command substitution (100 MiB of 'x') in its own memory
+/// and then sleeps, so its RSS stays above the limit until something kills it.
+const HOLD_100_MIB: &str = r#"x=$(head -c 100M /dev/zero | tr "\0" x); sleep 1000"#;
+
+#[tokio::test]
+async fn memory_over_limit_kills_the_tree_in_fallback_mode() {
+    let executor = fallback();
+    let mut process = executor
+        .launch(500, &sh(HOLD_100_MIB), limits(32))
+        .await
+        .expect("launch");
+    match wait_bounded(&mut process).await {
+        ExitOutcome::KilledForMemory {
+            used_mib,
+            limit_mib,
+        } => {
+            assert_eq!(limit_mib, 32);
+            assert!(used_mib > 32, "used {used_mib} MiB");
+        }
+        other => panic!("expected a memory kill, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn memory_over_limit_kills_the_tree_in_detected_mode() {
+    let executor = detected();
+    let mut process = executor
+        .launch(501, &sh(HOLD_100_MIB), limits(32))
+        .await
+        .expect("launch");
+    let leader = process.pid();
+    match wait_bounded(&mut process).await {
+        ExitOutcome::KilledForMemory { limit_mib, .. } => assert_eq!(limit_mib, 32),
+        other => panic!("expected a memory kill, got {other:?}"),
+    }
+    assert!(live_tree(leader).is_empty());
+}
+
+#[tokio::test]
+async fn memory_under_limit_is_left_alone() {
+    for (index, executor) in both().into_iter().enumerate() {
+        let script = r#"x=$(head -c 8M /dev/zero | tr "\0" x); exit 3"#;
+        let mut process = executor
+            .launch(600 + index as u64, &sh(script), limits(128))
+            .await
+            .expect("launch");
+        assert_eq!(
+            wait_bounded(&mut process).await,
+            ExitOutcome::Exited { code: 3 }
+        );
+    }
+}
+
+#[tokio::test]
+async fn usage_sampling_sees_a_cpu_burner_and_its_memory() {
+    for (index, executor) in both().into_iter().enumerate() {
+        let id = 700 + index as u64;
+        let mut process = executor
+            .launch(id, &sh("while :; do :; done"), limits(64))
+            .await
+            .expect("launch");
+        // Sample repeatedly (each sample averages over the time since the previous one) until
+        // the burner shows up as at least 0.3 cores; bounded, so a broken sampler fails.
+        let mut best = 0;
+        let mut memory_mib = 0;
+        let mut processes = 0;
+        poll_until("a sample with >= 300 millicores", || {
+            let sample = process.sample_usage().expect("sample");
+            best = best.max(sample.cpu_millis);
+            memory_mib = memory_mib.max(sample.memory_mib);
+            processes = processes.max(sample.processes);
+            best >= 300
+        })
+        .await;
+        assert!(memory_mib > 0, "memory of the shell is visible");
+        assert_eq!(processes, 1);
+        process.kill_tree().expect("kill");
+        assert_eq!(
+            wait_bounded(&mut process).await,
+            ExitOutcome::Signaled {
+                signal: libc::SIGKILL
+            }
+        );
+        let after = process.sample_usage().expect("sample after exit");
+        assert_eq!((after.processes, after.cpu_millis), (0, 0));
+    }
+}
+
+#[tokio::test]
+async fn cgroup_mode_catches_double_forked_escapees_and_removes_its_cgroup() {
+    let executor = detected();
+    let Some(container_dir) = container_cgroup(&executor, 800) else {
+        eprintln!("no usable cgroups on this machine: escapee test not applicable");
+        return;
+    };
+    // The subshell starts a sleep in a new session and exits, so the sleep is reparented away
+    // from the container and is in neither its session nor its process group.
+    let script = "(setsid sleep 1000 &); sleep 1000";
+    let mut process = executor
+        .launch(800, &sh(script), limits(64))
+        .await
+        .expect("launch");
+    let leader = process.pid();
+    let procs = container_dir.join("cgroup.procs");
+    let mut escapee = None;
+    poll_until("an escaped sleep in the container cgroup", || {
+        let pids: Vec<u32> = std::fs::read_to_string(&procs)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect();
+        escapee = pids
+            .into_iter()
+            .find(|p| comm(*p) == "sleep" && proc_state(*p).is_some_and(|s| s.2 != leader));
+        escapee.is_some()
+    })
+    .await;
+    let escapee = escapee.expect("found above");
+    process.kill_tree().expect("kill");
+    assert_eq!(
+        wait_bounded(&mut process).await,
+        ExitOutcome::Signaled {
+            signal: libc::SIGKILL
+        }
+    );
+    poll_until("escapee is dead", || is_dead(escapee)).await;
+    assert!(
+        !container_dir.exists(),
+        "container cgroup removed after wait"
+    );
+}
