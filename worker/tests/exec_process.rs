@@ -467,3 +467,34 @@ async fn cgroup_mode_catches_double_forked_escapees_and_removes_its_cgroup() {
         "container cgroup removed after wait"
     );
 }
+
+#[tokio::test]
+async fn cgroup_mode_holds_a_burner_to_its_cpu_quota() {
+    let executor = detected();
+    if container_cgroup(&executor, 900).is_none() {
+        eprintln!("no usable cgroups on this machine: CPU is not limited in fallback mode");
+        return;
+    }
+    let quota = ContainerLimits {
+        cpu_millis: 200,
+        memory_mib: 64,
+    };
+    let mut process = executor
+        .launch(900, &sh("while :; do :; done"), quota)
+        .await
+        .expect("launch");
+    process.sample_usage().expect("baseline sample");
+    // A measurement window, not synchronisation: the quota bounds usage from above whatever
+    // the machine's speed or load, so only the upper bound is asserted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sample = process.sample_usage().expect("sample");
+    eprintln!("burner under a 200-millicore quota: {sample:?}");
+    assert!(
+        sample.cpu_millis <= 300,
+        "burner used {} millicores under a 200-millicore quota",
+        sample.cpu_millis
+    );
+    assert!(sample.cpu_millis > 0, "the burner ran at all");
+    process.kill_tree().expect("kill");
+    wait_bounded(&mut process).await;
+}
