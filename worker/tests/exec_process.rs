@@ -498,3 +498,20 @@ async fn cgroup_mode_holds_a_burner_to_its_cpu_quota() {
     process.kill_tree().expect("kill");
     wait_bounded(&mut process).await;
 }
+
+/// The node-runtime actor calls the executor from an actix system (a current-thread tokio
+/// runtime inside a LocalSet); launching, sampling, the memory monitor and waiting must all
+/// work there.
+#[actix_rt::test]
+async fn works_inside_an_actix_system() {
+    let executor = fallback();
+    let mut process = executor
+        .launch(1000, &sh(HOLD_100_MIB), limits(32))
+        .await
+        .expect("launch");
+    process.sample_usage().expect("sample");
+    assert!(matches!(
+        wait_bounded(&mut process).await,
+        ExitOutcome::KilledForMemory { limit_mib: 32, .. }
+    ));
+}
