@@ -1,0 +1,410 @@
+//! `inference predict-eval`: replay a trace in time order, predicting each job's runtime at
+//! submission from the history of jobs finished before it, then learning it when it finishes.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use inference::predictor::{Estimator, JobFeatures, PredictorConfig, RuntimePredictor};
+use inference::traces;
+use serde::Serialize;
+
+/// One job of the replay.
+#[derive(Debug, Clone)]
+pub struct EvalJob {
+    pub submit: f64,
+    pub end: f64,
+    pub runtime: f64,
+    pub features: JobFeatures,
+}
+
+fn hour_of_day(seconds: f64) -> String {
+    ((seconds / 3600.0).floor().rem_euclid(24.0) as u32).to_string()
+}
+
+fn number(value: Option<f64>) -> String {
+    value.map(|v| format!("{v}")).unwrap_or_default()
+}
+
+fn id(value: Option<i64>) -> String {
+    value.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// SWF: runtime = run time field; finish = submit + wait + run. Features: user, group,
+/// executable, queue, partition, requested processors, requested time, and user combinations.
+/// The hour of day counts from the log start (the header's UnixStartTime is not applied).
+pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
+    jobs.iter()
+        .filter_map(|job| {
+            let runtime = job.run_time.filter(|r| *r > 0.0)?;
+            let processors = job.requested_processors.or(job.allocated_processors);
+            let user = id(job.user);
+            let executable = id(job.executable);
+            let mut features = JobFeatures::new();
+            features.push("user", user.clone());
+            features.push("group", id(job.group));
+            features.push("executable", executable.clone());
+            features.push("queue", id(job.queue));
+            features.push("partition", id(job.partition));
+            features.push("processors", number(processors));
+            features.push("requested_time", number(job.requested_time));
+            if !user.is_empty() {
+                if !executable.is_empty() {
+                    features.push("user+executable", format!("{user}/{executable}"));
+                }
+                features.push("user+processors", format!("{user}/{}", number(processors)));
+                features.push(
+                    "user+requested_time",
+                    format!("{user}/{}", number(job.requested_time)),
+                );
+                features.push(
+                    "user+submit_hour",
+                    format!("{user}/{}", hour_of_day(job.submit)),
+                );
+            }
+            features.push("submit_hour", hour_of_day(job.submit));
+            Some(EvalJob {
+                submit: job.submit,
+                end: job.submit + job.wait.unwrap_or(0.0) + runtime,
+                runtime,
+                features,
+            })
+        })
+        .collect()
+}
+
+/// Google 2011: runtime = end − schedule of jobs that finished, failed or were killed in the
+/// slice. Features: user, job name, logical job name, scheduling class and combinations.
+pub fn jobs_from_google(jobs: &[traces::GoogleJob]) -> Vec<EvalJob> {
+    jobs.iter()
+        .filter(|job| job.runtime() > 0.0)
+        .map(|job| {
+            let class = job
+                .scheduling_class
+                .map(|c| c.to_string())
+                .unwrap_or_default();
+            let features = JobFeatures::new()
+                .with("user", job.user.clone())
+                .with("job_name", job.job_name.clone())
+                .with("logical_name", job.logical_job_name.clone())
+                .with("scheduling_class", class.clone())
+                .with(
+                    "user+logical_name",
+                    format!("{}/{}", job.user, job.logical_job_name),
+                )
+                .with("user+class", format!("{}/{class}", job.user))
+                .with(
+                    "user+submit_hour",
+                    format!("{}/{}", job.user, hour_of_day(job.submit)),
+                )
+                .with("submit_hour", hour_of_day(job.submit));
+            EvalJob {
+                submit: job.submit,
+                end: job.end,
+                runtime: job.runtime(),
+                features,
+            }
+        })
+        .collect()
+}
+
+/// Alibaba 2017 batch tasks: runtime = end − create of Terminated tasks (the table has no
+/// start time, so queueing is included). Features: job id, instance count, per-instance CPU and
+/// memory requests and combinations.
+pub fn jobs_from_alibaba(tasks: &[traces::AlibabaTask]) -> Vec<EvalJob> {
+    tasks
+        .iter()
+        .filter(|task| task.status == "Terminated" && task.end_time > task.create_time)
+        .map(|task| {
+            let cpu = number(task.cpus_per_instance);
+            let memory = number(task.memory_per_instance);
+            let instances = task.instances.to_string();
+            let features = JobFeatures::new()
+                .with("job", task.job_id.to_string())
+                .with("instances", instances.clone())
+                .with("cpu", cpu.clone())
+                .with("memory", memory.clone())
+                .with("cpu+memory", format!("{cpu}/{memory}"))
+                .with(
+                    "instances+cpu+memory",
+                    format!("{instances}/{cpu}/{memory}"),
+                )
+                .with("job+instances", format!("{}/{instances}", task.job_id))
+                .with("submit_hour", hour_of_day(task.create_time));
+            EvalJob {
+                submit: task.create_time,
+                end: task.end_time,
+                runtime: task.end_time - task.create_time,
+                features,
+            }
+        })
+        .collect()
+}
+
+pub fn load_jobs(path: &Path, format: &str) -> Result<Vec<EvalJob>> {
+    Ok(match format {
+        "swf" => jobs_from_swf(&traces::read_swf_file(path)?),
+        "google2011" => {
+            let events = traces::read_google_job_events_path(path)?;
+            jobs_from_google(&traces::google_jobs(&events, false))
+        }
+        "alibaba2017" => jobs_from_alibaba(&traces::read_alibaba_tasks_file(path)?),
+        other => anyhow::bail!(
+            "unknown trace format {other:?} (expected swf, google2011 or alibaba2017)"
+        ),
+    })
+}
+
+/// Accuracy of one kind of estimate.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Accuracy {
+    pub predicted: u64,
+    pub within_2x: f64,
+    pub nmae: f64,
+    #[serde(skip)]
+    within: u64,
+    #[serde(skip)]
+    absolute_error: f64,
+    #[serde(skip)]
+    actual: f64,
+}
+
+impl Accuracy {
+    fn record(&mut self, estimate: f64, actual: f64) {
+        self.predicted += 1;
+        if estimate >= actual / 2.0 && estimate <= actual * 2.0 {
+            self.within += 1;
+        }
+        self.absolute_error += (estimate - actual).abs();
+        self.actual += actual;
+    }
+
+    fn finish(&mut self) {
+        self.within_2x = self.within as f64 / self.predicted.max(1) as f64;
+        self.nmae = self.absolute_error / self.actual.max(f64::MIN_POSITIVE);
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorBucket {
+    /// Bucket label: the decile of percent error (estimate − actual)/actual·100 it is within
+    /// ±5 % of, or "tail" for errors > 95 %.
+    pub bucket: String,
+    pub fraction: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SinglePointEstimator {
+    pub estimator: &'static str,
+    #[serde(flatten)]
+    pub accuracy: Accuracy,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PredictReport {
+    pub trace: String,
+    pub format: String,
+    pub jobs: u64,
+    pub predicted: u64,
+    /// Median of the predicted distribution within a factor of two of the actual runtime.
+    pub within_2x: f64,
+    /// Actual runtime inside the predicted 10th–90th percentile.
+    pub coverage_80: f64,
+    /// NMAE of the distribution median.
+    pub nmae: f64,
+    /// The chosen expert's own point estimate (what PointRealEst would use).
+    pub expert_point_estimate: Accuracy,
+    /// Each estimator used alone (expert choice restricted to that estimator).
+    pub single_point_estimators: Vec<SinglePointEstimator>,
+    pub best_single_point_estimator: String,
+    /// 3Sigma Fig. 2(d) histogram of the median's percent error.
+    pub error_histogram: Vec<ErrorBucket>,
+    pub predictions_per_second: f64,
+    pub feature_values: usize,
+    pub state_bytes_per_feature_value_mean: f64,
+    pub state_bytes_per_feature_value_max: usize,
+    pub replay_seconds: f64,
+}
+
+fn error_bucket(percent: f64) -> usize {
+    // Buckets −100, −90, …, 90 (index 0..=19) and tail (20).
+    if percent > 95.0 {
+        20
+    } else {
+        (((percent + 100.0) / 10.0).round().clamp(0.0, 19.0)) as usize
+    }
+}
+
+pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictReport> {
+    let mut jobs =
+        load_jobs(path, format).with_context(|| format!("reading {}", path.display()))?;
+    jobs.sort_by(|a, b| a.submit.total_cmp(&b.submit));
+    if let Some(limit) = limit {
+        jobs.truncate(limit);
+    }
+    anyhow::ensure!(
+        !jobs.is_empty(),
+        "{}: no jobs with a positive runtime",
+        path.display()
+    );
+    // Finishes sort before submissions at the same instant: a job that ended at t is history
+    // for a job submitted at t.
+    let mut timeline: Vec<(f64, bool, usize)> = Vec::with_capacity(jobs.len() * 2);
+    for (index, job) in jobs.iter().enumerate() {
+        timeline.push((job.submit, true, index));
+        timeline.push((job.end.max(job.submit), false, index));
+    }
+    timeline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+
+    let started = Instant::now();
+    let mut predictor = RuntimePredictor::new(PredictorConfig::default());
+    let mut median = Accuracy::default();
+    let mut point = Accuracy::default();
+    let mut singles: Vec<Accuracy> = vec![Accuracy::default(); Estimator::ALL.len()];
+    let mut covered = 0u64;
+    let mut histogram = [0u64; 21];
+    let mut predict_time = 0.0;
+    for (_, is_submit, index) in timeline {
+        let job = &jobs[index];
+        if !is_submit {
+            predictor.observe(&job.features, job.runtime);
+            continue;
+        }
+        let clock = Instant::now();
+        let candidates = predictor.candidates(&job.features);
+        let prediction = RuntimePredictor::choose(&candidates)
+            .and_then(|chosen| predictor.prediction_from(&job.features, &chosen));
+        predict_time += clock.elapsed().as_secs_f64();
+        let Some(prediction) = prediction else {
+            continue;
+        };
+        let distribution = &prediction.distribution;
+        let estimate = distribution.median();
+        median.record(estimate, job.runtime);
+        point.record(prediction.point_estimate, job.runtime);
+        if distribution.quantile(0.1) <= job.runtime && job.runtime <= distribution.quantile(0.9) {
+            covered += 1;
+        }
+        histogram[error_bucket((estimate - job.runtime) / job.runtime * 100.0)] += 1;
+        for (slot, estimator) in singles.iter_mut().zip(Estimator::ALL) {
+            if let Some(chosen) = RuntimePredictor::choose_with_estimator(&candidates, estimator) {
+                slot.record(chosen.estimate, job.runtime);
+            }
+        }
+    }
+    median.finish();
+    point.finish();
+    let mut single_point_estimators: Vec<SinglePointEstimator> = singles
+        .into_iter()
+        .zip(Estimator::ALL)
+        .map(|(mut accuracy, estimator)| {
+            accuracy.finish();
+            SinglePointEstimator {
+                estimator: estimator.name(),
+                accuracy,
+            }
+        })
+        .collect();
+    single_point_estimators.sort_by(|a, b| b.accuracy.within_2x.total_cmp(&a.accuracy.within_2x));
+    let predicted = median.predicted;
+    let error_histogram = histogram
+        .iter()
+        .enumerate()
+        .map(|(index, count)| ErrorBucket {
+            bucket: if index == 20 {
+                "tail".to_string()
+            } else {
+                format!("{}", index as i64 * 10 - 100)
+            },
+            fraction: *count as f64 / predicted.max(1) as f64,
+        })
+        .collect();
+    let feature_values = predictor.feature_values();
+    Ok(PredictReport {
+        trace: path.display().to_string(),
+        format: format.to_string(),
+        jobs: jobs.len() as u64,
+        predicted,
+        within_2x: median.within_2x,
+        coverage_80: covered as f64 / predicted.max(1) as f64,
+        nmae: median.nmae,
+        expert_point_estimate: point,
+        best_single_point_estimator: single_point_estimators
+            .first()
+            .map(|s| s.estimator.to_string())
+            .unwrap_or_default(),
+        single_point_estimators,
+        error_histogram,
+        predictions_per_second: jobs.len() as f64 / predict_time.max(1e-9),
+        feature_values,
+        state_bytes_per_feature_value_mean: predictor.state_bytes() as f64
+            / feature_values.max(1) as f64,
+        state_bytes_per_feature_value_max: predictor.max_state_bytes_per_value(),
+        replay_seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+pub fn print_table(report: &PredictReport) {
+    println!("trace                 {} ({})", report.trace, report.format);
+    println!("jobs                  {}", report.jobs);
+    println!("predicted             {}", report.predicted);
+    println!("within_2x (median)    {:.4}", report.within_2x);
+    println!("coverage_80 (p10-p90) {:.4}", report.coverage_80);
+    println!("nmae (median)         {:.4}", report.nmae);
+    println!(
+        "expert point estimate within_2x {:.4}  nmae {:.4}",
+        report.expert_point_estimate.within_2x, report.expert_point_estimate.nmae
+    );
+    println!("single point estimators:");
+    for single in &report.single_point_estimators {
+        println!(
+            "  {:<14} within_2x {:.4}  nmae {:.4}",
+            single.estimator, single.accuracy.within_2x, single.accuracy.nmae
+        );
+    }
+    println!("error histogram (percent error of the median, fraction of predicted jobs):");
+    for bucket in &report.error_histogram {
+        println!("  {:>5}  {:.4}", bucket.bucket, bucket.fraction);
+    }
+    println!("predictions/s         {:.0}", report.predictions_per_second);
+    println!(
+        "feature values        {}  (state bytes/value: mean {:.0}, max {})",
+        report.feature_values,
+        report.state_bytes_per_feature_value_mean,
+        report.state_bytes_per_feature_value_max
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_buckets_follow_fig_2d() {
+        assert_eq!(error_bucket(-100.0), 0);
+        assert_eq!(error_bucket(-4.0), 10);
+        assert_eq!(error_bucket(4.9), 10);
+        assert_eq!(error_bucket(12.0), 11);
+        assert_eq!(error_bucket(94.0), 19);
+        assert_eq!(error_bucket(300.0), 20);
+    }
+
+    #[test]
+    fn replay_predicts_only_from_finished_jobs() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("t.swf");
+        // Jobs of user 1: the second is submitted before the first finishes (no history yet);
+        // the third comes after both finished.
+        let lines = [
+            "1 0 0 100 1 -1 -1 1 -1 -1 1 1 1 1 1 1 -1 -1",
+            "2 50 0 100 1 -1 -1 1 -1 -1 1 1 1 1 1 1 -1 -1",
+            "3 500 0 100 1 -1 -1 1 -1 -1 1 1 1 1 1 1 -1 -1",
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let report = run(&path, "swf", None).unwrap();
+        assert_eq!(report.jobs, 3);
+        assert_eq!(report.predicted, 1);
+        assert_eq!(report.within_2x, 1.0);
+        assert!(run(&path, "nope", None).is_err());
+    }
+}
