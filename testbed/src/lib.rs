@@ -3,3 +3,5 @@
 //! production `scheduler-core` policies under a virtual clock.
 //!
 //! Each subcommand of the `testbed` binary lives in its own module below.
+
+pub mod task;

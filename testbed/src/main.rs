@@ -10,9 +10,14 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Synthetic task program: run for D ms, hold M MiB, burn a CPU fraction, exit with a code.
+    Task(testbed::task::TaskArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Task(args) => std::process::exit(testbed::task::run(&args)?),
+    }
 }
