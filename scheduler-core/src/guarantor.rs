@@ -401,6 +401,18 @@ impl Guarantor {
         expired
     }
 
+    /// The application a GUARANTEED grant (started or not) belongs to.
+    pub fn grant_owner(&self, id: ContainerId) -> Option<&AppId> {
+        self.grants.get(&id).map(|g| &g.app)
+    }
+
+    /// Whether a grant was handed out but its container not yet reported started by its node.
+    pub fn is_unstarted(&self, id: ContainerId) -> bool {
+        self.grants
+            .get(&id)
+            .is_some_and(|g| g.pending_until_ms.is_some())
+    }
+
     pub fn is_guaranteed(&self, id: ContainerId) -> bool {
         self.grants.contains_key(&id)
     }

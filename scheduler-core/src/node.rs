@@ -152,6 +152,21 @@ pub struct ContainerStatus {
     pub placement: Placement,
     /// Token version (bumped by promotion).
     pub version: u32,
+    /// The job fields of the container's token, so the coordinator can re-issue the token on
+    /// promotion (Mercury §3.4) without the application resending it. Optional on the wire for
+    /// clients that do not send it; [`NodeRuntime::statuses`] always fills it.
+    #[serde(default)]
+    pub job: Option<ContainerJob>,
+}
+
+/// Job fields a container's token carries (see [`crate::token::TokenBody`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerJob {
+    pub job_id: JobId,
+    /// ms on the caller's clock (wall clock since the Unix epoch in the real system).
+    pub job_submit_time_ms: u64,
+    pub priority: u32,
+    pub runtime_estimate_ms: Option<u64>,
 }
 
 /// The node runtime state machine.
@@ -268,6 +283,12 @@ impl NodeRuntime {
             resources: c.resources,
             placement,
             version: c.version,
+            job: Some(ContainerJob {
+                job_id: c.job_id.clone(),
+                job_submit_time_ms: c.job_submit_time.as_millis(),
+                priority: c.priority,
+                runtime_estimate_ms: c.runtime_estimate_ms,
+            }),
         };
         let mut out: Vec<ContainerStatus> = self
             .running

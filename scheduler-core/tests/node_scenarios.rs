@@ -229,6 +229,18 @@ fn promotion_of_queued_and_running_containers() {
     );
     assert_eq!(started(&ev), vec![queued_q]);
     assert_eq!(s.node.guaranteed_allocated(), Resources::new(600, 600));
+    // Status rows carry the token's job fields (the coordinator re-issues tokens from them).
+    let row = s
+        .node
+        .statuses()
+        .into_iter()
+        .find(|c| c.id == queued_q)
+        .unwrap();
+    let job = row.job.expect("statuses fill the job fields");
+    assert_eq!(job.job_id, JobId::from("job-1"));
+    assert_eq!(job.job_submit_time_ms, 1000);
+    assert_eq!(job.runtime_estimate_ms, Some(10_000));
+    assert_eq!(row.container_type, ContainerType::Guaranteed);
     // A running QUEUEABLE container changes class in place.
     let (q3, _) = s.at(2).submit(ContainerType::Queueable, 400, 2);
     s.node.promote(s.now, q3, 1).unwrap();

@@ -285,8 +285,13 @@ fn guarantor_expiry_promotion_node_loss_and_policing_limit() {
     g.check_invariants().unwrap();
     g.submit(g_ask(2, 600, 1)).unwrap();
     let p = g.schedule(200);
-    g.on_started(p[0].token_body.container_id);
+    let started = p[0].token_body.container_id;
+    assert!(g.is_unstarted(started));
+    assert_eq!(g.grant_owner(started), Some(&AppId::from("app")));
+    g.on_started(started);
+    assert!(!g.is_unstarted(started));
     assert!(g.expire_unstarted(10_000).is_empty());
+    assert_eq!(g.grant_owner(ContainerId::new(0, 9999)), None);
     // Promotion: only if the node has GUARANTEED room.
     let q = ContainerId::new(5, 1);
     let err = g
