@@ -1,1 +1,9 @@
-//! coordinator
+//! The coordinator process of the hybrid scheduler: QUIC server for the cluster protocol,
+//! coordinator actor (membership, heartbeats, top-k views, shedding threshold, notice routing,
+//! node timeouts, key rotation, promotion) and guarantor actor (central GUARANTEED placement),
+//! over a redb store. Policies live in `scheduler_core`; this crate decodes, calls and sends.
+
+pub mod clock;
+pub mod config;
+pub mod datadir;
+pub mod store;

@@ -1,0 +1,240 @@
+//! One typed configuration for `coordinator run`: defaults, overridden by the TOML file given
+//! with `--config`, overridden by command-line flags (and their environment variables).
+
+use scheduler_core::coordinator::SheddingPolicy;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything the running coordinator needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoordinatorSettings {
+    /// Directory holding the CA, server certificate, join token and the store.
+    pub data_dir: PathBuf,
+    /// QUIC listen address.
+    pub listen: SocketAddr,
+    /// k of the top-k list (Mercury §7.2.2: 50 was best on 256 nodes).
+    pub top_k: usize,
+    /// Shedding threshold policy (Mercury §4.3; §7.2.3 compares avg+σ and avg+2σ).
+    pub shedding: SheddingPolicy,
+    /// Floor of the shedding threshold, so an idle cluster does not shed tiny queues.
+    pub min_shedding_threshold_ms: f64,
+    /// A worker silent this long is lost.
+    pub node_timeout: Duration,
+    /// Heartbeat period workers are told to use.
+    pub heartbeat_interval: Duration,
+    /// Validity of GUARANTEED grant tokens (and the one workers use for QUEUEABLE ones).
+    pub token_ttl: Duration,
+    /// Period of token-key rotation; the ring keeps the previous key.
+    pub key_rotation: Duration,
+    /// How often the periodic work runs (node-timeout sweep, grant expiry, key rotation).
+    pub tick_interval: Duration,
+    /// Seed of the RNG used for top-k tie breaks; drawn from the OS (and logged) if absent.
+    pub seed: Option<u64>,
+}
+
+impl CoordinatorSettings {
+    /// Defaults for a data dir.
+    pub fn new(data_dir: impl Into<PathBuf>) -> CoordinatorSettings {
+        CoordinatorSettings {
+            data_dir: data_dir.into(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 7400)),
+            top_k: 50,
+            shedding: SheddingPolicy::MeanPlusSigma { n: 1.0 },
+            min_shedding_threshold_ms: 100.0,
+            node_timeout: Duration::from_secs(10),
+            heartbeat_interval: Duration::from_secs(1),
+            token_ttl: Duration::from_secs(600),
+            key_rotation: Duration::from_secs(3600),
+            tick_interval: Duration::from_millis(500),
+            seed: None,
+        }
+    }
+
+    /// Refuse settings that cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, why: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                reason: why.to_string(),
+            })
+        };
+        if self.top_k == 0 {
+            return bad("top_k", "must be at least 1");
+        }
+        if self.node_timeout <= self.heartbeat_interval {
+            return bad(
+                "node_timeout_ms",
+                "must be longer than heartbeat_interval_ms, or every node is lost between heartbeats",
+            );
+        }
+        if self.heartbeat_interval.is_zero() {
+            return bad("heartbeat_interval_ms", "must be positive");
+        }
+        if self.token_ttl.is_zero() {
+            return bad("token_ttl_ms", "must be positive");
+        }
+        if self.key_rotation < self.token_ttl {
+            return bad(
+                "key_rotation_ms",
+                "must be at least token_ttl_ms, or tokens would outlive the previous key",
+            );
+        }
+        if self.tick_interval.is_zero() {
+            return bad("tick_interval_ms", "must be positive");
+        }
+        if !(self.min_shedding_threshold_ms >= 0.0) {
+            return bad("min_shedding_threshold_ms", "must be a non-negative number");
+        }
+        Ok(())
+    }
+}
+
+/// The TOML file: the same keys as the `run` flags, all optional.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<SocketAddr>,
+    pub top_k: Option<usize>,
+    pub shedding: Option<String>,
+    pub min_shedding_threshold_ms: Option<f64>,
+    pub node_timeout_ms: Option<u64>,
+    pub heartbeat_interval_ms: Option<u64>,
+    pub token_ttl_ms: Option<u64>,
+    pub key_rotation_ms: Option<u64>,
+    pub tick_interval_ms: Option<u64>,
+    pub seed: Option<u64>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// `self` over `lower`: a key set here wins.
+    pub fn or(self, lower: FileConfig) -> FileConfig {
+        FileConfig {
+            data_dir: self.data_dir.or(lower.data_dir),
+            listen: self.listen.or(lower.listen),
+            top_k: self.top_k.or(lower.top_k),
+            shedding: self.shedding.or(lower.shedding),
+            min_shedding_threshold_ms: self
+                .min_shedding_threshold_ms
+                .or(lower.min_shedding_threshold_ms),
+            node_timeout_ms: self.node_timeout_ms.or(lower.node_timeout_ms),
+            heartbeat_interval_ms: self.heartbeat_interval_ms.or(lower.heartbeat_interval_ms),
+            token_ttl_ms: self.token_ttl_ms.or(lower.token_ttl_ms),
+            key_rotation_ms: self.key_rotation_ms.or(lower.key_rotation_ms),
+            tick_interval_ms: self.tick_interval_ms.or(lower.tick_interval_ms),
+            seed: self.seed.or(lower.seed),
+        }
+    }
+
+    /// Fill the defaults and check the result.
+    pub fn into_settings(self) -> Result<CoordinatorSettings, ConfigError> {
+        let data_dir = self.data_dir.ok_or(ConfigError::Missing("data_dir"))?;
+        let mut s = CoordinatorSettings::new(data_dir);
+        if let Some(v) = self.listen {
+            s.listen = v;
+        }
+        if let Some(v) = self.top_k {
+            s.top_k = v;
+        }
+        if let Some(v) = self.shedding {
+            s.shedding = v.parse().map_err(|reason| ConfigError::Invalid {
+                field: "shedding",
+                reason,
+            })?;
+        }
+        if let Some(v) = self.min_shedding_threshold_ms {
+            s.min_shedding_threshold_ms = v;
+        }
+        if let Some(v) = self.node_timeout_ms {
+            s.node_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = self.heartbeat_interval_ms {
+            s.heartbeat_interval = Duration::from_millis(v);
+        }
+        if let Some(v) = self.token_ttl_ms {
+            s.token_ttl = Duration::from_millis(v);
+        }
+        if let Some(v) = self.key_rotation_ms {
+            s.key_rotation = Duration::from_millis(v);
+        }
+        if let Some(v) = self.tick_interval_ms {
+            s.tick_interval = Duration::from_millis(v);
+        }
+        s.seed = self.seed;
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+/// Configuration errors, naming the file or field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{0} is required (flag, environment variable or config file)")]
+    Missing(&'static str),
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        field: &'static str,
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_file_and_file_over_defaults() {
+        let file: FileConfig = toml::from_str(
+            "data_dir = \"/d\"\ntop_k = 7\nnode_timeout_ms = 3000\nshedding = \"avg+2sigma\"",
+        )
+        .unwrap();
+        let flags = FileConfig {
+            top_k: Some(9),
+            ..Default::default()
+        };
+        let s = flags.or(file).into_settings().unwrap();
+        assert_eq!(s.top_k, 9);
+        assert_eq!(s.node_timeout, Duration::from_secs(3));
+        assert_eq!(s.shedding, SheddingPolicy::MeanPlusSigma { n: 2.0 });
+        assert_eq!(s.heartbeat_interval, Duration::from_secs(1));
+        assert_eq!(s.data_dir, PathBuf::from("/d"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let err = toml::from_str::<FileConfig>("topk = 3").unwrap_err();
+        assert!(err.to_string().contains("topk"), "{err}");
+        let err = FileConfig {
+            data_dir: Some("/d".into()),
+            node_timeout_ms: Some(500),
+            ..Default::default()
+        }
+        .into_settings()
+        .unwrap_err();
+        assert!(err.to_string().contains("node_timeout_ms"), "{err}");
+        assert!(matches!(
+            FileConfig::default().into_settings(),
+            Err(ConfigError::Missing("data_dir"))
+        ));
+    }
+}

@@ -1,0 +1,306 @@
+//! The coordinator's data dir: the cluster CA and the server certificate it issues (DNS name
+//! [`SERVER_NAME`]), the join token, `cluster.json` (what `init` printed) and the store.
+//! `coordinator init` creates it; `coordinator run` creates it if the directory is empty.
+
+use crate::store::{InitialRecords, KeyState, Store, StoreError};
+use rand::TryRng;
+use rand::rngs::SysRng;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+use scheduler_core::protocol::cluster::AppRecord;
+use scheduler_core::quota::QueueableQuota;
+use scheduler_core::token::{KeyRing, TokenKey};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The DNS name in the server certificate; workers always connect with this server name.
+pub const SERVER_NAME: &str = "hybrid-coordinator";
+
+/// Files of a data dir.
+#[derive(Clone, Debug)]
+pub struct DataDir {
+    pub root: PathBuf,
+}
+
+impl DataDir {
+    pub fn new(root: impl Into<PathBuf>) -> DataDir {
+        DataDir { root: root.into() }
+    }
+    pub fn ca_cert(&self) -> PathBuf {
+        self.root.join("ca.pem")
+    }
+    pub fn ca_key(&self) -> PathBuf {
+        self.root.join("ca.key")
+    }
+    pub fn server_cert(&self) -> PathBuf {
+        self.root.join("server.pem")
+    }
+    pub fn server_key(&self) -> PathBuf {
+        self.root.join("server.key")
+    }
+    pub fn join_token(&self) -> PathBuf {
+        self.root.join("join-token")
+    }
+    pub fn cluster_json(&self) -> PathBuf {
+        self.root.join("cluster.json")
+    }
+    pub fn store(&self) -> PathBuf {
+        Store::path_in(&self.root)
+    }
+
+    fn our_files(&self) -> [PathBuf; 7] {
+        [
+            self.ca_cert(),
+            self.ca_key(),
+            self.server_cert(),
+            self.server_key(),
+            self.join_token(),
+            self.cluster_json(),
+            self.store(),
+        ]
+    }
+}
+
+/// Data-dir failures.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "data dir {0} is initialised already (use `coordinator app add` to register more apps)"
+    )]
+    AlreadyInitialised(PathBuf),
+    #[error(
+        "data dir {dir} is incomplete: {missing} is missing but other coordinator files exist; restore it or start from an empty directory"
+    )]
+    Incomplete { dir: PathBuf, missing: PathBuf },
+    #[error("certificate generation failed: {0}")]
+    Certificate(String),
+    #[error("TLS setup from {path}: {message}")]
+    Tls { path: PathBuf, message: String },
+    #[error("the operating system's random number generator failed: {0}")]
+    Random(String),
+    #[error("invalid app id {id:?}: {reason}")]
+    InvalidAppId { id: String, reason: &'static str },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One registered app with its secret (shown once).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct NewApp {
+    pub app_id: String,
+    pub app_secret: String,
+}
+
+/// What `coordinator init` prints (and writes to `cluster.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct InitReport {
+    pub ca_cert: PathBuf,
+    pub join_token: String,
+    pub apps: Vec<NewApp>,
+}
+
+/// `N` bytes from the operating system's RNG.
+pub fn os_random<const N: usize>() -> Result<[u8; N], InitError> {
+    let mut out = [0u8; N];
+    SysRng
+        .try_fill_bytes(&mut out)
+        .map_err(|e| InitError::Random(e.to_string()))?;
+    Ok(out)
+}
+
+/// A fresh token key from the OS RNG.
+pub fn new_token_key(key_id: u32) -> Result<TokenKey, InitError> {
+    Ok(TokenKey::from_bytes(key_id, os_random::<32>()?))
+}
+
+pub fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InitError + '_ {
+    move |source| InitError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Write a file readable by its owner only when `secret`.
+fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), InitError> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    if secret {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let _ = secret;
+    let mut f = opts.open(path).map_err(io_err(path))?;
+    f.write_all(contents).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
+}
+
+fn validate_app_id(id: &str) -> Result<(), InitError> {
+    let bad = |reason| {
+        Err(InitError::InvalidAppId {
+            id: id.to_string(),
+            reason,
+        })
+    };
+    if id.is_empty() {
+        return bad("empty");
+    }
+    if id.len() > 128 {
+        return bad("longer than 128 bytes");
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return bad("only ASCII letters, digits, '.', '_' and '-' are allowed");
+    }
+    Ok(())
+}
+
+/// Register an app in an open store; returns its secret.
+pub fn add_app(store: &Store, app_id: &str, quota: QueueableQuota) -> Result<NewApp, InitError> {
+    validate_app_id(app_id)?;
+    let secret = hex::encode(os_random::<32>()?);
+    store.add_app(&AppRecord {
+        app_id: app_id.to_string(),
+        secret_sha256: sha256_hex(&secret),
+        quota,
+    })?;
+    Ok(NewApp {
+        app_id: app_id.to_string(),
+        app_secret: secret,
+    })
+}
+
+/// Whether the data dir holds a store.
+pub fn is_initialised(dir: &DataDir) -> bool {
+    dir.store().exists()
+}
+
+/// Create CA, server certificate, join token, store and apps in `dir` (created if absent).
+pub fn init(
+    dir: &DataDir,
+    apps: &[(String, QueueableQuota)],
+    now_ms: u64,
+) -> Result<InitReport, InitError> {
+    if is_initialised(dir) {
+        return Err(InitError::AlreadyInitialised(dir.root.clone()));
+    }
+    for path in dir.our_files() {
+        if path.exists() {
+            return Err(InitError::Incomplete {
+                dir: dir.root.clone(),
+                missing: dir.store(),
+            });
+        }
+    }
+    for (id, _) in apps {
+        validate_app_id(id)?;
+    }
+    std::fs::create_dir_all(&dir.root).map_err(io_err(&dir.root))?;
+    let cert_err = |e: rcgen::Error| InitError::Certificate(e.to_string());
+
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(cert_err)?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "hybrid-scheduler cluster CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca_params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    ca_params.not_after = rcgen::date_time_ymd(4000, 1, 1);
+    let ca_key = KeyPair::generate().map_err(cert_err)?;
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(cert_err)?;
+    let ca_issuer = rcgen::Issuer::new(ca_params, &ca_key);
+
+    let mut server_params =
+        CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(cert_err)?;
+    server_params
+        .distinguished_name
+        .push(DnType::CommonName, SERVER_NAME);
+    server_params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    server_params.not_after = rcgen::date_time_ymd(4000, 1, 1);
+    let server_key = KeyPair::generate().map_err(cert_err)?;
+    let server_cert = server_params
+        .signed_by(&server_key, &ca_issuer)
+        .map_err(cert_err)?;
+
+    let join_token = hex::encode(os_random::<32>()?);
+    write_file(&dir.ca_cert(), ca_cert.pem().as_bytes(), false)?;
+    write_file(&dir.ca_key(), ca_key.serialize_pem().as_bytes(), true)?;
+    write_file(&dir.server_cert(), server_cert.pem().as_bytes(), false)?;
+    write_file(&dir.server_key(), server_key.serialize_pem().as_bytes(), true)?;
+    write_file(&dir.join_token(), join_token.as_bytes(), true)?;
+
+    let store = Store::create(
+        &dir.store(),
+        &InitialRecords {
+            join_token: join_token.clone(),
+            keys: KeyState {
+                ring: KeyRing::new(new_token_key(1)?),
+                rotated_at_ms: now_ms,
+            },
+        },
+    )?;
+    let mut new_apps = Vec::new();
+    for (id, quota) in apps {
+        new_apps.push(add_app(&store, id, *quota)?);
+    }
+    let report = InitReport {
+        ca_cert: dir.ca_cert(),
+        join_token,
+        apps: new_apps,
+    };
+    let json = serde_json::to_vec_pretty(&report).expect("JSON of plain strings");
+    write_file(&dir.cluster_json(), &json, true)?;
+    Ok(report)
+}
+
+/// The rustls/quinn server configuration from the data dir's server certificate (ring only).
+pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let tls = |path: PathBuf| move |e: &dyn std::fmt::Display| InitError::Tls {
+        path: path.clone(),
+        message: e.to_string(),
+    };
+    let cert_path = dir.server_cert();
+    let key_path = dir.server_key();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
+        .map_err(|e| tls(cert_path.clone())(&e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| tls(cert_path.clone())(&e))?;
+    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| tls(key_path.clone())(&e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let crypto = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| tls(cert_path.clone())(&e))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| tls(cert_path.clone())(&e))?;
+    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)
+        .map_err(|e| tls(cert_path.clone())(&e))?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    // Workers keep one long-lived stream; a worker that vanishes is detected by the node
+    // timeout, the QUIC idle timeout only reclaims the connection.
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_concurrent_bidi_streams(4u32.into());
+    transport.max_concurrent_uni_streams(0u32.into());
+    config.transport_config(Arc::new(transport));
+    Ok(config)
+}
+
+/// Install ring as the process-wide rustls provider (once; later calls are no-ops).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
