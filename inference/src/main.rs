@@ -52,8 +52,11 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         step_seconds: u64,
         /// Solver tolerance (duality gap and feasibility).
-        #[arg(long, default_value_t = 1e-6)]
+        #[arg(long, default_value_t = 1e-8)]
         tolerance: f64,
+        /// Print the LP solver's iteration log.
+        #[arg(long)]
+        verbose_solver: bool,
         #[arg(long)]
         json: bool,
     },
@@ -331,8 +334,15 @@ fn slo_command(
     Ok(())
 }
 
-fn main() -> Result<()> {
-    let arguments = Arguments::parse();
+fn main() {
+    if let Err(error) = run(Arguments::parse()) {
+        // `{:#}` prints the whole context chain on one line, without a backtrace.
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(arguments: Arguments) -> Result<()> {
     match arguments.command {
         Command::Skyline {
             input,
@@ -343,6 +353,7 @@ fn main() -> Result<()> {
             container_mb,
             step_seconds,
             tolerance,
+            verbose_solver,
             json,
         } => {
             let beta = if beta == "auto" {
@@ -357,6 +368,7 @@ fn main() -> Result<()> {
                 alpha,
                 beta,
                 tolerance,
+                verbose: verbose_solver,
             };
             let clock = Instant::now();
             let solution = fit_skyline(&runs, &config)

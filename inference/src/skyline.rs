@@ -43,9 +43,12 @@ pub struct SkylineLpConfig {
     /// Weight of over-allocation in [0, 1] (α = 1: reduce over-allocation as much as possible).
     pub alpha: f64,
     pub beta: Beta,
-    /// Clarabel's relative/absolute duality-gap and feasibility tolerance. The output is rounded
-    /// to whole containers, so 1e-6 is ample.
+    /// Clarabel's relative/absolute duality-gap and feasibility tolerance. Measured on a
+    /// 30 × 1,440 instance: 1e-6 stopped 6 % above the optimum (the primal residual converges
+    /// slowly on the long debt chains), 1e-8 reaches it.
     pub tolerance: f64,
+    /// Print Clarabel's iteration log to stdout.
+    pub verbose: bool,
 }
 
 impl Default for SkylineLpConfig {
@@ -54,7 +57,8 @@ impl Default for SkylineLpConfig {
             // α = 0.1 is the Hadoop resource estimator's default.
             alpha: 0.1,
             beta: Beta::Auto,
-            tolerance: 1e-6,
+            tolerance: 1e-8,
+            verbose: false,
         }
     }
 }
@@ -166,6 +170,7 @@ fn solve_once(
     alpha: f64,
     beta: Option<f64>,
     tolerance: f64,
+    verbose: bool,
 ) -> Result<LpOutcome, SkylineError> {
     let count = runs.len() as f64;
     let mut variables = ProblemVariables::new();
@@ -200,7 +205,8 @@ fn solve_once(
         .tol_gap_abs(tolerance)
         .tol_gap_rel(tolerance)
         .tol_feas(tolerance)
-        .presolve_enable(true);
+        .presolve_enable(true)
+        .verbose(verbose);
     let mut constraint_count = 0;
     let mut regularization = Expression::with_capacity(runs.len() * steps * 3 + 1);
     for (index, run) in runs.iter().enumerate() {
@@ -282,11 +288,18 @@ pub fn fit_skyline(
     let (beta, auto_beta_base) = match config.beta {
         Beta::Constant(beta) => (beta, None),
         Beta::Auto => {
-            let first = solve_once(runs, steps, config.alpha, None, tolerance)?;
+            let first = solve_once(runs, steps, config.alpha, None, tolerance, config.verbose)?;
             (0.1 * first.objective, Some(first.objective))
         }
     };
-    let outcome = solve_once(runs, steps, config.alpha, Some(beta), tolerance)?;
+    let outcome = solve_once(
+        runs,
+        steps,
+        config.alpha,
+        Some(beta),
+        tolerance,
+        config.verbose,
+    )?;
     let skyline: Vec<u64> = outcome
         .reservation
         .iter()

@@ -24,12 +24,9 @@ use crate::skyline::RunSkyline;
 /// A trace could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{file}: {source}")]
-    Io {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The message already includes the I/O error, so it is not repeated as a source.
+    #[error("{file}: {error}")]
+    Io { file: String, error: std::io::Error },
     #[error("{file}:{line}: {message}")]
     Malformed {
         file: String,
@@ -54,9 +51,9 @@ impl TraceError {
 /// with the gzip magic bytes.
 pub fn open_lines(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
     let name = path.display().to_string();
-    let io_error = |source| TraceError::Io {
+    let io_error = |error| TraceError::Io {
         file: name.clone(),
-        source,
+        error,
     };
     let mut file = BufReader::new(File::open(path).map_err(io_error)?);
     let magic = file.fill_buf().map_err(io_error)?;
@@ -73,22 +70,22 @@ pub fn open_lines(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
 /// Files of a directory (sorted by name), or the path itself if it is a file.
 pub fn files_in(path: &Path) -> Result<Vec<PathBuf>, TraceError> {
     let name = path.display().to_string();
-    let metadata = std::fs::metadata(path).map_err(|source| TraceError::Io {
+    let metadata = std::fs::metadata(path).map_err(|error| TraceError::Io {
         file: name.clone(),
-        source,
+        error,
     })?;
     if metadata.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
     let mut files = Vec::new();
-    let entries = std::fs::read_dir(path).map_err(|source| TraceError::Io {
+    let entries = std::fs::read_dir(path).map_err(|error| TraceError::Io {
         file: name.clone(),
-        source,
+        error,
     })?;
     for entry in entries {
-        let entry = entry.map_err(|source| TraceError::Io {
+        let entry = entry.map_err(|error| TraceError::Io {
             file: name.clone(),
-            source,
+            error,
         })?;
         let entry_path = entry.path();
         let hidden = entry_path
@@ -118,9 +115,9 @@ fn for_each_line(
     mut handle: impl FnMut(usize, &str) -> Result<(), TraceError>,
 ) -> Result<(), TraceError> {
     for (index, line) in reader.lines().enumerate() {
-        let line = line.map_err(|source| TraceError::Io {
+        let line = line.map_err(|error| TraceError::Io {
             file: format!("{file}:{}", index + 1),
-            source,
+            error,
         })?;
         handle(index + 1, line.trim_end_matches('\r'))?;
     }
