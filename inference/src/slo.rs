@@ -17,7 +17,8 @@
 //!   CV = MAD / median ≤ `max_interarrival_cv`; the period is the median inter-arrival, snapped
 //!   to a natural period (1 min … 1 week) when within `snap_tolerance` of it.
 //! - Times are relative to the instance's period start `T_ref + i·P` (`T_ref`: first event of the
-//!   periodic job; footnote 4 of §4).
+//!   periodic job; footnote 4 of §4), with `i` the submit time's period index rounded to the
+//!   nearest integer.
 //! - Actionable deadline: CV(T_outRead) ≤ `max_output_read_cv` and
 //!   median((T_outRead − T_end) / (T_end − T_start)) ≥ `min_slack_ratio`.
 //! - `a_j` = `start_percentile` of T_inAvail (default 95th), `d_j` = `deadline_percentile` of
@@ -390,8 +391,12 @@ pub fn infer_slos(events: &[ProvenanceEvent], config: &SloConfig) -> Vec<Inferre
             .map(|times| times.first)
             .fold(f64::INFINITY, f64::min);
         let period = periodic.period;
+        // Instance i belongs to period round((submit_i − first submit) / P): rounding (rather
+        // than flooring from the first event) keeps jitter around the first submission from
+        // wrapping an instance into the previous period.
+        let first_anchor = periodic.first_submit;
         let relative = |time: f64, anchor: f64| {
-            let index = ((anchor - reference) / period + 1e-9).floor();
+            let index = ((anchor - first_anchor) / period).round();
             time - (reference + index * period)
         };
         let mut input_available = Vec::new();
