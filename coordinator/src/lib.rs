@@ -7,3 +7,11 @@ pub mod clock;
 pub mod config;
 pub mod datadir;
 pub mod store;
+pub mod coordinator_actor;
+pub mod guarantor_actor;
+pub mod server;
+pub mod session;
+
+pub use clock::Clock;
+pub use config::CoordinatorSettings;
+pub use server::{CoordinatorServer, StartError, start};

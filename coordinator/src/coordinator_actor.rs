@@ -1,0 +1,859 @@
+//! The coordinator actor: owns [`CoordinatorState`] (membership, heartbeats, Mercury §4.2
+//! queue-delay aggregation into top-k views, §4.3 shedding threshold, notice routing) and the
+//! cluster's token key ring, answers the cluster protocol frames of every worker session, runs
+//! the node-timeout sweep and key rotation on a tick, and drives promotions (§3.4) between the
+//! requesting worker, the guarantor and the hosting worker.
+
+use crate::clock::Clock;
+use crate::config::CoordinatorSettings;
+use crate::datadir::new_token_key;
+use crate::guarantor_actor::{
+    AddNode, BookPromotion, CancelSession, ContainerEvents, ExpireGrants, GuarantorActor,
+    ReleaseGrant, RemoveNode, SetKeys, Submit, UndoPromotion,
+};
+use crate::session::{CloseCode, SessionId, WorkerTx};
+use crate::store::{KeyState, Store};
+use actix::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use scheduler_core::coordinator::{
+    ContainerNotice, CoordinatorConfig, CoordinatorState, NoticeKind,
+};
+use scheduler_core::distributed::NodeDirectoryEntry;
+use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError};
+use scheduler_core::node::ContainerStatus;
+use scheduler_core::protocol::app::ErrorCode;
+use scheduler_core::protocol::cluster::{
+    AllocateGuaranteed, AppRecord, ApplyPromotion, CLUSTER_PROTOCOL_VERSION, ClusterSettings,
+    CoordinatorToWorker, Heartbeat, HeartbeatAck, Join, JoinAccepted, JoinRejected,
+    PromoteContainer, PromoteResult, PromotionApplied, ReleaseContainer, Released, RequestFailed,
+    StopContainerOnNode, WorkerToCoordinator,
+};
+use scheduler_core::token::{ContainerToken, KeyRing, TokenBody};
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources, Time};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tracing::{debug, error, info, warn};
+
+/// A connected worker.
+struct Session {
+    session_id: SessionId,
+    tx: WorkerTx,
+    connection: Option<quinn::Connection>,
+    /// Key id of the ring this worker last received.
+    keys_sent: u32,
+    /// App registry version this worker last received.
+    apps_sent: u64,
+}
+
+/// A promotion waiting for the guarantor's booking or the hosting worker's answer.
+struct PendingPromotion {
+    requester_tx: WorkerTx,
+    requester_correlation_id: u64,
+    container: ContainerStatus,
+    host: NodeId,
+    /// Set once booked and sent to the host.
+    token: Option<ContainerToken>,
+    started_at: Time,
+}
+
+pub struct CoordinatorActor {
+    settings: CoordinatorSettings,
+    state: CoordinatorState,
+    store: Arc<Store>,
+    clock: Clock,
+    rng: StdRng,
+    join_token: String,
+    keys: KeyState,
+    apps: Vec<AppRecord>,
+    apps_version: u64,
+    guarantor: Option<Addr<GuarantorActor>>,
+    sessions: HashMap<NodeId, Session>,
+    session_nodes: HashMap<SessionId, NodeId>,
+    /// What each node last reported holding (to find a container's host).
+    node_containers: HashMap<NodeId, Vec<ContainerStatus>>,
+    /// Policing limits from the guarantor.
+    queueable_limits: HashMap<NodeId, Resources>,
+    promotions: HashMap<u64, PendingPromotion>,
+    next_promotion_id: u64,
+}
+
+/// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinOutcome {
+    Accepted { node_id: NodeId, issuer: u32 },
+    Rejected { reason: String },
+}
+
+impl CoordinatorActor {
+    /// Reads the key ring, join token and apps from the store. `seed` feeds top-k tie breaks.
+    pub fn new(
+        settings: CoordinatorSettings,
+        store: Arc<Store>,
+        clock: Clock,
+        seed: u64,
+    ) -> Result<CoordinatorActor, crate::store::StoreError> {
+        let state = CoordinatorState::new(
+            CoordinatorConfig {
+                top_k: settings.top_k,
+                shedding: settings.shedding,
+                min_shedding_threshold_ms: settings.min_shedding_threshold_ms,
+                node_timeout: settings.node_timeout,
+            },
+            store.next_issuer()?,
+        );
+        Ok(CoordinatorActor {
+            state,
+            join_token: store.join_token()?,
+            keys: store.key_state()?,
+            apps: store.apps()?,
+            apps_version: 1,
+            store,
+            clock,
+            rng: StdRng::seed_from_u64(seed),
+            settings,
+            guarantor: None,
+            sessions: HashMap::new(),
+            session_nodes: HashMap::new(),
+            node_containers: HashMap::new(),
+            queueable_limits: HashMap::new(),
+            promotions: HashMap::new(),
+            next_promotion_id: 1,
+        })
+    }
+
+    pub fn key_ring(&self) -> &KeyRing {
+        &self.keys.ring
+    }
+
+    fn guarantor(&self) -> &Addr<GuarantorActor> {
+        self.guarantor
+            .as_ref()
+            .expect("guarantor address is set before the actor starts")
+    }
+
+    fn cluster_settings(&self) -> ClusterSettings {
+        ClusterSettings {
+            top_k: self.settings.top_k,
+            token_ttl_ms: self.settings.token_ttl.as_millis() as u64,
+            heartbeat_interval_ms: self.settings.heartbeat_interval.as_millis() as u64,
+        }
+    }
+
+    fn app(&self, app_id: &str) -> Option<&AppRecord> {
+        self.apps.iter().find(|a| a.app_id == app_id)
+    }
+
+    fn join(&mut self, msg: WorkerJoined) -> JoinOutcome {
+        let j = &msg.join;
+        let reject = |reason: String| {
+            let _ = msg
+                .tx
+                .send(CoordinatorToWorker::JoinRejected(JoinRejected {
+                    reason: reason.clone(),
+                }));
+            JoinOutcome::Rejected { reason }
+        };
+        if j.protocol_version != CLUSTER_PROTOCOL_VERSION {
+            return reject(format!(
+                "unsupported cluster protocol version {}: this coordinator speaks version {}",
+                j.protocol_version, CLUSTER_PROTOCOL_VERSION
+            ));
+        }
+        if !constant_time_eq(j.join_token.as_bytes(), self.join_token.as_bytes()) {
+            return reject("bad join token: it does not match the cluster's join-token".into());
+        }
+        if j.node_id.as_str().is_empty() || j.node_id.as_str().len() > 255 {
+            return reject("node_id must be 1 to 255 bytes".into());
+        }
+        if j.capacity.cpu_millis == 0 || j.capacity.memory_mib == 0 {
+            return reject(format!(
+                "node capacity must be positive in every dimension, got {}",
+                j.capacity
+            ));
+        }
+        if j.app_endpoint.is_empty() {
+            return reject("app_endpoint must not be empty".into());
+        }
+        let now = self.clock.now();
+        let node_id = j.node_id.clone();
+        if let Some(old) = self.sessions.remove(&node_id) {
+            info!(node = %node_id, "a new join replaces the node's previous session");
+            self.session_nodes.remove(&old.session_id);
+            if let Some(c) = old.connection {
+                CloseCode::Replaced.close(&c, "replaced by a newer session of the same node");
+            }
+            self.guarantor().do_send(CancelSession {
+                session_id: old.session_id,
+            });
+        }
+        let issuer = self.state.join(
+            now,
+            NodeDirectoryEntry {
+                node_id: node_id.clone(),
+                rack: j.rack.clone(),
+                capacity: j.capacity,
+                app_endpoint: j.app_endpoint.clone(),
+            },
+        );
+        if let Err(e) = self.store.set_next_issuer(self.state.next_issuer()) {
+            error!("cannot persist the issuer counter: {e}");
+            self.state.remove_node(&node_id);
+            return reject(format!("coordinator store failure: {e}"));
+        }
+        self.state.heartbeat(
+            now,
+            &node_id,
+            Default::default(),
+            j.containers.iter().map(|c| c.id).collect(),
+        );
+        self.node_containers
+            .insert(node_id.clone(), j.containers.clone());
+        self.guarantor().do_send(AddNode {
+            node_id: node_id.clone(),
+            rack: j.rack.clone(),
+            capacity: j.capacity,
+            endpoint: j.app_endpoint.clone(),
+            containers: j.containers.clone(),
+        });
+        let view = self.state.view_for(0, &mut self.rng);
+        let _ = msg
+            .tx
+            .send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
+                protocol_version: CLUSTER_PROTOCOL_VERSION,
+                issuer,
+                keys: self.keys.ring.clone(),
+                apps: self.apps.clone(),
+                settings: self.cluster_settings(),
+                view,
+            }));
+        info!(node = %node_id, issuer, rack = %j.rack, capacity = %j.capacity, containers = j.containers.len(), "worker joined");
+        self.sessions.insert(
+            node_id.clone(),
+            Session {
+                session_id: msg.session_id,
+                tx: msg.tx,
+                connection: msg.connection,
+                keys_sent: self.keys.ring.current.key_id,
+                apps_sent: self.apps_version,
+            },
+        );
+        self.session_nodes.insert(msg.session_id, node_id.clone());
+        JoinOutcome::Accepted { node_id, issuer }
+    }
+
+    fn heartbeat(&mut self, node_id: &NodeId, hb: Heartbeat) {
+        let now = self.clock.now();
+        let ids = hb.containers.iter().map(|c| c.id).collect();
+        if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
+            return;
+        }
+        self.node_containers.insert(node_id.clone(), hb.containers);
+        let mut guarantor_started = Vec::new();
+        for id in hb.started {
+            if id.issuer() == 0 {
+                guarantor_started.push(id);
+            } else {
+                self.state.route_notice(ContainerNotice {
+                    container_id: id,
+                    node_id: node_id.clone(),
+                    kind: NoticeKind::Started,
+                });
+            }
+        }
+        for &id in &hb.finished {
+            if id.issuer() != 0 {
+                self.state.route_notice(ContainerNotice {
+                    container_id: id,
+                    node_id: node_id.clone(),
+                    kind: NoticeKind::Finished,
+                });
+            }
+        }
+        if !guarantor_started.is_empty() || !hb.finished.is_empty() {
+            // Every finish goes to the guarantor too: promoted containers of any issuer hold
+            // GUARANTEED bookings there (on_finished is idempotent for the others).
+            self.guarantor().do_send(ContainerEvents {
+                started: guarantor_started,
+                finished: hb.finished,
+            });
+        }
+        let view = self.state.view_for(hb.directory_version, &mut self.rng);
+        let threshold = self.state.shedding_threshold_ms();
+        let notices = self.state.take_notices_for(node_id);
+        let limit = self.queueable_limits.get(node_id).copied().or_else(|| {
+            self.state
+                .nodes()
+                .find(|n| &n.node_id == node_id)
+                .map(|n| n.capacity)
+        });
+        let key_id = self.keys.ring.current.key_id;
+        let Some(session) = self.sessions.get_mut(node_id) else {
+            return;
+        };
+        let keys = (session.keys_sent != key_id).then(|| self.keys.ring.clone());
+        session.keys_sent = key_id;
+        let apps = (session.apps_sent != self.apps_version).then(|| self.apps.clone());
+        session.apps_sent = self.apps_version;
+        let _ = session
+            .tx
+            .send(CoordinatorToWorker::HeartbeatAck(HeartbeatAck {
+                view,
+                shedding_threshold_ms: threshold,
+                queueable_limit: limit.unwrap_or_default(),
+                notices,
+                keys,
+                apps,
+            }));
+    }
+
+    fn fail(tx: &WorkerTx, correlation_id: u64, code: ErrorCode, message: String) {
+        debug!(correlation_id, ?code, "request failed: {message}");
+        let _ = tx.send(CoordinatorToWorker::RequestFailed(RequestFailed {
+            correlation_id,
+            code,
+            message,
+        }));
+    }
+
+    fn allocate_guaranteed(&mut self, session_id: SessionId, tx: WorkerTx, m: AllocateGuaranteed) {
+        if self.app(&m.app_id).is_none() {
+            return Self::fail(
+                &tx,
+                m.correlation_id,
+                ErrorCode::BadCredentials,
+                format!("app {:?} is not registered with the coordinator", m.app_id),
+            );
+        }
+        let a = m.allocate;
+        self.guarantor().do_send(Submit {
+            session_id,
+            tx,
+            correlation_id: m.correlation_id,
+            ask: GuaranteedAsk {
+                ask_key: 0,
+                app_id: AppId::new(m.app_id),
+                resources: a.resources,
+                count: a.count,
+                priority: a.priority,
+                locality: a.locality,
+                runtime_estimate_ms: a.runtime_estimate_ms,
+                job_id: JobId::new(a.job_id),
+                job_submit_time_ms: a.job_submit_time_ms,
+            },
+        });
+    }
+
+    fn host_of(&self, id: ContainerId) -> Option<(&NodeId, &ContainerStatus)> {
+        self.node_containers
+            .iter()
+            .find_map(|(node, cs)| cs.iter().find(|c| c.id == id).map(|c| (node, c)))
+    }
+
+    fn promote(&mut self, tx: WorkerTx, m: PromoteContainer) {
+        let Some((host, status)) = self.host_of(m.container_id) else {
+            return Self::fail(
+                &tx,
+                m.correlation_id,
+                ErrorCode::UnknownContainer,
+                format!(
+                    "container {} is not reported by any node (not started yet, or gone)",
+                    m.container_id
+                ),
+            );
+        };
+        if status.app_id.as_str() != m.app_id {
+            return Self::fail(
+                &tx,
+                m.correlation_id,
+                ErrorCode::UnknownContainer,
+                format!(
+                    "container {} is not a container of app {}",
+                    m.container_id, m.app_id
+                ),
+            );
+        }
+        if status.container_type == ContainerType::Guaranteed {
+            return Self::fail(
+                &tx,
+                m.correlation_id,
+                ErrorCode::InvalidRequest,
+                format!("container {} is GUARANTEED already", m.container_id),
+            );
+        }
+        let (host, status) = (host.clone(), status.clone());
+        let promotion_id = self.next_promotion_id;
+        self.next_promotion_id += 1;
+        self.guarantor().do_send(BookPromotion {
+            promotion_id,
+            container_id: status.id,
+            node_id: host.clone(),
+            app_id: status.app_id.clone(),
+            resources: status.resources,
+        });
+        self.promotions.insert(
+            promotion_id,
+            PendingPromotion {
+                requester_tx: tx,
+                requester_correlation_id: m.correlation_id,
+                container: status,
+                host,
+                token: None,
+                started_at: self.clock.now(),
+            },
+        );
+    }
+
+    fn refuse_promotion(&mut self, promotion_id: u64, message: String, undo: bool) {
+        let Some(p) = self.promotions.remove(&promotion_id) else {
+            return;
+        };
+        if undo {
+            self.guarantor().do_send(UndoPromotion {
+                container_id: p.container.id,
+            });
+        }
+        Self::fail(
+            &p.requester_tx,
+            p.requester_correlation_id,
+            ErrorCode::PromotionRefused,
+            message,
+        );
+    }
+
+    fn promotion_booked(&mut self, promotion_id: u64, result: Result<(), GuarantorError>) {
+        if let Err(e) = result {
+            let code = if e.retryable() {
+                ErrorCode::PromotionRefused
+            } else {
+                ErrorCode::InvalidRequest
+            };
+            if let Some(p) = self.promotions.remove(&promotion_id) {
+                Self::fail(&p.requester_tx, p.requester_correlation_id, code, e.to_string());
+            }
+            return;
+        }
+        let now_ms = self.clock.now_ms();
+        let ttl_ms = self.settings.token_ttl.as_millis() as u64;
+        let Some(p) = self.promotions.get_mut(&promotion_id) else {
+            // Cancelled meanwhile (host lost): give the booking back.
+            return;
+        };
+        let c = &p.container;
+        let job = c.job.clone();
+        let body = TokenBody {
+            container_id: c.id,
+            node_id: p.host.clone(),
+            app_id: c.app_id.clone(),
+            resources: c.resources,
+            container_type: ContainerType::Guaranteed,
+            version: c.version.saturating_add(1),
+            job_id: job.as_ref().map_or_else(|| JobId::new(""), |j| j.job_id.clone()),
+            job_submit_time_ms: job.as_ref().map_or(0, |j| j.job_submit_time_ms),
+            priority: job.as_ref().map_or(0, |j| j.priority),
+            runtime_estimate_ms: job.as_ref().and_then(|j| j.runtime_estimate_ms),
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            key_id: 0,
+        };
+        let token = match self.keys.ring.sign(body) {
+            Ok(t) => t,
+            Err(e) => {
+                error!("cannot sign promoted token: {e}");
+                return self.refuse_promotion(promotion_id, format!("internal error: {e}"), true);
+            }
+        };
+        p.token = Some(token.clone());
+        let host = p.host.clone();
+        match self.sessions.get(&host) {
+            Some(s) => {
+                let _ = s.tx.send(CoordinatorToWorker::ApplyPromotion(ApplyPromotion {
+                    correlation_id: promotion_id,
+                    token,
+                }));
+            }
+            None => self.refuse_promotion(
+                promotion_id,
+                format!("hosting node {host} is not connected"),
+                true,
+            ),
+        }
+    }
+
+    fn promotion_applied(&mut self, from: &NodeId, m: PromotionApplied) {
+        let Some(p) = self.promotions.get(&m.correlation_id) else {
+            debug!(correlation_id = m.correlation_id, "late promotion_applied ignored");
+            return;
+        };
+        if &p.host != from || p.token.is_none() {
+            warn!(node = %from, correlation_id = m.correlation_id, "promotion_applied from a node that was not asked");
+            return;
+        }
+        if let Some(reason) = m.error {
+            return self.refuse_promotion(
+                m.correlation_id,
+                format!("hosting node {from} refused the promotion: {reason}"),
+                true,
+            );
+        }
+        let Some(p) = self.promotions.remove(&m.correlation_id) else {
+            return;
+        };
+        let token = p.token.expect("checked above");
+        if let Some(cs) = self.node_containers.get_mut(from)
+            && let Some(c) = cs.iter_mut().find(|c| c.id == p.container.id)
+        {
+            c.container_type = ContainerType::Guaranteed;
+            c.version = token.body.version;
+        }
+        info!(container = %p.container.id, node = %from, "container promoted to GUARANTEED");
+        let _ = p
+            .requester_tx
+            .send(CoordinatorToWorker::PromoteResult(PromoteResult {
+                correlation_id: p.requester_correlation_id,
+                token,
+            }));
+    }
+
+    fn release(&mut self, tx: WorkerTx, m: ReleaseContainer) {
+        if let Some((host, status)) = self.host_of(m.container_id) {
+            if status.app_id.as_str() != m.app_id {
+                return Self::fail(
+                    &tx,
+                    m.correlation_id,
+                    ErrorCode::UnknownContainer,
+                    format!(
+                        "container {} is not a container of app {}",
+                        m.container_id, m.app_id
+                    ),
+                );
+            }
+            let host = host.clone();
+            let Some(s) = self.sessions.get(&host) else {
+                return Self::fail(
+                    &tx,
+                    m.correlation_id,
+                    ErrorCode::CoordinatorUnavailable,
+                    format!("hosting node {host} is not connected; retry"),
+                );
+            };
+            let _ = s
+                .tx
+                .send(CoordinatorToWorker::StopContainer(StopContainerOnNode {
+                    container_id: m.container_id,
+                    app_id: m.app_id,
+                }));
+            let _ = tx.send(CoordinatorToWorker::Released(Released {
+                correlation_id: m.correlation_id,
+            }));
+        } else if m.container_id.issuer() == 0 {
+            self.guarantor().do_send(ReleaseGrant {
+                container_id: m.container_id,
+                app_id: AppId::new(m.app_id),
+                tx,
+                correlation_id: m.correlation_id,
+            });
+        } else {
+            Self::fail(
+                &tx,
+                m.correlation_id,
+                ErrorCode::UnknownContainer,
+                format!(
+                    "container {} is not reported by any node and is not a GUARANTEED grant",
+                    m.container_id
+                ),
+            );
+        }
+    }
+
+    /// A node is lost: notices to the issuers, bookings dropped, session closed.
+    fn lose_node(&mut self, node_id: &NodeId, why: &str) {
+        let lost = self.state.remove_node(node_id);
+        warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
+        self.node_containers.remove(node_id);
+        self.queueable_limits.remove(node_id);
+        self.guarantor().do_send(RemoveNode {
+            node_id: node_id.clone(),
+        });
+        if let Some(s) = self.sessions.remove(node_id) {
+            self.session_nodes.remove(&s.session_id);
+            self.guarantor().do_send(CancelSession {
+                session_id: s.session_id,
+            });
+            if let Some(c) = s.connection {
+                CloseCode::NodeLost.close(&c, why);
+            }
+        }
+        let hosted: Vec<u64> = self
+            .promotions
+            .iter()
+            .filter(|(_, p)| &p.host == node_id)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in hosted {
+            self.refuse_promotion(id, format!("hosting node {node_id} was lost"), false);
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = self.clock.now();
+        for node in self.state.silent_nodes(now) {
+            self.lose_node(
+                &node,
+                &format!(
+                    "silent for more than {} ms",
+                    self.settings.node_timeout.as_millis()
+                ),
+            );
+        }
+        let now_ms = now.as_millis();
+        if now_ms.saturating_sub(self.keys.rotated_at_ms) >= self.settings.key_rotation.as_millis() as u64
+        {
+            self.rotate_keys(now_ms);
+        }
+        self.guarantor().do_send(ExpireGrants { now_ms });
+        let stale: Vec<u64> = self
+            .promotions
+            .iter()
+            .filter(|(_, p)| now.saturating_since(p.started_at) > self.settings.node_timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            let booked = self.promotions.get(&id).is_some_and(|p| p.token.is_some());
+            self.refuse_promotion(
+                id,
+                "the hosting node did not answer the promotion in time".into(),
+                booked,
+            );
+        }
+    }
+
+    fn rotate_keys(&mut self, now_ms: u64) {
+        let next_id = self.keys.ring.current.key_id.wrapping_add(1).max(1);
+        let key = match new_token_key(next_id) {
+            Ok(k) => k,
+            Err(e) => {
+                error!("key rotation skipped: {e}");
+                return;
+            }
+        };
+        let mut next = self.keys.clone();
+        next.ring.rotate(key);
+        next.rotated_at_ms = now_ms;
+        if let Err(e) = self.store.save_key_state(&next) {
+            // Never sign with a key that would not survive a restart.
+            error!("key rotation skipped, cannot persist the new key: {e}");
+            return;
+        }
+        self.keys = next;
+        info!(key_id = next_id, "token key rotated");
+        self.guarantor().do_send(SetKeys(self.keys.ring.clone()));
+    }
+}
+
+/// Constant-time comparison for secrets.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Actor for CoordinatorActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.run_interval(self.settings.tick_interval, |act, _| act.tick());
+    }
+}
+
+/// Wire the guarantor in (done once, before any session connects).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetGuarantor(pub Addr<GuarantorActor>);
+
+impl Handler<SetGuarantor> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, msg: SetGuarantor, _: &mut Context<Self>) {
+        self.guarantor = Some(msg.0);
+    }
+}
+
+/// The first frame of a session was a `join`.
+#[derive(Message)]
+#[rtype(result = "JoinOutcome")]
+pub struct WorkerJoined {
+    pub session_id: SessionId,
+    pub join: Join,
+    pub tx: WorkerTx,
+    pub connection: Option<quinn::Connection>,
+}
+
+impl Handler<WorkerJoined> for CoordinatorActor {
+    type Result = MessageResult<WorkerJoined>;
+    fn handle(&mut self, msg: WorkerJoined, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.join(msg))
+    }
+}
+
+/// A frame after the join.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FromWorker {
+    pub session_id: SessionId,
+    pub msg: WorkerToCoordinator,
+}
+
+impl Handler<FromWorker> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: FromWorker, _: &mut Context<Self>) {
+        let Some(node_id) = self.session_nodes.get(&m.session_id).cloned() else {
+            debug!(session = m.session_id, "frame from a replaced or lost session ignored");
+            return;
+        };
+        let Some(tx) = self.sessions.get(&node_id).map(|s| s.tx.clone()) else {
+            return;
+        };
+        match m.msg {
+            WorkerToCoordinator::Join(_) => self.protocol_violation(&node_id, "a second join on one stream"),
+            WorkerToCoordinator::Heartbeat(hb) => {
+                if hb.node_id != node_id {
+                    let why = format!("heartbeat for node {} on the session of node {node_id}", hb.node_id);
+                    return self.protocol_violation(&node_id, &why);
+                }
+                self.heartbeat(&node_id, hb)
+            }
+            WorkerToCoordinator::AllocateGuaranteed(a) => self.allocate_guaranteed(m.session_id, tx, a),
+            WorkerToCoordinator::Promote(p) => self.promote(tx, p),
+            WorkerToCoordinator::Release(r) => self.release(tx, r),
+            WorkerToCoordinator::PromotionApplied(p) => self.promotion_applied(&node_id, p),
+        }
+    }
+}
+
+impl CoordinatorActor {
+    fn protocol_violation(&mut self, node_id: &NodeId, why: &str) {
+        warn!(node = %node_id, "closing worker session: protocol violation: {why}");
+        if let Some(s) = self.sessions.get(node_id)
+            && let Some(c) = &s.connection
+        {
+            CloseCode::ProtocolError.close(c, why);
+        }
+    }
+}
+
+/// A session's stream ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SessionClosed {
+    pub session_id: SessionId,
+}
+
+impl Handler<SessionClosed> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: SessionClosed, _: &mut Context<Self>) {
+        if let Some(node) = self.session_nodes.remove(&m.session_id) {
+            // The node stays a member until the node timeout: it may re-join at once.
+            info!(node = %node, "worker session closed");
+            self.sessions.remove(&node);
+            self.guarantor().do_send(CancelSession {
+                session_id: m.session_id,
+            });
+        }
+    }
+}
+
+/// Run the periodic work now (node-timeout sweep, key rotation, grant expiry) at the clock's time.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Tick;
+
+impl Handler<Tick> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, _: Tick, _: &mut Context<Self>) {
+        self.tick();
+    }
+}
+
+/// From the guarantor: policing limits that changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct QueueableLimits(pub Vec<(NodeId, Resources)>);
+
+impl Handler<QueueableLimits> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: QueueableLimits, _: &mut Context<Self>) {
+        for (node, limit) in m.0 {
+            if self.state.issuer_of(&node).is_some() {
+                self.queueable_limits.insert(node, limit);
+            }
+        }
+    }
+}
+
+/// From the guarantor: a promotion was booked or refused.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PromotionBooked {
+    pub promotion_id: u64,
+    pub result: Result<(), GuarantorError>,
+}
+
+impl Handler<PromotionBooked> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: PromotionBooked, _: &mut Context<Self>) {
+        if m.result.is_ok() && !self.promotions.contains_key(&m.promotion_id) {
+            return;
+        }
+        self.promotion_booked(m.promotion_id, m.result);
+    }
+}
+
+/// Register an app while running (workers get the new registry with their next ack).
+#[derive(Message)]
+#[rtype(result = "Result<crate::datadir::NewApp, crate::datadir::InitError>")]
+pub struct AddApp {
+    pub app_id: String,
+    pub quota: scheduler_core::quota::QueueableQuota,
+}
+
+impl Handler<AddApp> for CoordinatorActor {
+    type Result = Result<crate::datadir::NewApp, crate::datadir::InitError>;
+    fn handle(&mut self, m: AddApp, _: &mut Context<Self>) -> Self::Result {
+        let app = crate::datadir::add_app(&self.store, &m.app_id, m.quota)?;
+        self.apps = self.store.apps()?;
+        self.apps_version += 1;
+        Ok(app)
+    }
+}
+
+/// Inspection for tests and operators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoordinatorStats {
+    pub nodes: Vec<NodeId>,
+    pub sessions: usize,
+    pub next_issuer: u32,
+    pub key_ids: (u32, Option<u32>),
+    pub pending_promotions: usize,
+    pub shedding_threshold_ms: Option<f64>,
+}
+
+#[derive(Message)]
+#[rtype(result = "CoordinatorStats")]
+pub struct Inspect;
+
+impl Handler<Inspect> for CoordinatorActor {
+    type Result = MessageResult<Inspect>;
+    fn handle(&mut self, _: Inspect, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(CoordinatorStats {
+            nodes: self.state.nodes().map(|n| n.node_id.clone()).collect(),
+            sessions: self.sessions.len(),
+            next_issuer: self.state.next_issuer(),
+            key_ids: (
+                self.keys.ring.current.key_id,
+                self.keys.ring.previous.as_ref().map(|k| k.key_id),
+            ),
+            pending_promotions: self.promotions.len(),
+            shedding_threshold_ms: self.state.shedding_threshold_ms(),
+        })
+    }
+}

@@ -1,0 +1,216 @@
+//! `coordinator`: the cluster coordinator of the hybrid scheduler (Mercury coordinator +
+//! central GUARANTEED scheduler) serving workers over QUIC.
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use coordinator::clock::Clock;
+use coordinator::config::FileConfig;
+use coordinator::datadir::{self, DataDir};
+use coordinator::store::Store;
+use scheduler_core::quota::QueueableQuota;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "coordinator",
+    version,
+    about = "Coordinator of the hybrid cluster scheduler: membership, queue-delay aggregation and top-k views, load shedding, policing, promotion, and central GUARANTEED placement, served to workers over QUIC.",
+    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=coordinator=debug)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a data dir: cluster CA, server certificate (DNS name hybrid-coordinator), join
+    /// token, store and apps. Prints {"ca_cert", "join_token", "apps": [{"app_id", "app_secret"}]}
+    /// and writes the same JSON to DIR/cluster.json (owner-readable only).
+    Init {
+        #[arg(long, env = "COORDINATOR_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Register an application (repeatable); its secret is printed once.
+        #[arg(long = "app", value_name = "ID")]
+        apps: Vec<String>,
+        #[command(flatten)]
+        quota: QuotaArgs,
+    },
+    /// Serve the cluster protocol. Initialises DATA_DIR first if it is empty, then prints
+    /// {"event":"listening","quic_addr":"IP:PORT"} on stdout.
+    Run(RunArgs),
+    /// Manage registered applications (with the coordinator stopped: the store is locked while
+    /// it runs).
+    App {
+        #[command(subcommand)]
+        command: AppCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AppCommand {
+    /// Register an application and print {"app_id", "app_secret"} (the secret is shown once).
+    Add {
+        #[arg(long, env = "COORDINATOR_DATA_DIR")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        app_id: String,
+        #[command(flatten)]
+        quota: QuotaArgs,
+    },
+}
+
+/// Mercury §4.1 QUEUEABLE quota (unlimited when absent).
+#[derive(Args, Clone, Copy)]
+struct QuotaArgs {
+    /// At most this many outstanding QUEUEABLE containers per app.
+    #[arg(long)]
+    max_queueable: Option<u32>,
+    /// At most this many QUEUEABLE containers per GUARANTEED container the app holds.
+    #[arg(long)]
+    max_queueable_per_guaranteed: Option<f64>,
+}
+
+impl QuotaArgs {
+    fn quota(self) -> anyhow::Result<QueueableQuota> {
+        if let Some(r) = self.max_queueable_per_guaranteed {
+            anyhow::ensure!(
+                r.is_finite() && r >= 0.0,
+                "--max-queueable-per-guaranteed must be a non-negative number, got {r}"
+            );
+        }
+        Ok(QueueableQuota {
+            max_queueable: self.max_queueable,
+            max_queueable_per_guaranteed: self.max_queueable_per_guaranteed,
+        })
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Data dir (CA, certificates, join token, store).
+    #[arg(long, env = "COORDINATOR_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// QUIC listen address [default: 0.0.0.0:7400].
+    #[arg(long, env = "COORDINATOR_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// TOML file with the same keys as these flags (data_dir, listen, top_k, ...); flags win.
+    #[arg(long, env = "COORDINATOR_CONFIG")]
+    config: Option<PathBuf>,
+    /// k of the top-k list sent to distributed schedulers [default: 50].
+    #[arg(long, env = "COORDINATOR_TOP_K")]
+    top_k: Option<usize>,
+    /// Shedding threshold: off, avg+sigma, avg+2sigma or mean+N*sigma [default: avg+sigma].
+    #[arg(long, env = "COORDINATOR_SHEDDING")]
+    shedding: Option<String>,
+    /// Floor of the shedding threshold in ms [default: 100].
+    #[arg(long, env = "COORDINATOR_MIN_SHEDDING_THRESHOLD_MS")]
+    min_shedding_threshold_ms: Option<f64>,
+    /// A worker silent this long is lost [default: 10000].
+    #[arg(long, env = "COORDINATOR_NODE_TIMEOUT_MS")]
+    node_timeout_ms: Option<u64>,
+    /// Heartbeat period workers are told to use [default: 1000].
+    #[arg(long, env = "COORDINATOR_HEARTBEAT_INTERVAL_MS")]
+    heartbeat_interval_ms: Option<u64>,
+    /// Validity of container tokens [default: 600000].
+    #[arg(long, env = "COORDINATOR_TOKEN_TTL_MS")]
+    token_ttl_ms: Option<u64>,
+    /// Token key rotation period [default: 3600000].
+    #[arg(long, env = "COORDINATOR_KEY_ROTATION_MS")]
+    key_rotation_ms: Option<u64>,
+    /// Period of the timeout sweep, grant expiry and rotation check [default: 500].
+    #[arg(long, env = "COORDINATOR_TICK_INTERVAL_MS")]
+    tick_interval_ms: Option<u64>,
+    /// Seed of the top-k tie-break RNG [default: drawn from the OS and logged].
+    #[arg(long, env = "COORDINATOR_SEED")]
+    seed: Option<u64>,
+}
+
+impl RunArgs {
+    fn settings(self) -> anyhow::Result<coordinator::CoordinatorSettings> {
+        let file = match &self.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let flags = FileConfig {
+            data_dir: self.data_dir,
+            listen: self.listen,
+            top_k: self.top_k,
+            shedding: self.shedding,
+            min_shedding_threshold_ms: self.min_shedding_threshold_ms,
+            node_timeout_ms: self.node_timeout_ms,
+            heartbeat_interval_ms: self.heartbeat_interval_ms,
+            token_ttl_ms: self.token_ttl_ms,
+            key_rotation_ms: self.key_rotation_ms,
+            tick_interval_ms: self.tick_interval_ms,
+            seed: self.seed,
+        };
+        Ok(flags.or(file).into_settings()?)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Init {
+            data_dir,
+            apps,
+            quota,
+        } => {
+            let quota = quota.quota()?;
+            let apps: Vec<_> = apps.into_iter().map(|a| (a, quota)).collect();
+            let report = datadir::init(&DataDir::new(&data_dir), &apps, Clock::System.now_ms())
+                .with_context(|| format!("initialising {}", data_dir.display()))?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Command::App {
+            command:
+                AppCommand::Add {
+                    data_dir,
+                    app_id,
+                    quota,
+                },
+        } => {
+            let store = Store::open(&DataDir::new(&data_dir).store())?;
+            let app = datadir::add_app(&store, &app_id, quota.quota()?)?;
+            println!("{}", serde_json::to_string(&app)?);
+            Ok(())
+        }
+        Command::Run(args) => {
+            let settings = args.settings()?;
+            actix::System::new().block_on(run(settings))
+        }
+    }
+}
+
+async fn run(settings: coordinator::CoordinatorSettings) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let server = coordinator::start(settings, Clock::System).await?;
+    if let Some(report) = &server.initialised {
+        tracing::info!(
+            ca_cert = %report.ca_cert.display(),
+            "initialised the data dir (join token and CA are in it; cluster.json has the summary)"
+        );
+    }
+    println!(
+        "{}",
+        serde_json::json!({"event": "listening", "quic_addr": server.quic_addr.to_string()})
+    );
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping"),
+    }
+    server.shutdown();
+    actix::System::current().stop();
+    Ok(())
+}

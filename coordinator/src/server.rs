@@ -1,0 +1,107 @@
+//! Start a coordinator inside a running actix system: data dir (initialised if empty), store,
+//! actors, QUIC endpoint and accept loop.
+
+use crate::clock::Clock;
+use crate::config::CoordinatorSettings;
+use crate::coordinator_actor::{CoordinatorActor, SetGuarantor};
+use crate::datadir::{self, DataDir, InitError, InitReport};
+use crate::guarantor_actor::GuarantorActor;
+use crate::session::serve_connection;
+use crate::store::{Store, StoreError};
+use actix::prelude::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tracing::info;
+
+/// Start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Init(#[from] InitError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running coordinator.
+pub struct CoordinatorServer {
+    pub quic_addr: SocketAddr,
+    pub coordinator: Addr<CoordinatorActor>,
+    pub guarantor: Addr<GuarantorActor>,
+    /// What initialisation printed, if this start initialised the data dir.
+    pub initialised: Option<InitReport>,
+    pub seed: u64,
+    endpoint: quinn::Endpoint,
+}
+
+impl CoordinatorServer {
+    /// Stop accepting and close every worker connection.
+    pub fn shutdown(&self) {
+        self.endpoint
+            .close(quinn::VarInt::from_u32(0), b"coordinator shutting down");
+    }
+}
+
+/// Must be called inside an actix system (`#[actix::main]`, `System::new().block_on`).
+pub async fn start(
+    settings: CoordinatorSettings,
+    clock: Clock,
+) -> Result<CoordinatorServer, StartError> {
+    datadir::install_crypto_provider();
+    let dir = DataDir::new(&settings.data_dir);
+    let initialised = if datadir::is_initialised(&dir) {
+        None
+    } else {
+        info!(data_dir = %dir.root.display(), "initialising empty data dir");
+        Some(datadir::init(&dir, &[], clock.now_ms())?)
+    };
+    let store = Arc::new(Store::open(&dir.store())?);
+    let server_config = datadir::quic_server_config(&dir)?;
+    let seed = match settings.seed {
+        Some(s) => s,
+        None => u64::from_le_bytes(datadir::os_random::<8>()?),
+    };
+    info!(seed, "top-k tie-break RNG seeded");
+    let keys = store.key_state()?.ring;
+    let token_ttl_ms = settings.token_ttl.as_millis() as u64;
+    let coordinator = CoordinatorActor::new(settings.clone(), store.clone(), clock.clone(), seed)?;
+    let coordinator = coordinator.start();
+    let guarantor =
+        GuarantorActor::new(store, keys, token_ttl_ms, clock, coordinator.clone())?.start();
+    coordinator
+        .send(SetGuarantor(guarantor.clone()))
+        .await
+        .expect("coordinator actor is running");
+    let endpoint = quinn::Endpoint::server(server_config, settings.listen).map_err(|source| {
+        StartError::Bind {
+            addr: settings.listen,
+            source,
+        }
+    })?;
+    let quic_addr = endpoint.local_addr().map_err(|source| StartError::Bind {
+        addr: settings.listen,
+        source,
+    })?;
+    let accept = endpoint.clone();
+    let coord = coordinator.clone();
+    actix_rt::spawn(async move {
+        let mut next_session = 1u64;
+        while let Some(incoming) = accept.accept().await {
+            actix_rt::spawn(serve_connection(incoming, coord.clone(), next_session));
+            next_session += 1;
+        }
+    });
+    info!(%quic_addr, "coordinator listening");
+    Ok(CoordinatorServer {
+        quic_addr,
+        coordinator,
+        guarantor,
+        initialised,
+        seed,
+        endpoint,
+    })
+}
