@@ -239,10 +239,19 @@ impl CoordinatorState {
             .values()
             .map(|n| (n.load.total_ms(), rng.random::<u64>(), n))
             .collect();
-        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let order = |a: &(f64, u64, &NodeEntry), b: &(f64, u64, &NodeEntry)| {
+            a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+        };
+        // Select the k smallest in linear time, then sort only those: the coordinator recomputes
+        // this every heartbeat round, and a full sort is O(n log n) at 10,000+ nodes.
+        let k = self.config.top_k.min(ranked.len());
+        if k < ranked.len() {
+            ranked.select_nth_unstable_by(k, order);
+            ranked.truncate(k);
+        }
+        ranked.sort_unstable_by(order);
         ranked
             .into_iter()
-            .take(self.config.top_k)
             .map(|(r, _, n)| NodeLoad {
                 node_id: n.dir.node_id.clone(),
                 queue_delay_ms: r,
@@ -360,5 +369,47 @@ mod tests {
                 .directory
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn linear_top_k_selection_equals_a_full_sort() {
+        let mut c = CoordinatorState::new(
+            CoordinatorConfig {
+                top_k: 7,
+                ..Default::default()
+            },
+            1,
+        );
+        for i in 0..60u64 {
+            let name = format!("n{i}");
+            c.join(Time::ZERO, dir(&name));
+            // Repeated values exercise the random tie-break.
+            let load = QueueDelay {
+                tq_ms: ((i * 37) % 11) as f64 * 10.0,
+                tr_ms: 0.0,
+                tl_ms: 0.0,
+            };
+            c.heartbeat(Time::ZERO, &NodeId::from(name.as_str()), load, vec![]);
+        }
+        let top = c.top_k(&mut StdRng::seed_from_u64(9));
+        // Reference: draw the same tie-break numbers in the same order, sort everything.
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut all: Vec<(f64, u64, String)> = c
+            .nodes
+            .values()
+            .map(|n| {
+                (
+                    n.load.total_ms(),
+                    rng.random::<u64>(),
+                    n.dir.node_id.0.clone(),
+                )
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let expected: Vec<String> = all.into_iter().take(7).map(|x| x.2).collect();
+        let got: Vec<String> = top.iter().map(|l| l.node_id.0.clone()).collect();
+        assert_eq!(got, expected);
+        c.config_mut().top_k = 100;
+        assert_eq!(c.top_k(&mut StdRng::seed_from_u64(1)).len(), 60);
     }
 }

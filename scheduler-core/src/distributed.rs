@@ -121,6 +121,11 @@ pub struct DistributedScheduler {
     minter: ContainerIdMinter,
     view: ClusterView,
     directory_index: HashMap<NodeId, usize>,
+    /// Directory index of each top-k entry (`None` if not in the directory), so placement does
+    /// not hash node names per candidate.
+    top_k_index: Vec<Option<usize>>,
+    /// The distinct node capacities of the directory, for the "fits on some node" check.
+    capacities: Vec<Resources>,
     quotas: QuotaTracker,
 }
 
@@ -132,6 +137,8 @@ impl DistributedScheduler {
             minter: ContainerIdMinter::new(issuer),
             view: ClusterView::default(),
             directory_index: HashMap::new(),
+            top_k_index: Vec::new(),
+            capacities: Vec::new(),
             quotas: QuotaTracker::new(),
         }
     }
@@ -177,21 +184,25 @@ impl DistributedScheduler {
                 .enumerate()
                 .map(|(i, n)| (n.node_id.clone(), i))
                 .collect();
+            self.capacities.clear();
+            for n in &view.directory {
+                if !self.capacities.contains(&n.capacity) {
+                    self.capacities.push(n.capacity);
+                }
+            }
             self.view.directory = view.directory;
             self.view.directory_version = view.directory_version;
         }
-        self.view.top_k = view.top_k;
+        self.update_top_k(view.top_k);
     }
 
     /// Update only the top-k list.
     pub fn update_top_k(&mut self, top_k: Vec<NodeLoad>) {
+        self.top_k_index = top_k
+            .iter()
+            .map(|l| self.directory_index.get(&l.node_id).copied())
+            .collect();
         self.view.top_k = top_k;
-    }
-
-    fn node(&self, id: &NodeId) -> Option<&NodeDirectoryEntry> {
-        self.directory_index
-            .get(id)
-            .map(|&i| &self.view.directory[i])
     }
 
     /// Place a QUEUEABLE ask. `now_ms` is the wall clock (token expiry); `rng` is seeded by the
@@ -209,17 +220,11 @@ impl DistributedScheduler {
         if self.view.directory.is_empty() {
             return Err(PlacementError::NoView);
         }
-        if !self
-            .view
-            .directory
-            .iter()
-            .any(|n| ask.resources.fits_in(&n.capacity))
-        {
+        if !self.capacities.iter().any(|c| ask.resources.fits_in(c)) {
             let largest = self
-                .view
-                .directory
+                .capacities
                 .iter()
-                .map(|n| n.capacity)
+                .copied()
                 .max_by_key(|c| (c.memory_mib, c.cpu_millis))
                 .unwrap_or_default();
             return Err(PlacementError::LargerThanAnyNode {
@@ -237,22 +242,20 @@ impl DistributedScheduler {
             });
         }
         let mut out = PlacementOutcome::default();
-        let mut used_off_locality: HashSet<NodeId> = HashSet::new();
+        let mut used_off_locality: HashSet<usize> = HashSet::new();
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
         // Job submit times in the future would let an app jump every queue: clamp to now.
         let job_submit_time_ms = ask.job_submit_time_ms.min(now_ms);
         for _ in 0..admissible {
-            let Some(node_id) = self.choose_node(ask, &used_off_locality, rng) else {
+            let Some((node_index, off_locality)) = self.choose_node(ask, &used_off_locality, rng)
+            else {
                 break;
             };
-            let (node_id, off_locality) = node_id;
             if off_locality {
-                used_off_locality.insert(node_id.clone());
+                used_off_locality.insert(node_index);
             }
-            let endpoint = self
-                .node(&node_id)
-                .map(|n| n.app_endpoint.clone())
-                .unwrap_or_default();
+            let entry = &self.view.directory[node_index];
+            let (node_id, endpoint) = (entry.node_id.clone(), entry.app_endpoint.clone());
             let container_id = self.minter.next_id();
             self.quotas.on_granted(
                 container_id,
@@ -297,13 +300,15 @@ impl DistributedScheduler {
 
     /// Pick a node for one container: preferred nodes (may stack), then preferred racks, then,
     /// if relaxed or unconstrained, a uniformly random eligible top-k node. The bool says whether
-    /// the choice was off node-locality (and so must not repeat within the ask).
+    /// the choice was off node-locality (and so must not repeat within the ask). Nodes are
+    /// directory indices.
     fn choose_node<R: Rng + ?Sized>(
         &self,
         ask: &QueueableAsk,
-        used: &HashSet<NodeId>,
+        used: &HashSet<usize>,
         rng: &mut R,
-    ) -> Option<(NodeId, bool)> {
+    ) -> Option<(usize, bool)> {
+        let directory = &self.view.directory;
         let fits = |n: &NodeDirectoryEntry| ask.resources.fits_in(&n.capacity);
         let load = |id: &NodeId| {
             self.view
@@ -314,59 +319,59 @@ impl DistributedScheduler {
         };
         if let Some(loc) = &ask.locality {
             // Node-local: the preferred node of least known queue delay.
-            let mut best: Option<(f64, &NodeDirectoryEntry)> = None;
+            let mut best: Option<(f64, usize)> = None;
             for name in &loc.nodes {
-                if let Some(n) = self.node(&NodeId::new(name.as_str())).filter(|n| fits(n)) {
-                    let r = load(&n.node_id);
+                let Some(&i) = self.directory_index.get(&NodeId::new(name.as_str())) else {
+                    continue;
+                };
+                if fits(&directory[i]) {
+                    let r = load(&directory[i].node_id);
                     if best.is_none_or(|(b, _)| r < b) {
-                        best = Some((r, n));
+                        best = Some((r, i));
                     }
                 }
             }
-            if let Some((_, n)) = best {
-                return Some((n.node_id.clone(), false));
+            if let Some((_, i)) = best {
+                return Some((i, false));
             }
             // Rack-local: prefer rack nodes in the top-k list, else any rack node; one per node.
             if !loc.racks.is_empty() {
                 let in_racks = |n: &NodeDirectoryEntry| loc.racks.iter().any(|r| r == &n.rack);
-                let ranked: Vec<&NodeId> = self
-                    .view
-                    .top_k
+                let ranked: Vec<usize> = self
+                    .top_k_index
                     .iter()
                     .take(self.config.top_k)
-                    .map(|l| &l.node_id)
-                    .filter(|id| {
-                        self.node(id).is_some_and(|n| in_racks(n) && fits(n)) && !used.contains(*id)
+                    .filter_map(|&i| i)
+                    .filter(|&i| {
+                        in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i)
                     })
                     .collect();
                 if !ranked.is_empty() {
-                    return Some((ranked[rng.random_range(0..ranked.len())].clone(), true));
+                    return Some((ranked[rng.random_range(0..ranked.len())], true));
                 }
-                let any: Vec<&NodeDirectoryEntry> = self
-                    .view
-                    .directory
-                    .iter()
-                    .filter(|n| in_racks(n) && fits(n) && !used.contains(&n.node_id))
+                let any: Vec<usize> = (0..directory.len())
+                    .filter(|&i| {
+                        in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i)
+                    })
                     .collect();
                 if !any.is_empty() {
-                    return Some((any[rng.random_range(0..any.len())].node_id.clone(), true));
+                    return Some((any[rng.random_range(0..any.len())], true));
                 }
             }
             if !loc.relax && (!loc.nodes.is_empty() || !loc.racks.is_empty()) {
                 return None;
             }
         }
-        let eligible: Vec<&NodeId> = self
-            .view
-            .top_k
+        let eligible: Vec<usize> = self
+            .top_k_index
             .iter()
             .take(self.config.top_k)
-            .map(|l| &l.node_id)
-            .filter(|id| self.node(id).is_some_and(fits) && !used.contains(*id))
+            .filter_map(|&i| i)
+            .filter(|&i| fits(&directory[i]) && (used.is_empty() || !used.contains(&i)))
             .collect();
         if eligible.is_empty() {
             return None;
         }
-        Some((eligible[rng.random_range(0..eligible.len())].clone(), true))
+        Some((eligible[rng.random_range(0..eligible.len())], true))
     }
 }

@@ -329,6 +329,62 @@ impl Guarantor {
         out
     }
 
+    /// Place pending containers on one node only, in ask arrival order, while they fit: the
+    /// heartbeat-driven allocation of a YARN-like central scheduler (Mercury §7.1 baseline, and
+    /// YARN's `nodeUpdate`), where a node's free capacity is considered only when that node
+    /// heartbeats. An ask that does not fit does not block later ones; the scan stops as soon as
+    /// the node has no capacity left. The placer is not consulted: the node is
+    /// given. Locality is honoured as in [`Guarantor::schedule`]: an ask with a non-relaxed
+    /// preference for other nodes or racks is skipped.
+    pub fn schedule_on_node(&mut self, now_ms: u64, node_id: &NodeId) -> Vec<GuaranteedPlacement> {
+        let mut out = Vec::new();
+        let Some(node) = self.nodes.get(node_id) else {
+            return out;
+        };
+        let (rack, capacity) = (node.rack.clone(), node.capacity);
+        let mut free = node.free();
+        let mut index = 0;
+        while index < self.pending.len() {
+            if free.is_zero() {
+                break;
+            }
+            let ask = &self.pending[index];
+            if !ask.resources.fits_in(&capacity)
+                || !ask.resources.fits_in(&free)
+                || !Self::locality_allows(ask, node_id, &rack)
+            {
+                index += 1;
+                continue;
+            }
+            let mut ask = self.pending[index].clone();
+            while ask.count > 0 && ask.resources.fits_in(&free) {
+                ask.count -= 1;
+                free = free.saturating_sub(&ask.resources);
+                out.push(self.grant(now_ms, &ask, node_id.clone(), ask.count));
+            }
+            if ask.count == 0 {
+                self.pending.remove(index);
+            } else {
+                self.pending[index].count = ask.count;
+                index += 1;
+            }
+        }
+        out
+    }
+
+    /// Whether a node-update allocation on `node_id` respects the ask's locality.
+    fn locality_allows(ask: &GuaranteedAsk, node_id: &NodeId, rack: &str) -> bool {
+        match &ask.locality {
+            None => true,
+            Some(loc) => {
+                loc.relax
+                    || (loc.nodes.is_empty() && loc.racks.is_empty())
+                    || loc.nodes.iter().any(|n| n == node_id.as_str())
+                    || loc.racks.iter().any(|r| r == rack)
+            }
+        }
+    }
+
     fn grant(
         &mut self,
         now_ms: u64,

@@ -440,18 +440,18 @@ impl NodeRuntime {
         if headroom.is_zero() {
             return;
         }
-        let startable: Vec<QueueKey> = self
-            .queue
-            .iter()
-            .filter_map(|(k, c)| {
-                if c.resources.fits_in(&headroom) {
-                    headroom = headroom.saturating_sub(&c.resources);
-                    Some(k.clone())
-                } else {
-                    None
-                }
-            })
-            .collect();
+        let mut startable: Vec<QueueKey> = Vec::new();
+        for (k, c) in &self.queue {
+            // Once the headroom is used up nothing more starts (as at the top of this function);
+            // stopping here keeps a start O(started) rather than O(queue length).
+            if headroom.is_zero() {
+                break;
+            }
+            if c.resources.fits_in(&headroom) {
+                headroom = headroom.saturating_sub(&c.resources);
+                startable.push(k.clone());
+            }
+        }
         for k in startable {
             let spec = self.queue.remove(&k).expect("key from queue");
             self.queue_keys.remove(&spec.id);

@@ -310,3 +310,41 @@ fn guarantor_expiry_promotion_node_loss_and_policing_limit() {
     assert_eq!(lost.len(), 2);
     g.check_invariants().unwrap();
 }
+
+#[test]
+fn heartbeat_driven_allocation_uses_only_the_heartbeating_node() {
+    let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
+    let (a, b) = (NodeId::from("a"), NodeId::from("b"));
+    g.add_node(a.clone(), "r1".into(), Resources::new(1000, 1000));
+    g.add_node(b.clone(), "r2".into(), Resources::new(1000, 1000));
+    g.submit(g_ask(1, 400, 3)).unwrap();
+    g.submit(g_ask(2, 100, 1)).unwrap();
+    // Node a heartbeats: two of ask 1 fit (800), the third does not, the small ask behind does.
+    let on_a = g.schedule_on_node(0, &a);
+    g.check_invariants().unwrap();
+    assert_eq!(on_a.len(), 3);
+    assert!(on_a.iter().all(|p| p.token_body.node_id == a));
+    assert_eq!(
+        on_a.iter().map(|p| p.ask_key).collect::<Vec<_>>(),
+        vec![1, 1, 2]
+    );
+    assert_eq!(g.pending_containers(), 1);
+    // A full node gets nothing; the other node takes the rest.
+    assert!(g.schedule_on_node(0, &a).is_empty());
+    let on_b = g.schedule_on_node(0, &b);
+    g.check_invariants().unwrap();
+    assert_eq!((on_b.len(), on_b[0].remaining), (1, 0));
+    assert_eq!(g.pending_asks(), 0);
+    // A non-relaxed locality preference for rack r1 is not served by a heartbeat of b.
+    let mut local = g_ask(3, 100, 1);
+    local.locality = Some(Locality {
+        nodes: vec![],
+        racks: vec!["r1".into()],
+        relax: false,
+    });
+    g.submit(local).unwrap();
+    assert!(g.schedule_on_node(0, &b).is_empty());
+    assert!(g.schedule_on_node(0, &NodeId::from("unknown")).is_empty());
+    assert_eq!(g.schedule_on_node(0, &a).len(), 1);
+    g.check_invariants().unwrap();
+}
