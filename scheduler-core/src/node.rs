@@ -175,7 +175,9 @@ pub struct NodeRuntime {
     config: NodeRuntimeConfig,
     /// Max resources QUEUEABLE containers may hold together (policing, §4.3).
     queueable_limit: Resources,
-    running: HashMap<ContainerId, Running>,
+    /// Ordered so that sums over running containers (the queue-delay estimate) add in the same
+    /// order in every process: a simulation must be bit-for-bit reproducible for a seed.
+    running: BTreeMap<ContainerId, Running>,
     queue: BTreeMap<QueueKey, ContainerSpec>,
     queue_keys: HashMap<ContainerId, QueueKey>,
     waiting_guaranteed: VecDeque<ContainerSpec>,
@@ -194,7 +196,7 @@ impl NodeRuntime {
         NodeRuntime {
             queueable_limit: config.capacity,
             config,
-            running: HashMap::new(),
+            running: BTreeMap::new(),
             queue: BTreeMap::new(),
             queue_keys: HashMap::new(),
             waiting_guaranteed: VecDeque::new(),
