@@ -41,7 +41,10 @@ impl Clock {
     /// Move a manual clock forward; no effect on the system clock.
     pub fn advance(&self, by: Duration) {
         if let Clock::Manual(t) = self {
-            t.fetch_add(by.as_micros().min(u64::MAX as u128) as u64, Ordering::SeqCst);
+            t.fetch_add(
+                by.as_micros().min(u64::MAX as u128) as u64,
+                Ordering::SeqCst,
+            );
         }
     }
 }

@@ -84,7 +84,7 @@ impl CoordinatorSettings {
         if self.tick_interval.is_zero() {
             return bad("tick_interval_ms", "must be positive");
         }
-        if !(self.min_shedding_threshold_ms >= 0.0) {
+        if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
         }
         Ok(())
@@ -192,10 +192,7 @@ pub enum ConfigError {
     #[error("{0} is required (flag, environment variable or config file)")]
     Missing(&'static str),
     #[error("invalid {field}: {reason}")]
-    Invalid {
-        field: &'static str,
-        reason: String,
-    },
+    Invalid { field: &'static str, reason: String },
 }
 
 #[cfg(test)]

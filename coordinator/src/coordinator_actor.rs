@@ -147,11 +147,9 @@ impl CoordinatorActor {
     fn join(&mut self, msg: WorkerJoined) -> JoinOutcome {
         let j = &msg.join;
         let reject = |reason: String| {
-            let _ = msg
-                .tx
-                .send(CoordinatorToWorker::JoinRejected(JoinRejected {
-                    reason: reason.clone(),
-                }));
+            let _ = msg.tx.send(CoordinatorToWorker::JoinRejected(JoinRejected {
+                reason: reason.clone(),
+            }));
             JoinOutcome::Rejected { reason }
         };
         if j.protocol_version != CLUSTER_PROTOCOL_VERSION {
@@ -217,16 +215,14 @@ impl CoordinatorActor {
             containers: j.containers.clone(),
         });
         let view = self.state.view_for(0, &mut self.rng);
-        let _ = msg
-            .tx
-            .send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
-                protocol_version: CLUSTER_PROTOCOL_VERSION,
-                issuer,
-                keys: self.keys.ring.clone(),
-                apps: self.apps.clone(),
-                settings: self.cluster_settings(),
-                view,
-            }));
+        let _ = msg.tx.send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
+            protocol_version: CLUSTER_PROTOCOL_VERSION,
+            issuer,
+            keys: self.keys.ring.clone(),
+            apps: self.apps.clone(),
+            settings: self.cluster_settings(),
+            view,
+        }));
         info!(node = %node_id, issuer, rack = %j.rack, capacity = %j.capacity, containers = j.containers.len(), "worker joined");
         self.sessions.insert(
             node_id.clone(),
@@ -429,7 +425,12 @@ impl CoordinatorActor {
                 ErrorCode::InvalidRequest
             };
             if let Some(p) = self.promotions.remove(&promotion_id) {
-                Self::fail(&p.requester_tx, p.requester_correlation_id, code, e.to_string());
+                Self::fail(
+                    &p.requester_tx,
+                    p.requester_correlation_id,
+                    code,
+                    e.to_string(),
+                );
             }
             return;
         }
@@ -448,7 +449,9 @@ impl CoordinatorActor {
             resources: c.resources,
             container_type: ContainerType::Guaranteed,
             version: c.version.saturating_add(1),
-            job_id: job.as_ref().map_or_else(|| JobId::new(""), |j| j.job_id.clone()),
+            job_id: job
+                .as_ref()
+                .map_or_else(|| JobId::new(""), |j| j.job_id.clone()),
             job_submit_time_ms: job.as_ref().map_or(0, |j| j.job_submit_time_ms),
             priority: job.as_ref().map_or(0, |j| j.priority),
             runtime_estimate_ms: job.as_ref().and_then(|j| j.runtime_estimate_ms),
@@ -466,10 +469,11 @@ impl CoordinatorActor {
         let host = p.host.clone();
         match self.sessions.get(&host) {
             Some(s) => {
-                let _ = s.tx.send(CoordinatorToWorker::ApplyPromotion(ApplyPromotion {
-                    correlation_id: promotion_id,
-                    token,
-                }));
+                let _ =
+                    s.tx.send(CoordinatorToWorker::ApplyPromotion(ApplyPromotion {
+                        correlation_id: promotion_id,
+                        token,
+                    }));
             }
             None => self.refuse_promotion(
                 promotion_id,
@@ -481,7 +485,10 @@ impl CoordinatorActor {
 
     fn promotion_applied(&mut self, from: &NodeId, m: PromotionApplied) {
         let Some(p) = self.promotions.get(&m.correlation_id) else {
-            debug!(correlation_id = m.correlation_id, "late promotion_applied ignored");
+            debug!(
+                correlation_id = m.correlation_id,
+                "late promotion_applied ignored"
+            );
             return;
         };
         if &p.host != from || p.token.is_none() {
@@ -536,9 +543,8 @@ impl CoordinatorActor {
                     format!("hosting node {host} is not connected; retry"),
                 );
             };
-            let _ = s
-                .tx
-                .send(CoordinatorToWorker::StopContainer(StopContainerOnNode {
+            let _ =
+                s.tx.send(CoordinatorToWorker::StopContainer(StopContainerOnNode {
                     container_id: m.container_id,
                     app_id: m.app_id,
                 }));
@@ -606,7 +612,8 @@ impl CoordinatorActor {
             );
         }
         let now_ms = now.as_millis();
-        if now_ms.saturating_sub(self.keys.rotated_at_ms) >= self.settings.key_rotation.as_millis() as u64
+        if now_ms.saturating_sub(self.keys.rotated_at_ms)
+            >= self.settings.key_rotation.as_millis() as u64
         {
             self.rotate_keys(now_ms);
         }
@@ -707,22 +714,32 @@ impl Handler<FromWorker> for CoordinatorActor {
     type Result = ();
     fn handle(&mut self, m: FromWorker, _: &mut Context<Self>) {
         let Some(node_id) = self.session_nodes.get(&m.session_id).cloned() else {
-            debug!(session = m.session_id, "frame from a replaced or lost session ignored");
+            debug!(
+                session = m.session_id,
+                "frame from a replaced or lost session ignored"
+            );
             return;
         };
         let Some(tx) = self.sessions.get(&node_id).map(|s| s.tx.clone()) else {
             return;
         };
         match m.msg {
-            WorkerToCoordinator::Join(_) => self.protocol_violation(&node_id, "a second join on one stream"),
+            WorkerToCoordinator::Join(_) => {
+                self.protocol_violation(&node_id, "a second join on one stream")
+            }
             WorkerToCoordinator::Heartbeat(hb) => {
                 if hb.node_id != node_id {
-                    let why = format!("heartbeat for node {} on the session of node {node_id}", hb.node_id);
+                    let why = format!(
+                        "heartbeat for node {} on the session of node {node_id}",
+                        hb.node_id
+                    );
                     return self.protocol_violation(&node_id, &why);
                 }
                 self.heartbeat(&node_id, hb)
             }
-            WorkerToCoordinator::AllocateGuaranteed(a) => self.allocate_guaranteed(m.session_id, tx, a),
+            WorkerToCoordinator::AllocateGuaranteed(a) => {
+                self.allocate_guaranteed(m.session_id, tx, a)
+            }
             WorkerToCoordinator::Promote(p) => self.promote(tx, p),
             WorkerToCoordinator::Release(r) => self.release(tx, r),
             WorkerToCoordinator::PromotionApplied(p) => self.promotion_applied(&node_id, p),

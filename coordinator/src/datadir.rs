@@ -239,7 +239,11 @@ pub fn init(
     write_file(&dir.ca_cert(), ca_cert.pem().as_bytes(), false)?;
     write_file(&dir.ca_key(), ca_key.serialize_pem().as_bytes(), true)?;
     write_file(&dir.server_cert(), server_cert.pem().as_bytes(), false)?;
-    write_file(&dir.server_key(), server_key.serialize_pem().as_bytes(), true)?;
+    write_file(
+        &dir.server_key(),
+        server_key.serialize_pem().as_bytes(),
+        true,
+    )?;
     write_file(&dir.join_token(), join_token.as_bytes(), true)?;
 
     let store = Store::create(
@@ -270,9 +274,11 @@ pub fn init(
 pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let tls = |path: PathBuf| move |e: &dyn std::fmt::Display| InitError::Tls {
-        path: path.clone(),
-        message: e.to_string(),
+    let tls = |path: PathBuf| {
+        move |e: &dyn std::fmt::Display| InitError::Tls {
+            path: path.clone(),
+            message: e.to_string(),
+        }
     };
     let cert_path = dir.server_cert();
     let key_path = dir.server_key();

@@ -148,13 +148,13 @@ impl GuarantorActor {
                 remaining,
                 "guaranteed grants"
             );
-            let _ = route
-                .tx
-                .send(CoordinatorToWorker::GuaranteedAllocated(GuaranteedAllocated {
+            let _ = route.tx.send(CoordinatorToWorker::GuaranteedAllocated(
+                GuaranteedAllocated {
                     correlation_id: route.correlation_id,
                     containers,
                     remaining,
-                }));
+                },
+            ));
             if remaining == 0 {
                 self.routes.remove(&ask_key);
             }
@@ -345,12 +345,9 @@ pub struct BookPromotion {
 impl Handler<BookPromotion> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, msg: BookPromotion, _: &mut Context<Self>) {
-        let result = self.core.promote(
-            msg.container_id,
-            &msg.node_id,
-            &msg.app_id,
-            msg.resources,
-        );
+        let result = self
+            .core
+            .promote(msg.container_id, &msg.node_id, &msg.app_id, msg.resources);
         self.coordinator.do_send(PromotionBooked {
             promotion_id: msg.promotion_id,
             result,

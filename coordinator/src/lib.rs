@@ -5,12 +5,12 @@
 
 pub mod clock;
 pub mod config;
-pub mod datadir;
-pub mod store;
 pub mod coordinator_actor;
+pub mod datadir;
 pub mod guarantor_actor;
 pub mod server;
 pub mod session;
+pub mod store;
 
 pub use clock::Clock;
 pub use config::CoordinatorSettings;

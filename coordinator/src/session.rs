@@ -8,7 +8,9 @@ use crate::coordinator_actor::{
     CoordinatorActor, FromWorker, JoinOutcome, SessionClosed, WorkerJoined,
 };
 use actix::Addr;
-use scheduler_core::codec::{CLUSTER_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
+use scheduler_core::codec::{
+    CLUSTER_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload,
+};
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::cluster::{CoordinatorToWorker, JoinRejected, WorkerToCoordinator};
 use std::net::SocketAddr;
@@ -135,18 +137,20 @@ pub async fn serve_connection(
             }
         }
     }
-    if let Some((code, reason)) = &close {
-        if *code == CloseCode::ProtocolError {
-            warn!(%peer, node = ?joined, "closing worker connection: {reason}");
-            if joined.is_none() {
-                let _ = tx.send(CoordinatorToWorker::JoinRejected(JoinRejected {
-                    reason: reason.clone(),
-                }));
-            }
-        }
-    }
     if joined.is_some() {
         coordinator.do_send(SessionClosed { session_id });
+    }
+    if let Some((CloseCode::ProtocolError, reason)) = &close {
+        warn!(%peer, node = ?joined, "closing worker connection: {reason}");
+        if joined.is_some() {
+            // Nothing more to deliver: the close reason tells the worker what was wrong.
+            CloseCode::ProtocolError.close(&connection, reason);
+            return;
+        }
+        // Before a join the worker gets a join_rejected frame first.
+        let _ = tx.send(CoordinatorToWorker::JoinRejected(JoinRejected {
+            reason: reason.clone(),
+        }));
     }
     drop(tx);
     // The writer ends once the actor's copy of the sender is gone too (SessionClosed).

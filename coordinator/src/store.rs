@@ -46,7 +46,9 @@ pub enum StoreError {
         key: String,
         message: String,
     },
-    #[error("store {path} has format version {found}, this coordinator reads version {FORMAT_VERSION}")]
+    #[error(
+        "store {path} has format version {found}, this coordinator reads version {FORMAT_VERSION}"
+    )]
     WrongFormat { path: PathBuf, found: u32 },
     #[error("app {0:?} is registered already")]
     AppExists(String),
@@ -183,11 +185,13 @@ impl Store {
 
     fn fixed<const N: usize>(&self, key: &str) -> Result<[u8; N], StoreError> {
         let bytes = self.get_meta(key)?;
-        bytes.try_into().map_err(|b: Vec<u8>| StoreError::Corrupted {
-            path: self.path.clone(),
-            key: key.to_string(),
-            message: format!("expected {N} bytes, found {}", b.len()),
-        })
+        bytes
+            .try_into()
+            .map_err(|b: Vec<u8>| StoreError::Corrupted {
+                path: self.path.clone(),
+                key: key.to_string(),
+                message: format!("expected {N} bytes, found {}", b.len()),
+            })
     }
 
     fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {

@@ -1,0 +1,505 @@
+//! The coordinator over real QUIC on loopback, driven by a hand-written worker client. Time is
+//! a manual clock moved by the tests; periodic work runs when a test sends `Tick`.
+
+mod common;
+
+use common::*;
+use coordinator::coordinator_actor::{Inspect, Tick};
+use coordinator::guarantor_actor::InspectGuarantor;
+use scheduler_core::coordinator::NoticeKind;
+use scheduler_core::protocol::app::{ErrorCode, GrantedContainer};
+use scheduler_core::protocol::cluster::{
+    CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, PromoteContainer, PromotionApplied,
+    ReleaseContainer, WorkerToCoordinator,
+};
+use scheduler_core::{ContainerId, ContainerType, NodeId, Resources};
+use std::time::Duration;
+
+fn is_grant(corr: u64) -> impl Fn(&CoordinatorToWorker) -> bool {
+    move |m| matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == corr)
+}
+
+fn is_failure(corr: u64) -> impl Fn(&CoordinatorToWorker) -> bool {
+    move |m| matches!(m, CoordinatorToWorker::RequestFailed(f) if f.correlation_id == corr)
+}
+
+/// Collect grant frames for `corr` until `remaining == 0` or `want` containers arrived.
+async fn grants(w: &mut TestWorker, corr: u64, want: usize) -> (Vec<GrantedContainer>, u32) {
+    let mut got = Vec::new();
+    let mut remaining = u32::MAX;
+    while got.len() < want && remaining != 0 {
+        match w.expect("guaranteed_allocated", is_grant(corr)).await {
+            CoordinatorToWorker::GuaranteedAllocated(g) => {
+                got.extend(g.containers);
+                remaining = g.remaining;
+            }
+            _ => unreachable!(),
+        }
+    }
+    (got, remaining)
+}
+
+#[actix_rt::test]
+async fn join_is_accepted_or_rejected_with_a_reason() {
+    let h = Harness::start().await;
+    let (_a, accepted) = h.join("node-a", 4000, 8192).await;
+    assert_eq!(accepted.protocol_version, CLUSTER_PROTOCOL_VERSION);
+    assert_eq!(accepted.issuer, 1);
+    assert_eq!(accepted.apps.len(), 1);
+    assert_eq!(accepted.apps[0].app_id, "demo");
+    assert_eq!(accepted.apps[0].secret_sha256.len(), 64);
+    assert_eq!(accepted.settings.top_k, 50);
+    assert_eq!(accepted.settings.heartbeat_interval_ms, 1000);
+    assert_eq!(accepted.view.directory.len(), 1);
+
+    let mut bad = h.connect().await;
+    bad.send(&join_msg("not-the-token", "node-b", 4000, 8192))
+        .await;
+    match bad.next().await {
+        Ok(CoordinatorToWorker::JoinRejected(r)) => {
+            assert!(r.reason.contains("join token"), "{}", r.reason)
+        }
+        other => panic!("expected join_rejected, got {other:?}"),
+    }
+    let closed = bad.expect_closed().await;
+    assert!(!closed.is_empty());
+
+    let mut old = h.connect().await;
+    let mut join = join_msg(&h.join_token(), "node-c", 4000, 8192);
+    if let WorkerToCoordinator::Join(j) = &mut join {
+        j.protocol_version = 99;
+    }
+    old.send(&join).await;
+    match old.next().await {
+        Ok(CoordinatorToWorker::JoinRejected(r)) => {
+            assert!(r.reason.contains("version 99"), "{}", r.reason)
+        }
+        other => panic!("expected join_rejected, got {other:?}"),
+    }
+
+    let mut rude = h.connect().await;
+    rude.send(&heartbeat("node-d", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    match rude.next().await {
+        Ok(CoordinatorToWorker::JoinRejected(r)) => {
+            assert!(r.reason.contains("first frame"), "{}", r.reason)
+        }
+        other => panic!("expected join_rejected, got {other:?}"),
+    }
+    let stats = h.server.coordinator.send(Inspect).await.unwrap();
+    assert_eq!(stats.nodes, vec![NodeId::from("node-a")]);
+    // A second join of a node replaces its session and gets a fresh issuer.
+    let (_a2, again) = h.join("node-a", 4000, 8192).await;
+    assert_eq!(again.issuer, 2);
+    assert_eq!(
+        h.server
+            .coordinator
+            .send(Inspect)
+            .await
+            .unwrap()
+            .next_issuer,
+        3
+    );
+}
+
+#[actix_rt::test]
+async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale() {
+    let h = Harness::start().await;
+    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+    let (mut b, _) = h.join("node-b", 4000, 4096).await;
+    a.send(&heartbeat("node-a", 0, 1000.0, vec![], vec![], vec![]))
+        .await;
+    let first = a.expect_ack().await;
+    assert_eq!(first.view.directory.len(), 2, "stale directory is resent");
+    assert!(
+        first.keys.is_none() && first.apps.is_none(),
+        "known at join"
+    );
+    b.send(&heartbeat(
+        "node-b",
+        first.view.directory_version,
+        3000.0,
+        vec![],
+        vec![],
+        vec![],
+    ))
+    .await;
+    let ack_b = b.expect_ack().await;
+    assert!(
+        ack_b.view.directory.is_empty(),
+        "current directory is not resent"
+    );
+    assert_eq!(ack_b.queueable_limit, Resources::new(4000, 4096));
+    a.send(&heartbeat(
+        "node-a",
+        first.view.directory_version,
+        1000.0,
+        vec![],
+        vec![],
+        vec![],
+    ))
+    .await;
+    let ack = a.expect_ack().await;
+    let top: Vec<(&str, f64)> = ack
+        .view
+        .top_k
+        .iter()
+        .map(|l| (l.node_id.as_str(), l.queue_delay_ms))
+        .collect();
+    assert_eq!(top, vec![("node-a", 1000.0), ("node-b", 3000.0)]);
+    // mean 2000 + 1·σ (1000) over the two nodes (Mercury §4.3).
+    assert_eq!(ack.shedding_threshold_ms, Some(3000.0));
+    assert_eq!(ack.queueable_limit, Resources::new(2000, 2048));
+    assert!(ack.notices.is_empty());
+}
+
+#[actix_rt::test]
+async fn guaranteed_grants_never_overcommit_and_wait_for_finished_containers() {
+    let h = Harness::start().await;
+    let (mut a, accepted) = h.join("node-a", 2000, 2048).await;
+    a.send(&allocate_guaranteed(7, "demo", 1000, 1024, 3)).await;
+    let (first, remaining) = grants(&mut a, 7, 2).await;
+    assert_eq!((first.len(), remaining), (2, 1), "two fit, the third waits");
+    for g in &first {
+        accepted
+            .keys
+            .verify_signature(&g.token)
+            .expect("grant token verifies");
+        assert_eq!(g.container_id.issuer(), 0);
+        assert_eq!(g.token.body.container_type, ContainerType::Guaranteed);
+        assert_eq!(g.node_id.as_str(), "node-a");
+        assert_eq!(g.node_endpoint, "node-a.example:7500");
+        assert_eq!(g.token.body.job_id.as_str(), "job-1");
+    }
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    stats.invariants.clone().unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(2000, 2048)
+    );
+    assert_eq!(stats.pending_containers, 1);
+
+    // Policing: nothing is left for QUEUEABLE work on the node.
+    let running: Vec<_> = first
+        .iter()
+        .map(|g| running(g.container_id, ContainerType::Guaranteed, 1000, 1024))
+        .collect();
+    let ids: Vec<ContainerId> = first.iter().map(|g| g.container_id).collect();
+    a.send(&heartbeat(
+        "node-a",
+        1,
+        0.0,
+        running.clone(),
+        ids.clone(),
+        vec![],
+    ))
+    .await;
+    assert_eq!(a.expect_ack().await.queueable_limit, Resources::ZERO);
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(stats.pending_containers, 1, "still no room");
+
+    // One finishes: the third is granted, on the same node, with its own id.
+    a.send(&heartbeat(
+        "node-a",
+        1,
+        0.0,
+        running[1..].to_vec(),
+        vec![],
+        vec![ids[0]],
+    ))
+    .await;
+    let (third, remaining) = grants(&mut a, 7, 1).await;
+    assert_eq!((third.len(), remaining), (1, 0));
+    assert!(!ids.contains(&third[0].container_id));
+    accepted.keys.verify_signature(&third[0].token).unwrap();
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    stats.invariants.unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(2000, 2048)
+    );
+    assert_eq!(stats.pending_containers, 0);
+
+    // Larger than any node, and unknown apps, are refused at once.
+    a.send(&allocate_guaranteed(8, "demo", 4000, 1024, 1)).await;
+    match a.expect("request_failed", is_failure(8)).await {
+        CoordinatorToWorker::RequestFailed(f) => {
+            assert_eq!(f.code, ErrorCode::AskTooLarge);
+            assert!(
+                f.message.contains("larger than every node"),
+                "{}",
+                f.message
+            );
+        }
+        _ => unreachable!(),
+    }
+    a.send(&allocate_guaranteed(9, "mallory", 100, 100, 1))
+        .await;
+    match a.expect("request_failed", is_failure(9)).await {
+        CoordinatorToWorker::RequestFailed(f) => assert_eq!(f.code, ErrorCode::BadCredentials),
+        _ => unreachable!(),
+    }
+}
+
+#[actix_rt::test]
+async fn silent_node_is_lost_and_its_containers_reported_to_their_issuer() {
+    let h = Harness::start().await;
+    let (mut a, accepted_a) = h.join("node-a", 2000, 2048).await;
+    let (mut b, _) = h.join("node-b", 2000, 2048).await;
+    // b runs a QUEUEABLE container that a's distributed scheduler issued, and a GUARANTEED one.
+    b.send(&allocate_guaranteed(1, "demo", 2000, 2048, 2)).await;
+    let (gs, _) = grants(&mut b, 1, 2).await;
+    let on_b = gs
+        .iter()
+        .find(|g| g.node_id.as_str() == "node-b")
+        .unwrap()
+        .container_id;
+    let from_a = ContainerId::new(accepted_a.issuer, 1);
+    b.send(&heartbeat(
+        "node-b",
+        0,
+        0.0,
+        vec![
+            running(from_a, ContainerType::Queueable, 100, 100),
+            running(on_b, ContainerType::Guaranteed, 2000, 2048),
+        ],
+        vec![from_a, on_b],
+        vec![],
+    ))
+    .await;
+    b.expect_ack().await;
+    // a is told its container started on b.
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ack = a.expect_ack().await;
+    assert_eq!(ack.notices.len(), 1);
+    assert_eq!(
+        (ack.notices[0].container_id, &ack.notices[0].kind),
+        (from_a, &NoticeKind::Started)
+    );
+
+    // 11 s later a has reported and b has not: b is lost at the next sweep.
+    h.clock.advance(Duration::from_secs(11));
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    let closed = b.expect_closed().await;
+    assert!(
+        closed.contains("code 4: silent for more than 10000 ms"),
+        "{closed}"
+    );
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ack = a.expect_ack().await;
+    assert_eq!(ack.notices.len(), 1, "{:?}", ack.notices);
+    assert_eq!(ack.notices[0].container_id, from_a);
+    assert_eq!(ack.notices[0].node_id.as_str(), "node-b");
+    assert_eq!(ack.notices[0].kind, NoticeKind::Lost);
+    assert_eq!(
+        ack.view.directory.len(),
+        1,
+        "membership changed: directory resent"
+    );
+    assert_eq!(
+        h.server.coordinator.send(Inspect).await.unwrap().nodes,
+        vec![NodeId::from("node-a")]
+    );
+    // The guarantor dropped b's bookings.
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(stats.nodes, 1);
+    assert!(!stats.booked.contains_key(&NodeId::from("node-b")));
+    stats.invariants.unwrap();
+}
+
+#[actix_rt::test]
+async fn malformed_oversized_and_unknown_frames_close_only_that_worker() {
+    let h = Harness::start().await;
+    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+
+    let (mut b, _) = h.join("node-b", 2000, 2048).await;
+    b.send_raw(&[0, 0, 0, 2, 0xc1, 0xc1]).await;
+    let closed = b.expect_closed().await;
+    assert!(closed.contains("code 2: malformed msgpack"), "{closed}");
+
+    let (mut c, _) = h.join("node-c", 2000, 2048).await;
+    c.send_raw(&(u32::MAX).to_be_bytes()).await;
+    let closed = c.expect_closed().await;
+    assert!(closed.contains("exceeds the limit"), "{closed}");
+
+    let (mut d, _) = h.join("node-d", 2000, 2048).await;
+    let unknown = scheduler_core::codec::encode_frame(
+        &serde_json::json!({"type": "launch_missiles", "count": 1}),
+        1024,
+    )
+    .unwrap();
+    d.send_raw(&unknown).await;
+    let closed = d.expect_closed().await;
+    assert!(
+        closed.contains("unknown message type \"launch_missiles\""),
+        "{closed}"
+    );
+
+    // node-a is still served.
+    a.send(&heartbeat("node-a", 0, 5.0, vec![], vec![], vec![]))
+        .await;
+    let ack = a.expect_ack().await;
+    assert!(
+        ack.view
+            .top_k
+            .iter()
+            .any(|l| l.node_id.as_str() == "node-a")
+    );
+}
+
+#[actix_rt::test]
+async fn promotion_is_booked_applied_by_the_host_and_answered_to_the_requester() {
+    let h = Harness::start().await;
+    let (mut host, accepted_host) = h.join("node-a", 2000, 2048).await;
+    let (mut requester, accepted_req) = h.join("node-b", 2000, 2048).await;
+    let q = ContainerId::new(accepted_req.issuer, 1);
+    let big = ContainerId::new(accepted_req.issuer, 2);
+    host.send(&heartbeat(
+        "node-a",
+        0,
+        0.0,
+        vec![
+            running(q, ContainerType::Queueable, 500, 512),
+            running(big, ContainerType::Queueable, 1600, 1600),
+        ],
+        vec![q, big],
+        vec![],
+    ))
+    .await;
+    host.expect_ack().await;
+
+    requester
+        .send(&WorkerToCoordinator::Promote(PromoteContainer {
+            correlation_id: 31,
+            app_id: "demo".into(),
+            container_id: q,
+        }))
+        .await;
+    let apply = match host
+        .expect("apply_promotion", |m| {
+            matches!(m, CoordinatorToWorker::ApplyPromotion(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::ApplyPromotion(p) => p,
+        _ => unreachable!(),
+    };
+    accepted_host.keys.verify_signature(&apply.token).unwrap();
+    assert_eq!(apply.token.body.version, 1);
+    assert_eq!(apply.token.body.container_type, ContainerType::Guaranteed);
+    assert_eq!(apply.token.body.node_id.as_str(), "node-a");
+    host.send(&WorkerToCoordinator::PromotionApplied(PromotionApplied {
+        correlation_id: apply.correlation_id,
+        error: None,
+    }))
+    .await;
+    match requester
+        .expect("promote_result", |m| {
+            matches!(m, CoordinatorToWorker::PromoteResult(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::PromoteResult(r) => {
+            assert_eq!(r.correlation_id, 31);
+            assert_eq!(r.token, apply.token);
+        }
+        _ => unreachable!(),
+    }
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(500, 512)
+    );
+
+    // The second does not fit next to the first: refused, retryable, nothing booked.
+    requester
+        .send(&WorkerToCoordinator::Promote(PromoteContainer {
+            correlation_id: 32,
+            app_id: "demo".into(),
+            container_id: big,
+        }))
+        .await;
+    match requester.expect("request_failed", is_failure(32)).await {
+        CoordinatorToWorker::RequestFailed(f) => {
+            assert_eq!(f.code, ErrorCode::PromotionRefused);
+            assert!(f.code.retryable());
+        }
+        _ => unreachable!(),
+    }
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(500, 512)
+    );
+
+    // Release of a container on another node: the host is told to stop it.
+    requester
+        .send(&WorkerToCoordinator::Release(ReleaseContainer {
+            correlation_id: 33,
+            app_id: "demo".into(),
+            container_id: big,
+        }))
+        .await;
+    requester
+        .expect(
+            "released",
+            |m| matches!(m, CoordinatorToWorker::Released(r) if r.correlation_id == 33),
+        )
+        .await;
+    match host
+        .expect("stop_container", |m| {
+            matches!(m, CoordinatorToWorker::StopContainer(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::StopContainer(s) => assert_eq!(s.container_id, big),
+        _ => unreachable!(),
+    }
+    // Finishing the promoted container frees its GUARANTEED booking.
+    host.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![q, big]))
+        .await;
+    host.expect_ack().await;
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(stats.booked[&NodeId::from("node-a")], Resources::ZERO);
+}
+
+#[actix_rt::test]
+async fn keys_rotate_on_schedule_and_the_ring_keeps_the_previous_key() {
+    let h = Harness::start().await;
+    let (mut a, accepted) = h.join("node-a", 2000, 2048).await;
+    a.send(&allocate_guaranteed(1, "demo", 100, 100, 1)).await;
+    let (old_grant, _) = grants(&mut a, 1, 1).await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(
+        h.server.coordinator.send(Inspect).await.unwrap().key_ids,
+        (1, None)
+    );
+    h.clock.advance(Duration::from_secs(3600));
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    assert!(a.expect_ack().await.keys.is_none(), "not rotated yet");
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(
+        h.server.coordinator.send(Inspect).await.unwrap().key_ids,
+        (2, Some(1))
+    );
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ring = a.expect_ack().await.keys.expect("new ring after rotation");
+    assert_eq!(ring.previous.as_ref(), Some(&accepted.keys.current));
+    ring.verify_signature(&old_grant[0].token)
+        .expect("old grants stay valid");
+    a.send(&allocate_guaranteed(2, "demo", 100, 100, 1)).await;
+    let (new_grant, _) = grants(&mut a, 2, 1).await;
+    assert_eq!(new_grant[0].token.body.key_id, 2);
+    ring.verify_signature(&new_grant[0].token).unwrap();
+    assert!(accepted.keys.verify_signature(&new_grant[0].token).is_err());
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    assert!(a.expect_ack().await.keys.is_none(), "sent once");
+}
