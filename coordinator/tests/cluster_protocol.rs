@@ -503,3 +503,46 @@ async fn keys_rotate_on_schedule_and_the_ring_keeps_the_previous_key() {
         .await;
     assert!(a.expect_ack().await.keys.is_none(), "sent once");
 }
+
+#[actix_rt::test]
+async fn a_rejoining_node_gets_its_running_guaranteed_containers_rebooked() {
+    let h = Harness::start().await;
+    let mut w = h.connect().await;
+    let mut join = join_msg(&h.join_token(), "node-a", 2000, 2048);
+    let kept = ContainerId::new(0, 77);
+    if let WorkerToCoordinator::Join(j) = &mut join {
+        j.containers = vec![
+            running(kept, ContainerType::Guaranteed, 1500, 1500),
+            running(ContainerId::new(9, 1), ContainerType::Queueable, 300, 300),
+        ];
+    }
+    w.send(&join).await;
+    assert!(matches!(
+        w.next().await,
+        Ok(CoordinatorToWorker::JoinAccepted(_))
+    ));
+    // Only the GUARANTEED one is booked; an ask that no longer fits beside it waits.
+    w.send(&allocate_guaranteed(1, "demo", 1000, 1000, 1)).await;
+    // The ack proves the ask reached the guarantor's mailbox before the inspection does.
+    w.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    w.expect_ack().await;
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(1500, 1500)
+    );
+    assert_eq!(stats.pending_containers, 1);
+    // When it finishes, the waiting ask is granted.
+    w.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![kept]))
+        .await;
+    let (g, remaining) = grants(&mut w, 1, 1).await;
+    assert_eq!((g.len(), remaining), (1, 0));
+    h.server
+        .guarantor
+        .send(InspectGuarantor)
+        .await
+        .unwrap()
+        .invariants
+        .unwrap();
+}
