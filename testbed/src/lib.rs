@@ -4,4 +4,6 @@
 //!
 //! Each subcommand of the `testbed` binary lives in its own module below.
 
+pub mod sim;
 pub mod task;
+pub mod workload;

@@ -1,0 +1,1084 @@
+//! The simulation state and its event handlers. See the module documentation of [`crate::sim`].
+
+use super::events::EventQueue;
+use super::{EstimateModel, GuaranteedAllocation, LatencySummary, SimConfig, SimReport};
+use crate::workload::{JobSpec, JobStream};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
+use scheduler_core::distributed::{
+    ClusterView, DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry, NodeLoad,
+    QueueableAsk,
+};
+use scheduler_core::guarantor::{
+    BestFit, GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig,
+};
+use scheduler_core::node::{ContainerSpec, NodeEvent, NodeRuntime, NodeRuntimeConfig};
+use scheduler_core::queue_delay::QueueDelay;
+use scheduler_core::quota::QueueableQuota;
+use scheduler_core::{
+    AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources, Time,
+};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::time::{Duration, Instant};
+
+/// How many past top-k rounds are kept: a node's last acknowledgement is at most two rounds old.
+const ROUND_RING: usize = 4;
+/// Token lifetime handed to the schedulers (YARN's 600 s allocation expiry).
+const TOKEN_TTL_MS: u64 = 600_000;
+
+/// A cheap deterministic hasher for container ids (the std hasher is seeded per process).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let x = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = x ^ (x >> 32);
+    }
+}
+
+type IdMap<V> = HashMap<ContainerId, V, BuildHasherDefault<IdHasher>>;
+
+enum Ev {
+    /// The next job of the workload arrives.
+    Arrival,
+    /// A job manager's QUEUEABLE asks for all its QUEUEABLE tasks reach its distributed scheduler.
+    JobQueueableAsks {
+        job: u32,
+    },
+    /// A job manager asks again for one QUEUEABLE task (after a shed or kill).
+    QueueableAsk {
+        job: u32,
+        task: u32,
+    },
+    /// A job manager's GUARANTEED asks reach the guarantor.
+    GuaranteedAsks {
+        job: u32,
+    },
+    /// `start_container` with a grant reaches the node.
+    StartContainer {
+        cid: ContainerId,
+    },
+    /// A running task's process ends.
+    TaskExit {
+        cid: ContainerId,
+    },
+    /// The job manager learns a task completed.
+    TaskDone {
+        job: u32,
+        task: u32,
+    },
+    /// The job manager learns a QUEUEABLE task was shed or killed.
+    TaskLost {
+        job: u32,
+        task: u32,
+    },
+    Heartbeat {
+        node: u32,
+    },
+    HeartbeatArrival {
+        node: u32,
+    },
+    HeartbeatAck {
+        node: u32,
+    },
+    /// The coordinator recomputes top-k and the shedding threshold.
+    Round,
+    /// Event-driven allocation: a GUARANTEED finish notice reaches the guarantor.
+    GuarantorFinish {
+        cid: ContainerId,
+        node: u32,
+    },
+    End,
+}
+
+struct ContainerRecord {
+    job: u32,
+    task: u32,
+    node: u32,
+    container_type: ContainerType,
+    estimate_ms: Option<u64>,
+    submit_ms: u64,
+    started_at: Option<Time>,
+}
+
+struct Ack {
+    threshold_ms: Option<f64>,
+    queueable_limit: Option<Resources>,
+    view_round: u64,
+}
+
+struct SimNode {
+    id: NodeId,
+    runtime: NodeRuntime,
+    slowdown: f64,
+    /// GUARANTEED containers finished since the last heartbeat (reported with it).
+    finished_guaranteed: Vec<ContainerId>,
+    report: Option<(QueueDelay, Vec<ContainerId>)>,
+    ack: Option<Ack>,
+    /// The top-k round this node's last acknowledgement carried.
+    view_round: u64,
+    scheduler: Option<usize>,
+}
+
+struct HostedScheduler {
+    scheduler: DistributedScheduler,
+    installed_round: u64,
+}
+
+struct TaskState {
+    runtime_ms: u64,
+    estimate_ms: u64,
+    resources: Resources,
+}
+
+struct JobState {
+    id: JobId,
+    class: String,
+    arrival: Time,
+    admitted: Time,
+    host: u32,
+    submit_ms: u64,
+    tasks: Vec<TaskState>,
+    remaining: usize,
+    queueable_tasks: Vec<u32>,
+    pending_guaranteed: VecDeque<u32>,
+}
+
+/// A simulation in progress. Build with [`Simulation::new`], drive with [`Simulation::run`] (or
+/// [`Simulation::run_until`]), read the outcome with [`Simulation::report`].
+pub struct Simulation {
+    config: SimConfig,
+    queue: EventQueue<Ev>,
+    now: Time,
+    end: Option<Time>,
+    finished: bool,
+    nodes: Vec<SimNode>,
+    node_index: HashMap<NodeId, u32>,
+    directory: Vec<NodeDirectoryEntry>,
+    hosts: Vec<u32>,
+    schedulers: Vec<HostedScheduler>,
+    /// Node index of each scheduler issuer prefix: issuer = `first_issuer` + node index.
+    first_issuer: u32,
+    coordinator: CoordinatorState,
+    guarantor: Guarantor,
+    rounds: Vec<Vec<NodeLoad>>,
+    round: u64,
+    threshold_ms: Option<f64>,
+    containers: IdMap<ContainerRecord>,
+    jobs: Vec<Option<JobState>>,
+    running_jobs: usize,
+    workload: JobStream,
+    next_job: Option<JobSpec>,
+    arrival_scheduled: bool,
+    exhausted: bool,
+    app: AppId,
+    quota: QueueableQuota,
+    app_rng: StdRng,
+    place_rng: StdRng,
+    coordinator_rng: StdRng,
+    estimate_rng: StdRng,
+    stats: Stats,
+    events: u64,
+    wall: Duration,
+}
+
+#[derive(Default)]
+struct Stats {
+    tasks_completed: u64,
+    tasks_in_window: u64,
+    jobs_completed: u64,
+    jobs_in_window: u64,
+    latencies_s: Vec<f64>,
+    latencies_by_class_s: BTreeMap<String, Vec<f64>>,
+    admission_wait_s: f64,
+    admitted: u64,
+    killed: u64,
+    shed: u64,
+    guaranteed: u64,
+    queueable: u64,
+    cpu_ms_in_window: f64,
+    last_completion: Time,
+}
+
+fn seeded(seed: u64, stream: u64) -> StdRng {
+    // SplitMix64 of (seed, stream) so the streams are independent.
+    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    StdRng::seed_from_u64(z ^ (z >> 31))
+}
+
+impl Simulation {
+    pub fn new(config: SimConfig, workload: JobStream) -> Result<Simulation, String> {
+        config.validate()?;
+        let n = config.nodes;
+        let mut coordinator = CoordinatorState::new(
+            CoordinatorConfig {
+                top_k: config.top_k,
+                shedding: config.shedding,
+                min_shedding_threshold_ms: config.min_shedding_threshold_ms,
+                node_timeout: Duration::from_secs(u64::MAX / 4_000_000),
+            },
+            1,
+        );
+        let mut guarantor = Guarantor::new(
+            GuarantorConfig {
+                token_ttl_ms: TOKEN_TTL_MS,
+            },
+            Box::new(BestFit),
+            0,
+        );
+        let stragglers = config
+            .stragglers
+            .map_or(0, |s| (s.fraction * n as f64).ceil() as usize);
+        let slowdown = config.stragglers.map_or(1.0, |s| s.slowdown);
+        let mut nodes = Vec::with_capacity(n);
+        let mut node_index = HashMap::with_capacity(n);
+        let mut first_issuer = 0;
+        for i in 0..n {
+            let id = NodeId::new(format!("n{i}"));
+            let rack = format!("r{}", i / config.rack_size);
+            let issuer = coordinator.join(
+                Time::ZERO,
+                NodeDirectoryEntry {
+                    node_id: id.clone(),
+                    rack: rack.clone(),
+                    capacity: config.node_capacity,
+                    app_endpoint: format!("{id}:7500"),
+                },
+            );
+            if i == 0 {
+                first_issuer = issuer;
+            }
+            guarantor.add_node(id.clone(), rack, config.node_capacity);
+            let mut runtime_config = NodeRuntimeConfig::new(config.node_capacity);
+            runtime_config.reorder_by_job_submit_time = config.reorder_by_job_submit_time;
+            node_index.insert(id.clone(), i as u32);
+            nodes.push(SimNode {
+                id,
+                runtime: NodeRuntime::new(runtime_config, Time::ZERO),
+                slowdown: if i < stragglers { slowdown } else { 1.0 },
+                finished_guaranteed: Vec::new(),
+                report: None,
+                ack: None,
+                view_round: 0,
+                scheduler: None,
+            });
+        }
+        let directory: Vec<NodeDirectoryEntry> = coordinator.nodes().cloned().collect();
+        let host_count = config.job_manager_hosts.min(n);
+        let hosts = (0..host_count)
+            .map(|h| (h * n / host_count) as u32)
+            .collect();
+        let mut coordinator_rng = seeded(config.seed, 3);
+        let first_round = coordinator.top_k(&mut coordinator_rng);
+        let mut rounds = vec![Vec::new(); ROUND_RING];
+        rounds[0] = first_round;
+        let mut sim = Simulation {
+            end: config.duration_ms.map(Time::from_millis),
+            queue: EventQueue::default(),
+            now: Time::ZERO,
+            finished: false,
+            nodes,
+            node_index,
+            directory,
+            hosts,
+            schedulers: Vec::new(),
+            first_issuer,
+            threshold_ms: coordinator.shedding_threshold_ms(),
+            coordinator,
+            guarantor,
+            rounds,
+            round: 0,
+            containers: IdMap::default(),
+            jobs: Vec::new(),
+            running_jobs: 0,
+            workload,
+            next_job: None,
+            arrival_scheduled: false,
+            exhausted: false,
+            app: AppId::from("sim-app"),
+            quota: QueueableQuota::default(),
+            app_rng: seeded(config.seed, 1),
+            place_rng: seeded(config.seed, 2),
+            coordinator_rng,
+            estimate_rng: seeded(config.seed, 4),
+            stats: Stats::default(),
+            events: 0,
+            wall: Duration::ZERO,
+            config,
+        };
+        let interval = sim.config.heartbeat_interval_ms * 1000;
+        for i in 0..n {
+            // Heartbeats are spread evenly over the interval, as independent nodes' would be.
+            let offset = interval * i as u64 / n as u64;
+            sim.queue
+                .push(Time::from_micros(offset), Ev::Heartbeat { node: i as u32 });
+        }
+        sim.queue.push(Time::from_micros(interval), Ev::Round);
+        if let Some(end) = sim.end {
+            sim.queue.push(end, Ev::End);
+        }
+        sim.try_admit();
+        Ok(sim)
+    }
+
+    /// Simulated time now.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// Events processed so far.
+    pub fn events_processed(&self) -> u64 {
+        self.events
+    }
+
+    /// Run to the end (the configured duration, or until the workload is drained).
+    pub fn run(&mut self) {
+        self.run_until(None);
+    }
+
+    /// Run until simulated time `until` (or the end). Returns true if the run is over.
+    pub fn run_until(&mut self, until: Option<Time>) -> bool {
+        let started = Instant::now();
+        let progress = self.config.progress.then(|| {
+            let bar = match self.end {
+                Some(end) => indicatif::ProgressBar::new(end.as_micros() / 1_000_000),
+                None => indicatif::ProgressBar::new_spinner(),
+            };
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} simulated {pos}s / {len}s [{elapsed_precise}] {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        while !self.finished {
+            let Some((at, ev)) = self.queue.pop() else {
+                self.finished = true;
+                break;
+            };
+            if until.is_some_and(|u| at > u) {
+                self.queue.push(at, ev);
+                break;
+            }
+            self.now = at;
+            self.events += 1;
+            self.handle(ev);
+            if let Some(bar) = &progress
+                && self.events.is_multiple_of(65_536)
+            {
+                bar.set_position(self.now.as_micros() / 1_000_000);
+                bar.set_message(format!("{} events", self.events));
+            }
+        }
+        if let Some(bar) = progress {
+            bar.finish_and_clear();
+        }
+        self.wall += started.elapsed();
+        self.finished
+    }
+
+    fn after_ms(&self, ms: u64) -> Time {
+        self.now + Duration::from_millis(ms)
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Arrival => {
+                self.arrival_scheduled = false;
+                self.try_admit();
+            }
+            Ev::JobQueueableAsks { job } => {
+                let tasks = self.jobs[job as usize]
+                    .as_ref()
+                    .map(|j| j.queueable_tasks.clone())
+                    .unwrap_or_default();
+                for task in tasks {
+                    self.place_queueable(job, task);
+                }
+            }
+            Ev::QueueableAsk { job, task } => self.place_queueable(job, task),
+            Ev::GuaranteedAsks { job } => self.ask_guaranteed(job),
+            Ev::StartContainer { cid } => self.start_container(cid),
+            Ev::TaskExit { cid } => {
+                let Some(rec) = self.containers.get(&cid) else {
+                    return; // killed before it could finish
+                };
+                let node = rec.node;
+                if self.nodes[node as usize]
+                    .runtime
+                    .on_exit(self.now, cid, 0)
+                    .is_ok()
+                {
+                    self.node_events(node);
+                }
+            }
+            Ev::TaskDone { job, task } => self.task_done(job, task),
+            Ev::TaskLost { job, task } => {
+                let delay = self.config.delays.queueable_ask_ms;
+                self.queue
+                    .push(self.after_ms(delay), Ev::QueueableAsk { job, task });
+            }
+            Ev::Heartbeat { node } => self.heartbeat(node),
+            Ev::HeartbeatArrival { node } => self.heartbeat_arrival(node),
+            Ev::HeartbeatAck { node } => self.heartbeat_ack(node),
+            Ev::Round => self.coordinator_round(),
+            Ev::GuarantorFinish { cid, node } => {
+                self.guarantor.on_finished(cid);
+                let id = self.nodes[node as usize].id.clone();
+                let placements = self.guarantor.schedule_on_node(self.now.as_millis(), &id);
+                self.deliver_grants(placements);
+                self.check_guarantor();
+            }
+            Ev::End => self.finished = true,
+        }
+    }
+
+    // ---- job managers -------------------------------------------------------------------
+
+    fn try_admit(&mut self) {
+        while self.running_jobs < self.config.max_concurrent_jobs {
+            if self.next_job.is_none() {
+                self.next_job = self.workload.next();
+                if self.next_job.is_none() {
+                    self.exhausted = true;
+                    break;
+                }
+            }
+            let Some(arrival) = self.next_job.as_ref().map(|j| j.arrival) else {
+                break;
+            };
+            if arrival > self.now {
+                if !self.arrival_scheduled {
+                    self.queue.push(arrival, Ev::Arrival);
+                    self.arrival_scheduled = true;
+                }
+                break;
+            }
+            if let Some(spec) = self.next_job.take() {
+                self.admit(spec);
+            }
+        }
+        if self.exhausted && self.running_jobs == 0 && self.config.duration_ms.is_none() {
+            self.finished = true;
+        }
+    }
+
+    fn estimate(&mut self, runtime_ms: u64) -> u64 {
+        match self.config.estimate {
+            EstimateModel::Exact => runtime_ms,
+            EstimateModel::Noisy { sigma } => {
+                // Box–Muller standard normal.
+                let u1: f64 = self.estimate_rng.random_range(f64::EPSILON..1.0);
+                let u2: f64 = self.estimate_rng.random_range(0.0..1.0);
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                ((runtime_ms as f64) * (sigma * z).exp()).round().max(1.0) as u64
+            }
+        }
+    }
+
+    fn admit(&mut self, spec: JobSpec) {
+        let job = self.jobs.len() as u32;
+        let host = self.hosts[job as usize % self.hosts.len()];
+        self.ensure_scheduler(host);
+        self.stats.admitted += 1;
+        self.stats.admission_wait_s += self.now.saturating_since(spec.arrival).as_secs_f64();
+        let mut state = JobState {
+            id: JobId::new(format!("j{job}")),
+            class: spec.class,
+            arrival: spec.arrival,
+            admitted: self.now,
+            host,
+            submit_ms: self.now.as_millis(),
+            tasks: Vec::with_capacity(spec.tasks.len()),
+            remaining: spec.tasks.len(),
+            queueable_tasks: Vec::new(),
+            pending_guaranteed: VecDeque::new(),
+        };
+        for (i, t) in spec.tasks.into_iter().enumerate() {
+            let estimate_ms = self.estimate(t.runtime_ms);
+            match self
+                .config
+                .policy
+                .choose(Some(estimate_ms), &mut self.app_rng)
+            {
+                ContainerType::Queueable => state.queueable_tasks.push(i as u32),
+                ContainerType::Guaranteed => state.pending_guaranteed.push_back(i as u32),
+            }
+            state.tasks.push(TaskState {
+                runtime_ms: t.runtime_ms,
+                estimate_ms,
+                resources: t.resources,
+            });
+        }
+        let (has_q, has_g) = (
+            !state.queueable_tasks.is_empty(),
+            !state.pending_guaranteed.is_empty(),
+        );
+        let empty = state.tasks.is_empty();
+        self.jobs.push(Some(state));
+        self.running_jobs += 1;
+        if empty {
+            self.finish_job(job);
+            return;
+        }
+        if has_q {
+            let at = self.after_ms(self.config.delays.queueable_ask_ms);
+            self.queue.push(at, Ev::JobQueueableAsks { job });
+        }
+        if has_g {
+            let at = self.after_ms(self.config.delays.heartbeat_ms);
+            self.queue.push(at, Ev::GuaranteedAsks { job });
+        }
+    }
+
+    fn ensure_scheduler(&mut self, host: u32) {
+        if self.nodes[host as usize].scheduler.is_some() {
+            return;
+        }
+        let node = &self.nodes[host as usize];
+        let mut scheduler = DistributedScheduler::new(
+            DistributedSchedulerConfig {
+                top_k: self.config.top_k,
+                token_ttl_ms: TOKEN_TTL_MS,
+            },
+            self.first_issuer + host,
+        );
+        // What a join acknowledgement carries: the directory and the current top-k.
+        scheduler.update_view(ClusterView {
+            directory_version: self.coordinator.directory_version(),
+            directory: self.directory.clone(),
+            top_k: self.rounds[node.view_round as usize % ROUND_RING].clone(),
+        });
+        self.schedulers.push(HostedScheduler {
+            scheduler,
+            installed_round: node.view_round,
+        });
+        self.nodes[host as usize].scheduler = Some(self.schedulers.len() - 1);
+    }
+
+    fn place_queueable(&mut self, job: u32, task: u32) {
+        let Some(state) = self.jobs[job as usize].as_ref() else {
+            return;
+        };
+        let host = state.host;
+        let t = &state.tasks[task as usize];
+        let ask = QueueableAsk {
+            app_id: self.app.clone(),
+            resources: t.resources,
+            count: 1,
+            priority: 0,
+            locality: None,
+            runtime_estimate_ms: Some(t.estimate_ms),
+            job_id: state.id.clone(),
+            job_submit_time_ms: state.submit_ms,
+        };
+        let node_round = self.nodes[host as usize].view_round;
+        let Some(s) = self.nodes[host as usize].scheduler else {
+            return;
+        };
+        let hosted = &mut self.schedulers[s];
+        if hosted.installed_round != node_round {
+            hosted
+                .scheduler
+                .update_top_k(self.rounds[node_round as usize % ROUND_RING].clone());
+            hosted.installed_round = node_round;
+        }
+        let now_ms = self.now.as_millis();
+        let placed = hosted
+            .scheduler
+            .place(now_ms, &ask, &self.quota, &mut self.place_rng)
+            .ok()
+            .and_then(|mut out| out.placed.pop());
+        let Some(placed) = placed else {
+            // No eligible node in this view (e.g. the task is larger than every top-k node):
+            // ask again after the next round.
+            let at = self.after_ms(self.config.heartbeat_interval_ms);
+            self.queue.push(at, Ev::QueueableAsk { job, task });
+            return;
+        };
+        let Some(&node) = self.node_index.get(&placed.node_id) else {
+            return;
+        };
+        self.stats.queueable += 1;
+        let cid = placed.container_id;
+        self.containers.insert(
+            cid,
+            ContainerRecord {
+                job,
+                task,
+                node,
+                container_type: ContainerType::Queueable,
+                estimate_ms: placed.token_body.runtime_estimate_ms,
+                submit_ms: placed.token_body.job_submit_time_ms,
+                started_at: None,
+            },
+        );
+        let at = self
+            .after_ms(self.config.delays.queueable_ask_ms + self.config.delays.start_container_ms);
+        self.queue.push(at, Ev::StartContainer { cid });
+    }
+
+    fn ask_guaranteed(&mut self, job: u32) {
+        let Some(state) = self.jobs[job as usize].as_ref() else {
+            return;
+        };
+        // One ask per container shape, as a YARN AM asks for N containers of a capability; its
+        // runtime estimate (for the nodes' R) is the mean of the tasks it will run.
+        let mut shapes: BTreeMap<(u64, u64), (u32, u64)> = BTreeMap::new();
+        for &t in &state.pending_guaranteed {
+            let task = &state.tasks[t as usize];
+            let e = shapes
+                .entry((task.resources.cpu_millis, task.resources.memory_mib))
+                .or_default();
+            e.0 += 1;
+            e.1 += task.estimate_ms;
+        }
+        let asks: Vec<GuaranteedAsk> = shapes
+            .into_iter()
+            .map(|((cpu, mem), (count, sum))| GuaranteedAsk {
+                ask_key: u64::from(job),
+                app_id: self.app.clone(),
+                resources: Resources::new(cpu, mem),
+                count,
+                priority: 0,
+                locality: None,
+                runtime_estimate_ms: Some(sum / u64::from(count.max(1))),
+                job_id: state.id.clone(),
+                job_submit_time_ms: state.submit_ms,
+            })
+            .collect();
+        let nothing_waiting = self.guarantor.pending_asks() == 0;
+        for ask in asks {
+            if self.guarantor.submit(ask.clone()).is_err() {
+                // Larger than every node: these tasks can never run; count them as done so the
+                // job completes, and say so in the report's task count.
+                let resources = ask.resources;
+                if let Some(state) = self.jobs[job as usize].as_mut() {
+                    let tasks = &state.tasks;
+                    state
+                        .pending_guaranteed
+                        .retain(|&t| tasks[t as usize].resources != resources);
+                }
+                for _ in 0..ask.count {
+                    self.job_task_finished(job, false);
+                }
+            }
+        }
+        // Event-driven: place on arrival. Capacity freed later is offered to waiting asks by
+        // node updates, so when older asks wait no node has room that a node update would not
+        // also find; scanning the whole cluster again is only needed when nothing waits.
+        if self.config.guaranteed_allocation == GuaranteedAllocation::EventDriven && nothing_waiting
+        {
+            let placements = self.guarantor.schedule(self.now.as_millis());
+            self.deliver_grants(placements);
+        }
+        self.check_guarantor();
+    }
+
+    fn deliver_grants(&mut self, placements: Vec<GuaranteedPlacement>) {
+        for p in placements {
+            let cid = p.token_body.container_id;
+            let job = p.ask_key as u32;
+            let node = self.node_index.get(&p.token_body.node_id).copied();
+            let task = self
+                .jobs
+                .get(job as usize)
+                .and_then(|j| j.as_ref())
+                .and_then(|state| {
+                    let pos = state.pending_guaranteed.iter().position(|&t| {
+                        state.tasks[t as usize].resources == p.token_body.resources
+                    })?;
+                    Some(pos)
+                });
+            let (Some(node), Some(pos)) = (node, task) else {
+                // Nobody to use it: give it back.
+                self.guarantor.on_finished(cid);
+                continue;
+            };
+            let Some(state) = self.jobs[job as usize].as_mut() else {
+                continue;
+            };
+            let Some(task) = state.pending_guaranteed.remove(pos) else {
+                continue;
+            };
+            self.stats.guaranteed += 1;
+            self.containers.insert(
+                cid,
+                ContainerRecord {
+                    job,
+                    task,
+                    node,
+                    container_type: ContainerType::Guaranteed,
+                    estimate_ms: p.token_body.runtime_estimate_ms,
+                    submit_ms: p.token_body.job_submit_time_ms,
+                    started_at: None,
+                },
+            );
+            let at = self.after_ms(
+                self.config.delays.guaranteed_grant_ms + self.config.delays.start_container_ms,
+            );
+            self.queue.push(at, Ev::StartContainer { cid });
+        }
+    }
+
+    fn task_done(&mut self, job: u32, task: u32) {
+        let in_window = self.now.as_millis() >= self.config.warmup_ms;
+        if let Some(state) = self.jobs[job as usize].as_ref() {
+            let t = &state.tasks[task as usize];
+            if in_window {
+                self.stats.cpu_ms_in_window +=
+                    t.runtime_ms as f64 * t.resources.cpu_millis as f64 / 1000.0;
+            }
+        }
+        self.job_task_finished(job, true);
+    }
+
+    fn job_task_finished(&mut self, job: u32, completed: bool) {
+        let in_window = self.now.as_millis() >= self.config.warmup_ms;
+        if completed {
+            self.stats.tasks_completed += 1;
+            if in_window {
+                self.stats.tasks_in_window += 1;
+            }
+            self.stats.last_completion = self.now;
+        }
+        let Some(state) = self.jobs[job as usize].as_mut() else {
+            return;
+        };
+        state.remaining = state.remaining.saturating_sub(1);
+        if state.remaining == 0 {
+            self.finish_job(job);
+        }
+    }
+
+    fn finish_job(&mut self, job: u32) {
+        let Some(state) = self.jobs[job as usize].take() else {
+            return;
+        };
+        self.running_jobs -= 1;
+        self.stats.jobs_completed += 1;
+        if self.now.as_millis() >= self.config.warmup_ms {
+            self.stats.jobs_in_window += 1;
+            let latency = self.now.saturating_since(state.admitted).as_secs_f64();
+            self.stats.latencies_s.push(latency);
+            self.stats
+                .latencies_by_class_s
+                .entry(state.class)
+                .or_default()
+                .push(latency);
+        }
+        let _ = state.arrival;
+        self.try_admit();
+    }
+
+    // ---- nodes ------------------------------------------------------------------------------
+
+    fn start_container(&mut self, cid: ContainerId) {
+        let Some(rec) = self.containers.get(&cid) else {
+            return;
+        };
+        let Some(state) = self.jobs[rec.job as usize].as_ref() else {
+            self.containers.remove(&cid);
+            return;
+        };
+        let spec = ContainerSpec {
+            id: cid,
+            app_id: self.app.clone(),
+            job_id: state.id.clone(),
+            job_submit_time: Time::from_millis(rec.submit_ms),
+            priority: 0,
+            container_type: rec.container_type,
+            resources: state.tasks[rec.task as usize].resources,
+            runtime_estimate_ms: rec.estimate_ms,
+            version: 0,
+        };
+        let node = rec.node;
+        let (job, task, container_type) = (rec.job, rec.task, rec.container_type);
+        match self.nodes[node as usize].runtime.submit(self.now, spec) {
+            Ok(()) => {
+                if container_type == ContainerType::Guaranteed {
+                    self.guarantor.on_started(cid);
+                }
+                self.node_events(node);
+            }
+            Err(_) => {
+                // The node refused it (queue full): the job manager asks again.
+                self.containers.remove(&cid);
+                match container_type {
+                    ContainerType::Queueable => {
+                        if let Some(s) = self.scheduler_of(cid) {
+                            s.quotas_mut().on_finished(cid);
+                        }
+                        let at = self.after_ms(self.config.delays.notify_ms);
+                        self.queue.push(at, Ev::TaskLost { job, task });
+                    }
+                    ContainerType::Guaranteed => {
+                        self.guarantor.on_finished(cid);
+                        if let Some(state) = self.jobs[job as usize].as_mut() {
+                            state.pending_guaranteed.push_back(task);
+                        }
+                        let at = self.after_ms(self.config.delays.heartbeat_ms);
+                        self.queue.push(at, Ev::GuaranteedAsks { job });
+                    }
+                }
+            }
+        }
+    }
+
+    fn scheduler_of(&mut self, cid: ContainerId) -> Option<&mut DistributedScheduler> {
+        let node = cid.issuer().checked_sub(self.first_issuer)? as usize;
+        let s = self.nodes.get(node)?.scheduler?;
+        Some(&mut self.schedulers[s].scheduler)
+    }
+
+    /// Act on what a node runtime decided.
+    fn node_events(&mut self, node: u32) {
+        let events = self.nodes[node as usize].runtime.drain_events();
+        for ev in events {
+            match ev {
+                NodeEvent::Start { id } => {
+                    let Some(rec) = self.containers.get_mut(&id) else {
+                        continue;
+                    };
+                    rec.started_at = Some(self.now);
+                    let (job, task, container_type) = (rec.job, rec.task, rec.container_type);
+                    let runtime_ms = self.jobs[job as usize]
+                        .as_ref()
+                        .map_or(0, |s| s.tasks[task as usize].runtime_ms);
+                    let slowdown = self.nodes[node as usize].slowdown;
+                    let run_us = (runtime_ms as f64 * slowdown * 1000.0).round() as u64
+                        + self.config.task_launch_overhead_ms * 1000;
+                    let at = self.now + Duration::from_micros(run_us);
+                    self.queue.push(at, Ev::TaskExit { cid: id });
+                    if container_type == ContainerType::Queueable
+                        && let Some(s) = self.scheduler_of(id)
+                    {
+                        s.quotas_mut().on_started(id);
+                    }
+                }
+                NodeEvent::Finished { id, .. } => {
+                    let Some(rec) = self.containers.remove(&id) else {
+                        continue;
+                    };
+                    match rec.container_type {
+                        ContainerType::Guaranteed => match self.config.guaranteed_allocation {
+                            GuaranteedAllocation::OnHeartbeat => {
+                                self.nodes[node as usize].finished_guaranteed.push(id)
+                            }
+                            GuaranteedAllocation::EventDriven => {
+                                let at = self.after_ms(self.config.delays.heartbeat_ms);
+                                self.queue.push(at, Ev::GuarantorFinish { cid: id, node });
+                            }
+                        },
+                        ContainerType::Queueable => {
+                            if let Some(s) = self.scheduler_of(id) {
+                                s.quotas_mut().on_finished(id);
+                            }
+                        }
+                    }
+                    let at = self.after_ms(self.config.delays.notify_ms);
+                    self.queue.push(
+                        at,
+                        Ev::TaskDone {
+                            job: rec.job,
+                            task: rec.task,
+                        },
+                    );
+                }
+                NodeEvent::Killed { id, reason, .. } => {
+                    let Some(rec) = self.containers.remove(&id) else {
+                        continue;
+                    };
+                    match reason {
+                        KillReason::Shed => self.stats.shed += 1,
+                        _ => self.stats.killed += 1,
+                    }
+                    match rec.container_type {
+                        ContainerType::Queueable => {
+                            if let Some(s) = self.scheduler_of(id) {
+                                s.quotas_mut().on_finished(id);
+                            }
+                            let at = self.after_ms(self.config.delays.notify_ms);
+                            self.queue.push(
+                                at,
+                                Ev::TaskLost {
+                                    job: rec.job,
+                                    task: rec.task,
+                                },
+                            );
+                        }
+                        ContainerType::Guaranteed => {
+                            self.guarantor.on_finished(id);
+                            if let Some(state) = self.jobs[rec.job as usize].as_mut() {
+                                state.pending_guaranteed.push_back(rec.task);
+                            }
+                            let at = self.after_ms(self.config.delays.heartbeat_ms);
+                            self.queue.push(at, Ev::GuaranteedAsks { job: rec.job });
+                        }
+                    }
+                }
+                NodeEvent::Queued { .. }
+                | NodeEvent::WaitingGuaranteed { .. }
+                | NodeEvent::Promoted { .. } => {}
+            }
+        }
+        if self.config.check_invariants
+            && let Err(e) = self.nodes[node as usize].runtime.check_invariants()
+        {
+            panic!(
+                "node {} invariant broken at {}: {e}",
+                self.nodes[node as usize].id, self.now
+            );
+        }
+    }
+
+    fn check_guarantor(&self) {
+        if self.config.check_invariants
+            && let Err(e) = self.guarantor.check_invariants()
+        {
+            panic!("guarantor invariant broken at {}: {e}", self.now);
+        }
+    }
+
+    // ---- coordinator ------------------------------------------------------------------------
+
+    fn heartbeat(&mut self, node: u32) {
+        let interval = self.config.heartbeat_interval_ms;
+        let n = &mut self.nodes[node as usize];
+        let load = n.runtime.queue_delay(self.now);
+        let finished = std::mem::take(&mut n.finished_guaranteed);
+        n.report = Some((load, finished));
+        let at = self.after_ms(self.config.delays.heartbeat_ms);
+        self.queue.push(at, Ev::HeartbeatArrival { node });
+        let next = self.after_ms(interval);
+        if self.end.is_none_or(|end| next <= end) {
+            self.queue.push(next, Ev::Heartbeat { node });
+        }
+    }
+
+    fn heartbeat_arrival(&mut self, node: u32) {
+        let Some((load, finished)) = self.nodes[node as usize].report.take() else {
+            return;
+        };
+        let id = self.nodes[node as usize].id.clone();
+        // Node loss is not simulated, so the container list (used only to report a lost
+        // node's containers) is not sent.
+        self.coordinator.heartbeat(self.now, &id, load, Vec::new());
+        for cid in finished {
+            self.guarantor.on_finished(cid);
+        }
+        if self.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat {
+            let placements = self.guarantor.schedule_on_node(self.now.as_millis(), &id);
+            self.deliver_grants(placements);
+        }
+        self.check_guarantor();
+        let ack = Ack {
+            threshold_ms: self.threshold_ms,
+            queueable_limit: if self.config.policing {
+                self.guarantor.queueable_limit(&id)
+            } else {
+                None
+            },
+            view_round: self.round,
+        };
+        self.nodes[node as usize].ack = Some(ack);
+        let at = self.after_ms(self.config.delays.heartbeat_ms);
+        self.queue.push(at, Ev::HeartbeatAck { node });
+    }
+
+    fn heartbeat_ack(&mut self, node: u32) {
+        let now = self.now;
+        let n = &mut self.nodes[node as usize];
+        let Some(ack) = n.ack.take() else {
+            return;
+        };
+        if let Some(limit) = ack.queueable_limit {
+            n.runtime.set_queueable_limit(now, limit);
+        }
+        if let Some(threshold) = ack.threshold_ms {
+            n.runtime.shed_to_threshold(now, threshold);
+        }
+        n.view_round = ack.view_round;
+        self.node_events(node);
+    }
+
+    fn coordinator_round(&mut self) {
+        let top = self.coordinator.top_k(&mut self.coordinator_rng);
+        self.round += 1;
+        self.rounds[self.round as usize % ROUND_RING] = top;
+        self.threshold_ms = self.coordinator.shedding_threshold_ms();
+        let now_ms = self.now.as_millis();
+        for s in &mut self.schedulers {
+            s.scheduler.quotas_mut().expire(now_ms);
+        }
+        let next = self.after_ms(self.config.heartbeat_interval_ms);
+        if self.end.is_none_or(|end| next <= end) {
+            self.queue.push(next, Ev::Round);
+        }
+    }
+
+    /// The report of the run so far.
+    pub fn report(&self, workload: &str) -> SimReport {
+        let end = self
+            .end
+            .unwrap_or(self.stats.last_completion)
+            .max(self.now.min(self.end.unwrap_or(self.now)));
+        let measured_s =
+            (end.as_micros() as f64 / 1e6 - self.config.warmup_ms as f64 / 1e3).max(1e-9);
+        let mut all = self.stats.latencies_s.clone();
+        let by_class = self
+            .stats
+            .latencies_by_class_s
+            .iter()
+            .map(|(k, v)| (k.clone(), LatencySummary::of(&mut v.clone())))
+            .collect();
+        let capacity_cpu =
+            self.config.node_capacity.cpu_millis as f64 / 1000.0 * self.config.nodes as f64;
+        let wall_s = self.wall.as_secs_f64();
+        SimReport {
+            seed: self.config.seed,
+            config: self.config.clone(),
+            workload: workload.to_string(),
+            measured_s,
+            simulated_s: end.as_micros() as f64 / 1e6,
+            task_throughput: self.stats.tasks_in_window as f64 / measured_s,
+            job_throughput: self.stats.jobs_in_window as f64 / measured_s * 60.0,
+            job_latency_s: LatencySummary::of(&mut all),
+            job_latency_by_class_s: by_class,
+            mean_admission_wait_s: if self.stats.admitted > 0 {
+                self.stats.admission_wait_s / self.stats.admitted as f64
+            } else {
+                0.0
+            },
+            queueable_killed: self.stats.killed,
+            queueable_shed: self.stats.shed,
+            tasks_completed: self.stats.tasks_completed,
+            jobs_completed: self.stats.jobs_completed,
+            guaranteed_containers: self.stats.guaranteed,
+            queueable_containers: self.stats.queueable,
+            cpu_utilization: self.stats.cpu_ms_in_window / 1000.0 / (capacity_cpu * measured_s),
+            events: self.events,
+            wall_s,
+            events_per_s: if wall_s > 0.0 {
+                self.events as f64 / wall_s
+            } else {
+                0.0
+            },
+        }
+    }
+}

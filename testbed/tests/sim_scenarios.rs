@@ -1,0 +1,112 @@
+//! Small simulator scenarios: determinism, invariants (checked after every step in debug
+//! builds), and the basic Mercury effect that QUEUEABLE placement beats heartbeat-driven central
+//! allocation on short tasks.
+
+use scheduler_core::Resources;
+use scheduler_core::coordinator::SheddingPolicy;
+use scheduler_core::hybrid_gq::HybridGq;
+use testbed::sim::{self, GuaranteedAllocation, SimConfig, SimReport};
+use testbed::workload::{Arrivals, Generator};
+
+fn small(seed: u64, policy: HybridGq) -> SimConfig {
+    let mut c = SimConfig::mercury_cluster(seed, policy);
+    c.nodes = 16;
+    c.node_capacity = Resources::new(4_000, 16_384);
+    c.top_k = 5;
+    c.max_concurrent_jobs = 6;
+    c.job_manager_hosts = 4;
+    c.duration_ms = Some(120_000);
+    c.warmup_ms = 10_000;
+    c.check_invariants = true;
+    c
+}
+
+fn run(config: SimConfig, generator: Generator) -> SimReport {
+    let stream = generator.stream(config.seed, Arrivals::Backlog);
+    sim::run(config, &generator.name(), stream).expect("valid configuration")
+}
+
+fn without_wall_time(mut r: SimReport) -> SimReport {
+    r.wall_s = 0.0;
+    r.events_per_s = 0.0;
+    r
+}
+
+#[test]
+fn same_seed_gives_an_identical_report_and_another_seed_does_not() {
+    let policy: HybridGq = "<10sec-70%-Q".parse().unwrap();
+    let mut config = small(7, policy);
+    config.shedding = SheddingPolicy::MeanPlusSigma { n: 1.0 };
+    config.reorder_by_job_submit_time = true;
+    let a = without_wall_time(run(config.clone(), Generator::SyntheticHybrid));
+    let b = without_wall_time(run(config.clone(), Generator::SyntheticHybrid));
+    assert_eq!(
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap()
+    );
+    assert!(a.tasks_completed > 0 && a.guaranteed_containers > 0 && a.queueable_containers > 0);
+    config.seed = 8;
+    let c = without_wall_time(run(config, Generator::SyntheticHybrid));
+    assert_ne!(a.tasks_completed, c.tasks_completed);
+    assert_eq!(a.seed, 7);
+    assert_eq!(a.config.policy_label, "<10sec-70%-Q");
+}
+
+#[test]
+fn only_queueable_beats_heartbeat_driven_only_guaranteed_on_short_tasks() {
+    let g = run(small(1, HybridGq::ONLY_G), Generator::Microbenchmark);
+    let q = run(small(1, HybridGq::ONLY_Q), Generator::Microbenchmark);
+    assert_eq!(g.queueable_containers, 0);
+    assert_eq!(q.guaranteed_containers, 0);
+    assert!(
+        q.task_throughput > 1.3 * g.task_throughput,
+        "only-Q {} vs only-G {}",
+        q.task_throughput,
+        g.task_throughput
+    );
+    // With 3 s heartbeats and ~1.2 s tasks, the central scheduler leaves slots idle.
+    assert!(g.cpu_utilization < 0.6, "{}", g.cpu_utilization);
+    assert!(q.cpu_utilization > 0.8, "{}", q.cpu_utilization);
+}
+
+#[test]
+fn event_driven_guarantor_beats_heartbeat_allocation_and_all_jobs_drain() {
+    let mut hb = small(3, HybridGq::ONLY_G);
+    hb.duration_ms = None;
+    let mut ev = hb.clone();
+    ev.guaranteed_allocation = GuaranteedAllocation::EventDriven;
+    let jobs = || {
+        Generator::Microbenchmark
+            .stream(3, Arrivals::Backlog)
+            .take(20)
+            .collect::<Vec<_>>()
+    };
+    let hb = sim::run(hb, "micro-20", testbed::workload::from_jobs(jobs())).unwrap();
+    let ev = sim::run(ev, "micro-20", testbed::workload::from_jobs(jobs())).unwrap();
+    assert_eq!(hb.jobs_completed, 20);
+    assert_eq!(ev.jobs_completed, 20);
+    assert_eq!(hb.tasks_completed, 20 * 200);
+    assert!(
+        ev.simulated_s < hb.simulated_s,
+        "{} vs {}",
+        ev.simulated_s,
+        hb.simulated_s
+    );
+}
+
+#[test]
+fn guaranteed_work_preempts_queueable_work_and_shedding_discards_queued_work() {
+    // Half the tasks GUARANTEED on a busy cluster: G arrivals kill running Q containers when
+    // policing is off; shedding with stragglers discards queued ones.
+    let mut config = small(5, "50%-Q".parse().unwrap());
+    config.policing = false;
+    config.shedding = SheddingPolicy::MeanPlusSigma { n: 1.0 };
+    config.stragglers = Some(sim::Stragglers {
+        fraction: 0.25,
+        slowdown: 3.0,
+    });
+    let r = run(config, Generator::SyntheticHybrid);
+    assert!(r.queueable_killed > 0, "{r:?}");
+    assert!(r.queueable_shed > 0, "{r:?}");
+    assert!(r.tasks_completed > 0);
+}
