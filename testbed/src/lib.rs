@@ -4,6 +4,8 @@
 //!
 //! Each subcommand of the `testbed` binary lives in its own module below.
 
+pub mod experiment;
 pub mod sim;
 pub mod task;
+pub mod traces;
 pub mod workload;

@@ -21,6 +21,7 @@
 //! Token signing is skipped: the schedulers return token bodies and signing is the caller's job
 //! (the node runtime never sees tokens). Node failures are not simulated.
 
+pub mod cli;
 mod engine;
 pub mod events;
 

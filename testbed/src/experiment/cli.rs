@@ -1,0 +1,77 @@
+//! `testbed experiment NAME`.
+
+use super::{ExperimentOptions, mercury, write_report};
+use std::path::PathBuf;
+
+/// Arguments of `testbed experiment`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExperimentArgs {
+    /// Experiment name: mercury.
+    pub name: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the full JSON report on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write report.md, report.json and SVG charts into this directory.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Simulated seconds per configuration (the paper's runs are 30 minutes).
+    #[arg(long, default_value_t = 1800)]
+    pub duration_s: u64,
+    /// Configurations run side by side (the results do not depend on it).
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Launch overhead added to every task's container, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub task_launch_overhead_ms: u64,
+}
+
+/// Run `testbed experiment`.
+pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
+    if args.name != "mercury" {
+        anyhow::bail!("unknown experiment {:?}: expected mercury", args.name);
+    }
+    let options = ExperimentOptions {
+        seed: args.seed,
+        duration_s: args.duration_s,
+        threads: args.threads,
+        task_launch_overhead_ms: args.task_launch_overhead_ms,
+        progress: true,
+    };
+    let report = mercury(&options).map_err(|e| anyhow::anyhow!(e))?;
+    if let Some(dir) = &args.report {
+        write_report(&report, dir)?;
+        eprintln!("report written to {}", dir.join("report.md").display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "mercury experiment, seed {}, {:.1} s wall",
+            report.seed, report.wall_s
+        );
+        for c in &report.configurations {
+            let s = &c.report;
+            println!(
+                "  {:<24} {:<24} {:>8.1} tasks/s {:>7.2} jobs/min  latency mean {:>7.1} s p99 {:>7.1} s  killed {:>6} shed {:>6}",
+                c.group,
+                c.name,
+                s.task_throughput,
+                s.job_throughput,
+                s.job_latency_s.mean,
+                s.job_latency_s.p99,
+                s.queueable_killed,
+                s.queueable_shed
+            );
+        }
+        println!("headline (paper vs ours):");
+        for h in &report.headline {
+            println!(
+                "  {:<90} {:>+7.1}% {:>+7.1}%",
+                h.claim, h.paper_percent, h.ours_percent
+            );
+        }
+    }
+    Ok(())
+}
