@@ -181,6 +181,9 @@ pub struct NodeRuntime {
     queue: BTreeMap<QueueKey, ContainerSpec>,
     queue_keys: HashMap<ContainerId, QueueKey>,
     waiting_guaranteed: VecDeque<ContainerSpec>,
+    /// Σ over queued and waiting containers of estimate × dominant share, as an exact integer
+    /// (see [`NodeRuntime::work_weight`]), so Tq is O(1) however long the queue is.
+    waiting_work: u128,
     allocated: Resources,
     queueable_allocated: Resources,
     next_seq: u64,
@@ -200,6 +203,7 @@ impl NodeRuntime {
             queue: BTreeMap::new(),
             queue_keys: HashMap::new(),
             waiting_guaranteed: VecDeque::new(),
+            waiting_work: 0,
             allocated: Resources::ZERO,
             queueable_allocated: Resources::ZERO,
             next_seq: 0,
@@ -329,6 +333,7 @@ impl NodeRuntime {
         match spec.container_type {
             ContainerType::Guaranteed => {
                 let id = spec.id;
+                self.waiting_work += self.work_weight(&spec);
                 self.waiting_guaranteed.push_back(spec);
                 self.start_pending(now);
                 if self.placement(id) == Some(Placement::WaitingGuaranteed) {
@@ -362,6 +367,7 @@ impl NodeRuntime {
         };
         self.next_seq += 1;
         self.queue_keys.insert(spec.id, key.clone());
+        self.waiting_work += self.work_weight(&spec);
         self.queue.insert(key, spec);
     }
 
@@ -433,6 +439,7 @@ impl NodeRuntime {
                 break;
             }
             let g = self.waiting_guaranteed.pop_front().expect("front exists");
+            self.waiting_work -= self.work_weight(&g);
             self.launch(now, g);
         }
         if !self.waiting_guaranteed.is_empty() {
@@ -457,6 +464,7 @@ impl NodeRuntime {
         for k in startable {
             let spec = self.queue.remove(&k).expect("key from queue");
             self.queue_keys.remove(&spec.id);
+            self.waiting_work -= self.work_weight(&spec);
             self.launch(now, spec);
         }
     }
@@ -541,9 +549,13 @@ impl NodeRuntime {
         let was_running = self.remove_running(id).is_some();
         if !was_running {
             if let Some(k) = self.queue_keys.remove(&id) {
-                self.queue.remove(&k);
-            } else {
-                self.waiting_guaranteed.retain(|c| c.id != id);
+                if let Some(spec) = self.queue.remove(&k) {
+                    self.waiting_work -= self.work_weight(&spec);
+                }
+            } else if let Some(pos) = self.waiting_guaranteed.iter().position(|c| c.id == id) {
+                if let Some(spec) = self.waiting_guaranteed.remove(pos) {
+                    self.waiting_work -= self.work_weight(&spec);
+                }
             }
         }
         self.events.push(NodeEvent::Killed {
@@ -614,8 +626,9 @@ impl NodeRuntime {
             let key = key.clone();
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
-            estimate_ms -=
-                self.estimate_ms(&spec) * spec.resources.dominant_share(&self.config.capacity);
+            let weight = self.work_weight(&spec);
+            self.waiting_work -= weight;
+            estimate_ms -= weight as f64 / self.work_denominator() as f64;
             self.events.push(NodeEvent::Killed {
                 id: spec.id,
                 reason: KillReason::Shed,
@@ -640,6 +653,27 @@ impl NodeRuntime {
         }
     }
 
+    /// `capacity.cpu × capacity.memory`: a container's dominant share is
+    /// `min(max(cpu × cap.memory, memory × cap.cpu), cap.cpu × cap.memory)` over this.
+    fn work_denominator(&self) -> u128 {
+        let c = &self.config.capacity;
+        (c.cpu_millis as u128 * c.memory_mib as u128).max(1)
+    }
+
+    /// estimate_ms × dominant share × [`Self::work_denominator`], exactly. A node with a
+    /// zero-capacity dimension falls back to the floating-point sum in `queue_delay`.
+    fn work_weight(&self, spec: &ContainerSpec) -> u128 {
+        let c = &self.config.capacity;
+        let r = &spec.resources;
+        let share = (r.cpu_millis as u128 * c.memory_mib as u128)
+            .max(r.memory_mib as u128 * c.cpu_millis as u128)
+            .min(c.cpu_millis as u128 * c.memory_mib as u128);
+        let estimate = spec
+            .runtime_estimate_ms
+            .unwrap_or(self.config.default_runtime_estimate_ms) as u128;
+        estimate.saturating_mul(share)
+    }
+
     fn estimate_ms(&self, spec: &ContainerSpec) -> f64 {
         spec.runtime_estimate_ms
             .unwrap_or(self.config.default_runtime_estimate_ms) as f64
@@ -648,12 +682,15 @@ impl NodeRuntime {
     /// R = Tq + Tr + Tl for this node now (Mercury §4.2; see [`QueueDelay`] for the weighting).
     pub fn queue_delay(&self, now: Time) -> QueueDelay {
         let cap = &self.config.capacity;
-        let tq_ms = self
-            .queue
-            .values()
-            .chain(self.waiting_guaranteed.iter())
-            .map(|c| self.estimate_ms(c) * c.resources.dominant_share(cap))
-            .sum();
+        let tq_ms = if cap.cpu_millis > 0 && cap.memory_mib > 0 {
+            self.waiting_work as f64 / self.work_denominator() as f64
+        } else {
+            self.queue
+                .values()
+                .chain(self.waiting_guaranteed.iter())
+                .map(|c| self.estimate_ms(c) * c.resources.dominant_share(cap))
+                .sum()
+        };
         let tr_ms = self
             .running
             .values()
@@ -718,6 +755,18 @@ impl NodeRuntime {
             return Err(format!(
                 "running containers {} exceed capacity {}",
                 sum, self.config.capacity
+            ));
+        }
+        let work: u128 = self
+            .queue
+            .values()
+            .chain(self.waiting_guaranteed.iter())
+            .map(|c| self.work_weight(c))
+            .sum();
+        if work != self.waiting_work {
+            return Err(format!(
+                "queued work {} != sum over queue {work}",
+                self.waiting_work
             ));
         }
         if self.queue.len() != self.queue_keys.len() {
