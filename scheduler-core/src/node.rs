@@ -552,10 +552,13 @@ impl NodeRuntime {
                 if let Some(spec) = self.queue.remove(&k) {
                     self.waiting_work -= self.work_weight(&spec);
                 }
-            } else if let Some(pos) = self.waiting_guaranteed.iter().position(|c| c.id == id) {
-                if let Some(spec) = self.waiting_guaranteed.remove(pos) {
-                    self.waiting_work -= self.work_weight(&spec);
-                }
+            } else if let Some(spec) = self
+                .waiting_guaranteed
+                .iter()
+                .position(|c| c.id == id)
+                .and_then(|pos| self.waiting_guaranteed.remove(pos))
+            {
+                self.waiting_work -= self.work_weight(&spec);
             }
         }
         self.events.push(NodeEvent::Killed {
