@@ -110,3 +110,41 @@ fn guaranteed_work_preempts_queueable_work_and_shedding_discards_queued_work() {
     assert!(r.queueable_shed > 0, "{r:?}");
     assert!(r.tasks_completed > 0);
 }
+
+#[test]
+fn eliding_idle_heartbeats_does_not_change_the_outcome() {
+    // Light open-loop load: nodes go idle between jobs, so many heartbeats are elided.
+    for allocation in [
+        GuaranteedAllocation::OnHeartbeat,
+        GuaranteedAllocation::EventDriven,
+    ] {
+        let mut config = small(11, "<10sec-70%-Q".parse().unwrap());
+        config.guaranteed_allocation = allocation;
+        config.shedding = SheddingPolicy::MeanPlusSigma { n: 1.0 };
+        config.job_manager_hosts = 2;
+        config.duration_ms = Some(300_000);
+        let stream =
+            || Generator::ProductionLike.stream(11, Arrivals::Poisson { jobs_per_s: 0.05 });
+        let mut full = config.clone();
+        full.elide_idle_heartbeats = false;
+        let elided = sim::run(config, "light", stream()).unwrap();
+        let full = sim::run(full, "light", stream()).unwrap();
+        assert!(
+            elided.events < full.events,
+            "{} vs {}",
+            elided.events,
+            full.events
+        );
+        let key = |r: &SimReport| {
+            (
+                r.tasks_completed,
+                r.jobs_completed,
+                r.queueable_killed,
+                r.queueable_shed,
+                serde_json::to_string(&r.job_latency_s).unwrap(),
+            )
+        };
+        assert_eq!(key(&elided), key(&full), "{allocation:?}");
+        assert!(elided.jobs_completed > 0 && elided.tasks_completed > 100, "{elided:?}");
+    }
+}

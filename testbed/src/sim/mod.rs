@@ -127,6 +127,9 @@ pub struct SimConfig {
     pub stragglers: Option<Stragglers>,
     /// Time a container holds its resources before its task starts running (process launch).
     pub task_launch_overhead_ms: u64,
+    /// Skip heartbeats that provably change nothing (empty node, R already reported as 0,
+    /// nothing booked or waiting for a node update); the outcome is the same either way.
+    pub elide_idle_heartbeats: bool,
     /// Check node-runtime and guarantor invariants after every step (slow; for tests).
     pub check_invariants: bool,
     /// Draw a progress bar on stderr.
@@ -159,6 +162,7 @@ impl SimConfig {
             warmup_ms: 60_000,
             stragglers: None,
             task_launch_overhead_ms: 0,
+            elide_idle_heartbeats: true,
             check_invariants: cfg!(debug_assertions),
             progress: false,
         }
