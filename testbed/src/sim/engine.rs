@@ -135,6 +135,8 @@ struct SimNode {
     dormant: bool,
     /// The coordinator holds R = 0 for it (its last report was zero).
     reported_zero: bool,
+    /// It may host job managers: it must keep receiving top-k views, so it never sleeps.
+    hosts_job_managers: bool,
 }
 
 struct HostedScheduler {
@@ -285,13 +287,17 @@ impl Simulation {
                 phase_us: (config.heartbeat_interval_ms * 1000) * i as u64 / n as u64,
                 dormant: false,
                 reported_zero: true,
+                hosts_job_managers: false,
             });
         }
         let directory: Vec<NodeDirectoryEntry> = coordinator.nodes().cloned().collect();
         let host_count = config.job_manager_hosts.min(n);
-        let hosts = (0..host_count)
+        let hosts: Vec<u32> = (0..host_count)
             .map(|h| (h * n / host_count) as u32)
             .collect();
+        for &h in &hosts {
+            nodes[h as usize].hosts_job_managers = true;
+        }
         let mut coordinator_rng = seeded(config.seed, 3);
         let first_round = coordinator.top_k(&mut coordinator_rng);
         let mut rounds = vec![Vec::new(); ROUND_RING];
@@ -980,7 +986,7 @@ impl Simulation {
     fn can_sleep(&self, node: u32) -> bool {
         let n = &self.nodes[node as usize];
         self.config.elide_idle_heartbeats
-            && n.scheduler.is_none()
+            && !n.hosts_job_managers
             && n.reported_zero
             && n.report.is_none()
             && n.ack.is_none()
