@@ -137,6 +137,8 @@ struct SimNode {
     reported_zero: bool,
     /// It may host job managers: it must keep receiving top-k views, so it never sleeps.
     hosts_job_managers: bool,
+    /// When its last elided heartbeat would have been sent.
+    slept_at: Time,
 }
 
 struct HostedScheduler {
@@ -288,6 +290,7 @@ impl Simulation {
                 dormant: false,
                 reported_zero: true,
                 hosts_job_managers: false,
+                slept_at: Time::ZERO,
             });
         }
         let directory: Vec<NodeDirectoryEntry> = coordinator.nodes().cloned().collect();
@@ -1011,6 +1014,13 @@ impl Simulation {
             return;
         }
         n.dormant = false;
+        // The elided heartbeat may still have been in flight: its arrival (and acknowledgement)
+        // would see what happened since, so replay it with the zero report it carried.
+        let arrival = n.slept_at + Duration::from_millis(self.config.delays.heartbeat_ms);
+        if self.now < arrival {
+            n.report = Some((QueueDelay::default(), Vec::new()));
+            self.queue.push(arrival, Ev::HeartbeatArrival { node });
+        }
         let interval = self.config.heartbeat_interval_ms * 1000;
         let now = self.now.as_micros();
         let next = if now < n.phase_us {
@@ -1040,6 +1050,7 @@ impl Simulation {
     fn heartbeat(&mut self, node: u32) {
         if self.can_sleep(node) {
             self.nodes[node as usize].dormant = true;
+            self.nodes[node as usize].slept_at = self.now;
             self.dormant.push(node);
             if self.dormant.len() > 2 * self.nodes.len() {
                 let nodes = &self.nodes;
