@@ -1,0 +1,376 @@
+//! The application endpoint: TCP and (optionally) a Unix socket speaking the app protocol
+//! (`docs/protocol.md`). Each connection is a task on the actors' arbiter: it decodes frames,
+//! checks the hello, hands requests to the actors with the connection's outbound channel, and a
+//! writer task sends answers and events in order. A bad client gets a clear error frame (and
+//! is disconnected where the protocol says so); nothing it sends affects other connections or
+//! running containers.
+
+use crate::node_actor::{NodeActor, StartMsg, StopLocal, error};
+use crate::scheduler_actor::{AllocateMsg, PromoteMsg, ReleaseRemote, SchedulerActor};
+use crate::shared::{AuthError, ConnTx, Shared};
+use actix::Addr;
+use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
+use scheduler_core::node::NodeError;
+use scheduler_core::protocol::Envelope;
+use scheduler_core::protocol::app::{
+    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame, Welcome,
+};
+use scheduler_core::{AppId, NodeId};
+use std::rc::Rc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+/// Frame types of the app protocol (to tell "unknown type" from "bad fields of a known type").
+const KNOWN_TYPES: &[&str] = &[
+    "hello",
+    "allocate",
+    "release",
+    "promote",
+    "start_container",
+    "stop_container",
+    "subscribe",
+];
+
+/// What every connection needs.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub node_id: NodeId,
+    pub shared: Rc<Shared>,
+    pub scheduler: Addr<SchedulerActor>,
+    pub node: Addr<NodeActor>,
+}
+
+impl Endpoint {
+    /// Accept TCP connections forever.
+    pub async fn serve_tcp(self, listener: tokio::net::TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    debug!(%peer, "app connection");
+                    actix_rt::spawn(self.clone().serve(stream));
+                }
+                Err(e) => {
+                    tracing::warn!("accepting an app connection failed: {e}");
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    }
+
+    /// Accept Unix-socket connections forever.
+    pub async fn serve_unix(self, listener: tokio::net::UnixListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    actix_rt::spawn(self.clone().serve(stream));
+                }
+                Err(e) => {
+                    tracing::warn!("accepting an app connection failed: {e}");
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    }
+
+    /// Serve one connection until it ends.
+    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(self, stream: S) {
+        let (mut reader, writer) = tokio::io::split(stream);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (close_tx, close_rx) = tokio::sync::oneshot::channel();
+        let writer_task = actix_rt::spawn(write_frames(writer, rx, close_rx));
+        let conn = self.shared.new_connection_id();
+        let mut session = Session {
+            ep: &self,
+            tx: tx.clone(),
+            app: None,
+            conn,
+        };
+        let mut decoder = FrameDecoder::new(APP_MAX_FRAME);
+        let mut buf = vec![0u8; 64 * 1024];
+        'read: loop {
+            match reader.read(&mut buf).await {
+                Ok(0) => {
+                    if let Err(e) = decoder.finish() {
+                        info!(conn, "app connection ended mid-frame: {e}");
+                    }
+                    break;
+                }
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) => {
+                    debug!(conn, "app connection read error: {e}");
+                    break;
+                }
+            }
+            loop {
+                match decoder.next_payload() {
+                    Ok(None) => break,
+                    Ok(Some(payload)) => {
+                        if session.handle_payload(&payload).await.is_break() {
+                            break 'read;
+                        }
+                    }
+                    Err(e @ CodecError::Oversized { .. }) => {
+                        session.send_error(None, ErrorCode::FrameTooLarge, e.to_string());
+                        break 'read;
+                    }
+                    Err(e) => {
+                        session.send_error(None, ErrorCode::MalformedFrame, e.to_string());
+                        break 'read;
+                    }
+                }
+            }
+        }
+        self.shared.unsubscribe_connection(conn);
+        drop(session);
+        drop(tx);
+        // Actors may still hold this connection's sender (a pending GUARANTEED ask): close the
+        // writer explicitly once what is queued now has been sent.
+        let _ = close_tx.send(());
+        let _ = writer_task.await;
+    }
+}
+
+struct Session<'a> {
+    ep: &'a Endpoint,
+    tx: ConnTx,
+    app: Option<AppId>,
+    conn: u64,
+}
+
+use std::ops::ControlFlow;
+
+impl Session<'_> {
+    fn send(&self, r: AppResponse) {
+        let _ = self.tx.send(r);
+    }
+
+    fn send_error(&self, request_id: Option<u64>, code: ErrorCode, message: impl Into<String>) {
+        self.send(AppResponse::Error(ErrorFrame::new(
+            request_id, code, message,
+        )));
+    }
+
+    /// Handle one frame. `Break` closes the connection (after the answer is flushed).
+    async fn handle_payload(&mut self, payload: &[u8]) -> ControlFlow<()> {
+        let envelope: Envelope = match from_payload(payload) {
+            Ok(e) => e,
+            Err(e) => {
+                self.send_error(
+                    None,
+                    ErrorCode::MalformedFrame,
+                    format!("frame is not a msgpack map with a string `type`: {e}"),
+                );
+                return ControlFlow::Break(());
+            }
+        };
+        let request: AppRequest = match from_payload(payload) {
+            Ok(r) => r,
+            Err(e) => {
+                if KNOWN_TYPES.contains(&envelope.kind.as_str()) {
+                    self.send_error(
+                        envelope.request_id,
+                        ErrorCode::InvalidRequest,
+                        format!("bad `{}` frame: {e}", envelope.kind),
+                    );
+                    // Before the hello nothing else is acceptable.
+                    return if self.app.is_none() {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    };
+                }
+                self.send_error(
+                    envelope.request_id,
+                    ErrorCode::UnknownMessage,
+                    format!(
+                        "unknown message type {:?}; known types: {}",
+                        envelope.kind,
+                        KNOWN_TYPES.join(", ")
+                    ),
+                );
+                return if self.app.is_none() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                };
+            }
+        };
+        let Some(app) = self.app.clone() else {
+            let AppRequest::Hello(hello) = request else {
+                self.send_error(
+                    request.request_id(),
+                    ErrorCode::HelloRequired,
+                    "the first frame must be a hello",
+                );
+                return ControlFlow::Break(());
+            };
+            if hello.protocol_version != APP_PROTOCOL_VERSION {
+                self.send_error(
+                    None,
+                    ErrorCode::VersionMismatch,
+                    format!(
+                        "protocol version {} is not supported; this worker speaks version {APP_PROTOCOL_VERSION}",
+                        hello.protocol_version
+                    ),
+                );
+                return ControlFlow::Break(());
+            }
+            return match self
+                .ep
+                .shared
+                .authenticate(&hello.app_id, &hello.app_secret)
+            {
+                Ok(()) => {
+                    info!(app = %hello.app_id, client = ?hello.client_name, conn = self.conn, "app connected");
+                    self.app = Some(AppId::new(hello.app_id));
+                    self.send(AppResponse::Welcome(Welcome {
+                        protocol_version: APP_PROTOCOL_VERSION,
+                        node_id: self.ep.node_id.0.clone(),
+                        max_frame_bytes: APP_MAX_FRAME as u64,
+                    }));
+                    ControlFlow::Continue(())
+                }
+                Err(AuthError::NotJoined) => {
+                    self.send_error(
+                        None,
+                        ErrorCode::CoordinatorUnavailable,
+                        "this worker has not joined the cluster yet; retry shortly",
+                    );
+                    ControlFlow::Break(())
+                }
+                Err(AuthError::BadCredentials) => {
+                    self.send_error(
+                        None,
+                        ErrorCode::BadCredentials,
+                        format!("unknown app {:?} or wrong secret", hello.app_id),
+                    );
+                    ControlFlow::Break(())
+                }
+            };
+        };
+        match request {
+            AppRequest::Hello(_) => {
+                self.send_error(
+                    None,
+                    ErrorCode::InvalidRequest,
+                    "hello was already accepted on this connection",
+                );
+            }
+            AppRequest::Allocate(req) => {
+                self.ep.scheduler.do_send(AllocateMsg {
+                    app,
+                    req,
+                    reply: self.tx.clone(),
+                });
+            }
+            AppRequest::Promote(req) => {
+                self.ep.scheduler.do_send(PromoteMsg {
+                    app,
+                    req,
+                    reply: self.tx.clone(),
+                });
+            }
+            AppRequest::StartContainer(req) => {
+                self.ep.node.do_send(StartMsg {
+                    app,
+                    req,
+                    reply: self.tx.clone(),
+                });
+            }
+            AppRequest::Release(req) => {
+                match self
+                    .ep
+                    .node
+                    .send(StopLocal {
+                        app: app.clone(),
+                        container_id: req.container_id,
+                    })
+                    .await
+                {
+                    Ok(Ok(())) => self.send(AppResponse::Ack(Ack {
+                        request_id: req.request_id,
+                    })),
+                    Ok(Err(NodeError::Unknown(_))) => self.ep.scheduler.do_send(ReleaseRemote {
+                        app,
+                        req,
+                        reply: self.tx.clone(),
+                    }),
+                    Ok(Err(e)) => self.send(error(
+                        req.request_id,
+                        ErrorCode::InvalidRequest,
+                        e.to_string(),
+                    )),
+                    Err(e) => self.send(error(req.request_id, ErrorCode::Internal, e.to_string())),
+                }
+            }
+            AppRequest::StopContainer(req) => {
+                match self
+                    .ep
+                    .node
+                    .send(StopLocal {
+                        app,
+                        container_id: req.container_id,
+                    })
+                    .await
+                {
+                    Ok(Ok(())) => self.send(AppResponse::Ack(Ack {
+                        request_id: req.request_id,
+                    })),
+                    Ok(Err(e @ NodeError::Unknown(_))) => self.send(error(
+                        req.request_id,
+                        ErrorCode::UnknownContainer,
+                        e.to_string(),
+                    )),
+                    Ok(Err(e)) => self.send(error(
+                        req.request_id,
+                        ErrorCode::InvalidRequest,
+                        e.to_string(),
+                    )),
+                    Err(e) => self.send(error(req.request_id, ErrorCode::Internal, e.to_string())),
+                }
+            }
+            AppRequest::Subscribe(req) => {
+                self.ep.shared.subscribe(app, self.conn, self.tx.clone());
+                self.send(AppResponse::Ack(Ack {
+                    request_id: req.request_id,
+                }));
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+async fn write_frames<W: AsyncWrite + Unpin>(
+    mut writer: W,
+    mut rx: mpsc::UnboundedReceiver<AppResponse>,
+    mut close: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut out = Vec::with_capacity(4096);
+    let mut closing = false;
+    while !closing {
+        let first = tokio::select! {
+            msg = rx.recv() => msg,
+            _ = &mut close => {
+                closing = true;
+                rx.try_recv().ok()
+            }
+        };
+        let Some(first) = first else { break };
+        out.clear();
+        // Batch whatever is already queued into one write.
+        let mut next = Some(first);
+        while let Some(msg) = next {
+            match encode_frame(&msg, APP_MAX_FRAME) {
+                Ok(f) => out.extend_from_slice(&f),
+                Err(e) => tracing::error!("could not encode an answer: {e}"),
+            }
+            next = rx.try_recv().ok();
+        }
+        if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = writer.shutdown().await;
+}

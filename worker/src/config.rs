@@ -1,0 +1,199 @@
+//! The worker's typed configuration: command-line flags (with `env`), an optional TOML file with
+//! the same keys (flags win), and defaults.
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// `worker run` flags. Every field is optional here so the TOML file can supply it.
+#[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    /// Coordinator QUIC address (host:port).
+    #[arg(long, env = "WORKER_COORDINATOR")]
+    pub coordinator: Option<String>,
+    /// The cluster CA certificate (PEM) the coordinator's certificate must chain to (pinned).
+    #[arg(long, env = "WORKER_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+    /// File holding the cluster's join token.
+    #[arg(long, env = "WORKER_JOIN_TOKEN_FILE")]
+    pub join_token_file: Option<PathBuf>,
+    /// The join token itself (instead of --join-token-file).
+    #[arg(long, env = "WORKER_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// This node's name, unique in the cluster [default: the host name].
+    #[arg(long, env = "WORKER_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Rack name (locality) [default: default-rack].
+    #[arg(long, env = "WORKER_RACK")]
+    pub rack: Option<String>,
+    /// CPU given to containers, in millicores [default: 1000 per core of this machine].
+    #[arg(long, env = "WORKER_CPU_MILLIS")]
+    pub cpu_millis: Option<u64>,
+    /// Memory given to containers, in MiB [default: 80% of this machine's memory].
+    #[arg(long, env = "WORKER_MEMORY_MIB")]
+    pub memory_mib: Option<u64>,
+    /// Address of the application endpoint (TCP) [default: 127.0.0.1:7500].
+    #[arg(long, env = "WORKER_APP_LISTEN")]
+    pub app_listen: Option<SocketAddr>,
+    /// Endpoint other workers' grants name for this node [default: the bound listen address].
+    #[arg(long, env = "WORKER_APP_ADVERTISE")]
+    pub app_advertise: Option<String>,
+    /// Also serve the application protocol on this Unix socket.
+    #[arg(long, env = "WORKER_APP_SOCKET")]
+    pub app_socket: Option<PathBuf>,
+    /// Where container stdout/stderr files go [default: discarded].
+    #[arg(long, env = "WORKER_LOG_DIR")]
+    pub container_log_dir: Option<PathBuf>,
+    /// Runtime assumed for containers without an estimate, for the queue-delay estimate [default: 10000].
+    #[arg(long, env = "WORKER_DEFAULT_RUNTIME_ESTIMATE_MS")]
+    pub default_runtime_estimate_ms: Option<u64>,
+    /// Queue QUEUEABLE containers in arrival order instead of by job submit time (Mercury §4.3).
+    #[arg(long, env = "WORKER_FIFO_QUEUE")]
+    #[serde(default)]
+    pub fifo_queue: Option<bool>,
+    /// Bound on queued QUEUEABLE containers [default: 10000].
+    #[arg(long, env = "WORKER_MAX_QUEUE_LENGTH")]
+    pub max_queue_length: Option<usize>,
+    /// Seed of the placement RNG [default: drawn from the OS and logged].
+    #[arg(long, env = "WORKER_SEED")]
+    pub seed: Option<u64>,
+    /// TOML file with the same keys as these flags (snake_case); flags win.
+    #[arg(long, env = "WORKER_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub coordinator: String,
+    pub ca_cert: PathBuf,
+    pub join_token: String,
+    pub node_id: String,
+    pub rack: String,
+    pub cpu_millis: u64,
+    pub memory_mib: u64,
+    pub app_listen: SocketAddr,
+    pub app_advertise: Option<String>,
+    pub app_socket: Option<PathBuf>,
+    pub container_log_dir: Option<PathBuf>,
+    pub default_runtime_estimate_ms: u64,
+    pub fifo_queue: bool,
+    pub max_queue_length: usize,
+    pub seed: Option<u64>,
+}
+
+macro_rules! merge {
+    ($flags:ident, $file:ident, $($f:ident),*) => {
+        $( if $flags.$f.is_none() { $flags.$f = $file.$f.clone(); } )*
+    };
+}
+
+impl RunArgs {
+    /// Merge with the TOML file (if any) and apply defaults.
+    pub fn resolve(mut self) -> anyhow::Result<WorkerConfig> {
+        if let Some(path) = self.config.clone() {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading config file {}", path.display()))?;
+            let file: RunArgs = toml::from_str(&text)
+                .with_context(|| format!("parsing config file {}", path.display()))?;
+            merge!(
+                self,
+                file,
+                coordinator,
+                ca_cert,
+                join_token_file,
+                join_token,
+                node_id,
+                rack,
+                cpu_millis,
+                memory_mib,
+                app_listen,
+                app_advertise,
+                app_socket,
+                container_log_dir,
+                default_runtime_estimate_ms,
+                fifo_queue,
+                max_queue_length,
+                seed
+            );
+        }
+        let Some(coordinator) = self.coordinator else {
+            bail!("--coordinator HOST:PORT is required")
+        };
+        let Some(ca_cert) = self.ca_cert else {
+            bail!("--ca-cert PATH (the cluster CA) is required")
+        };
+        let join_token = match (self.join_token, self.join_token_file) {
+            (Some(t), _) => t,
+            (None, Some(path)) => read_token(&path)?,
+            (None, None) => {
+                bail!("a join token is required: --join-token-file PATH or --join-token")
+            }
+        };
+        let node_id = match self.node_id {
+            Some(n) => n,
+            None => hostname().context("no --node-id given and the host name is unreadable")?,
+        };
+        if node_id.is_empty() || node_id.len() > 253 {
+            bail!("--node-id must be 1 to 253 characters, got {node_id:?}");
+        }
+        let cpu_millis = self.cpu_millis.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get() as u64 * 1000)
+                .unwrap_or(1000)
+        });
+        let memory_mib = match self.memory_mib {
+            Some(m) => m,
+            None => machine_memory_mib().map(|m| m * 8 / 10).unwrap_or(1024),
+        };
+        if cpu_millis == 0 || memory_mib == 0 {
+            bail!(
+                "--cpu-millis and --memory-mib must be positive (got {cpu_millis} and {memory_mib})"
+            );
+        }
+        Ok(WorkerConfig {
+            coordinator,
+            ca_cert,
+            join_token,
+            node_id,
+            rack: self.rack.unwrap_or_else(|| "default-rack".to_string()),
+            cpu_millis,
+            memory_mib,
+            app_listen: self
+                .app_listen
+                .unwrap_or_else(|| "127.0.0.1:7500".parse().expect("valid literal")),
+            app_advertise: self.app_advertise,
+            app_socket: self.app_socket,
+            container_log_dir: self.container_log_dir,
+            default_runtime_estimate_ms: self.default_runtime_estimate_ms.unwrap_or(10_000),
+            fifo_queue: self.fifo_queue.unwrap_or(false),
+            max_queue_length: self.max_queue_length.unwrap_or(10_000),
+            seed: self.seed,
+        })
+    }
+}
+
+fn read_token(path: &Path) -> anyhow::Result<String> {
+    let t = std::fs::read_to_string(path)
+        .with_context(|| format!("reading join token file {}", path.display()))?;
+    let t = t.trim().to_string();
+    if t.is_empty() {
+        bail!("join token file {} is empty", path.display());
+    }
+    Ok(t)
+}
+
+fn hostname() -> anyhow::Result<String> {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    Ok(h.trim().to_string())
+}
+
+fn machine_memory_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}

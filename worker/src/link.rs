@@ -1,0 +1,296 @@
+//! The worker's link to the coordinator: QUIC (quinn + rustls with ring) trusting only the
+//! cluster CA (pinned), server name `hybrid-coordinator`, ONE bidirectional stream carrying
+//! length-prefixed msgpack frames. Joins, dispatches the coordinator's frames to the actors,
+//! writes what the actors queue, and re-joins with backoff when the coordinator goes away
+//! (containers keep running meanwhile).
+
+use crate::node_actor::{
+    ApplyPromotionMsg, NodeActor, NodeHints, NodeJoined, Statuses, StopOnBehalf,
+};
+use crate::scheduler_actor::{
+    CoordinatorAnswer, LinkDown, SchedulerActor, SchedulerJoined, ViewUpdate,
+};
+use crate::shared::Shared;
+use actix::Addr;
+use anyhow::{Context, bail};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
+use scheduler_core::protocol::cluster::{
+    CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, Join, JoinAccepted, WorkerToCoordinator,
+};
+use scheduler_core::{AppId, NodeId, Resources};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::lookup_host;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// The DNS name in the coordinator's certificate; always used as the TLS server name.
+pub const SERVER_NAME: &str = "hybrid-coordinator";
+
+/// What the worker tells the coordinator about itself.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub node_id: NodeId,
+    pub rack: String,
+    pub capacity: Resources,
+    pub app_endpoint: String,
+    pub join_token: String,
+    pub coordinator: String,
+}
+
+/// A quinn client config that trusts only `ca_pem`.
+pub fn client_config(ca_pem: &Path) -> anyhow::Result<quinn::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca_pem)
+        .with_context(|| format!("reading cluster CA {}", ca_pem.display()))?;
+    for cert in certs {
+        let cert = cert.with_context(|| format!("parsing cluster CA {}", ca_pem.display()))?;
+        roots.add(cert).with_context(|| {
+            format!(
+                "cluster CA {} is not a usable certificate",
+                ca_pem.display()
+            )
+        })?;
+    }
+    if roots.is_empty() {
+        bail!("cluster CA file {} holds no certificate", ca_pem.display());
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let crypto = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_secs(2)));
+    config.transport_config(Arc::new(transport));
+    Ok(config)
+}
+
+pub struct Link {
+    pub identity: Identity,
+    pub client: quinn::ClientConfig,
+    pub shared: Rc<Shared>,
+    pub scheduler: Addr<SchedulerActor>,
+    pub node: Addr<NodeActor>,
+    pub outbox: mpsc::UnboundedReceiver<WorkerToCoordinator>,
+}
+
+/// Why a session ended.
+enum SessionEnd {
+    /// Rejected at join: retrying with the same settings cannot help.
+    Rejected(String),
+    /// Lost after (or while) joining: retry.
+    Lost(String),
+}
+
+impl Link {
+    /// Run forever: join, serve, re-join. `on_first_join` fires once.
+    pub async fn run(
+        mut self,
+        mut on_first_join: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    ) {
+        let mut endpoint = match quinn::Endpoint::client("0.0.0.0:0".parse().expect("literal")) {
+            Ok(e) => e,
+            Err(e) => {
+                if let Some(tx) = on_first_join.take() {
+                    let _ = tx.send(Err(format!("cannot open a UDP socket for QUIC: {e}")));
+                }
+                return;
+            }
+        };
+        endpoint.set_default_client_config(self.client.clone());
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let end = self.session(&endpoint, &mut on_first_join).await;
+            self.shared.connected.set(false);
+            self.scheduler.do_send(LinkDown);
+            match end {
+                SessionEnd::Rejected(reason) => {
+                    warn!("the coordinator rejected the join: {reason}");
+                    if let Some(tx) = on_first_join.take() {
+                        let _ = tx.send(Err(format!("join rejected: {reason}")));
+                        return;
+                    }
+                }
+                SessionEnd::Lost(reason) => {
+                    warn!("cluster link down: {reason}; re-joining in {:?}", backoff);
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            if self.shared.connected.get() {
+                backoff = Duration::from_millis(100);
+            }
+        }
+    }
+
+    async fn session(
+        &mut self,
+        endpoint: &quinn::Endpoint,
+        on_first_join: &mut Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+    ) -> SessionEnd {
+        let addr = match lookup_host(&self.identity.coordinator)
+            .await
+            .map(|mut a| a.next())
+        {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                return SessionEnd::Lost(format!(
+                    "{} resolves to no address",
+                    self.identity.coordinator
+                ));
+            }
+            Err(e) => {
+                return SessionEnd::Lost(format!(
+                    "cannot resolve {}: {e}",
+                    self.identity.coordinator
+                ));
+            }
+        };
+        let connecting = match endpoint.connect(addr, SERVER_NAME) {
+            Ok(c) => c,
+            Err(e) => return SessionEnd::Lost(format!("connect to {addr}: {e}")),
+        };
+        let connection = match connecting.await {
+            Ok(c) => c,
+            Err(e) => return SessionEnd::Lost(format!("QUIC handshake with {addr}: {e}")),
+        };
+        let (mut send, mut recv) = match connection.open_bi().await {
+            Ok(s) => s,
+            Err(e) => return SessionEnd::Lost(format!("opening the stream: {e}")),
+        };
+        // Anything queued while disconnected is stale (old heartbeats; forwarded requests were failed).
+        while self.outbox.try_recv().is_ok() {}
+        let containers = self.node.send(Statuses).await.unwrap_or_default();
+        let join = WorkerToCoordinator::Join(Join {
+            protocol_version: CLUSTER_PROTOCOL_VERSION,
+            join_token: self.identity.join_token.clone(),
+            node_id: self.identity.node_id.clone(),
+            rack: self.identity.rack.clone(),
+            capacity: self.identity.capacity,
+            app_endpoint: self.identity.app_endpoint.clone(),
+            containers,
+        });
+        if let Err(e) = write(&mut send, &join).await {
+            return SessionEnd::Lost(e);
+        }
+        let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut joined = false;
+        loop {
+            // Frames already buffered first.
+            loop {
+                let frame = match decoder.next_message::<CoordinatorToWorker>() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => {
+                        return SessionEnd::Lost(format!("bad frame from the coordinator: {e}"));
+                    }
+                };
+                if !joined {
+                    match frame {
+                        CoordinatorToWorker::JoinAccepted(acc) => {
+                            joined = true;
+                            self.on_joined(acc);
+                            if let Some(tx) = on_first_join.take() {
+                                let _ = tx.send(Ok(()));
+                            }
+                        }
+                        CoordinatorToWorker::JoinRejected(r) => {
+                            return SessionEnd::Rejected(r.reason);
+                        }
+                        other => {
+                            return SessionEnd::Lost(format!(
+                                "expected join_accepted, got {other:?}"
+                            ));
+                        }
+                    }
+                } else {
+                    self.dispatch(frame);
+                }
+            }
+            tokio::select! {
+                read = recv.read(&mut buf) => match read {
+                    Ok(Some(n)) => decoder.push(&buf[..n]),
+                    Ok(None) => return SessionEnd::Lost("the coordinator closed the stream".into()),
+                    Err(e) => return SessionEnd::Lost(format!("reading from the coordinator: {e}")),
+                },
+                out = self.outbox.recv() => match out {
+                    Some(msg) => {
+                        if let Err(e) = write(&mut send, &msg).await {
+                            return SessionEnd::Lost(e);
+                        }
+                    }
+                    None => return SessionEnd::Lost("worker shutting down".into()),
+                },
+            }
+        }
+    }
+
+    fn on_joined(&mut self, acc: JoinAccepted) {
+        info!(
+            issuer = acc.issuer,
+            nodes = acc.view.directory.len(),
+            "joined the cluster"
+        );
+        self.shared.connected.set(true);
+        self.scheduler.do_send(SchedulerJoined {
+            issuer: acc.issuer,
+            keys: acc.keys.clone(),
+            apps: acc.apps,
+            top_k: acc.settings.top_k,
+            token_ttl_ms: acc.settings.token_ttl_ms,
+            view: acc.view,
+        });
+        self.node.do_send(NodeJoined {
+            keys: acc.keys,
+            heartbeat_interval: Duration::from_millis(acc.settings.heartbeat_interval_ms),
+        });
+    }
+
+    fn dispatch(&mut self, frame: CoordinatorToWorker) {
+        match frame {
+            CoordinatorToWorker::HeartbeatAck(ack) => {
+                self.node.do_send(NodeHints {
+                    shedding_threshold_ms: ack.shedding_threshold_ms,
+                    queueable_limit: ack.queueable_limit,
+                    keys: ack.keys.clone(),
+                });
+                self.scheduler.do_send(ViewUpdate {
+                    view: ack.view,
+                    notices: ack.notices,
+                    keys: ack.keys,
+                    apps: ack.apps,
+                });
+            }
+            CoordinatorToWorker::ApplyPromotion(p) => self.node.do_send(ApplyPromotionMsg(p)),
+            CoordinatorToWorker::StopContainer(s) => self.node.do_send(StopOnBehalf {
+                app: AppId::new(s.app_id),
+                container_id: s.container_id,
+            }),
+            other @ (CoordinatorToWorker::GuaranteedAllocated(_)
+            | CoordinatorToWorker::PromoteResult(_)
+            | CoordinatorToWorker::Released(_)
+            | CoordinatorToWorker::RequestFailed(_)) => {
+                self.scheduler.do_send(CoordinatorAnswer(other))
+            }
+            CoordinatorToWorker::JoinAccepted(_) | CoordinatorToWorker::JoinRejected(_) => {
+                warn!("unexpected join answer on an established session")
+            }
+        }
+    }
+}
+
+async fn write(send: &mut quinn::SendStream, msg: &WorkerToCoordinator) -> Result<(), String> {
+    let frame =
+        encode_frame(msg, CLUSTER_MAX_FRAME).map_err(|e| format!("encoding a frame: {e}"))?;
+    send.write_all(&frame)
+        .await
+        .map_err(|e| format!("writing to the coordinator: {e}"))
+}

@@ -1,0 +1,579 @@
+//! The node-runtime actor: owns the Mercury node runtime policy
+//! ([`scheduler_core::node::NodeRuntime`]), the token verifier and the container processes. It
+//! only decodes requests, calls the core, and acts on the core's events (launch or kill a
+//! process tree, tell subscribed applications).
+
+use crate::exec::{self, ContainerLimits, ContainerProcess, Executor, ExitOutcome};
+use crate::shared::{ConnTx, Shared, wall_now};
+use actix::prelude::*;
+use scheduler_core::node::{ContainerSpec, NodeError, NodeEvent, NodeRuntime, Placement};
+use scheduler_core::protocol::app::{
+    AcceptedState, AppResponse, ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorCode,
+    ErrorFrame, StartContainer,
+};
+use scheduler_core::protocol::cluster::{
+    ApplyPromotion, Heartbeat, PromotionApplied, WorkerToCoordinator,
+};
+use scheduler_core::token::{KeyRing, TokenVerifier};
+use scheduler_core::{AppId, ContainerId, JobId, KillReason, NodeId, Resources, Time};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// Commands to a container's process task.
+enum ProcCmd {
+    Kill,
+}
+
+pub struct NodeActor {
+    node_id: NodeId,
+    node: NodeRuntime,
+    verifier: TokenVerifier,
+    executor: Rc<Executor>,
+    shared: Rc<Shared>,
+    link: mpsc::UnboundedSender<WorkerToCoordinator>,
+    /// Launch specs of accepted containers that have not started yet.
+    launch_specs: HashMap<ContainerId, exec::LaunchSpec>,
+    /// App of every container on the node (for events after the core forgot it).
+    owners: HashMap<ContainerId, AppId>,
+    processes: HashMap<ContainerId, mpsc::UnboundedSender<ProcCmd>>,
+    usage: HashMap<ContainerId, exec::UsageSample>,
+    started_since: Vec<ContainerId>,
+    finished_since: Vec<ContainerId>,
+    heartbeat: Option<(SpawnHandle, Duration)>,
+}
+
+impl NodeActor {
+    pub fn new(
+        node_id: NodeId,
+        node: NodeRuntime,
+        executor: Rc<Executor>,
+        shared: Rc<Shared>,
+        link: mpsc::UnboundedSender<WorkerToCoordinator>,
+    ) -> NodeActor {
+        NodeActor {
+            verifier: TokenVerifier::new(node_id.clone()),
+            node_id,
+            node,
+            executor,
+            shared,
+            link,
+            launch_specs: HashMap::new(),
+            owners: HashMap::new(),
+            processes: HashMap::new(),
+            usage: HashMap::new(),
+            started_since: Vec::new(),
+            finished_since: Vec::new(),
+            heartbeat: None,
+        }
+    }
+
+    fn event(&self, id: ContainerId, kind: ContainerEventKind) {
+        if let Some(app) = self.owners.get(&id) {
+            let at_ms = wall_now().as_millis();
+            self.shared.notify(
+                app,
+                ContainerEvent {
+                    container_id: id,
+                    node_id: self.node_id.clone(),
+                    event: kind,
+                    at_ms,
+                },
+            );
+        }
+    }
+
+    /// Act on what the core decided.
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        for ev in self.node.drain_events() {
+            match ev {
+                NodeEvent::Queued { id } | NodeEvent::WaitingGuaranteed { id } => {
+                    self.event(id, ContainerEventKind::Queued);
+                }
+                NodeEvent::Start { id } => {
+                    let spec = self.launch_specs.remove(&id).unwrap_or_default();
+                    let resources = self.node.spec(id).map(|s| s.resources).unwrap_or_default();
+                    self.launch(ctx, id, spec, resources);
+                    self.event(id, ContainerEventKind::Running);
+                }
+                NodeEvent::Killed {
+                    id,
+                    reason,
+                    was_running,
+                    message,
+                } => {
+                    if let Some(tx) = self.processes.get(&id).filter(|_| was_running) {
+                        let _ = tx.send(ProcCmd::Kill);
+                    }
+                    self.launch_specs.remove(&id);
+                    self.finished_since.push(id);
+                    info!(container = %id, %reason, "container killed: {message}");
+                    self.event(id, ContainerEventKind::Killed { reason, message });
+                    self.owners.remove(&id);
+                }
+                NodeEvent::Finished { id, exit_code } => {
+                    self.finished_since.push(id);
+                    self.event(id, ContainerEventKind::Completed { exit_code });
+                    self.owners.remove(&id);
+                }
+                NodeEvent::Promoted { id, version } => {
+                    self.event(id, ContainerEventKind::Promoted { version })
+                }
+            }
+        }
+    }
+
+    fn launch(
+        &mut self,
+        ctx: &mut Context<Self>,
+        id: ContainerId,
+        spec: exec::LaunchSpec,
+        resources: Resources,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.processes.insert(id, tx);
+        let limits = ContainerLimits {
+            cpu_millis: resources.cpu_millis.max(1),
+            memory_mib: resources.memory_mib.max(1),
+        };
+        let executor = self.executor.clone();
+        let me = ctx.address();
+        actix_rt::spawn(run_container(executor, id, spec, limits, rx, me));
+    }
+
+    fn send_heartbeat(&mut self) {
+        if !self.shared.connected.get() {
+            return;
+        }
+        let now = wall_now();
+        let usage = if self.usage.is_empty() {
+            None
+        } else {
+            Some(self.usage.values().fold(Resources::ZERO, |acc, s| {
+                acc.saturating_add(&Resources::new(s.cpu_millis, s.memory_mib))
+            }))
+        };
+        let hb = Heartbeat {
+            node_id: self.node_id.clone(),
+            directory_version: self.shared.directory_version.get(),
+            queue_delay: self.node.queue_delay(now),
+            running: self.node.running_count() as u32,
+            queued: (self.node.queued_count() + self.node.waiting_guaranteed_count()) as u32,
+            allocated: self.node.allocated(),
+            usage,
+            containers: self.node.statuses(),
+            started: std::mem::take(&mut self.started_since),
+            finished: std::mem::take(&mut self.finished_since),
+        };
+        let _ = self.link.send(WorkerToCoordinator::Heartbeat(hb));
+    }
+
+    fn start_container(&mut self, app: AppId, req: StartContainer) -> AppResponse {
+        let now = wall_now();
+        let token = &req.token;
+        if let Err(e) = self.verifier.check(token, &app, now.as_millis()) {
+            return error(
+                req.request_id,
+                ErrorCode::InvalidToken,
+                format!("start_container refused: {e}"),
+            );
+        }
+        let body = &token.body;
+        let spec = ContainerSpec {
+            id: body.container_id,
+            app_id: body.app_id.clone(),
+            job_id: JobId::new(body.job_id.as_str()),
+            job_submit_time: Time::from_millis(body.job_submit_time_ms),
+            priority: body.priority,
+            container_type: body.container_type,
+            resources: body.resources,
+            runtime_estimate_ms: body.runtime_estimate_ms,
+            version: body.version,
+        };
+        let launch = exec::LaunchSpec {
+            command: req.launch.command.clone(),
+            args: req.launch.args.clone(),
+            env: req.launch.env.clone(),
+            working_dir: req.launch.working_dir.as_ref().map(Into::into),
+        };
+        if launch.command.is_empty() {
+            return error(
+                req.request_id,
+                ErrorCode::InvalidRequest,
+                "launch.command must not be empty",
+            );
+        }
+        let id = spec.id;
+        self.launch_specs.insert(id, launch);
+        self.owners.insert(id, app.clone());
+        match self.node.submit(now, spec) {
+            Ok(()) => {
+                // Consume the token only once the node took the container, so a refused start can be retried.
+                let _ = self
+                    .verifier
+                    .check_and_consume(token, &app, now.as_millis());
+                self.started_since.push(id);
+                let state = match self.node.placement(id) {
+                    Some(Placement::Running) => AcceptedState::Running,
+                    _ => AcceptedState::Queued,
+                };
+                AppResponse::ContainerAccepted(ContainerAccepted {
+                    request_id: req.request_id,
+                    container_id: id,
+                    state,
+                })
+            }
+            Err(e) => {
+                self.launch_specs.remove(&id);
+                self.owners.remove(&id);
+                let code = match e {
+                    NodeError::LargerThanNode { .. } => ErrorCode::AskTooLarge,
+                    NodeError::QueueFull(_) => ErrorCode::QuotaExceeded,
+                    _ => ErrorCode::InvalidRequest,
+                };
+                error(
+                    req.request_id,
+                    code,
+                    format!("start_container refused: {e}"),
+                )
+            }
+        }
+    }
+}
+
+pub fn error(request_id: u64, code: ErrorCode, message: impl Into<String>) -> AppResponse {
+    AppResponse::Error(ErrorFrame::new(Some(request_id), code, message))
+}
+
+impl Actor for NodeActor {
+    type Context = Context<Self>;
+}
+
+/// A process task: launch, then wait for exit while serving kill commands and sampling usage.
+async fn run_container(
+    executor: Rc<Executor>,
+    id: ContainerId,
+    spec: exec::LaunchSpec,
+    limits: ContainerLimits,
+    mut cmd_rx: mpsc::UnboundedReceiver<ProcCmd>,
+    node: Addr<NodeActor>,
+) {
+    let mut proc: ContainerProcess = match executor.launch(id.0, &spec, limits).await {
+        Ok(p) => p,
+        Err(e) => {
+            node.do_send(ProcessEnded {
+                id,
+                end: ProcessEnd::LaunchFailed(e.to_string()),
+            });
+            return;
+        }
+    };
+    debug!(container = %id, pid = proc.pid(), "container process started");
+    let mut sample = tokio::time::interval(Duration::from_secs(1));
+    let mut commands_open = true;
+    loop {
+        enum Step {
+            Exit(ExitOutcome),
+            Cmd(Option<ProcCmd>),
+            Sample,
+        }
+        let step = tokio::select! {
+            outcome = proc.wait() => Step::Exit(outcome),
+            cmd = cmd_rx.recv(), if commands_open => Step::Cmd(cmd),
+            _ = sample.tick() => Step::Sample,
+        };
+        match step {
+            Step::Exit(outcome) => {
+                node.do_send(ProcessEnded {
+                    id,
+                    end: ProcessEnd::Exited(outcome),
+                });
+                return;
+            }
+            Step::Cmd(Some(ProcCmd::Kill)) | Step::Cmd(None) => {
+                commands_open = false;
+                if let Err(e) = proc.kill_tree() {
+                    warn!(container = %id, "kill failed: {e}");
+                }
+            }
+            Step::Sample => {
+                if let Ok(s) = proc.sample_usage() {
+                    node.do_send(UsageReport { id, sample: s });
+                }
+            }
+        }
+    }
+}
+
+enum ProcessEnd {
+    LaunchFailed(String),
+    Exited(ExitOutcome),
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ProcessEnded {
+    id: ContainerId,
+    end: ProcessEnd,
+}
+
+impl Handler<ProcessEnded> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: ProcessEnded, ctx: &mut Context<Self>) {
+        let id = msg.id;
+        self.processes.remove(&id);
+        self.usage.remove(&id);
+        if self.node.placement(id) != Some(Placement::Running) {
+            return; // already killed by the runtime (preempted, released, shed, lost)
+        }
+        let now = wall_now();
+        let result = match msg.end {
+            ProcessEnd::LaunchFailed(e) => {
+                self.node.on_failure(now, id, format!("launch failed: {e}"))
+            }
+            ProcessEnd::Exited(ExitOutcome::Exited { code }) => self.node.on_exit(now, id, code),
+            ProcessEnd::Exited(ExitOutcome::Signaled { signal }) => {
+                self.node.on_exit(now, id, 128 + signal)
+            }
+            ProcessEnd::Exited(ExitOutcome::KilledForMemory {
+                used_mib,
+                limit_mib,
+            }) => self.node.on_failure(
+                now,
+                id,
+                format!("memory limit exceeded: used {used_mib} MiB of {limit_mib} MiB"),
+            ),
+            ProcessEnd::Exited(ExitOutcome::WaitFailed { errno }) => self.node.on_failure(
+                now,
+                id,
+                format!("waiting for the process failed (errno {errno})"),
+            ),
+        };
+        if let Err(e) = result {
+            warn!(container = %id, "exit of unknown container: {e}");
+        }
+        self.flush(ctx);
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct UsageReport {
+    id: ContainerId,
+    sample: exec::UsageSample,
+}
+
+impl Handler<UsageReport> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: UsageReport, _: &mut Context<Self>) {
+        if self.processes.contains_key(&msg.id) {
+            self.usage.insert(msg.id, msg.sample);
+        }
+    }
+}
+
+/// `start_container` from an application connection.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StartMsg {
+    pub app: AppId,
+    pub req: StartContainer,
+    pub reply: ConnTx,
+}
+
+impl Handler<StartMsg> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: StartMsg, ctx: &mut Context<Self>) {
+        let answer = self.start_container(msg.app, msg.req);
+        // Answer first, then the events the start produced (queued / running).
+        let _ = msg.reply.send(answer);
+        self.flush(ctx);
+    }
+}
+
+/// Stop (release) a container on this node on behalf of `app`.
+#[derive(Message)]
+#[rtype(result = "Result<(), NodeError>")]
+pub struct StopLocal {
+    pub app: AppId,
+    pub container_id: ContainerId,
+}
+
+impl Handler<StopLocal> for NodeActor {
+    type Result = Result<(), NodeError>;
+    fn handle(&mut self, msg: StopLocal, ctx: &mut Context<Self>) -> Self::Result {
+        self.node.stop(wall_now(), msg.container_id, &msg.app)?;
+        self.flush(ctx);
+        Ok(())
+    }
+}
+
+/// Every container on the node (for the join's reconciliation list).
+#[derive(Message)]
+#[rtype(result = "Vec<scheduler_core::node::ContainerStatus>")]
+pub struct Statuses;
+
+impl Handler<Statuses> for NodeActor {
+    type Result = Vec<scheduler_core::node::ContainerStatus>;
+    fn handle(&mut self, _: Statuses, _: &mut Context<Self>) -> Self::Result {
+        self.node.statuses()
+    }
+}
+
+/// The worker joined (or re-joined): adopt keys and the heartbeat period.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NodeJoined {
+    pub keys: KeyRing,
+    pub heartbeat_interval: Duration,
+}
+
+impl Handler<NodeJoined> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: NodeJoined, ctx: &mut Context<Self>) {
+        self.verifier.set_keys(msg.keys);
+        let interval = msg.heartbeat_interval.max(Duration::from_millis(10));
+        match self.heartbeat {
+            Some((_, current)) if current == interval => {}
+            previous => {
+                if let Some((handle, _)) = previous {
+                    ctx.cancel_future(handle);
+                }
+                let handle = ctx.run_interval(interval, |act, _| act.send_heartbeat());
+                self.heartbeat = Some((handle, interval));
+            }
+        }
+        // Report at once so the coordinator learns this node's load without waiting a period.
+        self.send_heartbeat();
+    }
+}
+
+/// The coordinator's hints from a heartbeat ack (Mercury §4.3 shedding and policing).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NodeHints {
+    pub shedding_threshold_ms: Option<f64>,
+    pub queueable_limit: Resources,
+    pub keys: Option<KeyRing>,
+}
+
+impl Handler<NodeHints> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: NodeHints, ctx: &mut Context<Self>) {
+        let now = wall_now();
+        if let Some(keys) = msg.keys {
+            self.verifier.set_keys(keys);
+        }
+        self.node.set_queueable_limit(now, msg.queueable_limit);
+        if let Some(t) = msg.shedding_threshold_ms {
+            let shed = self.node.shed_to_threshold(now, t);
+            if !shed.is_empty() {
+                info!(
+                    count = shed.len(),
+                    threshold_ms = t,
+                    "shed queued QUEUEABLE containers"
+                );
+            }
+        }
+        self.flush(ctx);
+    }
+}
+
+/// The coordinator validated a promotion of a container on this node.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ApplyPromotionMsg(pub ApplyPromotion);
+
+impl Handler<ApplyPromotionMsg> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: ApplyPromotionMsg, ctx: &mut Context<Self>) {
+        let ApplyPromotion {
+            correlation_id,
+            token,
+        } = msg.0;
+        let result = self
+            .verifier
+            .keys()
+            .ok_or_else(|| "no key ring yet".to_string())
+            .and_then(|k| k.verify_signature(&token).map_err(|e| e.to_string()))
+            .and_then(|()| {
+                if token.body.node_id != self.node_id {
+                    return Err(format!(
+                        "promotion token is for node {}",
+                        token.body.node_id
+                    ));
+                }
+                self.node
+                    .promote(wall_now(), token.body.container_id, token.body.version)
+                    .map_err(|e| e.to_string())
+            });
+        self.flush(ctx);
+        let _ = self
+            .link
+            .send(WorkerToCoordinator::PromotionApplied(PromotionApplied {
+                correlation_id,
+                error: result.err(),
+            }));
+    }
+}
+
+/// The coordinator asks to stop a container on the application's behalf.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopOnBehalf {
+    pub app: AppId,
+    pub container_id: ContainerId,
+}
+
+impl Handler<StopOnBehalf> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: StopOnBehalf, ctx: &mut Context<Self>) {
+        if let Err(e) = self.node.stop(wall_now(), msg.container_id, &msg.app) {
+            debug!("stop on behalf of {}: {e}", msg.app);
+        }
+        self.flush(ctx);
+    }
+}
+
+/// Kill every container (worker shutdown).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct KillAll;
+
+impl Handler<KillAll> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, _: KillAll, ctx: &mut Context<Self>) {
+        self.node
+            .kill_all(wall_now(), KillReason::Lost, "the worker is shutting down");
+        self.flush(ctx);
+    }
+}
+
+/// Inspect the node runtime (tests, diagnostics).
+#[derive(Message)]
+#[rtype(result = "NodeSnapshot")]
+pub struct Inspect;
+
+#[derive(Debug, Clone)]
+pub struct NodeSnapshot {
+    pub running: usize,
+    pub queued: usize,
+    pub allocated: Resources,
+    pub processes: usize,
+    pub invariants: Result<(), String>,
+}
+
+impl Handler<Inspect> for NodeActor {
+    type Result = MessageResult<Inspect>;
+    fn handle(&mut self, _: Inspect, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(NodeSnapshot {
+            running: self.node.running_count(),
+            queued: self.node.queued_count(),
+            allocated: self.node.allocated(),
+            processes: self.processes.len(),
+            invariants: self.node.check_invariants(),
+        })
+    }
+}

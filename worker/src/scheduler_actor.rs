@@ -1,0 +1,435 @@
+//! The distributed-scheduler actor (Mercury §4.2, §6.3): answers QUEUEABLE asks by itself from
+//! the coordinator's top-k view and signs their tokens; forwards GUARANTEED asks, promotions and
+//! remote releases to the coordinator and routes the answers back to the waiting connection;
+//! keeps quota counts from the coordinator's notices and tells apps about lost containers.
+
+use crate::node_actor::error;
+use crate::shared::{ConnTx, Shared, wall_now};
+use actix::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
+use scheduler_core::distributed::{
+    ClusterView, DistributedScheduler, PlacementError, QueueableAsk,
+};
+use scheduler_core::protocol::app::{
+    Ack, Allocate, Allocated, AppResponse, ContainerEvent, ContainerEventKind, ErrorCode,
+    GrantedContainer, Promote, Promoted, Release,
+};
+use scheduler_core::protocol::cluster::{
+    AllocateGuaranteed, AppRecord, CoordinatorToWorker, PromoteContainer, ReleaseContainer,
+    WorkerToCoordinator,
+};
+use scheduler_core::token::KeyRing;
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason};
+use std::collections::HashMap;
+use std::rc::Rc;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// A request forwarded to the coordinator, waiting for its answer.
+struct Pending {
+    app: AppId,
+    request_id: u64,
+    reply: ConnTx,
+}
+
+pub struct SchedulerActor {
+    ds: DistributedScheduler,
+    keys: Option<KeyRing>,
+    shared: Rc<Shared>,
+    rng: StdRng,
+    link: mpsc::UnboundedSender<WorkerToCoordinator>,
+    next_correlation: u64,
+    pending: HashMap<u64, Pending>,
+}
+
+impl SchedulerActor {
+    pub fn new(
+        shared: Rc<Shared>,
+        link: mpsc::UnboundedSender<WorkerToCoordinator>,
+        seed: u64,
+    ) -> SchedulerActor {
+        SchedulerActor {
+            ds: DistributedScheduler::new(Default::default(), 0),
+            keys: None,
+            shared,
+            rng: StdRng::seed_from_u64(seed),
+            link,
+            next_correlation: 1,
+            pending: HashMap::new(),
+        }
+    }
+
+    fn forward(
+        &mut self,
+        app: AppId,
+        request_id: u64,
+        reply: ConnTx,
+        make: impl FnOnce(u64) -> WorkerToCoordinator,
+    ) {
+        if !self.shared.connected.get() {
+            let _ = reply.send(error(
+                request_id,
+                ErrorCode::CoordinatorUnavailable,
+                "this worker is not connected to the coordinator right now; retry shortly",
+            ));
+            return;
+        }
+        let correlation_id = self.next_correlation;
+        self.next_correlation += 1;
+        self.pending.insert(
+            correlation_id,
+            Pending {
+                app,
+                request_id,
+                reply,
+            },
+        );
+        let _ = self.link.send(make(correlation_id));
+    }
+
+    fn allocate_queueable(&mut self, app: AppId, req: &Allocate) -> AppResponse {
+        let Some(keys) = self.keys.as_ref() else {
+            return error(
+                req.request_id,
+                ErrorCode::CoordinatorUnavailable,
+                "this worker has not joined the cluster yet",
+            );
+        };
+        let ask = QueueableAsk {
+            app_id: app.clone(),
+            resources: req.resources,
+            count: req.count,
+            priority: req.priority,
+            locality: req.locality.clone(),
+            runtime_estimate_ms: req.runtime_estimate_ms,
+            job_id: JobId::new(req.job_id.as_str()),
+            job_submit_time_ms: req.job_submit_time_ms,
+        };
+        let quota = self.shared.quota(&app);
+        let now_ms = wall_now().as_millis();
+        match self.ds.place(now_ms, &ask, &quota, &mut self.rng) {
+            Ok(outcome) => {
+                let mut containers = Vec::with_capacity(outcome.placed.len());
+                for p in outcome.placed {
+                    match keys.sign(p.token_body) {
+                        Ok(token) => containers.push(GrantedContainer {
+                            container_id: p.container_id,
+                            node_id: p.node_id,
+                            node_endpoint: p.node_endpoint,
+                            container_type: ContainerType::Queueable,
+                            resources: req.resources,
+                            token,
+                        }),
+                        Err(e) => {
+                            return error(
+                                req.request_id,
+                                ErrorCode::Internal,
+                                format!("signing failed: {e}"),
+                            );
+                        }
+                    }
+                }
+                AppResponse::Allocated(Allocated {
+                    request_id: req.request_id,
+                    containers,
+                    remaining: 0,
+                    unplaced: outcome.unplaced,
+                    unplaced_reason: outcome.unplaced_reason,
+                })
+            }
+            Err(e) => {
+                let code = match e {
+                    PlacementError::NoView => ErrorCode::CoordinatorUnavailable,
+                    PlacementError::LargerThanAnyNode { .. } => ErrorCode::AskTooLarge,
+                    PlacementError::Empty => ErrorCode::InvalidRequest,
+                    PlacementError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
+                };
+                error(req.request_id, code, e.to_string())
+            }
+        }
+    }
+
+    fn on_notice(&mut self, n: ContainerNotice) {
+        match n.kind {
+            NoticeKind::Started => self.ds.quotas_mut().on_started(n.container_id),
+            NoticeKind::Finished => {
+                self.ds.quotas_mut().on_finished(n.container_id);
+            }
+            NoticeKind::Lost => {
+                if let Some((app, _)) = self.ds.quotas_mut().on_finished(n.container_id) {
+                    self.shared.notify(
+                        &app,
+                        ContainerEvent {
+                            container_id: n.container_id,
+                            node_id: n.node_id.clone(),
+                            event: ContainerEventKind::Killed {
+                                reason: KillReason::Lost,
+                                message: format!("node {} was lost", n.node_id),
+                            },
+                            at_ms: wall_now().as_millis(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn fail_all_pending(&mut self, why: &str) {
+        for (_, p) in self.pending.drain() {
+            let _ = p
+                .reply
+                .send(error(p.request_id, ErrorCode::CoordinatorUnavailable, why));
+        }
+    }
+}
+
+impl Actor for SchedulerActor {
+    type Context = Context<Self>;
+}
+
+/// `allocate` from an application connection.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AllocateMsg {
+    pub app: AppId,
+    pub req: Allocate,
+    pub reply: ConnTx,
+}
+
+impl Handler<AllocateMsg> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: AllocateMsg, _: &mut Context<Self>) {
+        let AllocateMsg { app, req, reply } = msg;
+        match req.container_type {
+            ContainerType::Queueable => {
+                let answer = self.allocate_queueable(app, &req);
+                let _ = reply.send(answer);
+            }
+            ContainerType::Guaranteed => {
+                if req.count == 0 || req.resources.is_zero() {
+                    let _ = reply.send(error(
+                        req.request_id,
+                        ErrorCode::InvalidRequest,
+                        "ask has zero resources or zero count",
+                    ));
+                    return;
+                }
+                let request_id = req.request_id;
+                let app_id = app.0.clone();
+                self.forward(app, request_id, reply, move |correlation_id| {
+                    WorkerToCoordinator::AllocateGuaranteed(AllocateGuaranteed {
+                        correlation_id,
+                        app_id,
+                        allocate: req,
+                    })
+                });
+            }
+        }
+    }
+}
+
+/// `promote` from an application connection.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PromoteMsg {
+    pub app: AppId,
+    pub req: Promote,
+    pub reply: ConnTx,
+}
+
+impl Handler<PromoteMsg> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: PromoteMsg, _: &mut Context<Self>) {
+        let PromoteMsg { app, req, reply } = msg;
+        let app_id = app.0.clone();
+        self.forward(app, req.request_id, reply, move |correlation_id| {
+            WorkerToCoordinator::Promote(PromoteContainer {
+                correlation_id,
+                app_id,
+                container_id: req.container_id,
+            })
+        });
+    }
+}
+
+/// `release` of a container that is not on this node.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseRemote {
+    pub app: AppId,
+    pub req: Release,
+    pub reply: ConnTx,
+}
+
+impl Handler<ReleaseRemote> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReleaseRemote, _: &mut Context<Self>) {
+        let ReleaseRemote { app, req, reply } = msg;
+        let id: ContainerId = req.container_id;
+        // A QUEUEABLE grant of ours that no node accepted yet: just forget it.
+        if id.issuer() == self.ds.issuer() && self.ds.quotas().owner(id) == Some(&app) {
+            self.ds.quotas_mut().on_finished(id);
+            if !self.shared.connected.get() {
+                let _ = reply.send(AppResponse::Ack(Ack {
+                    request_id: req.request_id,
+                }));
+                return;
+            }
+        }
+        let app_id = app.0.clone();
+        self.forward(app, req.request_id, reply, move |correlation_id| {
+            WorkerToCoordinator::Release(ReleaseContainer {
+                correlation_id,
+                app_id,
+                container_id: id,
+            })
+        });
+    }
+}
+
+/// The worker joined (or re-joined) the cluster.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SchedulerJoined {
+    pub issuer: u32,
+    pub keys: KeyRing,
+    pub apps: Vec<AppRecord>,
+    pub top_k: usize,
+    pub token_ttl_ms: u64,
+    pub view: ClusterView,
+}
+
+impl Handler<SchedulerJoined> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: SchedulerJoined, _: &mut Context<Self>) {
+        let mut ds = DistributedScheduler::new(
+            scheduler_core::distributed::DistributedSchedulerConfig {
+                top_k: msg.top_k,
+                token_ttl_ms: msg.token_ttl_ms,
+            },
+            msg.issuer,
+        );
+        if msg.issuer == self.ds.issuer() {
+            // Same incarnation (cannot happen with the coordinator's fresh issuers, but keep the counts).
+            ds = std::mem::replace(&mut self.ds, ds);
+            ds.set_top_k(msg.top_k);
+        }
+        self.shared
+            .directory_version
+            .set(msg.view.directory_version);
+        ds.update_view(msg.view);
+        self.ds = ds;
+        self.keys = Some(msg.keys);
+        self.shared.set_apps(msg.apps);
+    }
+}
+
+/// A heartbeat ack's parts for the scheduler.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ViewUpdate {
+    pub view: ClusterView,
+    pub notices: Vec<ContainerNotice>,
+    pub keys: Option<KeyRing>,
+    pub apps: Option<Vec<AppRecord>>,
+}
+
+impl Handler<ViewUpdate> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ViewUpdate, _: &mut Context<Self>) {
+        self.shared
+            .directory_version
+            .set(msg.view.directory_version);
+        self.ds.update_view(msg.view);
+        if let Some(k) = msg.keys {
+            self.keys = Some(k);
+        }
+        if let Some(apps) = msg.apps {
+            self.shared.set_apps(apps);
+        }
+        for n in msg.notices {
+            self.on_notice(n);
+        }
+        self.ds.quotas_mut().expire(wall_now().as_millis());
+    }
+}
+
+/// Answers of the coordinator to forwarded requests.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CoordinatorAnswer(pub CoordinatorToWorker);
+
+impl Handler<CoordinatorAnswer> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: CoordinatorAnswer, _: &mut Context<Self>) {
+        match msg.0 {
+            CoordinatorToWorker::GuaranteedAllocated(g) => {
+                let Some(p) = self.pending.get(&g.correlation_id) else {
+                    debug!(
+                        correlation = g.correlation_id,
+                        "grant for a request nobody waits for"
+                    );
+                    return;
+                };
+                for c in &g.containers {
+                    self.ds.quotas_mut().on_granted(
+                        c.container_id,
+                        &p.app,
+                        ContainerType::Guaranteed,
+                        c.token.body.expires_at_ms,
+                    );
+                }
+                let answer = AppResponse::Allocated(Allocated {
+                    request_id: p.request_id,
+                    containers: g.containers,
+                    remaining: g.remaining,
+                    unplaced: 0,
+                    unplaced_reason: None,
+                });
+                let _ = p.reply.send(answer);
+                if g.remaining == 0 {
+                    self.pending.remove(&g.correlation_id);
+                }
+            }
+            CoordinatorToWorker::PromoteResult(r) => {
+                if let Some(p) = self.pending.remove(&r.correlation_id) {
+                    self.ds.quotas_mut().on_promoted(r.token.body.container_id);
+                    let _ = p.reply.send(AppResponse::Promoted(Promoted {
+                        request_id: p.request_id,
+                        container_id: r.token.body.container_id,
+                        token: r.token,
+                    }));
+                }
+            }
+            CoordinatorToWorker::Released(r) => {
+                if let Some(p) = self.pending.remove(&r.correlation_id) {
+                    let _ = p.reply.send(AppResponse::Ack(Ack {
+                        request_id: p.request_id,
+                    }));
+                }
+            }
+            CoordinatorToWorker::RequestFailed(f) => {
+                if let Some(p) = self.pending.remove(&f.correlation_id) {
+                    let _ = p.reply.send(error(p.request_id, f.code, f.message));
+                }
+            }
+            other => warn!("unexpected frame for the scheduler actor: {other:?}"),
+        }
+    }
+}
+
+/// The cluster link dropped: forwarded requests will not be answered.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LinkDown;
+
+impl Handler<LinkDown> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, _: LinkDown, _: &mut Context<Self>) {
+        self.fail_all_pending(
+            "the connection to the coordinator was lost before it answered; retry",
+        );
+    }
+}
