@@ -4,7 +4,11 @@
 //!
 //! Each subcommand of the `testbed` binary lives in its own module below.
 
+pub mod client;
+pub mod demo;
 pub mod experiment;
+pub mod load;
+pub mod local;
 pub mod sim;
 pub mod task;
 pub mod traces;

@@ -21,6 +21,15 @@ enum Command {
     Sim(testbed::sim::cli::SimArgs),
     /// Reproduce a paper's experiments on the simulator (`mercury`).
     Experiment(testbed::experiment::cli::ExperimentArgs),
+    /// Start a coordinator and N workers as processes on loopback; print one JSON line; run until Ctrl-C.
+    Local(testbed::local::LocalArgs),
+    /// A job manager: allocate and start N `testbed task` containers and report counts and latencies.
+    Load(testbed::load::LoadArgs),
+    /// The demo: a local cluster plus a mixed GUARANTEED/QUEUEABLE workload, explained.
+    Demo(testbed::demo::DemoArgs),
+    /// Node-loss check (docker-compose test): start long containers on every worker, print READY,
+    /// wait until the victim's containers are reported lost, and check new asks avoid it.
+    NodeLossCheck(testbed::demo::NodeLossArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,5 +38,9 @@ fn main() -> anyhow::Result<()> {
         Command::Task(args) => std::process::exit(testbed::task::run(&args)?),
         Command::Sim(args) => testbed::sim::cli::run(&args),
         Command::Experiment(args) => testbed::experiment::cli::run(&args),
+        Command::Local(args) => testbed::local::run(&args),
+        Command::Load(args) => testbed::load::run(&args),
+        Command::Demo(args) => testbed::demo::run(&args),
+        Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),
     }
 }

@@ -1,0 +1,368 @@
+//! `testbed local`: a coordinator and N workers as separate OS processes on loopback, started
+//! from the binaries that sit next to this one, for demos, tests and benchmarks.
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+/// Options of `testbed local`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LocalArgs {
+    /// Number of workers.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// CPU per worker in millicores.
+    #[arg(long, default_value_t = 4000)]
+    pub cpu_millis: u64,
+    /// Memory per worker in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub memory_mib: u64,
+    /// Data dir for the coordinator and logs [default: a fresh temporary dir].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Heartbeat period the coordinator asks workers to use.
+    #[arg(long, default_value_t = 250)]
+    pub heartbeat_interval_ms: u64,
+    /// A worker silent this long is declared lost.
+    #[arg(long, default_value_t = 3000)]
+    pub node_timeout_ms: u64,
+    /// Shedding policy (off, avg+sigma, avg+2sigma).
+    #[arg(long, default_value = "avg+sigma")]
+    pub shedding: String,
+}
+
+impl Default for LocalArgs {
+    fn default() -> Self {
+        LocalArgs {
+            workers: 3,
+            cpu_millis: 4000,
+            memory_mib: 4096,
+            data_dir: None,
+            heartbeat_interval_ms: 250,
+            node_timeout_ms: 3000,
+            shedding: "avg+sigma".into(),
+        }
+    }
+}
+
+/// A worker of the local cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalWorker {
+    pub node_id: String,
+    pub app_endpoint: String,
+}
+
+/// The running processes. Dropping it stops them all.
+pub struct LocalCluster {
+    pub coordinator: String,
+    pub workers: Vec<LocalWorker>,
+    pub app_id: String,
+    pub app_secret: String,
+    pub data_dir: PathBuf,
+    children: Vec<(String, Child, PathBuf)>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+/// Where the `coordinator` and `worker` binaries are: next to this executable (cargo puts all
+/// of a workspace's binaries in one directory; test executables live one level below).
+pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the testbed executable")?;
+    let mut dirs = vec![];
+    if let Some(d) = exe.parent() {
+        dirs.push(d.to_path_buf());
+        if let Some(up) = d.parent() {
+            dirs.push(up.to_path_buf());
+        }
+    }
+    for d in &dirs {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "the `{name}` binary is not next to {}; build it first: cargo build --release -p coordinator -p worker (or cargo build --workspace)",
+        exe.display()
+    )
+}
+
+fn read_json_line(
+    stdout: &mut BufReader<ChildStdout>,
+    what: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let mut line = String::new();
+    let n = stdout
+        .read_line(&mut line)
+        .with_context(|| format!("reading the ready line of {what}"))?;
+    if n == 0 {
+        bail!("{what} exited before it was ready");
+    }
+    serde_json::from_str(line.trim())
+        .with_context(|| format!("{what} printed {line:?}, not its JSON ready line"))
+}
+
+impl LocalCluster {
+    /// Start everything and wait until every worker has joined.
+    pub fn start(args: &LocalArgs) -> anyhow::Result<LocalCluster> {
+        if args.workers == 0 {
+            bail!("--workers must be at least 1");
+        }
+        let coordinator_bin = sibling_binary("coordinator")?;
+        let worker_bin = sibling_binary("worker")?;
+        let (temp, data_dir) = match &args.data_dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                (None, d.clone())
+            }
+            None => {
+                let t = tempfile::tempdir().context("creating a temporary data dir")?;
+                let p = t.path().to_path_buf();
+                (Some(t), p)
+            }
+        };
+        let coord_dir = data_dir.join("coordinator");
+        let cluster_json = coord_dir.join("cluster.json");
+        if !cluster_json.exists() {
+            let out = Command::new(&coordinator_bin)
+                .args(["init", "--data-dir"])
+                .arg(&coord_dir)
+                .args(["--app", "demo"])
+                .output()
+                .context("running coordinator init")?;
+            if !out.status.success() {
+                bail!(
+                    "coordinator init failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let creds: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&cluster_json)
+                .with_context(|| format!("reading {}", cluster_json.display()))?,
+        )?;
+        let app = &creds["apps"][0];
+        let (app_id, app_secret) = match (app["app_id"].as_str(), app["app_secret"].as_str()) {
+            (Some(i), Some(s)) => (i.to_string(), s.to_string()),
+            _ => bail!("{} names no app with a secret", cluster_json.display()),
+        };
+        let mut cluster = LocalCluster {
+            coordinator: String::new(),
+            workers: vec![],
+            app_id,
+            app_secret,
+            data_dir: data_dir.clone(),
+            children: vec![],
+            _temp: temp,
+        };
+        let log = data_dir.join("coordinator.log");
+        let mut child = Command::new(&coordinator_bin)
+            .args(["run", "--data-dir"])
+            .arg(&coord_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args([
+                "--heartbeat-interval-ms",
+                &args.heartbeat_interval_ms.to_string(),
+            ])
+            .args(["--node-timeout-ms", &args.node_timeout_ms.to_string()])
+            .args(["--shedding", &args.shedding])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting the coordinator")?;
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        cluster.children.push(("coordinator".into(), child, log));
+        let ready = cluster.ready_or_report(&mut stdout, "coordinator")?;
+        cluster.coordinator = ready["quic_addr"]
+            .as_str()
+            .context("coordinator ready line has no quic_addr")?
+            .to_string();
+        let mut pending = vec![];
+        for i in 1..=args.workers {
+            let name = format!("worker-{i}");
+            let log = data_dir.join(format!("{name}.log"));
+            let mut child = Command::new(&worker_bin)
+                .arg("run")
+                .args(["--coordinator", &cluster.coordinator])
+                .arg("--ca-cert")
+                .arg(coord_dir.join("ca.pem"))
+                .arg("--join-token-file")
+                .arg(coord_dir.join("join-token"))
+                .args([
+                    "--node-id",
+                    &name,
+                    "--rack",
+                    &format!("rack-{}", (i - 1) % 2),
+                ])
+                .args([
+                    "--cpu-millis",
+                    &args.cpu_millis.to_string(),
+                    "--memory-mib",
+                    &args.memory_mib.to_string(),
+                ])
+                .args(["--app-listen", "127.0.0.1:0"])
+                .stdout(Stdio::piped())
+                .stderr(std::fs::File::create(&log)?)
+                .spawn()
+                .with_context(|| format!("starting {name}"))?;
+            pending.push((
+                name.clone(),
+                BufReader::new(child.stdout.take().expect("piped")),
+            ));
+            cluster.children.push((name, child, log));
+        }
+        for (name, mut stdout) in pending {
+            let ready = cluster.ready_or_report(&mut stdout, &name)?;
+            cluster.workers.push(LocalWorker {
+                node_id: ready["node_id"].as_str().unwrap_or(&name).to_string(),
+                app_endpoint: ready["app_endpoint"]
+                    .as_str()
+                    .context("worker ready line has no app_endpoint")?
+                    .to_string(),
+            });
+        }
+        Ok(cluster)
+    }
+
+    fn ready_or_report(
+        &mut self,
+        stdout: &mut BufReader<ChildStdout>,
+        name: &str,
+    ) -> anyhow::Result<serde_json::Value> {
+        match read_json_line(stdout, name) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let tail = self.log_tail(name);
+                Err(e.context(format!("{name} failed to start; last log lines:\n{tail}")))
+            }
+        }
+    }
+
+    /// The last lines of a child's log.
+    pub fn log_tail(&self, name: &str) -> String {
+        let Some((_, _, log)) = self.children.iter().find(|(n, _, _)| n == name) else {
+            return String::new();
+        };
+        tail(log, 20)
+    }
+
+    /// The JSON line `testbed local` prints.
+    pub fn summary_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "coordinator": self.coordinator,
+            "workers": self.workers,
+            "app_id": self.app_id,
+            "app_secret": self.app_secret,
+        })
+    }
+
+    /// Stop one child by name with SIGKILL (node-loss tests).
+    pub fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let (_, child, _) = self
+            .children
+            .iter_mut()
+            .find(|(n, _, _)| n == name)
+            .context("no such process")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// The first child that exited on its own, with its log tail.
+    pub fn exited_child(&mut self) -> Option<(String, String)> {
+        let mut dead = None;
+        for (name, child, _) in &mut self.children {
+            if let Ok(Some(status)) = child.try_wait() {
+                dead = Some((name.clone(), status.to_string()));
+                break;
+            }
+        }
+        dead.map(|(name, status)| {
+            let t = self.log_tail(&name);
+            (name, format!("{status}\n{t}"))
+        })
+    }
+
+    /// Stop every process: SIGTERM (workers kill their containers), then SIGKILL stragglers.
+    pub fn stop(&mut self) {
+        for (_, child, _) in self.children.iter_mut().rev() {
+            // SAFETY: sending a signal to our own child's pid has no memory-safety implications.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+        }
+        for (_, child, _) in self.children.iter_mut().rev() {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.children.clear();
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.read_to_string(&mut s);
+    }
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Route SIGINT and SIGTERM to a flag polled by [`stop_requested`].
+pub fn install_stop_signals() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_stop_signal as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGTERM,
+            on_stop_signal as *const () as libc::sighandler_t,
+        );
+    }
+}
+
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// `testbed local`: start, print one JSON line, run until SIGINT/SIGTERM or a child dies.
+pub fn run(args: &LocalArgs) -> anyhow::Result<()> {
+    install_stop_signals();
+    let mut cluster = LocalCluster::start(args)?;
+    println!("{}", cluster.summary_json());
+    loop {
+        if stop_requested() {
+            eprintln!("testbed local: stopping");
+            cluster.stop();
+            return Ok(());
+        }
+        if let Some((name, why)) = cluster.exited_child() {
+            cluster.stop();
+            bail!("{name} exited unexpectedly: {why}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
