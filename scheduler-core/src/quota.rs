@@ -154,6 +154,13 @@ impl QuotaTracker {
         gone
     }
 
+    /// Whether a tracked container was granted but no node has reported it yet.
+    pub fn is_unstarted(&self, id: ContainerId) -> bool {
+        self.containers
+            .get(&id)
+            .is_some_and(|t| t.pending_until_ms.is_some())
+    }
+
     /// The app owning a tracked container.
     pub fn owner(&self, id: ContainerId) -> Option<&AppId> {
         self.containers.get(&id).map(|t| &t.app)

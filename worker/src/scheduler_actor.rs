@@ -21,8 +21,8 @@ use scheduler_core::protocol::cluster::{
     WorkerToCoordinator,
 };
 use scheduler_core::token::KeyRing;
-use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason};
-use std::collections::HashMap;
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId};
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -32,6 +32,9 @@ struct Pending {
     app: AppId,
     request_id: u64,
     reply: ConnTx,
+    /// A release of our own unstarted grant: "unknown container" from the coordinator means
+    /// no node took it, which is a successful release.
+    unknown_is_success: bool,
 }
 
 pub struct SchedulerActor {
@@ -42,6 +45,10 @@ pub struct SchedulerActor {
     link: mpsc::UnboundedSender<WorkerToCoordinator>,
     next_correlation: u64,
     pending: HashMap<u64, Pending>,
+    /// Containers this worker granted (QUEUEABLE) or obtained for an app (GUARANTEED), by node:
+    /// when a node leaves the directory, all of them are lost, even those the node never
+    /// reported before it died.
+    issued_on: HashMap<NodeId, HashSet<ContainerId>>,
 }
 
 impl SchedulerActor {
@@ -58,6 +65,7 @@ impl SchedulerActor {
             link,
             next_correlation: 1,
             pending: HashMap::new(),
+            issued_on: HashMap::new(),
         }
     }
 
@@ -66,6 +74,17 @@ impl SchedulerActor {
         app: AppId,
         request_id: u64,
         reply: ConnTx,
+        make: impl FnOnce(u64) -> WorkerToCoordinator,
+    ) {
+        self.forward_with(app, request_id, reply, false, make)
+    }
+
+    fn forward_with(
+        &mut self,
+        app: AppId,
+        request_id: u64,
+        reply: ConnTx,
+        unknown_is_success: bool,
         make: impl FnOnce(u64) -> WorkerToCoordinator,
     ) {
         if !self.shared.connected.get() {
@@ -84,6 +103,7 @@ impl SchedulerActor {
                 app,
                 request_id,
                 reply,
+                unknown_is_success,
             },
         );
         let _ = self.link.send(make(correlation_id));
@@ -113,6 +133,10 @@ impl SchedulerActor {
             Ok(outcome) => {
                 let mut containers = Vec::with_capacity(outcome.placed.len());
                 for p in outcome.placed {
+                    self.issued_on
+                        .entry(p.node_id.clone())
+                        .or_default()
+                        .insert(p.container_id);
                     match keys.sign(p.token_body) {
                         Ok(token) => containers.push(GrantedContainer {
                             container_id: p.container_id,
@@ -155,24 +179,34 @@ impl SchedulerActor {
         match n.kind {
             NoticeKind::Started => self.ds.quotas_mut().on_started(n.container_id),
             NoticeKind::Finished => {
-                self.ds.quotas_mut().on_finished(n.container_id);
+                self.forget(n.container_id, &n.node_id);
             }
-            NoticeKind::Lost => {
-                if let Some((app, _)) = self.ds.quotas_mut().on_finished(n.container_id) {
-                    self.shared.notify(
-                        &app,
-                        ContainerEvent {
-                            container_id: n.container_id,
-                            node_id: n.node_id.clone(),
-                            event: ContainerEventKind::Killed {
-                                reason: KillReason::Lost,
-                                message: format!("node {} was lost", n.node_id),
-                            },
-                            at_ms: wall_now().as_millis(),
-                        },
-                    );
-                }
-            }
+            NoticeKind::Lost => self.report_lost(n.container_id, &n.node_id),
+        }
+    }
+
+    fn forget(&mut self, id: ContainerId, node: &NodeId) -> Option<AppId> {
+        if let Some(set) = self.issued_on.get_mut(node) {
+            set.remove(&id);
+        }
+        self.ds.quotas_mut().on_finished(id).map(|(app, _)| app)
+    }
+
+    /// Tell the app (once) that its container died with its node.
+    fn report_lost(&mut self, id: ContainerId, node: &NodeId) {
+        if let Some(app) = self.forget(id, node) {
+            self.shared.notify(
+                &app,
+                ContainerEvent {
+                    container_id: id,
+                    node_id: node.clone(),
+                    event: ContainerEventKind::Killed {
+                        reason: KillReason::Lost,
+                        message: format!("node {node} was lost"),
+                    },
+                    at_ms: wall_now().as_millis(),
+                },
+            );
         }
     }
 
@@ -268,8 +302,11 @@ impl Handler<ReleaseRemote> for SchedulerActor {
     fn handle(&mut self, msg: ReleaseRemote, _: &mut Context<Self>) {
         let ReleaseRemote { app, req, reply } = msg;
         let id: ContainerId = req.container_id;
-        // A QUEUEABLE grant of ours that no node accepted yet: just forget it.
-        if id.issuer() == self.ds.issuer() && self.ds.quotas().owner(id) == Some(&app) {
+        // A grant of ours that no node reported yet: forget it here, and ask the coordinator in
+        // case a node took it meanwhile ("unknown" then means nobody did).
+        let unstarted_grant =
+            self.ds.quotas().owner(id) == Some(&app) && self.ds.quotas().is_unstarted(id);
+        if unstarted_grant {
             self.ds.quotas_mut().on_finished(id);
             if !self.shared.connected.get() {
                 let _ = reply.send(AppResponse::Ack(Ack {
@@ -279,13 +316,19 @@ impl Handler<ReleaseRemote> for SchedulerActor {
             }
         }
         let app_id = app.0.clone();
-        self.forward(app, req.request_id, reply, move |correlation_id| {
-            WorkerToCoordinator::Release(ReleaseContainer {
-                correlation_id,
-                app_id,
-                container_id: id,
-            })
-        });
+        self.forward_with(
+            app,
+            req.request_id,
+            reply,
+            unstarted_grant,
+            move |correlation_id| {
+                WorkerToCoordinator::Release(ReleaseContainer {
+                    correlation_id,
+                    app_id,
+                    container_id: id,
+                })
+            },
+        );
     }
 }
 
@@ -342,7 +385,28 @@ impl Handler<ViewUpdate> for SchedulerActor {
         self.shared
             .directory_version
             .set(msg.view.directory_version);
+        let membership_changed = !msg.view.directory.is_empty();
         self.ds.update_view(msg.view);
+        if membership_changed {
+            let present: HashSet<&NodeId> = self
+                .ds
+                .view()
+                .directory
+                .iter()
+                .map(|n| &n.node_id)
+                .collect();
+            let gone: Vec<NodeId> = self
+                .issued_on
+                .keys()
+                .filter(|n| !present.contains(n))
+                .cloned()
+                .collect();
+            for node in gone {
+                for id in self.issued_on.remove(&node).unwrap_or_default() {
+                    self.report_lost(id, &node);
+                }
+            }
+        }
         if let Some(k) = msg.keys {
             self.keys = Some(k);
         }
@@ -352,7 +416,15 @@ impl Handler<ViewUpdate> for SchedulerActor {
         for n in msg.notices {
             self.on_notice(n);
         }
-        self.ds.quotas_mut().expire(wall_now().as_millis());
+        let expired = self.ds.quotas_mut().expire(wall_now().as_millis());
+        if !expired.is_empty() {
+            for set in self.issued_on.values_mut() {
+                for id in &expired {
+                    set.remove(id);
+                }
+            }
+            self.issued_on.retain(|_, set| !set.is_empty());
+        }
     }
 }
 
@@ -374,6 +446,10 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                     return;
                 };
                 for c in &g.containers {
+                    self.issued_on
+                        .entry(c.node_id.clone())
+                        .or_default()
+                        .insert(c.container_id);
                     self.ds.quotas_mut().on_granted(
                         c.container_id,
                         &p.app,
@@ -412,7 +488,13 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
             }
             CoordinatorToWorker::RequestFailed(f) => {
                 if let Some(p) = self.pending.remove(&f.correlation_id) {
-                    let _ = p.reply.send(error(p.request_id, f.code, f.message));
+                    if p.unknown_is_success && f.code == ErrorCode::UnknownContainer {
+                        let _ = p.reply.send(AppResponse::Ack(Ack {
+                            request_id: p.request_id,
+                        }));
+                    } else {
+                        let _ = p.reply.send(error(p.request_id, f.code, f.message));
+                    }
                 }
             }
             other => warn!("unexpected frame for the scheduler actor: {other:?}"),

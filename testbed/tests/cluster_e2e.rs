@@ -1,0 +1,247 @@
+//! End-to-end tests that spawn the real `coordinator` and `worker` binaries as separate processes
+//! on loopback (built by `cargo test --workspace`) and drive them with the real client and load
+//! generator. Timeouts only guard against hangs; every wait is for an event.
+
+use scheduler_core::protocol::app::{
+    AcceptedState, Allocate, ContainerEvent, ContainerEventKind, ErrorCode, LaunchSpec,
+};
+use scheduler_core::{ContainerType, KillReason, Resources};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+use testbed::client::ClientPool;
+use testbed::load::{LoadArgs, LoadType, run_load};
+use testbed::local::{LocalArgs, LocalCluster};
+use tokio::sync::mpsc;
+
+const GUARD: Duration = Duration::from_secs(60);
+
+fn task_program() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_testbed"))
+}
+
+fn cluster(workers: usize) -> LocalCluster {
+    LocalCluster::start(&LocalArgs {
+        workers,
+        cpu_millis: 2000,
+        memory_mib: 2048,
+        heartbeat_interval_ms: 100,
+        node_timeout_ms: 1500,
+        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join(format!("{workers}"))),
+        ..LocalArgs::default()
+    })
+    .expect("local cluster starts (are the coordinator and worker binaries built? cargo test --workspace builds them)")
+}
+
+fn load_args(c: &LocalCluster, load_type: LoadType, containers: usize) -> LoadArgs {
+    LoadArgs {
+        endpoint: c.workers[0].app_endpoint.clone(),
+        app_id: Some(c.app_id.clone()),
+        app_secret: Some(c.app_secret.clone()),
+        credentials_file: None,
+        containers,
+        load_type,
+        policy: "<10sec-70%-Q".into(),
+        concurrency: 6,
+        task_duration_ms: 50,
+        long_task_duration_ms: 0,
+        long_fraction: 0.0,
+        task_memory_mib: 1,
+        task_cpu_fraction: 0.0,
+        cpu_millis: 250,
+        memory_mib: 32,
+        max_retries: 50,
+        seed: 3,
+        task_program: Some(task_program()),
+        json: false,
+    }
+}
+
+fn ask(t: ContainerType, count: u32) -> Allocate {
+    Allocate {
+        request_id: 0,
+        resources: Resources::new(200, 32),
+        count,
+        priority: 0,
+        container_type: t,
+        locality: None,
+        runtime_estimate_ms: Some(60_000),
+        job_id: "e2e".into(),
+        job_submit_time_ms: 1,
+    }
+}
+
+async fn next_event(events: &mut mpsc::UnboundedReceiver<ContainerEvent>) -> ContainerEvent {
+    tokio::time::timeout(GUARD, events.recv())
+        .await
+        .expect("an event within the guard time")
+        .expect("event stream open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_container_type_runs_to_completion_on_a_three_process_cluster() {
+    let c = cluster(3);
+    for t in [LoadType::Queueable, LoadType::Guaranteed, LoadType::Hybrid] {
+        let report = tokio::time::timeout(GUARD, run_load(&load_args(&c, t, 24)))
+            .await
+            .expect("load finishes")
+            .unwrap();
+        assert_eq!(report.completed, 24, "{t:?}: {report:?}");
+        assert_eq!(report.failed, 0, "{t:?}: {report:?}");
+        assert!(report.started >= 24);
+        let nodes: HashSet<&String> = report.granted_by_node.keys().collect();
+        assert!(!nodes.is_empty());
+        if t == LoadType::Queueable {
+            assert_eq!(report.allocate_guaranteed.count, 0);
+            assert!(report.allocate_queueable.count >= 24);
+            assert!(
+                nodes.len() >= 2,
+                "top-k placement spreads over nodes: {nodes:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_node_is_reported_to_the_app_and_new_asks_avoid_it() {
+    let mut c = cluster(3);
+    let (pool, mut events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let local = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    let long = LaunchSpec {
+        command: task_program().display().to_string(),
+        args: vec!["task".into(), "--duration-ms".into(), "120000".into()],
+        ..Default::default()
+    };
+    // One container per node: at most one off-locality container of an ask per node per round.
+    // The first worker may not have heard of the last one yet (views travel with heartbeats):
+    // poll until its view holds all three nodes.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    let grants = loop {
+        let a = local
+            .allocate(ask(ContainerType::Queueable, 3))
+            .await
+            .unwrap();
+        if a.containers.len() == 3 {
+            break a;
+        }
+        assert_eq!(a.unplaced, 3 - a.containers.len() as u32);
+        for g in &a.containers {
+            local.release(g.container_id).await.unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the view never held three nodes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let nodes: HashSet<&str> = grants
+        .containers
+        .iter()
+        .map(|g| g.node_id.as_str())
+        .collect();
+    assert_eq!(nodes.len(), 3);
+    for g in &grants.containers {
+        assert_eq!(
+            pool.start(g, long.clone()).await.unwrap().state,
+            AcceptedState::Running
+        );
+    }
+    let victim = grants
+        .containers
+        .iter()
+        .find(|g| g.node_id.as_str() == "worker-3")
+        .unwrap()
+        .container_id;
+    c.kill("worker-3").unwrap();
+    loop {
+        let ev = next_event(&mut events).await;
+        if ev.container_id == victim {
+            match ev.event {
+                ContainerEventKind::Killed {
+                    reason: KillReason::Lost,
+                    ..
+                } => break,
+                ContainerEventKind::Running => continue,
+                other => panic!("unexpected event for the victim: {other:?}"),
+            }
+        }
+    }
+    for t in [ContainerType::Queueable, ContainerType::Guaranteed] {
+        let a = local.allocate(ask(t, 2)).await.unwrap();
+        assert!(!a.containers.is_empty());
+        for g in &a.containers {
+            assert_ne!(
+                g.node_id.as_str(),
+                "worker-3",
+                "{t:?} granted on the lost node"
+            );
+            local.release(g.container_id).await.unwrap();
+        }
+    }
+    // The survivors kept running through the loss.
+    for g in grants
+        .containers
+        .iter()
+        .filter(|g| g.container_id != victim)
+    {
+        local.release(g.container_id).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_clients_get_clear_errors_and_others_keep_being_served() {
+    let c = cluster(1);
+    let (pool, _events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let good = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    // Wrong secret.
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let err =
+        testbed::client::AppClient::connect(&c.workers[0].app_endpoint, &c.app_id, "wrong", tx)
+            .await
+            .err()
+            .expect("refused");
+    assert_eq!(
+        err.server().map(|e| e.code),
+        Some(ErrorCode::BadCredentials)
+    );
+    // An ask larger than any node.
+    let mut huge = ask(ContainerType::Queueable, 1);
+    huge.resources = Resources::new(64_000, 1);
+    let err = good.allocate(huge.clone()).await.unwrap_err();
+    assert_eq!(err.server().map(|e| e.code), Some(ErrorCode::AskTooLarge));
+    huge.container_type = ContainerType::Guaranteed;
+    let err = good.allocate(huge).await.unwrap_err();
+    assert_eq!(err.server().map(|e| e.code), Some(ErrorCode::AskTooLarge));
+    // A replayed token.
+    let g = good
+        .allocate(ask(ContainerType::Queueable, 1))
+        .await
+        .unwrap()
+        .containers
+        .remove(0);
+    let quick = LaunchSpec {
+        command: "true".into(),
+        ..Default::default()
+    };
+    good.start_container(g.token.clone(), quick.clone())
+        .await
+        .unwrap();
+    let err = good
+        .start_container(g.token.clone(), quick)
+        .await
+        .unwrap_err();
+    assert_eq!(err.server().map(|e| e.code), Some(ErrorCode::InvalidToken));
+    assert!(
+        err.server().unwrap().message.contains("already used"),
+        "{err}"
+    );
+    // Still served.
+    assert_eq!(
+        good.allocate(ask(ContainerType::Queueable, 1))
+            .await
+            .unwrap()
+            .containers
+            .len(),
+        1
+    );
+}
