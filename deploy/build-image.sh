@@ -29,7 +29,7 @@ for bin in coordinator worker testbed; do
 done
 # Every shared library the binaries need, at the same path as on the build machine.
 for bin in coordinator worker testbed; do
-  ldd "$bindir/$bin" | awk '/=>/ { print $3 } /^\s*\/.*ld-linux/ { print $1 }'
+  ldd "$bindir/$bin" | awk '/=>/ { print $3 } $1 ~ /^\// { print $1 }'
 done | sort -u | while read -r lib; do
   [ -n "$lib" ] && cp --parents -L "$lib" "$ctx/rootfs/"
 done

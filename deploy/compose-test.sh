@@ -8,7 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 project=hybrid-sched-test
-compose=(docker compose -p "$project" -f docker-compose.yml)
+# Debian ships Compose as the standalone `docker-compose`; newer engines have the plugin.
+if command -v docker-compose >/dev/null 2>&1; then
+  compose=(docker-compose -p "$project" -f docker-compose.yml)
+else
+  compose=(docker compose -p "$project" -f docker-compose.yml)
+fi
 cleanup() {
   status=$?
   if [ $status -ne 0 ]; then

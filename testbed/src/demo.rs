@@ -150,6 +150,7 @@ async fn demo_workload(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Resul
         memory_mib: 64,
         max_retries: 20,
         seed: 7,
+        allocate_only: false,
         task_program: None,
         json: false,
     };

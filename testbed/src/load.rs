@@ -72,6 +72,9 @@ pub struct LoadArgs {
     pub max_retries: u32,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Benchmark mode: allocate, record the latency, release the grant (untimed); start nothing.
+    #[arg(long)]
+    pub allocate_only: bool,
     /// The task program (`testbed` with the `task` subcommand) [default: this executable].
     #[arg(long)]
     pub task_program: Option<PathBuf>,

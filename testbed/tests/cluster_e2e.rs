@@ -52,6 +52,7 @@ fn load_args(c: &LocalCluster, load_type: LoadType, containers: usize) -> LoadAr
         memory_mib: 32,
         max_retries: 50,
         seed: 3,
+        allocate_only: false,
         task_program: Some(task_program()),
         json: false,
     }
