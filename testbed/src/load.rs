@@ -360,6 +360,13 @@ async fn run_task(
                 .entry(grant.node_id.0.clone())
                 .or_default() += 1;
         }
+        if args.allocate_only {
+            local
+                .release(grant.container_id)
+                .await
+                .map_err(|e| anyhow::anyhow!("releasing {}: {e}", grant.container_id))?;
+            return Ok(());
+        }
         let (tx, rx) = oneshot::channel();
         waiting.lock().expect("lock").insert(grant.container_id, tx);
         let launch = LaunchSpec {
