@@ -1,0 +1,545 @@
+//! Bad application input against a real worker joined to a real coordinator over QUIC on
+//! loopback: every bad frame gets a clear error (and a close where the protocol says so), and
+//! afterwards a good client is still served and a running container is untouched.
+
+mod common;
+
+use common::*;
+use scheduler_core::codec::{APP_MAX_FRAME, to_payload};
+use scheduler_core::protocol::app::{
+    APP_PROTOCOL_VERSION, AcceptedState, AppRequest, AppResponse, ContainerEventKind, ErrorCode,
+    ErrorFrame, Hello, Locality, Subscribe,
+};
+use scheduler_core::{ContainerId, ContainerType, Resources};
+use serde::Serialize;
+
+const NODE_A: NodeSpec = node("node-a", 2000, 2048);
+
+/// A cluster of one node running one QUEUEABLE `sleep 30`, and a subscribed good client.
+async fn serving_cluster() -> (Cluster, AppClient, ContainerId) {
+    let c = Cluster::start(&["demo"], &[NODE_A]).await;
+    let mut good = c.client("node-a").await;
+    good.subscribe().await;
+    let token = good.grant(ask(ContainerType::Queueable, 500, 256)).await;
+    let id = token.body.container_id;
+    let accepted = good
+        .start(&token, sh("exec sleep 30"))
+        .await
+        .expect("start accepted");
+    assert_eq!(accepted.container_id, id);
+    assert_eq!(accepted.state, AcceptedState::Running);
+    good.event("running event", |e| {
+        e.container_id == id && e.event == ContainerEventKind::Running
+    })
+    .await;
+    (c, good, id)
+}
+
+/// The existing good session and new sessions are served, and the running container and its
+/// process are untouched.
+async fn assert_still_serving(c: &Cluster, good: &mut AppClient, running: ContainerId) {
+    let granted = good
+        .allocate(ask(ContainerType::Queueable, 100, 64))
+        .await
+        .expect("the good client's allocate is answered");
+    assert_eq!(granted.containers.len(), 1);
+    let mut fresh = c.client("node-a").await;
+    fresh.subscribe().await;
+    let snap = c.inspect("node-a").await;
+    assert_eq!(snap.running, 1, "{snap:?}");
+    assert_eq!(snap.processes, 1, "{snap:?}");
+    assert_eq!(snap.allocated, Resources::new(500, 256));
+    snap.invariants.expect("node runtime invariants hold");
+    let ended = good.unread().iter().any(|r| {
+        matches!(r, AppResponse::Event(e) if e.container_id == running
+            && e.event != ContainerEventKind::Running)
+    });
+    assert!(
+        !ended,
+        "the running container was disturbed: {:?}",
+        good.unread()
+    );
+}
+
+fn assert_error(e: &ErrorFrame, code: ErrorCode, request_id: Option<u64>, needle: &str) {
+    assert_eq!(e.code, code, "{e:?}");
+    assert_eq!(e.request_id, request_id, "{e:?}");
+    assert_eq!(e.retryable, code.retryable(), "{e:?}");
+    assert!(
+        e.message.contains(needle),
+        "error message {:?} should contain {needle:?}",
+        e.message
+    );
+}
+
+fn hello(version: u32, app: &str, secret: &str) -> AppRequest {
+    AppRequest::Hello(Hello {
+        protocol_version: version,
+        app_id: app.into(),
+        app_secret: secret.into(),
+        client_name: None,
+    })
+}
+
+/// A frame of a type the protocol does not have.
+#[derive(Serialize)]
+struct Frobnicate {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    request_id: u64,
+}
+
+#[actix_rt::test]
+async fn hello_errors_are_named_then_the_connection_closes() {
+    let (c, mut good, running) = serving_cluster().await;
+    let addr = c.worker("node-a").app_addr;
+    let secret = c.secret("demo").to_string();
+
+    let mut conn = AppClient::connect(addr).await;
+    conn.send(&hello(APP_PROTOCOL_VERSION + 98, "demo", &secret))
+        .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::VersionMismatch,
+        None,
+        &format!(
+            "protocol version {} is not supported; this worker speaks version {APP_PROTOCOL_VERSION}",
+            APP_PROTOCOL_VERSION + 98
+        ),
+    );
+    assert_still_serving(&c, &mut good, running).await;
+
+    let mut conn = AppClient::connect(addr).await;
+    conn.send(&hello(APP_PROTOCOL_VERSION, "demo", "not-the-secret"))
+        .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::BadCredentials,
+        None,
+        "unknown app \"demo\" or wrong secret",
+    );
+    assert_still_serving(&c, &mut good, running).await;
+
+    // An unknown app is refused the same way (no hint which part was wrong).
+    let mut conn = AppClient::connect(addr).await;
+    conn.send(&hello(APP_PROTOCOL_VERSION, "nobody", &secret))
+        .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::BadCredentials,
+        None,
+        "unknown app \"nobody\" or wrong secret",
+    );
+
+    // A known request before the hello.
+    let mut conn = AppClient::connect(addr).await;
+    conn.send(&AppRequest::Subscribe(Subscribe { request_id: 7 }))
+        .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::HelloRequired,
+        Some(7),
+        "the first frame must be a hello",
+    );
+    assert_still_serving(&c, &mut good, running).await;
+
+    // A hello with a field missing.
+    #[derive(Serialize)]
+    struct HelloWithoutSecret {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        protocol_version: u32,
+        app_id: &'static str,
+    }
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_value(&HelloWithoutSecret {
+        kind: "hello",
+        protocol_version: APP_PROTOCOL_VERSION,
+        app_id: "demo",
+    })
+    .await;
+    let e = conn.error_then_close().await;
+    assert_error(&e, ErrorCode::InvalidRequest, None, "bad `hello` frame");
+    assert!(e.message.contains("app_secret"), "{e:?}");
+
+    // An unknown type before the hello: named, and the connection closes (no hello yet).
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_value(&Frobnicate {
+        kind: "frobnicate",
+        request_id: 3,
+    })
+    .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::UnknownMessage,
+        Some(3),
+        "unknown message type \"frobnicate\"",
+    );
+
+    // A second hello on a welcomed connection is refused but the session goes on.
+    good.send(&hello(APP_PROTOCOL_VERSION, "demo", &secret))
+        .await;
+    let e = match good
+        .wait_for(
+            "the error for the second hello",
+            |r| matches!(r, AppResponse::Error(e) if e.request_id.is_none()),
+        )
+        .await
+    {
+        AppResponse::Error(e) => e,
+        _ => unreachable!(),
+    };
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        None,
+        "hello was already accepted on this connection",
+    );
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn malformed_msgpack_gets_malformed_frame_then_close() {
+    let (c, mut good, running) = serving_cluster().await;
+    let addr = c.worker("node-a").app_addr;
+
+    // 0xc1 is never valid msgpack.
+    let mut conn = c.client("node-a").await;
+    conn.send_bytes(&raw_frame(&[0xc1])).await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::MalformedFrame,
+        None,
+        "frame is not a msgpack map with a string `type`",
+    );
+    assert_still_serving(&c, &mut good, running).await;
+
+    // Valid msgpack that is not a map (the integer 5), as the very first frame.
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_bytes(&raw_frame(&[0x05])).await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::MalformedFrame,
+        None,
+        "frame is not a msgpack map with a string `type`",
+    );
+
+    // A map whose `type` is not a string.
+    #[derive(Serialize)]
+    struct NumericType {
+        #[serde(rename = "type")]
+        kind: u32,
+        request_id: u64,
+    }
+    let mut conn = c.client("node-a").await;
+    conn.send_value(&NumericType {
+        kind: 4,
+        request_id: 9,
+    })
+    .await;
+    let e = conn.error_then_close().await;
+    assert_eq!(e.code, ErrorCode::MalformedFrame, "{e:?}");
+
+    // A map cut short inside (declares 3 entries, holds 1).
+    let mut payload = vec![0x83];
+    payload.extend(to_payload(&"type").unwrap());
+    payload.extend(to_payload(&"subscribe").unwrap());
+    let mut conn = c.client("node-a").await;
+    conn.send_bytes(&raw_frame(&payload)).await;
+    let e = conn.error_then_close().await;
+    assert_eq!(e.code, ErrorCode::MalformedFrame, "{e:?}");
+
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn frames_up_to_the_limit_are_read_and_larger_ones_refused_before_their_body() {
+    let (c, mut good, running) = serving_cluster().await;
+
+    // A subscribe padded to exactly the limit is an ordinary frame (unknown fields are ignored).
+    #[derive(Serialize)]
+    struct PaddedSubscribe {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        request_id: u64,
+        pad: String,
+    }
+    let mut frame = PaddedSubscribe {
+        kind: "subscribe",
+        request_id: 77,
+        pad: "x".repeat(100_000),
+    };
+    let size = to_payload(&frame).unwrap().len();
+    frame.pad = "x".repeat(100_000 + APP_MAX_FRAME - size);
+    assert_eq!(to_payload(&frame).unwrap().len(), APP_MAX_FRAME);
+    let mut conn = c.client("node-a").await;
+    conn.send_value(&frame).await;
+    match conn.answer(77).await {
+        AppResponse::Ack(a) => assert_eq!(a.request_id, 77),
+        other => panic!("a frame of exactly the limit should be served, got {other:?}"),
+    }
+
+    // One byte over: refused as soon as the length prefix arrives (no body is sent at all).
+    conn.send_bytes(&((APP_MAX_FRAME as u32 + 1).to_be_bytes()))
+        .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::FrameTooLarge,
+        None,
+        &format!(
+            "frame of {} bytes exceeds the limit of {APP_MAX_FRAME} bytes",
+            APP_MAX_FRAME + 1
+        ),
+    );
+    assert_still_serving(&c, &mut good, running).await;
+
+    // The largest length a prefix can announce, before any hello.
+    let mut conn = AppClient::connect(c.worker("node-a").app_addr).await;
+    conn.send_bytes(&u32::MAX.to_be_bytes()).await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::FrameTooLarge,
+        None,
+        &format!("frame of {} bytes exceeds the limit", u32::MAX),
+    );
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn truncated_frames_end_only_their_own_connection() {
+    let (c, mut good, running) = serving_cluster().await;
+    let addr = c.worker("node-a").app_addr;
+
+    // A frame announced as 50 bytes, 10 sent, then end of stream: nothing to answer.
+    let mut conn = c.client("node-a").await;
+    let mut partial = 50u32.to_be_bytes().to_vec();
+    partial.extend_from_slice(&[0x85; 10]);
+    conn.send_bytes(&partial).await;
+    conn.shutdown_write().await;
+    conn.expect_closed().await;
+    assert_still_serving(&c, &mut good, running).await;
+
+    // Cut inside the length prefix, before any hello.
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_bytes(&[0, 0]).await;
+    conn.shutdown_write().await;
+    conn.expect_closed().await;
+
+    // A connection stuck in the middle of a frame (no end of stream) blocks nobody else.
+    let mut stuck = c.client("node-a").await;
+    stuck.send_bytes(&partial).await;
+    assert_still_serving(&c, &mut good, running).await;
+    let mut other = c.client("node-a").await;
+    other.subscribe().await;
+    drop(stuck);
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn unknown_message_is_named_and_the_connection_stays_usable() {
+    let (c, mut good, running) = serving_cluster().await;
+    let mut conn = c.client("node-a").await;
+    conn.send_value(&Frobnicate {
+        kind: "frobnicate",
+        request_id: 41,
+    })
+    .await;
+    let e = conn.error_for(41).await;
+    assert_error(
+        &e,
+        ErrorCode::UnknownMessage,
+        Some(41),
+        "unknown message type \"frobnicate\"; known types: hello, allocate, release, promote, start_container, stop_container, subscribe",
+    );
+    // Same connection, next request.
+    conn.subscribe().await;
+    let granted = conn
+        .allocate(ask(ContainerType::Queueable, 100, 64))
+        .await
+        .expect("allocate after an unknown message");
+    assert_eq!(granted.containers.len(), 1);
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn bad_fields_of_a_known_type_get_invalid_request() {
+    let (c, mut good, running) = serving_cluster().await;
+    let mut conn = c.client("node-a").await;
+
+    #[derive(Serialize)]
+    struct AllocateWithoutCount {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        request_id: u64,
+        resources: Resources,
+        container_type: &'static str,
+        job_id: &'static str,
+        job_submit_time_ms: u64,
+    }
+    conn.send_value(&AllocateWithoutCount {
+        kind: "allocate",
+        request_id: 51,
+        resources: Resources::new(100, 64),
+        container_type: "QUEUEABLE",
+        job_id: "j",
+        job_submit_time_ms: SUBMIT_MS,
+    })
+    .await;
+    let e = conn.error_for(51).await;
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        Some(51),
+        "bad `allocate` frame",
+    );
+    assert!(e.message.contains("count"), "{e:?}");
+
+    #[derive(Serialize)]
+    struct AllocateBadType {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        request_id: u64,
+        resources: Resources,
+        count: u32,
+        container_type: &'static str,
+        job_id: &'static str,
+        job_submit_time_ms: u64,
+    }
+    conn.send_value(&AllocateBadType {
+        kind: "allocate",
+        request_id: 52,
+        resources: Resources::new(100, 64),
+        count: 1,
+        container_type: "SOMETIMES",
+        job_id: "j",
+        job_submit_time_ms: SUBMIT_MS,
+    })
+    .await;
+    let e = conn.error_for(52).await;
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        Some(52),
+        "bad `allocate` frame",
+    );
+    assert!(e.message.contains("SOMETIMES"), "{e:?}");
+
+    // Well-formed but empty asks, of both types.
+    for t in [ContainerType::Queueable, ContainerType::Guaranteed] {
+        let mut zero = ask(t, 100, 64);
+        zero.count = 0;
+        let e = conn.allocate(zero).await.expect_err("zero count refused");
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{t:?}: {e:?}");
+        assert!(e.message.contains("zero resources or zero count"), "{e:?}");
+        let e = conn
+            .allocate(ask(t, 0, 0))
+            .await
+            .expect_err("zero resources refused");
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{t:?}: {e:?}");
+        assert!(e.message.contains("zero resources or zero count"), "{e:?}");
+    }
+
+    // A valid token with an empty command: refused, and the token is still good afterwards.
+    let token = conn.grant(ask(ContainerType::Queueable, 100, 64)).await;
+    let mut empty = sh("");
+    empty.command.clear();
+    empty.args.clear();
+    let e = conn.start(&token, empty).await.expect_err("empty command");
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert!(
+        e.message.contains("launch.command must not be empty"),
+        "{e:?}"
+    );
+    assert_eq!(c.inspect("node-a").await.running, 1);
+    let accepted = conn
+        .start(&token, sh("exit 0"))
+        .await
+        .expect("the token was not consumed by the refused start");
+    assert_eq!(accepted.container_id, token.body.container_id);
+    c.wait_for_node("node-a", "the exit-0 container finished", |s| {
+        s.running == 1 && s.processes == 1
+    })
+    .await;
+
+    // Stopping a container the node does not have.
+    let id = conn.new_request_id();
+    conn.send(&AppRequest::StopContainer(
+        scheduler_core::protocol::app::StopContainer {
+            request_id: id,
+            container_id: ContainerId::new(ContainerId::MAX_ISSUER, 1),
+        },
+    ))
+    .await;
+    let e = conn.error_for(id).await;
+    assert_eq!(e.code, ErrorCode::UnknownContainer, "{e:?}");
+
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn asks_larger_than_any_node_get_ask_too_large() {
+    // Two node shapes: an ask below the maximum of each dimension may still fit no single node.
+    let c = Cluster::start(
+        &["demo"],
+        &[node("node-a", 2000, 1024), node("node-b", 1000, 4096)],
+    )
+    .await;
+    let mut conn = c.client("node-b").await;
+    for t in [ContainerType::Queueable, ContainerType::Guaranteed] {
+        for (cpu, mem) in [(4000, 64), (100, 8192), (1500, 2048)] {
+            let e = conn
+                .allocate(ask(t, cpu, mem))
+                .await
+                .expect_err("too large for every node");
+            assert_eq!(e.code, ErrorCode::AskTooLarge, "{t:?} {cpu}/{mem}: {e:?}");
+            assert!(!e.retryable);
+        }
+    }
+    let e = conn
+        .allocate(ask(ContainerType::Queueable, 1500, 2048))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains(
+            "ask of {cpu_millis: 1500, memory_mib: 2048} is larger than every node of the cluster"
+        ),
+        "{e:?}"
+    );
+    // Locality does not rescue a too-large ask.
+    let mut local = ask(ContainerType::Queueable, 4000, 64);
+    local.locality = Some(Locality {
+        nodes: vec!["node-a".into()],
+        racks: vec![],
+        relax: true,
+    });
+    assert_eq!(
+        conn.allocate(local).await.unwrap_err().code,
+        ErrorCode::AskTooLarge
+    );
+    // Asks that fit one node exactly are granted, on that node.
+    for (cpu, mem, node) in [(2000, 1024, "node-a"), (1000, 4096, "node-b")] {
+        for t in [ContainerType::Queueable, ContainerType::Guaranteed] {
+            let granted = conn.allocate(ask(t, cpu, mem)).await.expect("fits");
+            assert_eq!(granted.containers.len(), 1);
+            assert_eq!(granted.containers[0].node_id.as_str(), node);
+        }
+    }
+    // The connection is still fine.
+    conn.subscribe().await;
+    c.stop().await;
+}

@@ -1,0 +1,498 @@
+//! An in-process cluster over real QUIC on loopback: a real coordinator (`coordinator::start`
+//! on 127.0.0.1:0, data dir in a tempdir) and real workers (`worker::start`), all on the test's
+//! actix System, plus a minimal application-protocol client (tokio `TcpStream` + the frame
+//! codec). Timeouts only guard against hangs: every wait is for a frame, an event or a state.
+
+#![allow(dead_code)]
+
+use coordinator::datadir::DataDir;
+use coordinator::store::Store;
+use coordinator::{Clock, CoordinatorServer, CoordinatorSettings};
+use scheduler_core::codec::{APP_MAX_FRAME, FrameDecoder, encode_frame};
+use scheduler_core::protocol::app::{
+    APP_PROTOCOL_VERSION, Allocate, Allocated, AppRequest, AppResponse, ContainerAccepted,
+    ContainerEvent, ErrorFrame, Hello, LaunchSpec, Promote, Promoted, StartContainer, Subscribe,
+    Welcome,
+};
+use scheduler_core::token::{ContainerToken, KeyRing};
+use scheduler_core::{ContainerId, ContainerType, Resources};
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use worker::WorkerHandle;
+use worker::config::WorkerConfig;
+use worker::node_actor::{Inspect, NodeSnapshot};
+
+/// Guard against a hung test; reaching it is a failure, never a way to wait for something.
+pub const FAILURE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Heartbeat period the coordinator hands to the workers (short, so the coordinator learns of
+/// started containers quickly).
+pub const HEARTBEAT: Duration = Duration::from_millis(50);
+/// Job submit time used by the tests' asks (any past time works).
+pub const SUBMIT_MS: u64 = 1_700_000_000_000;
+
+/// A node of the test cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeSpec {
+    pub name: &'static str,
+    pub cpu_millis: u64,
+    pub memory_mib: u64,
+}
+
+pub const fn node(name: &'static str, cpu_millis: u64, memory_mib: u64) -> NodeSpec {
+    NodeSpec {
+        name,
+        cpu_millis,
+        memory_mib,
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub server: CoordinatorServer,
+    /// The cluster's token key ring as initialised (no rotation happens within a test).
+    pub keys: KeyRing,
+    /// app id -> secret.
+    pub secrets: HashMap<String, String>,
+    pub workers: Vec<WorkerHandle>,
+}
+
+impl Cluster {
+    /// A coordinator with the given apps and one worker per node, started in order (each has
+    /// joined when this returns).
+    pub async fn start(apps: &[&str], nodes: &[NodeSpec]) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = DataDir::new(dir.path());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as u64;
+        let apps: Vec<(String, _)> = apps
+            .iter()
+            .map(|a| (a.to_string(), Default::default()))
+            .collect();
+        let report = coordinator::datadir::init(&data, &apps, now_ms).expect("init data dir");
+        let secrets = report
+            .apps
+            .into_iter()
+            .map(|a| (a.app_id, a.app_secret))
+            .collect();
+        // Read the key ring before the coordinator locks the store.
+        let keys = Store::open(&data.store())
+            .expect("open store")
+            .key_state()
+            .expect("key state")
+            .ring;
+
+        let mut settings = CoordinatorSettings::new(dir.path());
+        settings.listen = "127.0.0.1:0".parse().expect("literal");
+        settings.seed = Some(7);
+        settings.heartbeat_interval = HEARTBEAT;
+        // Tokens are checked against the workers' wall clock, so the coordinator uses it too.
+        let server = coordinator::start(settings, Clock::System)
+            .await
+            .expect("coordinator starts");
+        let join_token = std::fs::read_to_string(data.join_token()).expect("join token");
+
+        let mut workers = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let handle = worker::start(WorkerConfig {
+                coordinator: server.quic_addr.to_string(),
+                ca_cert: data.ca_cert(),
+                join_token: join_token.clone(),
+                node_id: n.name.to_string(),
+                rack: "rack-a".to_string(),
+                cpu_millis: n.cpu_millis,
+                memory_mib: n.memory_mib,
+                app_listen: "127.0.0.1:0".parse().expect("literal"),
+                app_advertise: None,
+                app_socket: None,
+                container_log_dir: None,
+                default_runtime_estimate_ms: 10_000,
+                fifo_queue: false,
+                max_queue_length: 10_000,
+                seed: Some(11 + i as u64),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
+            workers.push(handle);
+        }
+        Cluster {
+            dir,
+            server,
+            keys,
+            secrets,
+            workers,
+        }
+    }
+
+    pub fn worker(&self, name: &str) -> &WorkerHandle {
+        self.workers
+            .iter()
+            .find(|w| w.node_id.as_str() == name)
+            .unwrap_or_else(|| panic!("no worker {name}"))
+    }
+
+    pub fn secret(&self, app: &str) -> &str {
+        self.secrets
+            .get(app)
+            .unwrap_or_else(|| panic!("no app {app}"))
+    }
+
+    /// A client of `node` logged in as `app`.
+    pub async fn client_as(&self, node: &str, app: &str) -> AppClient {
+        AppClient::login(self.worker(node).app_addr, app, self.secret(app)).await
+    }
+
+    /// A client of `node` logged in as `demo`.
+    pub async fn client(&self, node: &str) -> AppClient {
+        self.client_as(node, "demo").await
+    }
+
+    pub async fn inspect(&self, node: &str) -> NodeSnapshot {
+        self.worker(node)
+            .node
+            .send(Inspect)
+            .await
+            .expect("node actor is running")
+    }
+
+    /// Poll the node runtime (paced, bounded) until `cond` holds; for effects that no frame
+    /// announces (a killed process tree being reaped).
+    pub async fn wait_for_node(
+        &self,
+        node: &str,
+        what: &str,
+        cond: impl Fn(&NodeSnapshot) -> bool,
+    ) -> NodeSnapshot {
+        let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
+        let mut pace = tokio::time::interval(Duration::from_millis(10));
+        loop {
+            let snap = self.inspect(node).await;
+            if cond(&snap) {
+                return snap;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "{node}: {what} did not happen within {FAILURE_TIMEOUT:?}; last state {snap:?}"
+                );
+            }
+            pace.tick().await;
+        }
+    }
+
+    /// Kill every container, wait until their processes are gone, close the coordinator.
+    pub async fn stop(self) {
+        for w in &self.workers {
+            w.shutdown().await;
+        }
+        for w in &self.workers {
+            self.wait_for_node(w.node_id.as_str(), "all processes reaped", |s| {
+                s.processes == 0
+            })
+            .await;
+        }
+        self.server.shutdown();
+    }
+}
+
+/// An ask for one container (the client fills in the request id).
+pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> Allocate {
+    Allocate {
+        request_id: 0,
+        resources: Resources::new(cpu_millis, memory_mib),
+        count: 1,
+        priority: 0,
+        container_type,
+        locality: None,
+        runtime_estimate_ms: Some(30_000),
+        job_id: "job-1".into(),
+        job_submit_time_ms: SUBMIT_MS,
+    }
+}
+
+/// `sh -c SCRIPT`.
+pub fn sh(script: &str) -> LaunchSpec {
+    LaunchSpec {
+        command: "/bin/sh".into(),
+        args: vec!["-c".into(), script.into()],
+        env: Default::default(),
+        working_dir: None,
+    }
+}
+
+/// Raw bytes of one frame whose payload is `payload` (no checks).
+pub fn raw_frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A minimal application-protocol client over TCP.
+pub struct AppClient {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    backlog: VecDeque<AppResponse>,
+    next_request: u64,
+    eof: bool,
+}
+
+impl AppClient {
+    pub async fn connect(addr: SocketAddr) -> AppClient {
+        let stream = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the app endpoint {addr}: {e}"));
+        stream.set_nodelay(true).expect("nodelay");
+        AppClient {
+            stream,
+            decoder: FrameDecoder::new(APP_MAX_FRAME),
+            backlog: VecDeque::new(),
+            next_request: 1,
+            eof: false,
+        }
+    }
+
+    /// Connect and say hello; panics unless welcomed.
+    pub async fn login(addr: SocketAddr, app: &str, secret: &str) -> AppClient {
+        let mut c = AppClient::connect(addr).await;
+        let welcome = c.hello(APP_PROTOCOL_VERSION, app, secret).await;
+        assert_eq!(welcome.protocol_version, APP_PROTOCOL_VERSION);
+        assert_eq!(welcome.max_frame_bytes, APP_MAX_FRAME as u64);
+        c
+    }
+
+    pub async fn hello(&mut self, version: u32, app: &str, secret: &str) -> Welcome {
+        self.send(&AppRequest::Hello(Hello {
+            protocol_version: version,
+            app_id: app.into(),
+            app_secret: secret.into(),
+            client_name: Some("worker-cluster-test".into()),
+        }))
+        .await;
+        match self.next().await {
+            Some(AppResponse::Welcome(w)) => w,
+            other => panic!("expected welcome, got {other:?}"),
+        }
+    }
+
+    pub fn new_request_id(&mut self) -> u64 {
+        let id = self.next_request;
+        self.next_request += 1;
+        id
+    }
+
+    pub async fn send(&mut self, req: &AppRequest) {
+        self.send_value(req).await
+    }
+
+    /// Send any serialisable value as one frame (for frames the typed enum cannot express).
+    pub async fn send_value<T: Serialize>(&mut self, value: &T) {
+        let frame = encode_frame(value, APP_MAX_FRAME).expect("encodable test frame");
+        self.send_bytes(&frame).await;
+    }
+
+    pub async fn send_bytes(&mut self, bytes: &[u8]) {
+        self.stream
+            .write_all(bytes)
+            .await
+            .expect("write to the worker");
+    }
+
+    /// Half-close: the worker sees end of stream.
+    pub async fn shutdown_write(&mut self) {
+        self.stream.shutdown().await.expect("shutdown write half");
+    }
+
+    /// The next frame (backlog first), or `None` once the worker closed the connection.
+    pub async fn next(&mut self) -> Option<AppResponse> {
+        if let Some(r) = self.backlog.pop_front() {
+            return Some(r);
+        }
+        self.read_frame().await
+    }
+
+    async fn read_frame(&mut self) -> Option<AppResponse> {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match self.decoder.next_message::<AppResponse>() {
+                Ok(Some(r)) => return Some(r),
+                Ok(None) => {}
+                Err(e) => panic!("the worker sent an undecodable frame: {e}"),
+            }
+            if self.eof {
+                return None;
+            }
+            let read = tokio::time::timeout(FAILURE_TIMEOUT, self.stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("no frame from the worker within {FAILURE_TIMEOUT:?}"))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "reading from the worker failed (reset instead of an orderly close?): {e}"
+                    )
+                });
+            if read == 0 {
+                self.eof = true;
+                self.decoder
+                    .finish()
+                    .expect("the worker closed between frames");
+            } else {
+                self.decoder.push(&buf[..read]);
+            }
+        }
+    }
+
+    /// The first frame matching `pred`; earlier non-matching frames stay queued for later.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&AppResponse) -> bool,
+    ) -> AppResponse {
+        if let Some(i) = self.backlog.iter().position(&pred) {
+            return self.backlog.remove(i).expect("index in range");
+        }
+        loop {
+            match self.read_frame().await {
+                Some(r) if pred(&r) => return r,
+                Some(r) => self.backlog.push_back(r),
+                None => panic!(
+                    "the worker closed the connection while we waited for {what}; unmatched frames: {:?}",
+                    self.backlog
+                ),
+            }
+        }
+    }
+
+    /// The answer to request `id` (any frame naming it, errors included).
+    pub async fn answer(&mut self, id: u64) -> AppResponse {
+        self.wait_for(&format!("the answer to request {id}"), |r| {
+            answer_id(r) == Some(id)
+        })
+        .await
+    }
+
+    /// The error answering request `id`; panics on any other answer.
+    pub async fn error_for(&mut self, id: u64) -> ErrorFrame {
+        match self.answer(id).await {
+            AppResponse::Error(e) => e,
+            other => panic!("expected an error for request {id}, got {other:?}"),
+        }
+    }
+
+    /// Frames received but not consumed yet.
+    pub fn unread(&self) -> &VecDeque<AppResponse> {
+        &self.backlog
+    }
+
+    /// The next event matching `pred` (other frames stay queued).
+    pub async fn event(
+        &mut self,
+        what: &str,
+        pred: impl Fn(&ContainerEvent) -> bool,
+    ) -> ContainerEvent {
+        match self
+            .wait_for(what, |r| matches!(r, AppResponse::Event(e) if pred(e)))
+            .await
+        {
+            AppResponse::Event(e) => e,
+            _ => unreachable!("matched an event"),
+        }
+    }
+
+    /// The next frame must be an error, then the worker must close the connection.
+    pub async fn error_then_close(&mut self) -> ErrorFrame {
+        let err = match self.next().await {
+            Some(AppResponse::Error(e)) => e,
+            other => panic!("expected an error frame, got {other:?}"),
+        };
+        self.expect_closed().await;
+        err
+    }
+
+    /// The worker closes the connection with nothing more to say.
+    pub async fn expect_closed(&mut self) {
+        if let Some(r) = self.next().await {
+            panic!("expected the worker to close the connection, got {r:?}");
+        }
+    }
+
+    pub async fn subscribe(&mut self) {
+        let id = self.new_request_id();
+        self.send(&AppRequest::Subscribe(Subscribe { request_id: id }))
+            .await;
+        match self.answer(id).await {
+            AppResponse::Ack(_) => {}
+            other => panic!("subscribe not acknowledged: {other:?}"),
+        }
+    }
+
+    /// Send an allocate; the first answer (GUARANTEED asks of count 1 come in one frame).
+    pub async fn allocate(&mut self, mut req: Allocate) -> Result<Allocated, ErrorFrame> {
+        req.request_id = self.new_request_id();
+        let id = req.request_id;
+        self.send(&AppRequest::Allocate(req)).await;
+        match self.answer(id).await {
+            AppResponse::Allocated(a) => Ok(a),
+            AppResponse::Error(e) => Err(e),
+            other => panic!("unexpected answer to allocate: {other:?}"),
+        }
+    }
+
+    /// Allocate one container and return its token; panics unless granted.
+    pub async fn grant(&mut self, req: Allocate) -> ContainerToken {
+        let a = self
+            .allocate(req)
+            .await
+            .unwrap_or_else(|e| panic!("allocate refused: {e:?}"));
+        assert_eq!(a.remaining, 0, "{a:?}");
+        assert_eq!(a.containers.len(), 1, "{a:?}");
+        a.containers.into_iter().next().expect("one").token
+    }
+
+    pub async fn start(
+        &mut self,
+        token: &ContainerToken,
+        launch: LaunchSpec,
+    ) -> Result<ContainerAccepted, ErrorFrame> {
+        let id = self.new_request_id();
+        self.send(&AppRequest::StartContainer(StartContainer {
+            request_id: id,
+            token: token.clone(),
+            launch,
+        }))
+        .await;
+        match self.answer(id).await {
+            AppResponse::ContainerAccepted(a) => Ok(a),
+            AppResponse::Error(e) => Err(e),
+            other => panic!("unexpected answer to start_container: {other:?}"),
+        }
+    }
+
+    pub async fn promote(&mut self, container_id: ContainerId) -> Result<Promoted, ErrorFrame> {
+        let id = self.new_request_id();
+        self.send(&AppRequest::Promote(Promote {
+            request_id: id,
+            container_id,
+        }))
+        .await;
+        match self.answer(id).await {
+            AppResponse::Promoted(p) => Ok(p),
+            AppResponse::Error(e) => Err(e),
+            other => panic!("unexpected answer to promote: {other:?}"),
+        }
+    }
+}
+
+/// The request id a frame answers, if any.
+pub fn answer_id(r: &AppResponse) -> Option<u64> {
+    match r {
+        AppResponse::Allocated(a) => Some(a.request_id),
+        AppResponse::Promoted(p) => Some(p.request_id),
+        AppResponse::ContainerAccepted(a) => Some(a.request_id),
+        AppResponse::Ack(a) => Some(a.request_id),
+        AppResponse::Error(e) => e.request_id,
+        AppResponse::Welcome(_) | AppResponse::Event(_) => None,
+    }
+}
