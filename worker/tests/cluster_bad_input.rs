@@ -18,46 +18,16 @@ const NODE_A: NodeSpec = node("node-a", 2000, 2048);
 /// A cluster of one node running one QUEUEABLE `sleep 30`, and a subscribed good client.
 async fn serving_cluster() -> (Cluster, AppClient, ContainerId) {
     let c = Cluster::start(&["demo"], &[NODE_A]).await;
-    let mut good = c.client("node-a").await;
-    good.subscribe().await;
-    let token = good.grant(ask(ContainerType::Queueable, 500, 256)).await;
-    let id = token.body.container_id;
-    let accepted = good
-        .start(&token, sh("exec sleep 30"))
-        .await
-        .expect("start accepted");
-    assert_eq!(accepted.container_id, id);
-    assert_eq!(accepted.state, AcceptedState::Running);
-    good.event("running event", |e| {
-        e.container_id == id && e.event == ContainerEventKind::Running
-    })
-    .await;
+    let (good, id) = start_sleeper(&c, "node-a").await;
     (c, good, id)
 }
 
-/// The existing good session and new sessions are served, and the running container and its
-/// process are untouched.
+/// [`common::assert_still_serving`] for the one-container setup above.
 async fn assert_still_serving(c: &Cluster, good: &mut AppClient, running: ContainerId) {
-    let granted = good
-        .allocate(ask(ContainerType::Queueable, 100, 64))
-        .await
-        .expect("the good client's allocate is answered");
-    assert_eq!(granted.containers.len(), 1);
-    let mut fresh = c.client("node-a").await;
-    fresh.subscribe().await;
-    let snap = c.inspect("node-a").await;
-    assert_eq!(snap.running, 1, "{snap:?}");
-    assert_eq!(snap.processes, 1, "{snap:?}");
-    assert_eq!(snap.allocated, Resources::new(500, 256));
-    snap.invariants.expect("node runtime invariants hold");
-    let ended = good.unread().iter().any(|r| {
-        matches!(r, AppResponse::Event(e) if e.container_id == running
-            && e.event != ContainerEventKind::Running)
-    });
-    assert!(
-        !ended,
-        "the running container was disturbed: {:?}",
-        good.unread()
+    common::assert_still_serving(c, good, "node-a", running, 1).await;
+    assert_eq!(
+        c.inspect("node-a").await.allocated,
+        Resources::new(500, 256)
     );
 }
 

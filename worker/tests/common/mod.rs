@@ -10,12 +10,12 @@ use coordinator::store::Store;
 use coordinator::{Clock, CoordinatorServer, CoordinatorSettings};
 use scheduler_core::codec::{APP_MAX_FRAME, FrameDecoder, encode_frame};
 use scheduler_core::protocol::app::{
-    APP_PROTOCOL_VERSION, Allocate, Allocated, AppRequest, AppResponse, ContainerAccepted,
-    ContainerEvent, ErrorFrame, Hello, LaunchSpec, Promote, Promoted, StartContainer, Subscribe,
-    Welcome,
+    APP_PROTOCOL_VERSION, AcceptedState, Allocate, Allocated, AppRequest, AppResponse,
+    ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorFrame, Hello, LaunchSpec, Locality,
+    Promote, Promoted, StartContainer, Subscribe, Welcome,
 };
-use scheduler_core::token::{ContainerToken, KeyRing};
-use scheduler_core::{ContainerId, ContainerType, Resources};
+use scheduler_core::token::{ContainerToken, KeyRing, TokenBody};
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -129,6 +129,11 @@ impl Cluster {
         }
     }
 
+    /// Sign with the cluster's current key, as the coordinator and the workers do.
+    pub fn sign(&self, body: TokenBody) -> ContainerToken {
+        self.keys.sign(body).expect("signing")
+    }
+
     pub fn worker(&self, name: &str) -> &WorkerHandle {
         self.workers
             .iter()
@@ -199,6 +204,39 @@ impl Cluster {
     }
 }
 
+/// Wall-clock milliseconds since the Unix epoch (the clock workers check token expiry with).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// A token body as an issuer would write it (the tests sign it with the cluster's real key).
+pub fn token_body(
+    node: &str,
+    app: &str,
+    container_id: ContainerId,
+    container_type: ContainerType,
+    resources: Resources,
+    expires_at_ms: u64,
+) -> TokenBody {
+    TokenBody {
+        container_id,
+        node_id: NodeId::from(node),
+        app_id: AppId::from(app),
+        resources,
+        container_type,
+        version: 0,
+        job_id: JobId::new("job-1"),
+        job_submit_time_ms: SUBMIT_MS,
+        priority: 0,
+        runtime_estimate_ms: Some(30_000),
+        expires_at_ms,
+        key_id: 0,
+    }
+}
+
 /// An ask for one container (the client fills in the request id).
 pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> Allocate {
     Allocate {
@@ -212,6 +250,76 @@ pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> A
         job_id: "job-1".into(),
         job_submit_time_ms: SUBMIT_MS,
     }
+}
+
+/// An ask for one container on `node` only.
+pub fn ask_on(
+    container_type: ContainerType,
+    cpu_millis: u64,
+    memory_mib: u64,
+    node: &str,
+) -> Allocate {
+    let mut a = ask(container_type, cpu_millis, memory_mib);
+    a.locality = Some(Locality {
+        nodes: vec![node.to_string()],
+        racks: vec![],
+        relax: false,
+    });
+    a
+}
+
+/// A subscribed client of `node` (app `demo`) that started one QUEUEABLE `sleep 30` of
+/// 500 millicores / 256 MiB there; returns it with the container id once it runs.
+pub async fn start_sleeper(c: &Cluster, node: &str) -> (AppClient, ContainerId) {
+    let mut good = c.client(node).await;
+    good.subscribe().await;
+    let token = good
+        .grant(ask_on(ContainerType::Queueable, 500, 256, node))
+        .await;
+    let id = token.body.container_id;
+    let accepted = good
+        .start(&token, sh("exec sleep 30"))
+        .await
+        .expect("start accepted");
+    assert_eq!(accepted.container_id, id);
+    assert_eq!(accepted.state, AcceptedState::Running);
+    good.event("running event", |e| {
+        e.container_id == id && e.event == ContainerEventKind::Running
+    })
+    .await;
+    (good, id)
+}
+
+/// After a bad input: the good client's session and new sessions are served, `node` still
+/// runs `expected_running` containers with as many live processes, and no event says the
+/// `running` container ended.
+pub async fn assert_still_serving(
+    c: &Cluster,
+    good: &mut AppClient,
+    node: &str,
+    running: ContainerId,
+    expected_running: usize,
+) {
+    let granted = good
+        .allocate(ask(ContainerType::Queueable, 100, 64))
+        .await
+        .expect("the good client's allocate is answered");
+    assert_eq!(granted.containers.len(), 1);
+    let mut fresh = c.client(node).await;
+    fresh.subscribe().await;
+    let snap = c.inspect(node).await;
+    assert_eq!(snap.running, expected_running, "{snap:?}");
+    assert_eq!(snap.processes, expected_running, "{snap:?}");
+    snap.invariants.expect("node runtime invariants hold");
+    let ended = good.unread().iter().any(|r| {
+        matches!(r, AppResponse::Event(e) if e.container_id == running
+            && e.event != ContainerEventKind::Running)
+    });
+    assert!(
+        !ended,
+        "the running container was disturbed: {:?}",
+        good.unread()
+    );
 }
 
 /// `sh -c SCRIPT`.
