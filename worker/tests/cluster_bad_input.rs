@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use scheduler_core::codec::{APP_MAX_FRAME, to_payload};
 use scheduler_core::protocol::app::{
-    APP_PROTOCOL_VERSION, AcceptedState, AppRequest, AppResponse, ContainerEventKind, ErrorCode,
-    ErrorFrame, Hello, Locality, Subscribe,
+    APP_PROTOCOL_VERSION, AppRequest, AppResponse, ErrorCode, ErrorFrame, Hello, Locality,
+    Subscribe,
 };
 use scheduler_core::{ContainerId, ContainerType, Resources};
 use serde::Serialize;

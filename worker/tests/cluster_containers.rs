@@ -1,0 +1,274 @@
+//! Real container processes through a real worker joined to a real coordinator over QUIC on
+//! loopback: exit codes reach the application, GUARANTEED containers preempt running
+//! QUEUEABLE ones (most recently started first, Mercury §3.4), and promotion re-issues the token
+//! as GUARANTEED with a higher version, after which the container is no longer preemptible.
+
+mod common;
+
+use common::*;
+use scheduler_core::protocol::app::{
+    AcceptedState, ContainerEvent, ContainerEventKind, ErrorCode, Promoted,
+};
+use scheduler_core::token::ContainerToken;
+use scheduler_core::{ContainerId, ContainerType, KillReason, Resources};
+
+fn is(id: ContainerId, kind: ContainerEventKind) -> impl Fn(&ContainerEvent) -> bool {
+    move |e| e.container_id == id && e.event == kind
+}
+
+fn ended(id: ContainerId) -> impl Fn(&ContainerEvent) -> bool {
+    move |e| {
+        e.container_id == id
+            && matches!(
+                e.event,
+                ContainerEventKind::Completed { .. } | ContainerEventKind::Killed { .. }
+            )
+    }
+}
+
+/// Start `token` with `launch` and wait for its `running` event.
+async fn start_running(
+    client: &mut AppClient,
+    token: &ContainerToken,
+    launch: scheduler_core::protocol::app::LaunchSpec,
+) -> ContainerId {
+    let id = token.body.container_id;
+    let accepted = client.start(token, launch).await.expect("start accepted");
+    assert_eq!(accepted.container_id, id);
+    assert_eq!(accepted.state, AcceptedState::Running);
+    client
+        .event("running event", is(id, ContainerEventKind::Running))
+        .await;
+    id
+}
+
+#[actix_rt::test]
+async fn exit_codes_and_launch_failures_reach_the_application() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 2000, 2048)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+
+    let q = app.grant(ask(ContainerType::Queueable, 200, 64)).await;
+    let q = start_running(&mut app, &q, sh("exit 3")).await;
+    let done = app.event("the QUEUEABLE container's end", ended(q)).await;
+    assert_eq!(done.event, ContainerEventKind::Completed { exit_code: 3 });
+    assert_eq!(done.node_id.as_str(), "node-a");
+
+    let g = app.grant(ask(ContainerType::Guaranteed, 200, 64)).await;
+    assert_eq!(g.body.container_type, ContainerType::Guaranteed);
+    let g = start_running(&mut app, &g, sh("exit 7")).await;
+    let done = app.event("the GUARANTEED container's end", ended(g)).await;
+    assert_eq!(done.event, ContainerEventKind::Completed { exit_code: 7 });
+
+    // A program that does not exist: the container fails, with the reason.
+    let bad = app.grant(ask(ContainerType::Queueable, 200, 64)).await;
+    let mut launch = sh("");
+    launch.command = "/nonexistent/program".into();
+    launch.args.clear();
+    let bad = start_running(&mut app, &bad, launch).await;
+    let done = app.event("the failed container's end", ended(bad)).await;
+    match &done.event {
+        ContainerEventKind::Killed { reason, message } => {
+            assert_eq!(*reason, KillReason::Failed, "{done:?}");
+            assert!(message.contains("launch failed"), "{done:?}");
+        }
+        other => panic!("expected killed/failed, got {other:?}"),
+    }
+
+    // Each end was observed after the worker forgot the process: nothing is left behind.
+    let snap = c.inspect("node-a").await;
+    assert_eq!((snap.running, snap.processes, snap.queued), (0, 0, 0));
+    assert_eq!(snap.allocated, Resources::ZERO);
+    snap.invariants.expect("node runtime invariants hold");
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn guaranteed_preempts_the_most_recently_started_queueable_container() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 1000, 1024)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+
+    // Two QUEUEABLE sleepers fill the node.
+    let older = app.grant(ask(ContainerType::Queueable, 500, 512)).await;
+    let older = start_running(&mut app, &older, sh("exec sleep 30")).await;
+    let newer = app.grant(ask(ContainerType::Queueable, 500, 512)).await;
+    let newer = start_running(&mut app, &newer, sh("exec sleep 30")).await;
+    assert_eq!(
+        c.inspect("node-a").await.allocated,
+        Resources::new(1000, 1024)
+    );
+
+    // The guarantor books only GUARANTEED work, so it grants on the full node.
+    let g = app.grant(ask(ContainerType::Guaranteed, 400, 400)).await;
+    assert_eq!(g.body.node_id.as_str(), "node-a");
+    let g_id = g.body.container_id;
+    let accepted = app.start(&g, sh("exec sleep 30")).await.expect("G start");
+    assert_eq!(accepted.state, AcceptedState::Running, "G starts at once");
+    let killed = app.event("the preempted container", ended(newer)).await;
+    assert_eq!(
+        killed.event,
+        ContainerEventKind::Killed {
+            reason: KillReason::PreemptedByGuaranteed,
+            message: format!("killed to make room for GUARANTEED container {g_id}"),
+        }
+    );
+    app.event("G running", is(g_id, ContainerEventKind::Running))
+        .await;
+    // Only one victim was needed: the older QUEUEABLE container keeps running.
+    let snap = c
+        .wait_for_node("node-a", "the preempted process tree reaped", |s| {
+            s.processes == 2
+        })
+        .await;
+    assert_eq!(snap.running, 2, "{snap:?}");
+    assert_eq!(snap.allocated, Resources::new(900, 912));
+    snap.invariants.expect("node runtime invariants hold");
+    assert!(
+        !app.unread().iter().any(
+            |r| matches!(r, scheduler_core::protocol::app::AppResponse::Event(e) if ended(older)(e))
+        ),
+        "{:?}",
+        app.unread()
+    );
+
+    // A second GUARANTEED container needs the older one's room too.
+    let g2 = app.grant(ask(ContainerType::Guaranteed, 600, 600)).await;
+    let g2_id = g2.body.container_id;
+    let accepted = app.start(&g2, sh("exec sleep 30")).await.expect("G2 start");
+    assert_eq!(accepted.state, AcceptedState::Running);
+    let killed = app.event("the second victim", ended(older)).await;
+    assert!(
+        matches!(
+            killed.event,
+            ContainerEventKind::Killed {
+                reason: KillReason::PreemptedByGuaranteed,
+                ..
+            }
+        ),
+        "{killed:?}"
+    );
+    app.event("G2 running", is(g2_id, ContainerEventKind::Running))
+        .await;
+    let snap = c
+        .wait_for_node("node-a", "the second victim reaped", |s| s.processes == 2)
+        .await;
+    assert_eq!(snap.running, 2);
+    assert_eq!(snap.allocated, Resources::new(1000, 1000));
+    c.stop().await;
+}
+
+/// Promote `id`, asking again (once per heartbeat period) while the coordinator has not yet
+/// seen the container in a heartbeat: it learns where containers run only from heartbeats.
+async fn promote_when_reported(app: &mut AppClient, id: ContainerId) -> Promoted {
+    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    loop {
+        match app.promote(id).await {
+            Ok(p) => return p,
+            Err(e) if e.code == ErrorCode::UnknownContainer => {
+                assert!(
+                    e.message
+                        .contains("is not reported by any node (not started yet, or gone)"),
+                    "{e:?}"
+                );
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the coordinator never learnt of {id}"
+                );
+                heartbeat.tick().await;
+            }
+            Err(e) => panic!("promotion of {id} refused: {e:?}"),
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn promoting_a_running_queueable_container_makes_it_guaranteed() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 1000, 1024)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+
+    let e = app
+        .promote(ContainerId::new(ContainerId::MAX_ISSUER, 5))
+        .await
+        .expect_err("nothing to promote");
+    assert_eq!(e.code, ErrorCode::UnknownContainer, "{e:?}");
+
+    let first = app.grant(ask(ContainerType::Queueable, 400, 400)).await;
+    let first = start_running(&mut app, &first, sh("exec sleep 30")).await;
+    let token = app.grant(ask(ContainerType::Queueable, 600, 600)).await;
+    let promoted_id = start_running(&mut app, &token, sh("exec sleep 30")).await;
+
+    let promoted = promote_when_reported(&mut app, promoted_id).await;
+    assert_eq!(promoted.container_id, promoted_id);
+    let (old, new) = (&token.body, &promoted.token.body);
+    assert_eq!(new.container_type, ContainerType::Guaranteed);
+    assert!(new.version > old.version, "{new:?} vs {old:?}");
+    assert_eq!(new.version, old.version + 1);
+    assert_eq!(
+        (
+            new.container_id,
+            &new.node_id,
+            &new.app_id,
+            new.resources,
+            &new.job_id,
+            new.job_submit_time_ms,
+            new.priority
+        ),
+        (
+            old.container_id,
+            &old.node_id,
+            &old.app_id,
+            old.resources,
+            &old.job_id,
+            old.job_submit_time_ms,
+            old.priority
+        )
+    );
+    c.keys
+        .verify_signature(&promoted.token)
+        .expect("signed with the cluster key");
+    app.event(
+        "promoted event",
+        is(
+            promoted_id,
+            ContainerEventKind::Promoted {
+                version: new.version,
+            },
+        ),
+    )
+    .await;
+    let snap = c.inspect("node-a").await;
+    assert_eq!((snap.running, snap.processes), (2, 2));
+    snap.invariants.expect("node runtime invariants hold");
+
+    // Now GUARANTEED, the promoted container is no longer a preemption victim although it
+    // started last: a GUARANTEED ask of the remaining room kills the other one instead.
+    let g = app.grant(ask(ContainerType::Guaranteed, 400, 400)).await;
+    let g_id = g.body.container_id;
+    let accepted = app.start(&g, sh("exec sleep 30")).await.expect("G start");
+    assert_eq!(accepted.state, AcceptedState::Running);
+    let killed = app.event("the QUEUEABLE victim", ended(first)).await;
+    assert_eq!(
+        killed.event,
+        ContainerEventKind::Killed {
+            reason: KillReason::PreemptedByGuaranteed,
+            message: format!("killed to make room for GUARANTEED container {g_id}"),
+        }
+    );
+    app.event("G running", is(g_id, ContainerEventKind::Running))
+        .await;
+    let snap = c
+        .wait_for_node("node-a", "the victim reaped", |s| s.processes == 2)
+        .await;
+    assert_eq!(snap.running, 2);
+    assert!(
+        !app.unread().iter().any(
+            |r| matches!(r, scheduler_core::protocol::app::AppResponse::Event(e) if ended(promoted_id)(e))
+        ),
+        "{:?}",
+        app.unread()
+    );
+    c.stop().await;
+}
