@@ -3,7 +3,7 @@
 //! policy (Mercury §5), re-asks QUEUEABLE containers that were shed, preempted or lost, and
 //! reports counts and client-side latency percentiles.
 
-use crate::client::{AppClient, ClientError, ClientPool};
+use crate::client::{AppClient, ClientPool};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -101,22 +101,32 @@ fn latency(h: &Histogram<u64>) -> Latency {
     }
 }
 
-/// The report.
+/// The report. Counts are of containers (a task killed and re-asked counts once per attempt).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LoadReport {
+    /// Tasks to run (`--containers`).
     pub containers: usize,
+    /// Containers granted by `allocate`.
     pub granted: u64,
+    /// Containers accepted by `start_container`.
     pub started: u64,
+    /// Containers that exited with code 0.
     pub completed: u64,
+    /// Killed by the infrastructure or released (shed + preempted + lost + released); the task
+    /// was asked again unless it had been killed `--max-retries` times.
     pub killed: u64,
     pub shed: u64,
     pub preempted: u64,
     pub lost: u64,
     pub released: u64,
+    /// Exited non-zero, killed with reason `failed`, or refused at start.
     pub failed: u64,
+    /// Tasks abandoned: killed too often, or refused for longer than 60 s in a row.
     pub gave_up: u64,
+    /// Client-side latency of `allocate` until the grant, all types, µs.
     pub allocate_p50_us: u64,
     pub allocate_p99_us: u64,
+    /// Client-side latency of `start_container` until `container_accepted`, all types, µs.
     pub start_p50_us: u64,
     pub start_p99_us: u64,
     pub allocate_guaranteed: Latency,
@@ -146,6 +156,36 @@ impl Stats {
 
 /// Routes events to the task waiting for each container's end.
 type Waiting = Arc<Mutex<HashMap<ContainerId, oneshot::Sender<ContainerEventKind>>>>;
+
+/// How long a task keeps re-asking while the cluster refuses for reasons that pass (quota,
+/// unplaced, coordinator unavailable) before the task is given up.
+const REFUSAL_PATIENCE: Duration = Duration::from_secs(60);
+/// Longest wait between re-asks after a refusal when none of our containers finishes meanwhile.
+const REFUSAL_BACKOFF: Duration = Duration::from_millis(50);
+
+/// What every runner shares.
+struct Runner {
+    args: LoadArgs,
+    pool: Arc<ClientPool>,
+    local: Arc<AppClient>,
+    waiting: Waiting,
+    stats: Mutex<Stats>,
+    /// Woken whenever one of our containers ends (capacity or quota may have freed up).
+    finished: tokio::sync::Notify,
+    task_exe: PathBuf,
+    job_submit_time_ms: u64,
+}
+
+impl Runner {
+    fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait until one of our containers ends, or a short backoff passes.
+    async fn wait_for_capacity(&self) {
+        let _ = tokio::time::timeout(REFUSAL_BACKOFF, self.finished.notified()).await;
+    }
+}
 
 fn credentials(args: &LoadArgs) -> anyhow::Result<(String, String)> {
     if let (Some(i), Some(s)) = (&args.app_id, &args.app_secret) {
@@ -193,51 +233,54 @@ pub async fn run_load(args: &LoadArgs) -> anyhow::Result<LoadReport> {
         .get(&args.endpoint)
         .await
         .with_context(|| format!("connecting to {}", args.endpoint))?;
-    let waiting: Waiting = Arc::default();
-    let w = waiting.clone();
-    tokio::spawn(async move {
-        while let Some(ContainerEvent {
-            container_id,
-            event,
-            ..
-        }) = events.recv().await
-        {
-            let terminal = matches!(
-                event,
-                ContainerEventKind::Completed { .. } | ContainerEventKind::Killed { .. }
-            );
-            let waiter = if terminal {
-                w.lock().expect("lock").remove(&container_id)
-            } else {
-                None
-            };
-            if let Some(tx) = waiter {
-                let _ = tx.send(event);
-            }
-        }
+    let job_submit_time_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let runner = Arc::new(Runner {
+        args: args.clone(),
+        pool,
+        local,
+        waiting: Arc::default(),
+        stats: Mutex::default(),
+        finished: tokio::sync::Notify::new(),
+        task_exe,
+        job_submit_time_ms,
     });
-    let stats = Arc::new(Mutex::new(Stats::default()));
+    let dispatcher = {
+        let runner = runner.clone();
+        tokio::spawn(async move {
+            while let Some(ContainerEvent {
+                container_id,
+                event,
+                ..
+            }) = events.recv().await
+            {
+                if !matches!(
+                    event,
+                    ContainerEventKind::Completed { .. } | ContainerEventKind::Killed { .. }
+                ) {
+                    continue;
+                }
+                let waiter = runner
+                    .waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&container_id);
+                if let Some(tx) = waiter {
+                    let _ = tx.send(event);
+                }
+                runner.finished.notify_waiters();
+            }
+        })
+    };
     let next_task = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let began = Instant::now();
-    let job_submit_time_ms = scheduler_core::Time::from_micros(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_micros() as u64,
-    )
-    .as_millis();
     let mut runners = vec![];
     for r in 0..args.concurrency {
-        let (args, pool, local, waiting, stats, next_task, exe) = (
-            args.clone(),
-            pool.clone(),
-            local.clone(),
-            waiting.clone(),
-            stats.clone(),
-            next_task.clone(),
-            task_exe.clone(),
-        );
+        let (runner, next_task) = (runner.clone(), next_task.clone());
         runners.push(tokio::spawn(async move {
+            let args = &runner.args;
             let mut rng =
                 StdRng::seed_from_u64(args.seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
             loop {
@@ -252,30 +295,30 @@ pub async fn run_load(args: &LoadArgs) -> anyhow::Result<LoadReport> {
                 } else {
                     args.task_duration_ms
                 };
+                // hybrid-GQ (Mercury §5): the type follows the task's expected duration.
                 let ctype = policy.choose(Some(duration), &mut rng);
-                run_task(
-                    &args,
-                    &pool,
-                    &local,
-                    &waiting,
-                    &stats,
-                    &exe,
-                    task,
-                    duration,
-                    ctype,
-                    job_submit_time_ms,
-                )
-                .await?;
+                run_task(&runner, task, duration, ctype).await?;
             }
         }));
     }
+    let mut first_error = None;
     for r in runners {
-        r.await.context("a load runner panicked")??;
+        let outcome = r
+            .await
+            .map_err(|e| anyhow::anyhow!("a load runner panicked: {e}"))
+            .and_then(|r| r);
+        if let Err(e) = outcome {
+            first_error.get_or_insert(e);
+        }
     }
-    let mut s = stats.lock().expect("lock");
+    dispatcher.abort();
+    if let Some(e) = first_error {
+        return Err(e);
+    }
     let wall = began.elapsed().as_secs_f64();
-    let mut all_alloc = Histogram::<u64>::new(3).expect("valid");
-    let mut all_start = Histogram::<u64>::new(3).expect("valid");
+    let mut s = runner.stats();
+    let mut all_alloc = Histogram::<u64>::new(3).expect("valid sigfig");
+    let mut all_start = Histogram::<u64>::new(3).expect("valid sigfig");
     for h in s.alloc.values() {
         all_alloc.add(h).expect("same bounds");
     }
@@ -305,130 +348,210 @@ pub async fn run_load(args: &LoadArgs) -> anyhow::Result<LoadReport> {
     Ok(r.clone())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How one attempt at running a task ended.
+enum Attempt {
+    /// The task is done (completed, failed for good, or given up).
+    Done,
+    /// Ask again (killed by the infrastructure, refused for a reason that passes).
+    Again,
+}
+
+/// Run one task to its end: allocate, start on the granted node, wait for its final event,
+/// and re-ask when the infrastructure killed it (Mercury §6.3: the AM forges a new request).
 async fn run_task(
-    args: &LoadArgs,
-    pool: &ClientPool,
-    local: &AppClient,
-    waiting: &Waiting,
-    stats: &Mutex<Stats>,
-    exe: &std::path::Path,
+    runner: &Runner,
     task: usize,
     duration_ms: u64,
     ctype: ContainerType,
-    job_submit_time_ms: u64,
 ) -> anyhow::Result<()> {
-    let mut attempts = 0;
+    let mut kills = 0u32;
+    let mut refused_since: Option<Instant> = None;
     loop {
-        attempts += 1;
-        let ask = Allocate {
-            request_id: 0,
-            resources: Resources::new(args.cpu_millis, args.memory_mib),
-            count: 1,
-            priority: 0,
-            container_type: ctype,
-            locality: None,
-            runtime_estimate_ms: Some(duration_ms),
-            job_id: format!("load-job-{}", task / 50),
-            job_submit_time_ms,
-        };
-        let t0 = Instant::now();
-        let allocated = match local.allocate(ask).await {
-            Ok(a) => a,
-            Err(ClientError::Server(e)) if e.retryable && attempts <= args.max_retries => {
-                // Quota or coordinator hiccup: the worker said retry; yield to the others first.
-                tokio::task::yield_now().await;
-                continue;
-            }
-            Err(e) => return Err(anyhow::anyhow!("allocate for task {task}: {e}")),
-        };
-        let alloc_time = t0.elapsed();
-        let Some(grant) = allocated.containers.into_iter().next() else {
-            if attempts > args.max_retries {
-                stats.lock().expect("lock").report.gave_up += 1;
-                return Ok(());
-            }
-            tokio::task::yield_now().await;
-            continue;
-        };
+        match attempt(
+            runner,
+            task,
+            duration_ms,
+            ctype,
+            &mut kills,
+            &mut refused_since,
+        )
+        .await?
         {
-            let mut s = stats.lock().expect("lock");
-            Stats::record(&mut s.alloc, ctype, alloc_time);
-            s.report.granted += 1;
-            *s.report
-                .granted_by_node
-                .entry(grant.node_id.0.clone())
-                .or_default() += 1;
+            Attempt::Done => return Ok(()),
+            Attempt::Again => continue,
         }
-        if args.allocate_only {
-            local
-                .release(grant.container_id)
-                .await
-                .map_err(|e| anyhow::anyhow!("releasing {}: {e}", grant.container_id))?;
-            return Ok(());
+    }
+}
+
+async fn attempt(
+    runner: &Runner,
+    task: usize,
+    duration_ms: u64,
+    ctype: ContainerType,
+    kills: &mut u32,
+    refused_since: &mut Option<Instant>,
+) -> anyhow::Result<Attempt> {
+    let args = &runner.args;
+    let ask = Allocate {
+        request_id: 0,
+        resources: Resources::new(args.cpu_millis, args.memory_mib),
+        count: 1,
+        priority: 0,
+        container_type: ctype,
+        locality: None,
+        runtime_estimate_ms: Some(duration_ms),
+        job_id: format!("load-job-{}", task / 50),
+        job_submit_time_ms: runner.job_submit_time_ms,
+    };
+    // A refusal that passes (quota, nothing placeable this round, coordinator away): wait for
+    // one of our containers to end, then ask again, for at most REFUSAL_PATIENCE in a row.
+    let refused = |since: &mut Option<Instant>| {
+        let first = *since.get_or_insert_with(Instant::now);
+        if first.elapsed() > REFUSAL_PATIENCE {
+            runner.stats().report.gave_up += 1;
+            return false;
         }
-        let (tx, rx) = oneshot::channel();
-        waiting.lock().expect("lock").insert(grant.container_id, tx);
-        let launch = LaunchSpec {
-            command: exe.display().to_string(),
-            args: vec![
-                "task".into(),
-                "--duration-ms".into(),
-                duration_ms.to_string(),
-                "--memory-mib".into(),
-                args.task_memory_mib.to_string(),
-                "--cpu-fraction".into(),
-                args.task_cpu_fraction.to_string(),
-            ],
-            ..Default::default()
-        };
-        let t1 = Instant::now();
-        if let Err(e) = pool.start(&grant, launch).await {
-            waiting.lock().expect("lock").remove(&grant.container_id);
-            stats.lock().expect("lock").report.failed += 1;
-            return Err(anyhow::anyhow!(
-                "start_container for task {task} on {}: {e}",
-                grant.node_id
-            ));
+        true
+    };
+    let t0 = Instant::now();
+    let grant = match runner.local.allocate(ask).await {
+        Ok(a) => match a.containers.into_iter().next() {
+            Some(g) => g,
+            None => {
+                if !refused(refused_since) {
+                    return Ok(Attempt::Done);
+                }
+                runner.wait_for_capacity().await;
+                return Ok(Attempt::Again);
+            }
+        },
+        Err(e) if e.is_retryable() => {
+            if !refused(refused_since) {
+                return Ok(Attempt::Done);
+            }
+            runner.wait_for_capacity().await;
+            return Ok(Attempt::Again);
         }
-        {
-            let mut s = stats.lock().expect("lock");
-            Stats::record(&mut s.start, ctype, t1.elapsed());
-            s.report.started += 1;
-        }
-        let end = rx
+        // Not retryable (bad credentials, ask too large, ...): the whole load is misconfigured.
+        Err(e) => bail!("allocate for task {task}: {e}"),
+    };
+    let alloc_time = t0.elapsed();
+    *refused_since = None;
+    {
+        let mut s = runner.stats();
+        Stats::record(&mut s.alloc, ctype, alloc_time);
+        s.report.granted += 1;
+        *s.report
+            .granted_by_node
+            .entry(grant.node_id.0.clone())
+            .or_default() += 1;
+    }
+    if args.allocate_only {
+        runner
+            .local
+            .release(grant.container_id)
             .await
-            .context("the event stream ended before the container did")?;
-        let mut s = stats.lock().expect("lock");
-        match end {
-            ContainerEventKind::Completed { exit_code: 0 } => {
-                s.report.completed += 1;
-                return Ok(());
-            }
-            ContainerEventKind::Completed { .. } => {
-                s.report.failed += 1;
-                return Ok(());
-            }
-            ContainerEventKind::Killed { reason, .. } => {
-                s.report.killed += 1;
-                match reason {
-                    KillReason::Shed => s.report.shed += 1,
-                    KillReason::PreemptedByGuaranteed => s.report.preempted += 1,
-                    KillReason::Lost => s.report.lost += 1,
-                    KillReason::Released => s.report.released += 1,
-                    KillReason::Failed => {
-                        s.report.failed += 1;
-                        return Ok(());
-                    }
-                }
-                if attempts > args.max_retries {
-                    s.report.gave_up += 1;
-                    return Ok(());
-                }
-                // Re-ask elsewhere (Mercury §6.3: the AM forges a new request).
-            }
-            _ => {}
+            .map_err(|e| anyhow::anyhow!("releasing {}: {e}", grant.container_id))?;
+        return Ok(Attempt::Done);
+    }
+    let host = match runner.pool.get(&grant.node_endpoint).await {
+        Ok(h) => h,
+        Err(e) => {
+            // The granted node is unreachable (lost?): give the grant back and ask again.
+            tracing::warn!("task {task}: cannot reach {}: {e}", grant.node_endpoint);
+            let _ = runner.local.release(grant.container_id).await;
+            runner.stats().report.failed += 1;
+            return Ok(again_unless_exhausted(runner, kills));
         }
+    };
+    // Register before starting: the end event may overtake the start answer.
+    let (tx, end) = oneshot::channel();
+    runner
+        .waiting
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(grant.container_id, tx);
+    let launch = LaunchSpec {
+        command: runner.task_exe.display().to_string(),
+        args: vec![
+            "task".into(),
+            "--duration-ms".into(),
+            duration_ms.to_string(),
+            "--memory-mib".into(),
+            args.task_memory_mib.to_string(),
+            "--cpu-fraction".into(),
+            args.task_cpu_fraction.to_string(),
+        ],
+        ..Default::default()
+    };
+    let t1 = Instant::now();
+    if let Err(e) = host.start_container(grant.token.clone(), launch).await {
+        runner
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&grant.container_id);
+        tracing::warn!("task {task}: start_container on {}: {e}", grant.node_id);
+        runner.stats().report.failed += 1;
+        let _ = runner.local.release(grant.container_id).await;
+        if e.is_retryable() {
+            return Ok(again_unless_exhausted(runner, kills));
+        }
+        return Ok(Attempt::Done);
+    }
+    {
+        let mut s = runner.stats();
+        Stats::record(&mut s.start, ctype, t1.elapsed());
+        s.report.started += 1;
+    }
+    let end = tokio::select! {
+        end = end => end.ok(),
+        // Without its host's connection no event can come: count it lost.
+        () = host.closed() => None,
+    };
+    let mut s = runner.stats();
+    match end {
+        Some(ContainerEventKind::Completed { exit_code: 0 }) => {
+            s.report.completed += 1;
+            Ok(Attempt::Done)
+        }
+        Some(ContainerEventKind::Completed { .. }) => {
+            s.report.failed += 1;
+            Ok(Attempt::Done)
+        }
+        Some(ContainerEventKind::Killed { reason, .. }) => {
+            match reason {
+                // The task itself is at fault: asking again would fail again.
+                KillReason::Failed => {
+                    s.report.failed += 1;
+                    return Ok(Attempt::Done);
+                }
+                KillReason::Shed => s.report.shed += 1,
+                KillReason::PreemptedByGuaranteed => s.report.preempted += 1,
+                KillReason::Lost => s.report.lost += 1,
+                KillReason::Released => s.report.released += 1,
+            }
+            s.report.killed += 1;
+            drop(s);
+            Ok(again_unless_exhausted(runner, kills))
+        }
+        Some(_) | None => {
+            s.report.killed += 1;
+            s.report.lost += 1;
+            drop(s);
+            Ok(again_unless_exhausted(runner, kills))
+        }
+    }
+}
+
+/// Count one more kill of this task; give it up after `--max-retries`.
+fn again_unless_exhausted(runner: &Runner, kills: &mut u32) -> Attempt {
+    *kills += 1;
+    if *kills > runner.args.max_retries {
+        runner.stats().report.gave_up += 1;
+        Attempt::Done
+    } else {
+        Attempt::Again
     }
 }
 

@@ -4,9 +4,11 @@
 use anyhow::{Context, bail};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Options of `testbed local`.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +34,9 @@ pub struct LocalArgs {
     /// Shedding policy (off, avg+sigma, avg+2sigma).
     #[arg(long, default_value = "avg+sigma")]
     pub shedding: String,
+    /// Give up if a process has not printed its ready line after this many seconds.
+    #[arg(long, default_value_t = 60)]
+    pub ready_timeout_s: u64,
 }
 
 impl Default for LocalArgs {
@@ -44,6 +49,7 @@ impl Default for LocalArgs {
             heartbeat_interval_ms: 250,
             node_timeout_ms: 3000,
             shedding: "avg+sigma".into(),
+            ready_timeout_s: 60,
         }
     }
 }
@@ -63,7 +69,7 @@ pub struct LocalCluster {
     pub app_secret: String,
     pub data_dir: PathBuf,
     children: Vec<(String, Child, PathBuf)>,
-    _temp: Option<tempfile::TempDir>,
+    temp_dir: Option<tempfile::TempDir>,
 }
 
 /// Where the `coordinator` and `worker` binaries are: next to this executable (cargo puts all
@@ -84,24 +90,62 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
         }
     }
     bail!(
-        "the `{name}` binary is not next to {}; build it first: cargo build --release -p coordinator -p worker (or cargo build --workspace)",
+        "the `{name}` binary is not next to {}; build it first with `cargo build --release -p coordinator -p worker` \
+         (or `cargo build -p coordinator -p worker` for a debug testbed, or run everything through `cargo run`)",
         exe.display()
     )
 }
 
-fn read_json_line(
-    stdout: &mut BufReader<ChildStdout>,
-    what: &str,
-) -> anyhow::Result<serde_json::Value> {
-    let mut line = String::new();
-    let n = stdout
-        .read_line(&mut line)
-        .with_context(|| format!("reading the ready line of {what}"))?;
-    if n == 0 {
-        bail!("{what} exited before it was ready");
-    }
+/// The first stdout line of a child, delivered by a thread that then keeps draining the pipe
+/// (a child writing to a closed pipe would get EPIPE).
+type ReadyLine = mpsc::Receiver<std::io::Result<Option<String>>>;
+
+fn read_ready_line(stdout: ChildStdout) -> ReadyLine {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next().transpose());
+        for _ in lines.by_ref() {}
+    });
+    rx
+}
+
+/// Wait for a child's JSON ready line until `deadline`.
+fn ready_json(rx: &ReadyLine, what: &str, deadline: Instant) -> anyhow::Result<serde_json::Value> {
+    let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(Ok(Some(line))) => line,
+        Ok(Ok(None)) => bail!("{what} exited (or closed its stdout) before it was ready"),
+        Ok(Err(e)) => bail!("reading the ready line of {what}: {e}"),
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            bail!("{what} printed no ready line in time (see --ready-timeout-s)")
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => bail!("{what}'s stdout reader stopped"),
+    };
     serde_json::from_str(line.trim())
         .with_context(|| format!("{what} printed {line:?}, not its JSON ready line"))
+}
+
+/// A command for a child that dies with us: SIGTERM when the thread that spawned it exits
+/// (the launcher's main thread; the whole process if it is killed with SIGKILL), so a crashed
+/// launcher leaves no orphans (Linux `PR_SET_PDEATHSIG`).
+fn child_command(program: &Path) -> Command {
+    let launcher = std::process::id() as libc::pid_t;
+    let mut cmd = Command::new(program);
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2) and
+    // getppid(2), both async-signal-safe; it allocates nothing on the success path.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died between fork and prctl: then do not start at all.
+            if libc::getppid() != launcher {
+                return Err(std::io::Error::other("the launcher exited"));
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
 
 impl LocalCluster {
@@ -155,10 +199,11 @@ impl LocalCluster {
             app_secret,
             data_dir: data_dir.clone(),
             children: vec![],
-            _temp: temp,
+            temp_dir: temp,
         };
         let log = data_dir.join("coordinator.log");
-        let mut child = Command::new(&coordinator_bin)
+        let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_s);
+        let mut child = child_command(&coordinator_bin)
             .args(["run", "--data-dir"])
             .arg(&coord_dir)
             .args(["--listen", "127.0.0.1:0"])
@@ -172,9 +217,9 @@ impl LocalCluster {
             .stderr(std::fs::File::create(&log)?)
             .spawn()
             .context("starting the coordinator")?;
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let stdout = read_ready_line(child.stdout.take().expect("stdout is piped"));
         cluster.children.push(("coordinator".into(), child, log));
-        let ready = cluster.ready_or_report(&mut stdout, "coordinator")?;
+        let ready = cluster.ready_or_report(&stdout, "coordinator", deadline)?;
         cluster.coordinator = ready["quic_addr"]
             .as_str()
             .context("coordinator ready line has no quic_addr")?
@@ -183,7 +228,7 @@ impl LocalCluster {
         for i in 1..=args.workers {
             let name = format!("worker-{i}");
             let log = data_dir.join(format!("{name}.log"));
-            let mut child = Command::new(&worker_bin)
+            let mut child = child_command(&worker_bin)
                 .arg("run")
                 .args(["--coordinator", &cluster.coordinator])
                 .arg("--ca-cert")
@@ -209,12 +254,12 @@ impl LocalCluster {
                 .with_context(|| format!("starting {name}"))?;
             pending.push((
                 name.clone(),
-                BufReader::new(child.stdout.take().expect("piped")),
+                read_ready_line(child.stdout.take().expect("stdout is piped")),
             ));
             cluster.children.push((name, child, log));
         }
-        for (name, mut stdout) in pending {
-            let ready = cluster.ready_or_report(&mut stdout, &name)?;
+        for (name, stdout) in pending {
+            let ready = cluster.ready_or_report(&stdout, &name, deadline)?;
             cluster.workers.push(LocalWorker {
                 node_id: ready["node_id"].as_str().unwrap_or(&name).to_string(),
                 app_endpoint: ready["app_endpoint"]
@@ -228,14 +273,18 @@ impl LocalCluster {
 
     fn ready_or_report(
         &mut self,
-        stdout: &mut BufReader<ChildStdout>,
+        stdout: &ReadyLine,
         name: &str,
+        deadline: Instant,
     ) -> anyhow::Result<serde_json::Value> {
-        match read_json_line(stdout, name) {
+        match ready_json(stdout, name, deadline) {
             Ok(v) => Ok(v),
             Err(e) => {
                 let tail = self.log_tail(name);
-                Err(e.context(format!("{name} failed to start; last log lines:\n{tail}")))
+                let log = self.log_path(name);
+                Err(e.context(format!(
+                    "{name} failed to start; the last lines of its stderr ({log}):\n{tail}"
+                )))
             }
         }
     }
@@ -246,6 +295,15 @@ impl LocalCluster {
             return String::new();
         };
         tail(log, 20)
+    }
+
+    /// Where a child's stderr goes.
+    fn log_path(&self, name: &str) -> String {
+        self.children
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, log)| log.display().to_string())
+            .unwrap_or_default()
     }
 
     /// The JSON line `testbed local` prints.
@@ -281,7 +339,11 @@ impl LocalCluster {
         }
         dead.map(|(name, status)| {
             let t = self.log_tail(&name);
-            (name, format!("{status}\n{t}"))
+            let log = self.log_path(&name);
+            (
+                name,
+                format!("{status}; the last lines of its stderr ({log}):\n{t}"),
+            )
         })
     }
 
@@ -361,6 +423,10 @@ pub fn run(args: &LocalArgs) -> anyhow::Result<()> {
         }
         if let Some((name, why)) = cluster.exited_child() {
             cluster.stop();
+            // Keep the logs for the post-mortem.
+            if let Some(t) = cluster.temp_dir.take() {
+                eprintln!("testbed local: logs kept in {}", t.keep().display());
+            }
             bail!("{name} exited unexpectedly: {why}");
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -435,6 +435,7 @@ async fn a_lost_connection_fails_waiting_and_later_requests() {
         "{answer:?}"
     );
     assert!(client.is_closed());
+    guarded(client.closed()).await;
     assert!(matches!(
         client.release(ContainerId(1)).await,
         Err(ClientError::Closed { .. })
@@ -693,13 +694,9 @@ async fn the_pool_reconnects_after_a_connection_closed() {
     };
     let (first, _) = guarded(async { tokio::join!(pool.get(&addr), serve_one(true)) }).await;
     let first = first.unwrap();
-    // Wait (for the event, not for time) until the client has seen the close.
-    guarded(async {
-        while !first.is_closed() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    // Wait until the client has seen the close.
+    guarded(first.closed()).await;
+    assert!(first.is_closed());
     let (second, _kept) = guarded(async { tokio::join!(pool.get(&addr), serve_one(false)) }).await;
     let second = second.unwrap();
     assert!(!std::sync::Arc::ptr_eq(&first, &second));

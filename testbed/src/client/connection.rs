@@ -63,6 +63,8 @@ struct Waiters {
 struct Shared {
     endpoint: String,
     waiters: Mutex<Waiters>,
+    /// Becomes `true` when the connection ends (see [`AppClient::closed`]).
+    closed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -81,6 +83,7 @@ impl Shared {
             }
             w.pending.drain().map(|(_, waiter)| waiter).collect()
         };
+        self.closed.send_replace(true);
         for waiter in drained {
             match waiter {
                 Waiter::Once(tx) => {
@@ -236,6 +239,7 @@ impl AppClient {
         let shared = Arc::new(Shared {
             endpoint: endpoint.to_string(),
             waiters: Mutex::default(),
+            closed: tokio::sync::watch::Sender::new(false),
         });
         let (out, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         tokio::spawn(write_frames(writer, out_rx, shared.clone()));
@@ -261,6 +265,14 @@ impl AppClient {
     /// Whether the connection has ended (every request would fail at once).
     pub fn is_closed(&self) -> bool {
         self.shared.lock().closed.is_some() || self.out.is_closed()
+    }
+
+    /// Resolves when the connection has ended (at once if it already has). Events of
+    /// containers on this worker cannot arrive after that.
+    pub async fn closed(&self) {
+        let mut rx = self.shared.closed.subscribe();
+        // The sender lives in `shared`, which `self` keeps alive: `wait_for` cannot fail.
+        let _ = rx.wait_for(|closed| *closed).await;
     }
 
     /// Register a waiter for a fresh request id, then send the request.
