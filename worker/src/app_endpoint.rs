@@ -7,7 +7,7 @@
 
 use crate::node_actor::{NodeActor, StartMsg, StopLocal, error};
 use crate::scheduler_actor::{AllocateMsg, PromoteMsg, ReleaseRemote, SchedulerActor};
-use crate::shared::{AuthError, ConnTx, Shared};
+use crate::shared::{AuthError, ConnTx, Settle, Shared};
 use actix::Addr;
 use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
 use scheduler_core::node::NodeError;
@@ -31,6 +31,13 @@ const KNOWN_TYPES: &[&str] = &[
     "stop_container",
     "subscribe",
 ];
+
+/// Just the `type` of a frame (to tell a bad `request_id` from a frame that is no request).
+#[derive(serde::Deserialize)]
+struct TypeTag {
+    #[serde(rename = "type")]
+    kind: String,
+}
 
 /// What every connection needs.
 #[derive(Clone)]
@@ -74,6 +81,15 @@ impl Endpoint {
         }
     }
 
+    /// Wait until the actors have handled every request this connection handed them, so their
+    /// answers are queued before anything sent after this (a closing error, the close itself).
+    /// Answers the actors wait for from the coordinator (GUARANTEED asks, promotions) are not
+    /// waited for.
+    async fn settle(&self) {
+        let _ = self.scheduler.send(Settle).await;
+        let _ = self.node.send(Settle).await;
+    }
+
     /// Serve one connection until it ends.
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(self, stream: S) {
         let (mut reader, writer) = tokio::io::split(stream);
@@ -112,16 +128,21 @@ impl Endpoint {
                         }
                     }
                     Err(e @ CodecError::Oversized { .. }) => {
+                        self.settle().await;
                         session.send_error(None, ErrorCode::FrameTooLarge, e.to_string());
                         break 'read;
                     }
                     Err(e) => {
+                        self.settle().await;
                         session.send_error(None, ErrorCode::MalformedFrame, e.to_string());
                         break 'read;
                     }
                 }
             }
         }
+        // Answer what was asked before the end of stream (a client may half-close after its
+        // last request) before closing.
+        self.settle().await;
         self.shared.unsubscribe_connection(conn);
         drop(session);
         drop(tx);
@@ -157,6 +178,24 @@ impl Session<'_> {
         let envelope: Envelope = match from_payload(payload) {
             Ok(e) => e,
             Err(e) => {
+                // A map with a string `type` whose `request_id` is not a u64 is a bad request,
+                // not a malformed frame.
+                if let Ok(tag) = from_payload::<TypeTag>(payload) {
+                    self.send_error(
+                        None,
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "bad `{}` frame: `request_id` must be an unsigned integer: {e}",
+                            tag.kind
+                        ),
+                    );
+                    return if self.app.is_none() {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    };
+                }
+                self.ep.settle().await;
                 self.send_error(
                     None,
                     ErrorCode::MalformedFrame,

@@ -4,7 +4,7 @@
 //! process tree, tell subscribed applications).
 
 use crate::exec::{self, ContainerLimits, ContainerProcess, Executor, ExitOutcome};
-use crate::shared::{ConnTx, Shared, wall_now};
+use crate::shared::{ConnTx, Settle, Shared, wall_now};
 use actix::prelude::*;
 use scheduler_core::node::{ContainerSpec, NodeError, NodeEvent, NodeRuntime, Placement};
 use scheduler_core::protocol::app::{
@@ -391,6 +391,11 @@ impl Handler<StartMsg> for NodeActor {
         let _ = msg.reply.send(answer);
         self.flush(ctx);
     }
+}
+
+impl Handler<Settle> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, _: Settle, _: &mut Context<Self>) {}
 }
 
 /// Stop (release) a container on this node on behalf of `app`.

@@ -4,7 +4,7 @@
 //! keeps quota counts from the coordinator's notices and tells apps about lost containers.
 
 use crate::node_actor::error;
-use crate::shared::{ConnTx, Shared, wall_now};
+use crate::shared::{ConnTx, Settle, Shared, wall_now};
 use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -262,6 +262,11 @@ impl Handler<AllocateMsg> for SchedulerActor {
             }
         }
     }
+}
+
+impl Handler<Settle> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, _: Settle, _: &mut Context<Self>) {}
 }
 
 /// `promote` from an application connection.

@@ -33,6 +33,12 @@ pub struct Shared {
     next_conn: Cell<u64>,
 }
 
+/// A no-op message: once an actor has answered it, every message queued to that actor before
+/// it has been handled (actix mailboxes are FIFO), so their answers are in their channels.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct Settle;
+
 /// Why a hello was refused.
 pub enum AuthError {
     NotJoined,

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use scheduler_core::codec::{APP_MAX_FRAME, to_payload};
+use scheduler_core::codec::{APP_MAX_FRAME, encode_frame, to_payload};
 use scheduler_core::protocol::app::{
     APP_PROTOCOL_VERSION, AppRequest, AppResponse, ErrorCode, ErrorFrame, Hello, Locality,
     Subscribe,
@@ -511,5 +511,121 @@ async fn asks_larger_than_any_node_get_ask_too_large() {
     }
     // The connection is still fine.
     conn.subscribe().await;
+    c.stop().await;
+}
+
+/// An allocate with a fixed request id.
+fn allocate_frame(request_id: u64) -> Vec<u8> {
+    let mut a = ask(ContainerType::Queueable, 100, 64);
+    a.request_id = request_id;
+    encode_frame(&AppRequest::Allocate(a), APP_MAX_FRAME).unwrap()
+}
+
+#[actix_rt::test]
+async fn requests_before_a_closing_error_or_end_of_stream_are_answered_first() {
+    let (c, mut good, running) = serving_cluster().await;
+
+    // Two asks and malformed msgpack in one write: both answers, then the error, then close.
+    let mut conn = c.client("node-a").await;
+    let mut bytes = allocate_frame(61);
+    bytes.extend(allocate_frame(62));
+    bytes.extend(raw_frame(&[0xc1]));
+    conn.send_bytes(&bytes).await;
+    for id in [61, 62] {
+        match conn.next().await {
+            Some(AppResponse::Allocated(a)) => assert_eq!(a.request_id, id),
+            other => panic!("expected the answer to {id} first, got {other:?}"),
+        }
+    }
+    let e = conn.error_then_close().await;
+    assert_eq!(e.code, ErrorCode::MalformedFrame, "{e:?}");
+
+    // The same with an oversized length prefix.
+    let mut conn = c.client("node-a").await;
+    let mut bytes = allocate_frame(63);
+    bytes.extend((APP_MAX_FRAME as u32 + 1).to_be_bytes());
+    conn.send_bytes(&bytes).await;
+    match conn.next().await {
+        Some(AppResponse::Allocated(a)) => assert_eq!(a.request_id, 63),
+        other => panic!("expected the answer to 63 first, got {other:?}"),
+    }
+    assert_eq!(conn.error_then_close().await.code, ErrorCode::FrameTooLarge);
+
+    // Requests, then end of stream (half-close): every answer arrives before the close.
+    let mut conn = c.client("node-a").await;
+    let mut bytes = allocate_frame(64);
+    bytes.extend(allocate_frame(65));
+    conn.send_bytes(&bytes).await;
+    conn.shutdown_write().await;
+    for id in [64, 65] {
+        match conn.next().await {
+            Some(AppResponse::Allocated(a)) => assert_eq!(a.request_id, id),
+            other => panic!("expected the answer to {id} before the close, got {other:?}"),
+        }
+    }
+    conn.expect_closed().await;
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_request_id_that_is_not_an_unsigned_integer_is_an_invalid_request() {
+    let (c, mut good, running) = serving_cluster().await;
+    #[derive(Serialize)]
+    struct TextId {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        request_id: &'static str,
+    }
+    #[derive(Serialize)]
+    struct NegativeId {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        request_id: i64,
+    }
+    let mut conn = c.client("node-a").await;
+    conn.send_value(&TextId {
+        kind: "subscribe",
+        request_id: "abc",
+    })
+    .await;
+    let e = match conn.next().await {
+        Some(AppResponse::Error(e)) => e,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        None,
+        "bad `subscribe` frame: `request_id` must be an unsigned integer",
+    );
+    conn.send_value(&NegativeId {
+        kind: "allocate",
+        request_id: -4,
+    })
+    .await;
+    let e = match conn.next().await {
+        Some(AppResponse::Error(e)) => e,
+        other => panic!("expected an error, got {other:?}"),
+    };
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        None,
+        "bad `allocate` frame: `request_id` must be an unsigned integer",
+    );
+    // The session goes on.
+    conn.subscribe().await;
+
+    // Before the hello, it still ends the connection.
+    let mut conn = AppClient::connect(c.worker("node-a").app_addr).await;
+    conn.send_value(&TextId {
+        kind: "hello",
+        request_id: "abc",
+    })
+    .await;
+    let e = conn.error_then_close().await;
+    assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+    assert_still_serving(&c, &mut good, running).await;
     c.stop().await;
 }
