@@ -6,7 +6,9 @@
 mod common;
 
 use common::*;
-use scheduler_core::protocol::app::{AcceptedState, ContainerEventKind, ErrorCode, ErrorFrame};
+use scheduler_core::protocol::app::{
+    AcceptedState, AppRequest, ContainerEventKind, ErrorCode, ErrorFrame, Release, StopContainer,
+};
 use scheduler_core::token::{ContainerToken, KeyRing, TokenKey};
 use scheduler_core::{ContainerId, ContainerType, Resources};
 
@@ -239,8 +241,29 @@ async fn a_token_of_another_app_is_refused() {
     let mut other = c.client_as("node-a", "other").await;
     let e = other.start(&token, sh("exec sleep 30")).await.unwrap_err();
     assert_invalid_token(&e, "belongs to app demo, not to the requesting app other");
-    // The other app's connection stays usable.
+    // The other app's connection stays usable, but it cannot stop or release demo's container.
     other.subscribe().await;
+    for (request_id, request) in [
+        (
+            801,
+            AppRequest::StopContainer(StopContainer {
+                request_id: 801,
+                container_id: running,
+            }),
+        ),
+        (
+            802,
+            AppRequest::Release(Release {
+                request_id: 802,
+                container_id: running,
+            }),
+        ),
+    ] {
+        other.send(&request).await;
+        let e = other.error_for(request_id).await;
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "{e:?}");
+        assert!(e.message.contains("demo"), "{e:?}");
+    }
     assert_still_serving(&c, &mut good, "node-a", running, 1).await;
     good.start(&token, sh("exec sleep 30"))
         .await
