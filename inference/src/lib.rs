@@ -26,6 +26,8 @@ pub use histogram::StreamingHistogram;
 pub use predictor::{
     Estimator, Expert, Feature, JobFeatures, PredictorConfig, RuntimePrediction, RuntimePredictor,
 };
-pub use skyline::{Beta, RunSkyline, SkylineError, SkylineLpConfig, SkylineSolution, fit_skyline};
+pub use skyline::{
+    Beta, LpFormulation, RunSkyline, SkylineError, SkylineLpConfig, SkylineSolution, fit_skyline,
+};
 pub use slo::{InferredSlo, PeriodicJob, ProvenanceEvent, SloConfig, SloContract};
 pub use traces::TraceError;

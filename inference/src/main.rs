@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use inference::forecast::Kernel;
-use inference::skyline::{Beta, RunSkyline, SkylineLpConfig, fit_skyline};
+use inference::skyline::{Beta, LpFormulation, RunSkyline, SkylineLpConfig, fit_skyline};
 use inference::slo::{
     InferredSlo, PeriodicConfig, ProvenanceEvent, ProvenanceKind, SloConfig, SloRule, infer_slos,
 };
@@ -57,6 +57,10 @@ enum Command {
         /// Print the LP solver's iteration log.
         #[arg(long)]
         verbose_solver: bool,
+        /// LP formulation: compact (default) or debt-chain (the direct transcription, slower;
+        /// same optimum).
+        #[arg(long, default_value = "compact")]
+        formulation: String,
         #[arg(long)]
         json: bool,
     },
@@ -354,8 +358,16 @@ fn run(arguments: Arguments) -> Result<()> {
             step_seconds,
             tolerance,
             verbose_solver,
+            formulation,
             json,
         } => {
+            let formulation = match formulation.as_str() {
+                "compact" => LpFormulation::Compact,
+                "debt-chain" => LpFormulation::DebtChain,
+                other => {
+                    bail!("unknown --formulation {other:?} (expected compact or debt-chain)")
+                }
+            };
             let beta = if beta == "auto" {
                 Beta::Auto
             } else {
@@ -369,6 +381,7 @@ fn run(arguments: Arguments) -> Result<()> {
                 beta,
                 tolerance,
                 verbose: verbose_solver,
+                formulation,
             };
             let clock = Instant::now();
             let solution = fit_skyline(&runs, &config)

@@ -11,10 +11,37 @@
 //!
 //! `β` is either a constant or "auto": solve once without the `β·ε` term (ε then constrains
 //! nothing), take that optimum `V`, and use `β = 0.1·V` (§5 "we found that setting β as 0.1V
-//! yields good results"). The LP is written with the standard lossless transformations:
-//! `o_ik ≥ s_k − s_ik, o_ik ≥ 0` for over-allocation, the under-allocation
-//! `u_ik = o_ik − s_k + s_ik ≥ 0` as an expression (no extra variable), and
-//! `D_ik ≥ D_i,k−1 + s_ik − s_k, D_ik ≥ 0` for the debt. Minimisation makes all of them tight.
+//! yields good results").
+//!
+//! Two equivalent LPs are available ([`LpFormulation`]); both have the same optimum (tested):
+//! - [`LpFormulation::DebtChain`], the direct transcription: `o_ik ≥ s_k − s_ik, o_ik ≥ 0`,
+//!   `D_ik ≥ D_i,k−1 + s_ik − s_k, D_ik ≥ 0` and an ε variable with the regularisation
+//!   constraint: 2·N·K + K + 1 variables and ≈ 4·N·K rows. Clarabel needs ~140 iterations on
+//!   30 × 1,440 (the 1,440-link debt chains), 12–15 s.
+//! - [`LpFormulation::Compact`] (default), the same LP after three lossless reductions:
+//!   1. *Final debt by suffix sums.* The recursion `D_k = (D_k−1 + x_k)⁺`, `D_0 = 0` (Lindley's)
+//!      ends at `D_K = max(0, max_j Σ_{k ≥ j} x_k)`. With suffix sums of the reservation
+//!      `T_j = Σ_{k ≥ j} s_k` as the variables (`s_k = T_k − T_k+1 ≥ 0`) this is
+//!      `D_i ≥ S_ij − T_j, D_i ≥ 0` with `S_ij = Σ_{k ≥ j} s_ik`: one variable per run instead of
+//!      K. A suffix starting where the run uses nothing (`s_ij = 0`) is never the maximum, so
+//!      those rows are left out.
+//!   2. *One epigraph per step.* For `β > 0` the ε constraint is tight at the optimum, so
+//!      `β·ε = β·R(s)` with `R` the regularisation sum; using `(v − s)⁺ = (s − v)⁺ − (s − v)`,
+//!      the over-allocation and regularisation terms of step k add up to
+//!      `Σ_i c_i (s_k − s_ik)⁺ − β Σ_i w_i (s_k − s_ik)` with `w_i = 1 / (N Σ_k s_ik)` and
+//!      `c_i = α/N + β·w_i ≥ 0`. The sum of positive parts is convex piecewise linear in `s_k`
+//!      with breakpoints at the sorted `s_ik`, i.e. the maximum of its N + 1 prefix pieces:
+//!      one variable `h_k` and one row per distinct run value, instead of N variables and 2·N
+//!      rows. ε is reported as `R(s*)`, its value at the optimum (for β = 0 any ε ≥ R(s*) is
+//!      optimal; the smallest is reported).
+//!   3. *Scaling.* Usage is divided by its mean positive value so the LP data are O(1)
+//!      (A_o and A_u scale linearly, R not at all, so β is divided by the same factor).
+//!   4. *Centring.* The variables are offsets `τ_k = T_k − R_k` from the suffix sums `R_k` of
+//!      the mean skyline, so variables and right-hand sides are deviations (tens of units)
+//!      rather than totals (thousands): 68 instead of 76 Clarabel iterations on 30 × 1,440.
+//!
+//!   On 30 × 1,440 that is 2·K + N = 2,910 variables and ≈ 2·N·K rows of two or three
+//!   non-zeros each, with no chains for the interior-point method to crawl along.
 
 use good_lp::{
     Expression, ProblemVariables, Solution, SolverModel, Variable, clarabel, constraint, variable,
@@ -37,6 +64,17 @@ pub enum Beta {
     Auto,
 }
 
+/// Which of the two equivalent LPs is handed to the solver (see the module documentation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LpFormulation {
+    /// Suffix-sum final debts and one epigraph variable per step (fast; default).
+    #[default]
+    Compact,
+    /// Direct transcription with per-run, per-step over-allocation and debt variables.
+    DebtChain,
+}
+
 /// Parameters of the skyline LP.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SkylineLpConfig {
@@ -49,6 +87,7 @@ pub struct SkylineLpConfig {
     pub tolerance: f64,
     /// Print Clarabel's iteration log to stdout.
     pub verbose: bool,
+    pub formulation: LpFormulation,
 }
 
 impl Default for SkylineLpConfig {
@@ -59,6 +98,7 @@ impl Default for SkylineLpConfig {
             beta: Beta::Auto,
             tolerance: 1e-8,
             verbose: false,
+            formulation: LpFormulation::Compact,
         }
     }
 }
@@ -163,8 +203,197 @@ struct LpOutcome {
     constraints: usize,
 }
 
-/// Builds and solves the LP once. `beta = None` drops the ε variable and its constraint.
+/// Builds and solves the LP once in the configured formulation. `beta = None` drops the β·ε
+/// term (the first solve of β = auto).
 fn solve_once(
+    runs: &[RunSkyline],
+    steps: usize,
+    alpha: f64,
+    beta: Option<f64>,
+    config: &SkylineLpConfig,
+    tolerance: f64,
+) -> Result<LpOutcome, SkylineError> {
+    match config.formulation {
+        LpFormulation::Compact => {
+            solve_compact(runs, steps, alpha, beta, tolerance, config.verbose)
+        }
+        LpFormulation::DebtChain => {
+            solve_debt_chain(runs, steps, alpha, beta, tolerance, config.verbose)
+        }
+    }
+}
+
+fn clarabel_error(error: impl std::fmt::Display) -> SkylineError {
+    SkylineError::Solver(error.to_string())
+}
+
+/// The compact LP (module documentation, reductions 1–3).
+fn solve_compact(
+    runs: &[RunSkyline],
+    steps: usize,
+    alpha: f64,
+    beta: Option<f64>,
+    tolerance: f64,
+    verbose: bool,
+) -> Result<LpOutcome, SkylineError> {
+    let count = runs.len() as f64;
+    let (positive_sum, positive_count) = runs
+        .iter()
+        .flat_map(|run| run.values.iter())
+        .filter(|value| **value > 0.0)
+        .fold((0.0, 0usize), |(sum, n), value| (sum + value, n + 1));
+    let scale = if positive_count > 0 {
+        positive_sum / positive_count as f64
+    } else {
+        1.0
+    };
+    let usage =
+        |run: usize, step: usize| runs[run].values.get(step).copied().unwrap_or(0.0) / scale;
+    // β·R(s) with R scale-free while the other terms scale with usage: divide β by the scale.
+    let beta_scaled = beta.unwrap_or(0.0) / scale;
+    // w_i = 1 / (N Σ_k s_ik) in scaled units; runs that never use anything carry no term.
+    let weights: Vec<f64> = runs
+        .iter()
+        .map(|run| {
+            let total: f64 = run.values.iter().sum::<f64>() / scale;
+            if total > 0.0 {
+                1.0 / (count * total)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let weight_sum: f64 = weights.iter().sum();
+    let piece_weights: Vec<f64> = weights
+        .iter()
+        .map(|weight| alpha / count + beta_scaled * weight)
+        .collect();
+
+    // Reference skyline r_k (mean usage): the LP variables are offsets τ_k = T_k − R_k from its
+    // suffix sums R_k, so they and the right-hand sides are small (reduction 4).
+    let reference: Vec<f64> = (0..steps)
+        .map(|step| (0..runs.len()).map(|run| usage(run, step)).sum::<f64>() / count)
+        .collect();
+    let mut reference_suffix = vec![0.0; steps + 1];
+    for step in (0..steps).rev() {
+        reference_suffix[step] = reference_suffix[step + 1] + reference[step];
+    }
+    let mut variables = ProblemVariables::new();
+    // T_k = Σ_{j ≥ k} s_j; T_{K+1} = 0 is a constant, not a variable.
+    let suffix: Vec<Variable> = variables.add_vector(variable(), steps);
+    let epigraph: Vec<Variable> = variables.add_vector(variable(), steps);
+    let debt: Vec<Variable> = variables.add_vector(variable(), runs.len());
+    let variable_count = 2 * steps + runs.len();
+
+    let mut objective = Expression::with_capacity(steps + runs.len() + 1);
+    for variable in &epigraph {
+        objective.add_mul(1.0, *variable);
+    }
+    for variable in &debt {
+        objective.add_mul((1.0 - alpha) / count, *variable);
+    }
+    // −β Σ_i w_i Σ_k (s_k − s_ik) = −β W T_1 + β Σ_i w_i S_i; the constant is added back below.
+    let mut constant = 0.0;
+    if beta_scaled > 0.0 {
+        objective.add_mul(-beta_scaled * weight_sum, suffix[0]);
+        constant -= beta_scaled * weight_sum * reference_suffix[0];
+        // w_i S_i = 1/N for every run that uses anything.
+        let used_runs = weights.iter().filter(|weight| **weight > 0.0).count();
+        constant += beta_scaled * used_runs as f64 / count;
+    }
+
+    let mut problem = variables.minimise(objective.clone()).using(clarabel);
+    problem
+        .settings()
+        .tol_gap_abs(tolerance)
+        .tol_gap_rel(tolerance)
+        .tol_feas(tolerance)
+        .presolve_enable(true)
+        // Refinement to 1e-10 instead of Clarabel's 1e-13: same optimum, ~20 % less time.
+        .iterative_refinement_reltol(1e-10)
+        .iterative_refinement_abstol(1e-10)
+        .verbose(verbose);
+    let mut constraint_count = 0;
+    // s_k = T_k − T_{k+1} ≥ 0.
+    for step in 0..steps {
+        let mut reservation = Expression::from(suffix[step]);
+        if step + 1 < steps {
+            reservation.add_mul(-1.0, suffix[step + 1]);
+        }
+        problem.add_constraint(reservation.geq(-reference[step]));
+        constraint_count += 1;
+    }
+    // h_k ≥ Σ_{i ∈ prefix} c_i (s_k − s_ik) for every prefix of the runs sorted by usage.
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    for step in 0..steps {
+        order.sort_by(|a, b| usage(*a, step).total_cmp(&usage(*b, step)));
+        problem.add_constraint(Expression::from(epigraph[step]).geq(0.0));
+        constraint_count += 1;
+        let (mut slope, mut intercept) = (0.0, 0.0);
+        for (position, run) in order.iter().enumerate() {
+            let value = usage(*run, step);
+            slope += piece_weights[*run];
+            intercept += piece_weights[*run] * value;
+            let group_ends = order
+                .get(position + 1)
+                .is_none_or(|next| usage(*next, step) > value);
+            if !group_ends || slope <= 0.0 {
+                continue;
+            }
+            // h_k − slope·(T_k − T_{k+1}) ≥ −intercept
+            let mut row = Expression::from(epigraph[step]);
+            row.add_mul(-slope, suffix[step]);
+            if step + 1 < steps {
+                row.add_mul(slope, suffix[step + 1]);
+            }
+            problem.add_constraint(row.geq(slope * reference[step] - intercept));
+            constraint_count += 1;
+        }
+    }
+    // D_i ≥ 0 and D_i ≥ S_ij − T_j wherever run i uses something at step j.
+    for (index, variable) in debt.iter().enumerate() {
+        problem.add_constraint(Expression::from(*variable).geq(0.0));
+        constraint_count += 1;
+        let mut remaining = 0.0;
+        for step in (0..steps).rev() {
+            let used = usage(index, step);
+            remaining += used;
+            if used > 0.0 {
+                let mut row = Expression::from(*variable);
+                row.add_mul(1.0, suffix[step]);
+                problem.add_constraint(row.geq(remaining - reference_suffix[step]));
+                constraint_count += 1;
+            }
+        }
+    }
+    let solution = problem.solve().map_err(clarabel_error)?;
+    let totals: Vec<f64> = suffix
+        .iter()
+        .zip(&reference_suffix)
+        .map(|(v, r)| solution.value(*v) + r)
+        .collect();
+    let reservation: Vec<f64> = (0..steps)
+        .map(|step| {
+            let next = totals.get(step + 1).copied().unwrap_or(0.0);
+            ((totals[step] - next) * scale).max(0.0)
+        })
+        .collect();
+    let objective = (solution.eval(&objective) + constant) * scale;
+    Ok(LpOutcome {
+        epsilon: if beta.is_some() {
+            penalties(runs, &reservation).regularization
+        } else {
+            0.0
+        },
+        reservation,
+        objective,
+        variables: variable_count,
+        constraints: constraint_count,
+    })
+}
+
+/// The direct transcription (reference). `beta = None` drops the ε variable and its constraint.
+fn solve_debt_chain(
     runs: &[RunSkyline],
     steps: usize,
     alpha: f64,
@@ -288,18 +517,11 @@ pub fn fit_skyline(
     let (beta, auto_beta_base) = match config.beta {
         Beta::Constant(beta) => (beta, None),
         Beta::Auto => {
-            let first = solve_once(runs, steps, config.alpha, None, tolerance, config.verbose)?;
+            let first = solve_once(runs, steps, config.alpha, None, config, tolerance)?;
             (0.1 * first.objective, Some(first.objective))
         }
     };
-    let outcome = solve_once(
-        runs,
-        steps,
-        config.alpha,
-        Some(beta),
-        tolerance,
-        config.verbose,
-    )?;
+    let outcome = solve_once(runs, steps, config.alpha, Some(beta), config, tolerance)?;
     let skyline: Vec<u64> = outcome
         .reservation
         .iter()
@@ -450,6 +672,65 @@ mod tests {
         let base = solution.auto_beta_base.unwrap();
         assert!((solution.beta - 0.1 * base).abs() < 1e-12);
         assert!(solution.objective + 1e-6 >= base);
+    }
+
+    #[test]
+    fn compact_and_debt_chain_formulations_reach_the_same_optimum() {
+        use rand::rngs::StdRng;
+        use rand::{RngExt, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(3);
+        for instance in 0..12 {
+            // Ragged runs with idle steps, ties and bursts: what the reductions must survive.
+            let run_count = 1 + instance % 5;
+            let steps = 3 + (instance * 7) % 20;
+            let runs: Vec<RunSkyline> = (0..run_count)
+                .map(|index| {
+                    let length = rng.random_range(1..=steps);
+                    let values: Vec<f64> = (0..length)
+                        .map(|_| match rng.random_range(0..4) {
+                            0 => 0.0,
+                            1 => 5.0,
+                            _ => f64::from(rng.random_range(0..40)),
+                        })
+                        .collect();
+                    run(&format!("r{index}"), &values)
+                })
+                .collect();
+            for (alpha, beta) in [
+                (0.1, Beta::Auto),
+                (0.5, Beta::Constant(3.0)),
+                (0.9, Beta::Constant(0.0)),
+                (0.0, Beta::Constant(50.0)),
+                (1.0, Beta::Auto),
+            ] {
+                let solve = |formulation| {
+                    fit_skyline(
+                        &runs,
+                        &SkylineLpConfig {
+                            alpha,
+                            beta,
+                            formulation,
+                            ..SkylineLpConfig::default()
+                        },
+                    )
+                    .unwrap()
+                };
+                let compact = solve(LpFormulation::Compact);
+                let chain = solve(LpFormulation::DebtChain);
+                let tolerance = 1e-5 * (1.0 + chain.objective.abs());
+                assert!(
+                    (compact.objective - chain.objective).abs() < tolerance,
+                    "instance {instance} alpha {alpha} beta {beta:?}: compact {} chain {}",
+                    compact.objective,
+                    chain.objective
+                );
+                // The compact LP's value is what its skyline really costs.
+                let evaluated = compact.penalties_fractional.objective(alpha, compact.beta);
+                assert!((evaluated - compact.objective).abs() < tolerance);
+                assert!((compact.beta - chain.beta).abs() < 1e-5 * (1.0 + chain.beta));
+                assert!(compact.variables < chain.variables);
+            }
+        }
     }
 
     #[test]
