@@ -1,0 +1,321 @@
+//! End to end through the command line, as a user runs it: `testbed local` (which spawns the
+//! real `coordinator` and `worker` binaries) and `testbed load` as separate processes.
+//!
+//! The `coordinator` and `worker` binaries must sit next to the `testbed` binary under test:
+//! `cargo test --workspace` (or `cargo build -p coordinator -p worker` first) puts them there.
+//! Timeouts only guard against hangs; every wait is for an event (a line, an exit).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const GUARD: Duration = Duration::from_secs(120);
+
+fn testbed() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_testbed"))
+}
+
+/// `testbed local`, its first stdout line parsed, and its stderr collected by a thread.
+struct Local {
+    child: Option<Child>,
+    pid: u32,
+    summary: serde_json::Value,
+    stdout_lines: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+    _data: tempfile::TempDir,
+}
+
+impl Local {
+    fn start(workers: usize) -> Local {
+        let data = tempfile::tempdir().unwrap();
+        let mut child = Command::new(testbed())
+            .args(["local", "--workers", &workers.to_string()])
+            .args(["--cpu-millis", "2000", "--memory-mib", "2048"])
+            .args(["--heartbeat-interval-ms", "100"])
+            .arg("--data-dir")
+            .arg(data.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = collect(child.stderr.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let _ = tx.send(line.unwrap_or_default());
+            }
+        });
+        let line = match lines.recv_timeout(GUARD) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "testbed local printed no line (are the coordinator and worker binaries \
+                     built next to {}? `cargo build -p coordinator -p worker`); stderr:\n{}",
+                    testbed().display(),
+                    stderr.recv_timeout(GUARD).unwrap_or_default()
+                );
+            }
+        };
+        let summary: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("testbed local printed {line:?}, not JSON: {e}"));
+        Local {
+            pid: child.id(),
+            child: Some(child),
+            summary,
+            stdout_lines: lines,
+            stderr,
+            _data: data,
+        }
+    }
+
+    fn endpoint(&self, i: usize) -> String {
+        self.summary["workers"][i]["app_endpoint"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn credentials(&self) -> (String, String) {
+        (
+            self.summary["app_id"].as_str().unwrap().to_string(),
+            self.summary["app_secret"].as_str().unwrap().to_string(),
+        )
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: signalling our own child process.
+        assert_eq!(unsafe { libc::kill(self.pid as i32, sig) }, 0);
+    }
+
+    /// Wait for `testbed local` to exit; its status, everything it wrote to stderr, and any
+    /// stdout lines after the first (there must be none).
+    fn wait(mut self) -> (ExitStatus, String, Vec<String>) {
+        let mut child = self.child.take().expect("not waited yet");
+        let (tx, exited) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = exited
+            .recv_timeout(GUARD)
+            .expect("testbed local exits")
+            .unwrap();
+        let stderr = self.stderr.recv_timeout(GUARD).unwrap_or_default();
+        // The stdout reader ends at end of stream, which came with the exit.
+        let extra = self.stdout_lines.iter().collect();
+        (status, stderr, extra)
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Read a pipe to its end on a thread; the text arrives when the writer closes it.
+fn collect(mut pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = pipe.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    rx
+}
+
+/// Pids whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = vec![];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may contain spaces, so split after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let ppid: u32 = rest
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("0")
+            .parse()
+            .unwrap_or(0);
+        if ppid == pid {
+            let cmdline = std::fs::read_to_string(entry.path().join("cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ");
+            out.push((child, cmdline));
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    // A reaped child is gone; a zombie would still be listed, so check its state too.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn load(local: &Local, kind: &str, containers: usize) -> serde_json::Value {
+    let (app_id, secret) = local.credentials();
+    let out = Command::new(testbed())
+        .args(["load", "--endpoint", &local.endpoint(0)])
+        .args(["--app-id", &app_id, "--app-secret", &secret])
+        .args(["--containers", &containers.to_string(), "--type", kind])
+        .args(["--policy", "50%-Q", "--concurrency", "4"])
+        .args(["--task-duration-ms", "30", "--task-memory-mib", "1"])
+        .args(["--task-cpu-fraction", "0.1", "--cpu-millis", "250"])
+        .args(["--memory-mib", "32", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "testbed load --type {kind} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("load printed {stdout:?}, not JSON: {e}"))
+}
+
+fn n(v: &serde_json::Value, path: &[&str]) -> u64 {
+    let mut v = v;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("{path:?} is not a count in {v}"))
+}
+
+#[test]
+fn local_prints_one_line_load_runs_every_type_and_sigterm_stops_every_process() {
+    let local = Local::start(2);
+    let s = &local.summary;
+    assert!(s["coordinator"].as_str().unwrap().starts_with("127.0.0.1:"));
+    let workers = s["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2);
+    for (i, w) in workers.iter().enumerate() {
+        assert_eq!(w["node_id"], format!("worker-{}", i + 1));
+        assert!(
+            w["app_endpoint"]
+                .as_str()
+                .unwrap()
+                .starts_with("127.0.0.1:")
+        );
+    }
+    assert!(!s["app_id"].as_str().unwrap().is_empty());
+    assert!(!s["app_secret"].as_str().unwrap().is_empty());
+    let children = children_of(local.pid);
+    assert_eq!(
+        children.len(),
+        3,
+        "a coordinator and two workers: {children:?}"
+    );
+
+    for kind in ["queueable", "guaranteed", "hybrid"] {
+        let r = load(&local, kind, 12);
+        assert_eq!(n(&r, &["completed"]), 12, "{kind}: {r}");
+        assert_eq!(n(&r, &["failed"]), 0, "{kind}: {r}");
+        assert_eq!(n(&r, &["gave_up"]), 0, "{kind}: {r}");
+        let granted = n(&r, &["granted"]);
+        assert!(granted >= 12, "{kind}: {r}");
+        assert_eq!(n(&r, &["started"]), granted, "{kind}: {r}");
+        let (g, q) = (
+            n(&r, &["allocate_guaranteed", "count"]),
+            n(&r, &["allocate_queueable", "count"]),
+        );
+        assert_eq!(g + q, granted, "{kind}: every grant timed once: {r}");
+        match kind {
+            "queueable" => assert_eq!(g, 0, "{r}"),
+            "guaranteed" => assert_eq!(q, 0, "{r}"),
+            _ => {}
+        }
+        for key in [
+            "allocate_p50_us",
+            "allocate_p99_us",
+            "start_p50_us",
+            "start_p99_us",
+        ] {
+            assert!(n(&r, &[key]) > 0, "{kind}: {key} measured: {r}");
+        }
+        assert!(n(&r, &["allocate_p50_us"]) <= n(&r, &["allocate_p99_us"]));
+        for key in ["killed", "shed", "preempted"] {
+            n(&r, &[key]);
+        }
+    }
+
+    local.signal(libc::SIGTERM);
+    let (status, stderr, extra) = local.wait();
+    assert!(
+        status.success(),
+        "testbed local on SIGTERM: {status}\n{stderr}"
+    );
+    assert!(
+        extra.is_empty(),
+        "exactly one stdout line; also got {extra:?}"
+    );
+    for (pid, cmd) in children {
+        assert!(!alive(pid), "{cmd} (pid {pid}) outlived testbed local");
+    }
+}
+
+#[test]
+fn a_child_that_dies_is_named_and_the_others_are_stopped() {
+    let local = Local::start(2);
+    let children = children_of(local.pid);
+    let (victim, _) = children
+        .iter()
+        .find(|(_, cmd)| cmd.contains("--node-id worker-2"))
+        .cloned()
+        .unwrap_or_else(|| panic!("worker-2 among {children:?}"));
+    // SAFETY: signalling a process this test's child started.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+    let (status, stderr, _) = local.wait();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("worker-2 exited unexpectedly") && stderr.contains("worker-2.log"),
+        "names the child and its log: {stderr}"
+    );
+    for (pid, cmd) in children {
+        assert!(!alive(pid), "{cmd} (pid {pid}) outlived testbed local");
+    }
+}
+
+#[test]
+fn missing_sibling_binaries_give_a_clear_error() {
+    // A copy of testbed in a directory without coordinator and worker next to it.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let lonely = dir.path().join("sub").join("testbed");
+    std::fs::create_dir_all(lonely.parent().unwrap()).unwrap();
+    if std::fs::hard_link(testbed(), &lonely).is_err() {
+        std::fs::copy(testbed(), &lonely).unwrap();
+    }
+    let out = Command::new(&lonely)
+        .args(["local", "--workers", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "no JSON line on failure");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cargo build --release -p coordinator -p worker")
+            && stderr.contains(&*lonely.parent().unwrap().to_string_lossy()),
+        "{stderr}"
+    );
+    assert!(Path::new(&lonely).exists());
+}
