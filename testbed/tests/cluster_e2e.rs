@@ -236,6 +236,15 @@ async fn bad_clients_get_clear_errors_and_others_keep_being_served() {
         err.server().unwrap().message.contains("already used"),
         "{err}"
     );
+    // An ask whose answer could not fit one frame.
+    let mut many = ask(ContainerType::Queueable, 1001);
+    many.resources = Resources::new(1, 1);
+    let err = good.allocate(many).await.unwrap_err();
+    assert_eq!(
+        err.server().map(|e| e.code),
+        Some(ErrorCode::InvalidRequest)
+    );
+    assert!(err.server().unwrap().message.contains("1000"), "{err}");
     // Still served.
     assert_eq!(
         good.allocate(ask(ContainerType::Queueable, 1))

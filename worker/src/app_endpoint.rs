@@ -13,7 +13,8 @@ use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_fram
 use scheduler_core::node::NodeError;
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::app::{
-    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame, Welcome,
+    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame,
+    MAX_CONTAINERS_PER_ALLOCATE, Welcome,
 };
 use scheduler_core::{AppId, NodeId};
 use std::rc::Rc;
@@ -296,6 +297,16 @@ impl Session<'_> {
                     ErrorCode::InvalidRequest,
                     "hello was already accepted on this connection",
                 );
+            }
+            AppRequest::Allocate(req) if req.count > MAX_CONTAINERS_PER_ALLOCATE => {
+                self.send(error(
+                    req.request_id,
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "count {} is above the limit of {MAX_CONTAINERS_PER_ALLOCATE} containers per allocate (its answer must fit one frame); split the ask",
+                        req.count
+                    ),
+                ));
             }
             AppRequest::Allocate(req) => {
                 self.ep.scheduler.do_send(AllocateMsg {

@@ -206,6 +206,14 @@ impl NodeActor {
             );
         }
         let id = spec.id;
+        if self.node.placement(id).is_some() {
+            // Already here (e.g. a promoted container's new token): keep its owner and launch spec.
+            return error(
+                req.request_id,
+                ErrorCode::InvalidRequest,
+                format!("start_container refused: container {id} is already on this node"),
+            );
+        }
         self.launch_specs.insert(id, launch);
         self.owners.insert(id, app.clone());
         match self.node.submit(now, spec) {

@@ -49,6 +49,10 @@ pub struct SchedulerActor {
     /// when a node leaves the directory, all of them are lost, even those the node never
     /// reported before it died.
     issued_on: HashMap<NodeId, HashSet<ContainerId>>,
+    /// Grants the app released before any node reported them, with the app and the token's
+    /// expiry: if a node reports one started after all (the release raced the start), it is
+    /// stopped then.
+    released_unstarted: HashMap<ContainerId, (AppId, u64)>,
 }
 
 impl SchedulerActor {
@@ -66,6 +70,7 @@ impl SchedulerActor {
             next_correlation: 1,
             pending: HashMap::new(),
             issued_on: HashMap::new(),
+            released_unstarted: HashMap::new(),
         }
     }
 
@@ -177,7 +182,22 @@ impl SchedulerActor {
 
     fn on_notice(&mut self, n: ContainerNotice) {
         match n.kind {
-            NoticeKind::Started => self.ds.quotas_mut().on_started(n.container_id),
+            NoticeKind::Started => {
+                if let Some((app, _)) = self.released_unstarted.remove(&n.container_id) {
+                    // Released before it started: stop it now (nobody waits for the answer).
+                    let correlation_id = self.next_correlation;
+                    self.next_correlation += 1;
+                    let _ = self
+                        .link
+                        .send(WorkerToCoordinator::Release(ReleaseContainer {
+                            correlation_id,
+                            app_id: app.0,
+                            container_id: n.container_id,
+                        }));
+                } else {
+                    self.ds.quotas_mut().on_started(n.container_id);
+                }
+            }
             NoticeKind::Finished => {
                 self.forget(n.container_id, &n.node_id);
             }
@@ -313,6 +333,9 @@ impl Handler<ReleaseRemote> for SchedulerActor {
             self.ds.quotas().owner(id) == Some(&app) && self.ds.quotas().is_unstarted(id);
         if unstarted_grant {
             self.ds.quotas_mut().on_finished(id);
+            let expires_at_ms = wall_now().as_millis() + self.ds.config().token_ttl_ms;
+            self.released_unstarted
+                .insert(id, (app.clone(), expires_at_ms));
             if !self.shared.connected.get() {
                 let _ = reply.send(AppResponse::Ack(Ack {
                     request_id: req.request_id,
@@ -421,7 +444,10 @@ impl Handler<ViewUpdate> for SchedulerActor {
         for n in msg.notices {
             self.on_notice(n);
         }
-        let expired = self.ds.quotas_mut().expire(wall_now().as_millis());
+        let now_ms = wall_now().as_millis();
+        self.released_unstarted
+            .retain(|_, (_, expires_at_ms)| *expires_at_ms > now_ms);
+        let expired = self.ds.quotas_mut().expire(now_ms);
         if !expired.is_empty() {
             for set in self.issued_on.values_mut() {
                 for id in &expired {

@@ -9,6 +9,10 @@ use std::collections::BTreeMap;
 /// Version of the application protocol; sent in the first frame of every connection.
 pub const APP_PROTOCOL_VERSION: u32 = 1;
 
+/// Most containers one `allocate` may ask for, so that its answer (a token per container, a few
+/// hundred bytes each) always fits one frame of [`crate::codec::APP_MAX_FRAME`].
+pub const MAX_CONTAINERS_PER_ALLOCATE: u32 = 1000;
+
 /// Frames an application sends.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
