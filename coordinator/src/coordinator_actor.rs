@@ -8,8 +8,8 @@ use crate::clock::Clock;
 use crate::config::CoordinatorSettings;
 use crate::datadir::new_token_key;
 use crate::guarantor_actor::{
-    AddNode, BookPromotion, CancelSession, ContainerEvents, ExpireGrants, GuarantorActor,
-    ReleaseGrant, RemoveNode, SetKeys, Submit, UndoPromotion,
+    AddNode, BookPromotion, CancelAsk, CancelSession, ContainerEvents, ExpireGrants,
+    GuarantorActor, ReleaseGrant, RemoveNode, SetKeys, Submit, UndoPromotion,
 };
 use crate::session::{CloseCode, SessionId, WorkerTx};
 use crate::store::{KeyState, Store};
@@ -743,6 +743,10 @@ impl Handler<FromWorker> for CoordinatorActor {
             WorkerToCoordinator::Promote(p) => self.promote(tx, p),
             WorkerToCoordinator::Release(r) => self.release(tx, r),
             WorkerToCoordinator::PromotionApplied(p) => self.promotion_applied(&node_id, p),
+            WorkerToCoordinator::CancelAllocate(c) => self.guarantor().do_send(CancelAsk {
+                session_id: m.session_id,
+                correlation_id: c.correlation_id,
+            }),
         }
     }
 }

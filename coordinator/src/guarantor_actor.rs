@@ -331,6 +331,33 @@ impl Handler<CancelSession> for GuarantorActor {
     }
 }
 
+/// The app connection behind one forwarded ask closed: drop what of it still waits, so no
+/// capacity is granted to nobody (and no later ask waits behind it).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CancelAsk {
+    pub session_id: SessionId,
+    pub correlation_id: u64,
+}
+
+impl Handler<CancelAsk> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, msg: CancelAsk, _: &mut Context<Self>) {
+        let key = self.routes.iter().find_map(|(k, r)| {
+            (r.session_id == msg.session_id && r.correlation_id == msg.correlation_id).then_some(*k)
+        });
+        // Unknown: the ask was fully placed (or refused) before the cancel arrived.
+        if let Some(k) = key {
+            let dropped = self.core.cancel(k);
+            self.routes.remove(&k);
+            debug!(
+                ask_key = k,
+                dropped, "cancelled ask of a closed app connection"
+            );
+        }
+    }
+}
+
 /// Validate and book a promotion (Mercury §3.4); the answer goes to the coordinator actor.
 #[derive(Message)]
 #[rtype(result = "()")]

@@ -6,7 +6,9 @@
 //! running containers.
 
 use crate::node_actor::{NodeActor, StartMsg, StopLocal, error};
-use crate::scheduler_actor::{AllocateMsg, PromoteMsg, ReleaseRemote, SchedulerActor};
+use crate::scheduler_actor::{
+    AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, SchedulerActor,
+};
 use crate::shared::{AuthError, ConnTx, Settle, Shared};
 use actix::Addr;
 use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
@@ -145,6 +147,11 @@ impl Endpoint {
         // last request) before closing.
         self.settle().await;
         self.shared.unsubscribe_connection(conn);
+        // Before the writer closes: grants processed until now are still written out.
+        let _ = self
+            .scheduler
+            .send(ConnectionClosed { reply: tx.clone() })
+            .await;
         drop(session);
         drop(tx);
         // Actors may still hold this connection's sender (a pending GUARANTEED ask): close the

@@ -17,8 +17,8 @@ use scheduler_core::protocol::app::{
     GrantedContainer, Promote, Promoted, Release,
 };
 use scheduler_core::protocol::cluster::{
-    AllocateGuaranteed, AppRecord, CoordinatorToWorker, PromoteContainer, ReleaseContainer,
-    WorkerToCoordinator,
+    AllocateGuaranteed, AppRecord, CancelAllocate, CoordinatorToWorker, PromoteContainer,
+    ReleaseContainer, WorkerToCoordinator,
 };
 use scheduler_core::token::KeyRing;
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId};
@@ -35,6 +35,8 @@ struct Pending {
     /// A release of our own unstarted grant: "unknown container" from the coordinator means
     /// no node took it, which is a successful release.
     unknown_is_success: bool,
+    /// A GUARANTEED ask: cancelled at the coordinator if its connection closes while it waits.
+    guaranteed_ask: bool,
 }
 
 pub struct SchedulerActor {
@@ -84,6 +86,22 @@ impl SchedulerActor {
         self.forward_with(app, request_id, reply, false, make)
     }
 
+    /// Ask the coordinator to release grants nobody will receive; the answers match no
+    /// pending request and are dropped.
+    fn release_orphaned_grants(&mut self, containers: &[GrantedContainer]) {
+        for c in containers {
+            let correlation_id = self.next_correlation;
+            self.next_correlation += 1;
+            let _ = self
+                .link
+                .send(WorkerToCoordinator::Release(ReleaseContainer {
+                    correlation_id,
+                    app_id: c.token.body.app_id.0.clone(),
+                    container_id: c.container_id,
+                }));
+        }
+    }
+
     fn forward_with(
         &mut self,
         app: AppId,
@@ -109,6 +127,7 @@ impl SchedulerActor {
                 request_id,
                 reply,
                 unknown_is_success,
+                guaranteed_ask: false,
             },
         );
         let _ = self.link.send(make(correlation_id));
@@ -272,6 +291,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                 }
                 let request_id = req.request_id;
                 let app_id = app.0.clone();
+                let correlation_id = self.next_correlation;
                 self.forward(app, request_id, reply, move |correlation_id| {
                     WorkerToCoordinator::AllocateGuaranteed(AllocateGuaranteed {
                         correlation_id,
@@ -279,6 +299,9 @@ impl Handler<AllocateMsg> for SchedulerActor {
                         allocate: req,
                     })
                 });
+                if let Some(p) = self.pending.get_mut(&correlation_id) {
+                    p.guaranteed_ask = true;
+                }
             }
         }
     }
@@ -470,10 +493,14 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
         match msg.0 {
             CoordinatorToWorker::GuaranteedAllocated(g) => {
                 let Some(p) = self.pending.get(&g.correlation_id) else {
+                    // The ask was cancelled (its connection closed) while these were on their
+                    // way: give them back now rather than hold capacity until the tokens expire.
                     debug!(
                         correlation = g.correlation_id,
-                        "grant for a request nobody waits for"
+                        containers = g.containers.len(),
+                        "grant for a cancelled ask: releasing it"
                     );
+                    self.release_orphaned_grants(&g.containers);
                     return;
                 };
                 for c in &g.containers {
@@ -529,6 +556,40 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                 }
             }
             other => warn!("unexpected frame for the scheduler actor: {other:?}"),
+        }
+    }
+}
+
+/// An application connection closed. Its GUARANTEED asks still waiting at the coordinator are
+/// cancelled there (nobody could receive their grants); grants it already received stay valid
+/// until their tokens expire, so the app may reconnect and start them.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConnectionClosed {
+    /// The closed connection's sender (compared by channel identity).
+    pub reply: ConnTx,
+}
+
+impl Handler<ConnectionClosed> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ConnectionClosed, _: &mut Context<Self>) {
+        let cancelled: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.guaranteed_ask && p.reply.same_channel(&msg.reply))
+            .map(|(correlation_id, _)| *correlation_id)
+            .collect();
+        for correlation_id in cancelled {
+            self.pending.remove(&correlation_id);
+            debug!(
+                correlation = correlation_id,
+                "cancelling the waiting GUARANTEED ask of a closed connection"
+            );
+            let _ = self
+                .link
+                .send(WorkerToCoordinator::CancelAllocate(CancelAllocate {
+                    correlation_id,
+                }));
         }
     }
 }

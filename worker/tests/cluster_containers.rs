@@ -272,3 +272,91 @@ async fn promoting_a_running_queueable_container_makes_it_guaranteed() {
     );
     c.stop().await;
 }
+
+/// Poll the guarantor (once per heartbeat period) until `done` holds for its statistics.
+async fn wait_for_guarantor(
+    c: &Cluster,
+    what: &str,
+    done: impl Fn(&coordinator::guarantor_actor::GuarantorStats) -> bool,
+) -> coordinator::guarantor_actor::GuarantorStats {
+    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
+    loop {
+        let stats = c
+            .server
+            .guarantor
+            .send(coordinator::guarantor_actor::InspectGuarantor)
+            .await
+            .expect("guarantor alive");
+        stats.invariants.clone().expect("guarantor invariants hold");
+        if done(&stats) {
+            return stats;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {stats:?}"
+        );
+        tokio::time::sleep(HEARTBEAT).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_waiting_guaranteed_ask_is_cancelled_when_its_connection_closes() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 1000, 1024)]).await;
+    let mut holder = c.client("node-a").await;
+    // The guarantor's books are full with one unstarted grant.
+    let full = holder
+        .grant(ask(ContainerType::Guaranteed, 1000, 1024))
+        .await;
+
+    // Another connection asks for more GUARANTEED room: it must wait.
+    let mut leaver = c.client("node-a").await;
+    let request_id = leaver.new_request_id();
+    let mut waiting = ask(ContainerType::Guaranteed, 600, 600);
+    waiting.request_id = request_id;
+    leaver
+        .send(&scheduler_core::protocol::app::AppRequest::Allocate(
+            waiting,
+        ))
+        .await;
+    wait_for_guarantor(&c, "the second ask to wait", |s| s.pending_containers == 1).await;
+
+    // The asking connection goes away: nobody could receive the grant, so the ask is dropped.
+    drop(leaver);
+    let stats =
+        wait_for_guarantor(&c, "the ask to be cancelled", |s| s.pending_containers == 0).await;
+    assert_eq!(
+        stats.booked.values().copied().collect::<Vec<_>>(),
+        vec![Resources::new(1000, 1024)],
+        "only the holder's grant is booked"
+    );
+
+    // Once the holder gives its grant back, the whole node is free for a new ask: the
+    // cancelled ask took nothing.
+    let release_id = holder.new_request_id();
+    holder
+        .send(&scheduler_core::protocol::app::AppRequest::Release(
+            scheduler_core::protocol::app::Release {
+                request_id: release_id,
+                container_id: full.body.container_id,
+            },
+        ))
+        .await;
+    assert!(
+        matches!(
+            holder.answer(release_id).await,
+            scheduler_core::protocol::app::AppResponse::Ack(_)
+        ),
+        "release acknowledged"
+    );
+    let again = holder
+        .grant(ask(ContainerType::Guaranteed, 1000, 1024))
+        .await;
+    assert_eq!(again.body.node_id.as_str(), "node-a");
+    let stats = wait_for_guarantor(&c, "the books", |_| true).await;
+    assert_eq!(stats.pending_containers, 0);
+    assert_eq!(
+        stats.booked.values().copied().collect::<Vec<_>>(),
+        vec![Resources::new(1000, 1024)]
+    );
+    c.stop().await;
+}

@@ -26,6 +26,7 @@ pub enum WorkerToCoordinator {
     Promote(PromoteContainer),
     Release(ReleaseContainer),
     PromotionApplied(PromotionApplied),
+    CancelAllocate(CancelAllocate),
 }
 
 /// First frame: who the worker is and the cluster's join secret.
@@ -87,6 +88,15 @@ pub struct ReleaseContainer {
     pub correlation_id: u64,
     pub app_id: String,
     pub container_id: ContainerId,
+}
+
+/// The application connection that sent a forwarded GUARANTEED ask closed before the ask was
+/// fully placed: the guarantor drops what is still waiting (nobody could receive it). Grants
+/// already on their way are released by the worker when they arrive. No answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CancelAllocate {
+    /// The `correlation_id` of the [`AllocateGuaranteed`] to cancel, on this worker's session.
+    pub correlation_id: u64,
 }
 
 /// The hosting worker's answer to [`ApplyPromotion`].
