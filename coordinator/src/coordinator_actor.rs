@@ -95,7 +95,9 @@ impl CoordinatorActor {
     ) -> Result<CoordinatorActor, crate::store::StoreError> {
         let state = CoordinatorState::new(
             CoordinatorConfig {
-                top_k: settings.top_k,
+                // Views carry more candidates than k: the workers' schedulers choose among the
+                // k of least R as updated by their own placements.
+                top_k: scheduler_core::distributed::view_size(settings.top_k),
                 shedding: settings.shedding,
                 min_shedding_threshold_ms: settings.min_shedding_threshold_ms,
                 node_timeout: settings.node_timeout,

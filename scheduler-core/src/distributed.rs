@@ -3,6 +3,15 @@
 //! choosing pseudo-randomly among the top-k nodes of least estimated queue delay in the latest
 //! cluster view, honouring locality, never putting two off-locality containers of one ask on the
 //! same node in one round, and enforcing per-app quotas (§4.1).
+//!
+//! Between two views the scheduler accounts for its own placements, as YARN's opportunistic
+//! allocator tracks the queue lengths of the nodes it uses: each container it places adds its
+//! expected work to its local copy of that node's R, and the pseudo-random choice is among the k
+//! nodes of least *updated* estimate. The coordinator therefore sends more candidates than k
+//! ([`view_size`]); a fresh view resets the estimates. Without this, every scheduler sends every
+//! container of a 3-s round to the same k nodes (herding). A node that shed QUEUEABLE work is
+//! avoided until the next view ([`DistributedScheduler::avoid_until_next_view`]), so the
+//! re-asked containers do not return to it on the same stale estimate.
 
 use crate::ids::ContainerIdMinter;
 use crate::protocol::app::Locality;
@@ -48,6 +57,20 @@ pub struct DistributedSchedulerConfig {
     pub top_k: usize,
     /// Validity of a grant's token (YARN uses the 600 s allocation expiry).
     pub token_ttl_ms: u64,
+}
+
+/// Candidates the coordinator puts in a view per unit of k: the scheduler chooses among the k of
+/// least estimated R, and as its own placements raise the estimates of those, the next ones in
+/// the view take their place.
+pub const VIEW_CANDIDATES_PER_K: usize = 4;
+
+/// Runtime assumed for a QUEUEABLE container without an estimate, when accounting for the work
+/// a placement adds to a node (the node runtime's default, `NodeRuntimeConfig`).
+pub const DEFAULT_RUNTIME_ESTIMATE_MS: u64 = 10_000;
+
+/// How many nodes the coordinator should send in a view for schedulers that choose among `k`.
+pub fn view_size(k: usize) -> usize {
+    k.max(1).saturating_mul(VIEW_CANDIDATES_PER_K)
 }
 
 impl Default for DistributedSchedulerConfig {
@@ -124,6 +147,11 @@ pub struct DistributedScheduler {
     /// Directory index of each top-k entry (`None` if not in the directory), so placement does
     /// not hash node names per candidate.
     top_k_index: Vec<Option<usize>>,
+    /// This scheduler's estimate of each view entry's R (ms): the coordinator's value plus the
+    /// expected work of the containers placed there since the view arrived.
+    estimated_ms: Vec<f64>,
+    /// View entries to avoid until the next view (the node shed QUEUEABLE work).
+    avoided: Vec<bool>,
     /// The distinct node capacities of the directory, for the "fits on some node" check.
     capacities: Vec<Resources>,
     quotas: QuotaTracker,
@@ -138,6 +166,8 @@ impl DistributedScheduler {
             view: ClusterView::default(),
             directory_index: HashMap::new(),
             top_k_index: Vec::new(),
+            estimated_ms: Vec::new(),
+            avoided: Vec::new(),
             capacities: Vec::new(),
             quotas: QuotaTracker::new(),
         }
@@ -196,13 +226,48 @@ impl DistributedScheduler {
         self.update_top_k(view.top_k);
     }
 
-    /// Update only the top-k list.
+    /// Update only the top-k list. Resets the estimates of own placements and the avoided nodes.
     pub fn update_top_k(&mut self, top_k: Vec<NodeLoad>) {
         self.top_k_index = top_k
             .iter()
             .map(|l| self.directory_index.get(&l.node_id).copied())
             .collect();
+        self.estimated_ms = top_k.iter().map(|l| l.queue_delay_ms).collect();
+        self.avoided = vec![false; top_k.len()];
         self.view.top_k = top_k;
+    }
+
+    /// This scheduler's current estimate of a node's R: the view's value plus its own placements
+    /// since; `None` if the node is not in the view.
+    pub fn estimated_queue_delay_ms(&self, node_id: &NodeId) -> Option<f64> {
+        self.view
+            .top_k
+            .iter()
+            .position(|l| &l.node_id == node_id)
+            .map(|pos| self.estimated_ms[pos])
+    }
+
+    /// The node shed (or otherwise turned away) QUEUEABLE work this scheduler placed: its R is
+    /// above the cluster's threshold whatever the view says, so off-locality placements skip it
+    /// until the next view arrives (unless no other candidate fits). Returns whether the node is
+    /// in the current view.
+    pub fn avoid_until_next_view(&mut self, node_id: &NodeId) -> bool {
+        match self.view.top_k.iter().position(|l| &l.node_id == node_id) {
+            Some(pos) => {
+                self.avoided[pos] = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a node is avoided until the next view.
+    pub fn is_avoided(&self, node_id: &NodeId) -> bool {
+        self.view
+            .top_k
+            .iter()
+            .position(|l| &l.node_id == node_id)
+            .is_some_and(|pos| self.avoided[pos])
     }
 
     /// Place a QUEUEABLE ask. `now_ms` is the wall clock (token expiry); `rng` is seeded by the
@@ -254,6 +319,7 @@ impl DistributedScheduler {
             if off_locality {
                 used_off_locality.insert(node_index);
             }
+            self.account_placement(node_index, ask);
             let entry = &self.view.directory[node_index];
             let (node_id, endpoint) = (entry.node_id.clone(), entry.app_endpoint.clone());
             let container_id = self.minter.next_id();
@@ -298,10 +364,67 @@ impl DistributedScheduler {
         Ok(out)
     }
 
+    /// Add a placed container's expected work (estimate × dominant share, the node runtime's
+    /// "whole-node milliseconds" of [`crate::queue_delay::QueueDelay`]) to every view entry of
+    /// the node.
+    fn account_placement(&mut self, node_index: usize, ask: &QueueableAsk) {
+        let capacity = self.view.directory[node_index].capacity;
+        let work_ms = ask
+            .runtime_estimate_ms
+            .unwrap_or(DEFAULT_RUNTIME_ESTIMATE_MS) as f64
+            * ask.resources.dominant_share(&capacity);
+        for (pos, index) in self.top_k_index.iter().enumerate() {
+            if *index == Some(node_index) {
+                self.estimated_ms[pos] += work_ms;
+            }
+        }
+    }
+
+    /// Mercury §4.2's pseudo-random choice among the k candidates of least queue delay, by this
+    /// scheduler's updated estimate. `candidates` are view positions; ties keep view order (the
+    /// coordinator already broke them at random).
+    fn choose_among_least_loaded<R: Rng + ?Sized>(
+        &self,
+        mut candidates: Vec<usize>,
+        rng: &mut R,
+    ) -> Option<usize> {
+        if candidates.is_empty() {
+            return None;
+        }
+        let k = self.config.top_k.max(1);
+        if candidates.len() > k {
+            let estimated = &self.estimated_ms;
+            candidates.select_nth_unstable_by(k - 1, |&a, &b| {
+                estimated[a].total_cmp(&estimated[b]).then(a.cmp(&b))
+            });
+            candidates.truncate(k);
+            // Selection leaves an arbitrary order: restore view order so the random draw below
+            // does not depend on how the selection permuted equal elements.
+            candidates.sort_unstable();
+        }
+        let pos = candidates[rng.random_range(0..candidates.len())];
+        self.top_k_index[pos]
+    }
+
+    /// View positions of nodes passing `keep`, skipping avoided nodes unless only they pass.
+    fn view_candidates(&self, keep: impl Fn(usize) -> bool) -> Vec<usize> {
+        let passing: Vec<usize> = (0..self.top_k_index.len())
+            .filter(|&pos| self.top_k_index[pos].is_some_and(&keep))
+            .collect();
+        if passing.iter().any(|&pos| !self.avoided[pos]) {
+            passing
+                .into_iter()
+                .filter(|&pos| !self.avoided[pos])
+                .collect()
+        } else {
+            passing
+        }
+    }
+
     /// Pick a node for one container: preferred nodes (may stack), then preferred racks, then,
-    /// if relaxed or unconstrained, a uniformly random eligible top-k node. The bool says whether
-    /// the choice was off node-locality (and so must not repeat within the ask). Nodes are
-    /// directory indices.
+    /// if relaxed or unconstrained, a random node among the k of least estimated R. The bool
+    /// says whether the choice was off node-locality (and so must not repeat within the ask).
+    /// Nodes are directory indices.
     fn choose_node<R: Rng + ?Sized>(
         &self,
         ask: &QueueableAsk,
@@ -310,12 +433,11 @@ impl DistributedScheduler {
     ) -> Option<(usize, bool)> {
         let directory = &self.view.directory;
         let fits = |n: &NodeDirectoryEntry| ask.resources.fits_in(&n.capacity);
-        let load = |id: &NodeId| {
-            self.view
-                .top_k
+        let load = |i: usize| {
+            self.top_k_index
                 .iter()
-                .find(|l| &l.node_id == id)
-                .map_or(f64::INFINITY, |l| l.queue_delay_ms)
+                .position(|&index| index == Some(i))
+                .map_or(f64::INFINITY, |pos| self.estimated_ms[pos])
         };
         if let Some(loc) = &ask.locality {
             // Node-local: the preferred node of least known queue delay.
@@ -325,7 +447,7 @@ impl DistributedScheduler {
                     continue;
                 };
                 if fits(&directory[i]) {
-                    let r = load(&directory[i].node_id);
+                    let r = load(i);
                     if best.is_none_or(|(b, _)| r < b) {
                         best = Some((r, i));
                     }
@@ -334,20 +456,15 @@ impl DistributedScheduler {
             if let Some((_, i)) = best {
                 return Some((i, false));
             }
-            // Rack-local: prefer rack nodes in the top-k list, else any rack node; one per node.
+            // Rack-local: prefer rack nodes in the view (the k of least estimated R among them),
+            // else any rack node; one per node.
             if !loc.racks.is_empty() {
                 let in_racks = |n: &NodeDirectoryEntry| loc.racks.iter().any(|r| r == &n.rack);
-                let ranked: Vec<usize> = self
-                    .top_k_index
-                    .iter()
-                    .take(self.config.top_k)
-                    .filter_map(|&i| i)
-                    .filter(|&i| {
-                        in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i)
-                    })
-                    .collect();
-                if !ranked.is_empty() {
-                    return Some((ranked[rng.random_range(0..ranked.len())], true));
+                let ranked = self.view_candidates(|i| {
+                    in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i)
+                });
+                if let Some(i) = self.choose_among_least_loaded(ranked, rng) {
+                    return Some((i, true));
                 }
                 let any: Vec<usize> = (0..directory.len())
                     .filter(|&i| {
@@ -362,16 +479,9 @@ impl DistributedScheduler {
                 return None;
             }
         }
-        let eligible: Vec<usize> = self
-            .top_k_index
-            .iter()
-            .take(self.config.top_k)
-            .filter_map(|&i| i)
-            .filter(|&i| fits(&directory[i]) && (used.is_empty() || !used.contains(&i)))
-            .collect();
-        if eligible.is_empty() {
-            return None;
-        }
-        Some((eligible[rng.random_range(0..eligible.len())], true))
+        let eligible = self
+            .view_candidates(|i| fits(&directory[i]) && (used.is_empty() || !used.contains(&i)));
+        self.choose_among_least_loaded(eligible, rng)
+            .map(|i| (i, true))
     }
 }

@@ -8,7 +8,7 @@ use rand::{RngExt, SeedableRng};
 use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
 use scheduler_core::distributed::{
     ClusterView, DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry, NodeLoad,
-    QueueableAsk,
+    QueueableAsk, view_size,
 };
 use scheduler_core::guarantor::{
     BestFit, GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig,
@@ -237,7 +237,8 @@ impl Simulation {
         let n = config.nodes;
         let mut coordinator = CoordinatorState::new(
             CoordinatorConfig {
-                top_k: config.top_k,
+                // More candidates than k: schedulers choose among the k of least estimated R.
+                top_k: view_size(config.top_k),
                 shedding: config.shedding,
                 min_shedding_threshold_ms: config.min_shedding_threshold_ms,
                 node_timeout: Duration::from_secs(u64::MAX / 4_000_000),
@@ -929,7 +930,14 @@ impl Simulation {
                         continue;
                     };
                     match reason {
-                        KillReason::Shed => self.stats.shed += 1,
+                        KillReason::Shed => {
+                            self.stats.shed += 1;
+                            // The re-ask must not go back to the node that shed it.
+                            let shedding = self.nodes[node as usize].id.clone();
+                            if let Some(s) = self.scheduler_of(id) {
+                                s.avoid_until_next_view(&shedding);
+                            }
+                        }
                         _ => self.stats.killed += 1,
                     }
                     match rec.container_type {
