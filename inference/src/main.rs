@@ -57,8 +57,9 @@ enum Command {
         /// Print the LP solver's iteration log.
         #[arg(long)]
         verbose_solver: bool,
-        /// LP formulation: compact (default) or debt-chain (the direct transcription, slower;
-        /// same optimum).
+        /// LP formulation: compact (default; solved by row generation), compact-all-rows (the
+        /// same LP in one solve) or debt-chain (the direct transcription); all reach the same
+        /// optimum.
         #[arg(long, default_value = "compact")]
         formulation: String,
         #[arg(long)]
@@ -363,9 +364,12 @@ fn run(arguments: Arguments) -> Result<()> {
         } => {
             let formulation = match formulation.as_str() {
                 "compact" => LpFormulation::Compact,
+                "compact-all-rows" => LpFormulation::CompactAllRows,
                 "debt-chain" => LpFormulation::DebtChain,
                 other => {
-                    bail!("unknown --formulation {other:?} (expected compact or debt-chain)")
+                    bail!(
+                        "unknown --formulation {other:?} (expected compact, compact-all-rows or debt-chain)"
+                    )
                 }
             };
             let beta = if beta == "auto" {
