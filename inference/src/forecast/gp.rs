@@ -12,14 +12,24 @@
 //! - The series window is standardised (mean 0, std 1) and the time coordinate is scaled to
 //!   `index / N` so that time and values are on comparable scales.
 //! - Hyperparameters (length-scale ℓ, noise ratio r = σn²/σf²) maximise the evidence over a
-//!   grid; the signal variance σf² is profiled out in closed form (`σf² = yᵀ(K₀ + rI)⁻¹y / n`).
-//!   The grid search can be repeated only every `refit_every` calls to save time.
+//!   5 × 5 grid; the signal variance σf² is profiled out in closed form
+//!   (`σf² = yᵀ(K₀ + rI)⁻¹y / n`). The grid costs one `exp` per pair of patterns (length scales
+//!   are powers of two of the median distance, so the other correlations are squares or square
+//!   roots of the first) and one Householder tridiagonalisation per length scale, after which every
+//!   noise ratio costs O(n); one Cholesky factorisation at the chosen point serves the forecast. The grid search can be repeated
+//!   only every `refit_every` calls to save time.
 //! - The reported variance is that of a new *observation* (Eq. 8 plus σn²), since it is
-//!   compared with observed usage.
+//!   compared with observed usage, and σf² is integrated out rather than fixed at its
+//!   maximum-likelihood value (scale-invariant prior; Student-t predictive with n degrees of
+//!   freedom, reported by its variance): with only N = 10 patterns the ML value alone made the
+//!   ±2σ intervals cover ~0.90 instead of 0.95.
 
 use serde::{Deserialize, Serialize};
 
-use super::linalg::{back_substitute, cholesky_in_place, forward_substitute, log_determinant};
+use super::linalg::{
+    ShiftedTerms, back_substitute, cholesky_in_place, forward_substitute,
+    shifted_tridiagonal_terms, tridiagonalize,
+};
 use super::{Forecast, ForecastError, Forecaster, check_history};
 
 /// Kernel applied to the transformed inputs (Pace Eq. 6).
@@ -38,6 +48,49 @@ impl Kernel {
             Kernel::Exponential => (-distance_squared.sqrt() / length_scale).exp(),
             Kernel::Rbf => (-distance_squared / (2.0 * length_scale * length_scale)).exp(),
         }
+    }
+
+    /// The correlations at length scales `2^e · ℓ` for e = −2 … 2 (`LENGTH_EXPONENTS`) from the
+    /// correlation `base` at `ℓ`, by two squarings and two square-root chains.
+    fn rescale_grid(self, base: f64) -> [f64; 5] {
+        match self {
+            Kernel::Exponential => {
+                let (square, root) = (base * base, base.sqrt());
+                [square * square, square, base, root, root.sqrt()]
+            }
+            Kernel::Rbf => {
+                let (fourth, root) = ((base * base) * (base * base), base.sqrt().sqrt());
+                let (fourth_squared, root_root) = (fourth * fourth, root.sqrt().sqrt());
+                [
+                    fourth_squared * fourth_squared,
+                    fourth,
+                    base,
+                    root,
+                    root_root,
+                ]
+            }
+        }
+    }
+
+    /// The correlation at length scale `2^exponent · ℓ` from the correlation `base` at `ℓ`:
+    /// `c^(2^−exponent)` (exponential) or `c^(4^−exponent)` (RBF), by repeated squaring or
+    /// square roots, so the whole length-scale grid costs one `exp` per pair.
+    fn rescale(self, base: f64, exponent: i32) -> f64 {
+        let halvings = match self {
+            Kernel::Exponential => exponent,
+            Kernel::Rbf => 2 * exponent,
+        };
+        let mut value = base;
+        if halvings < 0 {
+            for _ in 0..-halvings {
+                value *= value;
+            }
+        } else {
+            for _ in 0..halvings {
+                value = value.sqrt();
+            }
+        }
+        value
     }
 }
 
@@ -63,8 +116,9 @@ impl Default for GpConfig {
     }
 }
 
-/// Length-scale multipliers (of the median pattern distance) and noise ratios searched.
-const LENGTH_FACTORS: [f64; 5] = [0.25, 0.5, 1.0, 2.0, 4.0];
+/// Length scales searched, as powers of two of the median pattern distance
+/// (ℓ = 2^e · median, e = −2 … 2: 0.25× … 4×), and noise ratios r = σn²/σf².
+const LENGTH_EXPONENTS: [i32; 5] = [-2, -1, 0, 1, 2];
 const NOISE_RATIOS: [f64; 5] = [1e-3, 1e-2, 0.05, 0.2, 1.0];
 /// Smallest standard deviation treated as a varying series (relative to its level).
 const FLAT_SERIES: f64 = 1e-9;
@@ -73,18 +127,49 @@ const FLAT_SERIES: f64 = 1e-9;
 pub struct GpForecaster {
     config: GpConfig,
     calls: usize,
-    /// Cached (length scale relative to median distance, noise ratio).
-    hyper: Option<(f64, f64)>,
+    /// Cached (length-scale exponent relative to the median distance, noise ratio).
+    hyper: Option<(i32, f64)>,
     scratch: Scratch,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Scratch {
     inputs: Vec<f64>,
+    standardized: Vec<f64>,
+    targets: Vec<f64>,
+    /// Squared distances between training patterns (lower triangle, row-major n × n).
     distances: Vec<f64>,
-    matrix: Vec<f64>,
-    weights: Vec<f64>,
+    /// Squared distances from each training pattern to the query pattern.
     cross: Vec<f64>,
+    pairwise: Vec<f64>,
+    /// Correlations at the median distance (lower triangle), the grid's common base.
+    base: Vec<f64>,
+    /// Correlation matrices without noise at every length scale of the grid, and the one being
+    /// reduced.
+    grid: Vec<f64>,
+    correlation: Vec<f64>,
+    /// Tridiagonal form of `correlation` and the Householder work space.
+    diagonal: Vec<f64>,
+    off_diagonal: Vec<f64>,
+    work: Vec<f64>,
+    /// Cholesky factor of `K₀ + rI` at the chosen hyperparameters.
+    best_factor: Vec<f64>,
+    weights: Vec<f64>,
+    correlations: Vec<f64>,
+}
+
+/// Log evidence with σf² profiled out (`σf² = yᵀ(K₀ + rI)⁻¹y / n`), up to a constant that is
+/// the same for every grid point: `−½ (n ln(yᵀ(K₀ + rI)⁻¹y / n) + ln|K₀ + rI|)`, with one
+/// logarithm when the product stays in range.
+fn profiled_log_evidence(n: usize, terms: &ShiftedTerms) -> f64 {
+    let signal = (terms.quadratic / n as f64).max(1e-12);
+    let combined = signal.powi(n as i32) * terms.determinant_mantissa;
+    let logarithm = if combined.is_normal() {
+        combined.ln()
+    } else {
+        n as f64 * signal.ln() + terms.determinant_mantissa.ln()
+    };
+    -0.5 * (logarithm + terms.determinant_exponent)
 }
 
 impl GpForecaster {
@@ -106,46 +191,72 @@ impl GpForecaster {
         &self.config
     }
 
-    /// Log evidence (with σf² profiled out) of targets `y` under correlation matrix built from
-    /// `distances`, or `None` if the matrix is not positive definite.
-    fn log_evidence(
-        &mut self,
-        n: usize,
-        targets: &[f64],
-        length_scale: f64,
-        noise_ratio: f64,
-    ) -> Option<f64> {
-        self.build_matrix(n, length_scale, noise_ratio);
-        let scratch = &mut self.scratch;
-        if !cholesky_in_place(&mut scratch.matrix, n) {
-            return None;
-        }
-        scratch.weights.clear();
-        scratch.weights.extend_from_slice(targets);
-        forward_substitute(&scratch.matrix, n, &mut scratch.weights);
-        let quadratic: f64 = scratch.weights.iter().map(|z| z * z).sum();
-        let signal = (quadratic / n as f64).max(1e-12);
-        let count = n as f64;
-        Some(
-            -0.5 * count * signal.ln()
-                - 0.5 * log_determinant(&scratch.matrix, n)
-                - 0.5 * count * (1.0 + (2.0 * std::f64::consts::PI).ln()),
-        )
-    }
-
-    fn build_matrix(&mut self, n: usize, length_scale: f64, noise_ratio: f64) {
+    /// Evidence maximisation over the grid (Pace §3.1: "tuning their hyper parameters, through
+    /// evidence maximization"). For each length scale the noise-free correlation matrix is
+    /// reduced once to tridiagonal form `K₀ = Q T Qᵀ`; then `log|K₀ + rI|` and
+    /// `yᵀ(K₀ + rI)⁻¹y` cost O(n) for each noise ratio r, instead of a Cholesky each.
+    fn select_hyperparameters(&mut self, n: usize) -> Option<(i32, f64)> {
         let kernel = self.config.kernel;
         let scratch = &mut self.scratch;
-        scratch.matrix.clear();
-        scratch.matrix.resize(n * n, 0.0);
+        let mut best: Option<(f64, i32, f64)> = None;
+        scratch.grid.clear();
+        scratch.grid.resize(LENGTH_EXPONENTS.len() * n * n, 0.0);
+        let size = n * n;
         for i in 0..n {
             for j in 0..i {
-                let value = kernel.correlation(scratch.distances[i * n + j], length_scale);
-                scratch.matrix[i * n + j] = value;
-                scratch.matrix[j * n + i] = value;
+                let values = kernel.rescale_grid(scratch.base[i * n + j]);
+                for (index, value) in values.into_iter().enumerate() {
+                    scratch.grid[index * size + i * n + j] = value;
+                    scratch.grid[index * size + j * n + i] = value;
+                }
             }
-            scratch.matrix[i * n + i] = 1.0 + noise_ratio;
+            for index in 0..LENGTH_EXPONENTS.len() {
+                scratch.grid[index * size + i * n + i] = 1.0;
+            }
         }
+        for (index, exponent) in LENGTH_EXPONENTS.into_iter().enumerate() {
+            scratch
+                .correlation
+                .copy_from_slice(&scratch.grid[index * size..(index + 1) * size]);
+            scratch.weights.clear();
+            scratch.weights.extend_from_slice(&scratch.targets);
+            tridiagonalize(
+                &mut scratch.correlation,
+                n,
+                &mut scratch.weights,
+                &mut scratch.diagonal,
+                &mut scratch.off_diagonal,
+                &mut scratch.work,
+            );
+            for ratio in NOISE_RATIOS {
+                let Some(terms) = shifted_tridiagonal_terms(
+                    &scratch.diagonal,
+                    &scratch.off_diagonal,
+                    &scratch.weights,
+                    ratio,
+                ) else {
+                    continue;
+                };
+                let evidence = profiled_log_evidence(n, &terms);
+                if best.is_none_or(|(b, _, _)| evidence > b) {
+                    best = Some((evidence, exponent, ratio));
+                }
+            }
+        }
+        best.map(|(_, exponent, ratio)| (exponent, ratio))
+    }
+
+    /// Factorises `K₀ + rI` at length-scale exponent `exponent` into `best_factor`.
+    fn factorize(&mut self, n: usize, exponent: i32, ratio: f64) -> bool {
+        let kernel = self.config.kernel;
+        let scratch = &mut self.scratch;
+        for i in 0..n {
+            for j in 0..i {
+                scratch.best_factor[i * n + j] = kernel.rescale(scratch.base[i * n + j], exponent);
+            }
+            scratch.best_factor[i * n + i] = 1.0 + ratio;
+        }
+        cholesky_in_place(&mut scratch.best_factor, n)
     }
 }
 
@@ -193,19 +304,23 @@ impl Forecaster for GpForecaster {
                 horizon
             ]);
         }
-        let standardized: Vec<f64> = series.iter().map(|v| (v - level) / spread).collect();
+        let kernel = self.config.kernel;
+        let scratch = &mut self.scratch;
+        scratch.standardized.clear();
+        scratch
+            .standardized
+            .extend(series.iter().map(|v| (v - level) / spread));
         // Pattern p (0-based, oldest first) covers standardized[p .. p + h] and its one-step
         // target is standardized[p + h]; the newest pattern (index used_patterns − 1) has none.
         let dimension = h + 1;
         let time_scale = self.config.patterns as f64;
         let pattern_count = used_patterns;
-        let scratch = &mut self.scratch;
         scratch.inputs.clear();
         for pattern in 0..pattern_count {
             scratch.inputs.push(pattern as f64 / time_scale);
             scratch
                 .inputs
-                .extend_from_slice(&standardized[pattern..pattern + h]);
+                .extend_from_slice(&scratch.standardized[pattern..pattern + h]);
         }
         let query = pattern_count - 1;
 
@@ -225,82 +340,97 @@ impl Forecaster for GpForecaster {
                 forecasts.push(fallback);
                 continue;
             }
-            let targets: Vec<f64> = (first..last_trainable)
-                .map(|p| standardized[p + h + step - 1])
-                .collect();
-            // Pairwise squared distances between the training patterns and to the query.
             let scratch = &mut self.scratch;
-            scratch.distances.clear();
-            scratch.distances.resize(n * n, 0.0);
+            scratch.targets.clear();
+            scratch
+                .targets
+                .extend((first..last_trainable).map(|p| scratch.standardized[p + h + step - 1]));
+            // Pairwise squared distances between the training patterns and to the query.
+            for buffer in [
+                &mut scratch.distances,
+                &mut scratch.base,
+                &mut scratch.correlation,
+                &mut scratch.best_factor,
+            ] {
+                buffer.clear();
+                buffer.resize(n * n, 0.0);
+            }
             scratch.cross.clear();
-            let squared = |a: usize, b: usize, inputs: &[f64]| -> f64 {
+            scratch.pairwise.clear();
+            let inputs = &scratch.inputs;
+            let squared = |a: usize, b: usize| -> f64 {
                 let (x, y) = (
                     &inputs[a * dimension..(a + 1) * dimension],
                     &inputs[b * dimension..(b + 1) * dimension],
                 );
                 x.iter().zip(y).map(|(u, v)| (u - v) * (u - v)).sum()
             };
-            let mut pairwise = Vec::with_capacity(n * (n - 1) / 2);
             for i in 0..n {
                 for j in 0..i {
-                    let d = squared(first + i, first + j, &scratch.inputs);
+                    let d = squared(first + i, first + j);
                     scratch.distances[i * n + j] = d;
-                    scratch.distances[j * n + i] = d;
-                    pairwise.push(d);
+                    scratch.pairwise.push(d);
                 }
-                let to_query = squared(first + i, query, &scratch.inputs);
-                scratch.cross.push(to_query);
+                scratch.cross.push(squared(first + i, query));
             }
-            pairwise.sort_unstable_by(f64::total_cmp);
-            let median_distance = pairwise[pairwise.len() / 2].sqrt().max(1e-6);
+            let middle = scratch.pairwise.len() / 2;
+            let (_, median, _) = scratch
+                .pairwise
+                .select_nth_unstable_by(middle, f64::total_cmp);
+            let median_distance = median.sqrt().max(1e-6);
+            for i in 0..n {
+                for j in 0..i {
+                    scratch.base[i * n + j] =
+                        kernel.correlation(scratch.distances[i * n + j], median_distance);
+                }
+            }
 
-            if step == 1 && refit {
-                let mut best: Option<(f64, f64, f64)> = None;
-                for factor in LENGTH_FACTORS {
-                    for ratio in NOISE_RATIOS {
-                        if let Some(evidence) =
-                            self.log_evidence(n, &targets, factor * median_distance, ratio)
-                            && best.is_none_or(|(b, _, _)| evidence > b)
-                        {
-                            best = Some((evidence, factor, ratio));
-                        }
-                    }
-                }
-                self.hyper = best
-                    .map(|(_, factor, ratio)| (factor, ratio))
-                    .or(self.hyper);
+            if step == 1
+                && refit
+                && let Some(selected) = self.select_hyperparameters(n)
+            {
+                self.hyper = Some(selected);
             }
-            let (factor, ratio) = self.hyper.unwrap_or((1.0, 0.1));
-            let length_scale = factor * median_distance;
-            self.build_matrix(n, length_scale, ratio);
-            let kernel = self.config.kernel;
-            let scratch = &mut self.scratch;
-            if !cholesky_in_place(&mut scratch.matrix, n) {
+            let (exponent, ratio) = self.hyper.unwrap_or((0, 0.1));
+            if !self.factorize(n, exponent, ratio) {
                 forecasts.push(Forecast {
                     mean: level,
                     variance: spread * spread,
                 });
                 continue;
             }
+            let length_scale = median_distance * 2f64.powi(exponent);
+            let scratch = &mut self.scratch;
+            let factor = &scratch.best_factor;
             scratch.weights.clear();
-            scratch.weights.extend_from_slice(&targets);
-            forward_substitute(&scratch.matrix, n, &mut scratch.weights);
-            let signal = (scratch.weights.iter().map(|z| z * z).sum::<f64>() / n as f64).max(1e-12);
-            back_substitute(&scratch.matrix, n, &mut scratch.weights);
+            scratch.weights.extend_from_slice(&scratch.targets);
+            forward_substitute(factor, n, &mut scratch.weights);
+            let quadratic = scratch.weights.iter().map(|z| z * z).sum::<f64>();
+            back_substitute(factor, n, &mut scratch.weights);
             // k* (correlations to the query), Eq. 7 mean and Eq. 8 variance.
-            let mut correlations: Vec<f64> = scratch
-                .cross
-                .iter()
-                .map(|d| kernel.correlation(*d, length_scale))
-                .collect();
-            let mean: f64 = correlations
+            scratch.correlations.clear();
+            scratch.correlations.extend(
+                scratch
+                    .cross
+                    .iter()
+                    .map(|d| kernel.correlation(*d, length_scale)),
+            );
+            let mean: f64 = scratch
+                .correlations
                 .iter()
                 .zip(&scratch.weights)
                 .map(|(k, w)| k * w)
                 .sum();
-            forward_substitute(&scratch.matrix, n, &mut correlations);
-            let explained: f64 = correlations.iter().map(|v| v * v).sum();
+            forward_substitute(factor, n, &mut scratch.correlations);
+            let explained: f64 = scratch.correlations.iter().map(|v| v * v).sum();
             let latent = (1.0 - explained).max(0.0);
+            // σf² marginalised under the scale-invariant prior p(σf²) ∝ 1/σf² instead of fixed
+            // at its maximum-likelihood value yᵀK⁻¹y/n: the predictive distribution is then a
+            // Student t with n degrees of freedom and scale² (yᵀK⁻¹y/n)(k** − k*ᵀK⁻¹k* + r)
+            // (the noise ratio r included: a new *observation* is forecast). Its variance is
+            // that scale² times n/(n − 2), i.e. yᵀK⁻¹y/(n − 2) in place of σf²; with N = 10
+            // patterns the ML value is 25 % too small.
+            let signal = (quadratic / n.saturating_sub(2).max(1) as f64).max(1e-12);
             let variance = signal * (latent + ratio);
             forecasts.push(Forecast {
                 mean: level + spread * mean,
@@ -338,28 +468,96 @@ mod tests {
         }
     }
 
-    #[test]
-    fn noisy_series_gets_calibrated_intervals() {
-        // AR(1) around 50 with unit noise: 2σ intervals should cover most one-step outcomes.
-        let mut rng = StdRng::seed_from_u64(5);
+    /// One-step ±2σ coverage of the default GP on a Gaussian AR(1) series (an Ornstein–Uhlenbeck
+    /// process sampled at unit steps, i.e. a GP with an exponential kernel in time).
+    fn ar1_coverage(seed: u64) -> f64 {
+        let mut rng = StdRng::seed_from_u64(seed);
         let mut value: f64 = 50.0;
         let mut series = Vec::new();
-        for _ in 0..600 {
-            let noise: f64 = (0..12).map(|_| rng.random::<f64>()).sum::<f64>() - 6.0;
+        for _ in 0..3000 {
+            // Box–Muller: a standard normal innovation.
+            let (u, v): (f64, f64) = (rng.random::<f64>().max(1e-300), rng.random());
+            let noise = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
             value = 50.0 + 0.7 * (value - 50.0) + noise;
             series.push(value);
         }
         let mut gp = GpForecaster::default();
-        let (mut covered, mut total) = (0, 0);
+        let (mut covered, mut total) = (0u32, 0u32);
         for end in 30..series.len() {
-            let forecast = gp.forecast(&series[..end], 1).unwrap()[0];
+            let forecast = gp.forecast(&series[end - 22..end], 1).unwrap()[0];
             total += 1;
-            if forecast.covers(series[end], 2.0) {
-                covered += 1;
+            covered += u32::from(forecast.covers(series[end], 2.0));
+        }
+        f64::from(covered) / f64::from(total)
+    }
+
+    #[test]
+    fn noisy_series_gets_calibrated_intervals() {
+        // Measured: 0.909 and 0.910 with σf² integrated out (Student-t variance); 0.870 (seed 5)
+        // with the maximum-likelihood σf² alone, which this bound rejects. The remaining gap to 0.95
+        // is hyperparameter selection on 10 patterns (see docs/benchmarks-inference.md §3).
+        for seed in [5, 6] {
+            let coverage = ar1_coverage(seed);
+            assert!(
+                (0.89..=0.97).contains(&coverage),
+                "seed {seed}: coverage {coverage}"
+            );
+        }
+    }
+
+    #[test]
+    fn rescaled_grid_matches_direct_kernel_evaluation() {
+        for kernel in [Kernel::Exponential, Kernel::Rbf] {
+            for distance_squared in [0.01, 0.7, 3.0, 25.0] {
+                let base = kernel.correlation(distance_squared, 1.3);
+                let grid = kernel.rescale_grid(base);
+                for (index, exponent) in LENGTH_EXPONENTS.into_iter().enumerate() {
+                    let direct = kernel.correlation(distance_squared, 1.3 * 2f64.powi(exponent));
+                    assert!(
+                        (grid[index] - direct).abs() < 1e-12,
+                        "{kernel:?} {exponent}"
+                    );
+                    assert!((kernel.rescale(base, exponent) - direct).abs() < 1e-12);
+                }
             }
         }
-        let coverage = f64::from(covered) / f64::from(total);
-        assert!(coverage > 0.8, "coverage {coverage}");
+    }
+
+    #[test]
+    fn grid_search_picks_the_evidence_maximum_found_by_cholesky() {
+        // The tridiagonal shortcut must select the same (ℓ, r) as evaluating every grid point
+        // with its own Cholesky factorisation.
+        let mut rng = StdRng::seed_from_u64(9);
+        let series: Vec<f64> = (0..60)
+            .map(|i| (f64::from(i) / 3.0).sin() * 10.0 + rng.random::<f64>() * 4.0)
+            .collect();
+        let mut gp = GpForecaster::default();
+        gp.forecast(&series, 1).unwrap();
+        let (exponent, ratio) = gp.hyper.unwrap();
+        // Recompute every grid point from the scratch the call left behind.
+        let n = gp.scratch.targets.len();
+        let mut best = (f64::NEG_INFINITY, 0, 0.0);
+        for e in LENGTH_EXPONENTS {
+            for r in NOISE_RATIOS {
+                let mut matrix = vec![0.0; n * n];
+                for i in 0..n {
+                    for j in 0..i {
+                        matrix[i * n + j] = gp.config.kernel.rescale(gp.scratch.base[i * n + j], e);
+                    }
+                    matrix[i * n + i] = 1.0 + r;
+                }
+                assert!(cholesky_in_place(&mut matrix, n));
+                let mut z = gp.scratch.targets.clone();
+                forward_substitute(&matrix, n, &mut z);
+                let quadratic: f64 = z.iter().map(|v| v * v).sum();
+                let evidence = -0.5 * n as f64 * (quadratic / n as f64).ln()
+                    - 0.5 * super::super::linalg::log_determinant(&matrix, n);
+                if evidence > best.0 {
+                    best = (evidence, e, r);
+                }
+            }
+        }
+        assert_eq!((best.1, best.2), (exponent, ratio));
     }
 
     #[test]
