@@ -9,7 +9,7 @@ use crate::config::CoordinatorSettings;
 use crate::datadir::new_token_key;
 use crate::guarantor_actor::{
     AddNode, BookPromotion, CancelAsk, CancelSession, ContainerEvents, ExpireGrants,
-    GuarantorActor, ReleaseGrant, RemoveNode, SetKeys, Submit, UndoPromotion,
+    GuarantorActor, ReleaseGrant, RemoveNode, ReportQueueableLoad, SetKeys, Submit, UndoPromotion,
 };
 use crate::session::{CloseCode, SessionId, WorkerTx};
 use crate::store::{KeyState, Store};
@@ -20,7 +20,7 @@ use scheduler_core::coordinator::{
     ContainerNotice, CoordinatorConfig, CoordinatorState, NoticeKind,
 };
 use scheduler_core::distributed::NodeDirectoryEntry;
-use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError};
+use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError, QueueableLoad};
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::ErrorCode;
 use scheduler_core::protocol::cluster::{
@@ -246,6 +246,10 @@ impl CoordinatorActor {
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
         }
+        self.guarantor().do_send(ReportQueueableLoad {
+            node_id: node_id.clone(),
+            load: QueueableLoad::from_statuses(&hb.containers),
+        });
         self.node_containers.insert(node_id.clone(), hb.containers);
         let mut guarantor_started = Vec::new();
         for id in hb.started {

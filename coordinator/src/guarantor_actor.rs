@@ -1,5 +1,6 @@
 //! The guarantor actor: owns [`scheduler_core::guarantor::Guarantor`] (central GUARANTEED
-//! placement, Mercury §4.2) with the [`BestFit`] placer, signs its grants with the cluster key
+//! placement, Mercury §4.2) with the [`QueueableAware`] placer (fed each node's QUEUEABLE load
+//! from its heartbeats, so GUARANTEED containers avoid preempting it), signs its grants with the cluster key
 //! ring, sends them to the requesting worker's session, and tells the coordinator actor each
 //! node's policing limit (§4.3) whenever GUARANTEED bookings change.
 
@@ -9,7 +10,8 @@ use crate::session::{SessionId, WorkerTx};
 use crate::store::Store;
 use actix::prelude::*;
 use scheduler_core::guarantor::{
-    BestFit, GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorError,
+    GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorError, QueueableAware,
+    QueueableLoad,
 };
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::{ErrorCode, GrantedContainer};
@@ -60,7 +62,7 @@ impl GuarantorActor {
         let reserved_seq = store.guarantor_reserved_seq()?;
         let core = Guarantor::new(
             GuarantorConfig { token_ttl_ms },
-            Box::new(BestFit),
+            Box::new(QueueableAware::default()),
             reserved_seq,
         );
         info!(
@@ -304,6 +306,21 @@ impl Handler<ContainerEvents> for GuarantorActor {
         if freed {
             self.schedule();
         }
+    }
+}
+
+/// A node's QUEUEABLE load from its latest heartbeat (placement input).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReportQueueableLoad {
+    pub node_id: NodeId,
+    pub load: QueueableLoad,
+}
+
+impl Handler<ReportQueueableLoad> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReportQueueableLoad, _: &mut Context<Self>) {
+        self.core.report_queueable_load(&msg.node_id, msg.load);
     }
 }
 

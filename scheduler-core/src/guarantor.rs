@@ -3,10 +3,14 @@
 //! sufficient resources, tracking allocations and releases per node, and delays asks until
 //! resources become available. It never over-commits a node with GUARANTEED work.
 //!
-//! Which node an ask goes to is a [`GuaranteedPlacer`]; [`BestFit`] is the default here, and the
-//! 3Sigma/Morpheus placement plugs in behind the same trait.
+//! Which node an ask goes to is a [`GuaranteedPlacer`]. [`QueueableAware`] is the default: among
+//! the nodes where the ask fits by GUARANTEED books it prefers those where it preempts the least
+//! QUEUEABLE work (as last reported by the node's heartbeat, [`Guarantor::report_queueable_load`]),
+//! then best fit. [`BestFit`] alone ignores QUEUEABLE work. The 3Sigma/Morpheus placement plugs
+//! in behind the same trait.
 
 use crate::ids::ContainerIdMinter;
+use crate::node::{ContainerStatus, Placement};
 use crate::protocol::app::Locality;
 use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
@@ -21,11 +25,53 @@ pub struct GuarantorNode {
     pub capacity: Resources,
     /// Sum of GUARANTEED grants on the node (granted-but-unstarted included).
     pub guaranteed: Resources,
+    /// QUEUEABLE work on the node as of its last heartbeat (not part of any booking).
+    pub queueable: QueueableLoad,
 }
 
 impl GuarantorNode {
     pub fn free(&self) -> Resources {
         self.capacity.saturating_sub(&self.guaranteed)
+    }
+
+    /// What one more GUARANTEED container of `resources` would take from running QUEUEABLE work
+    /// here (Mercury §3.4: the node kills QUEUEABLE containers to make room), by the last report.
+    /// Only the QUEUEABLE work that fits beside the GUARANTEED bookings counts: what bookings made
+    /// since the report already displace is not counted twice.
+    pub fn queueable_preempted_by(&self, resources: &Resources) -> Resources {
+        let surviving = self.queueable.running.min(&self.free());
+        self.guaranteed
+            .saturating_add(&surviving)
+            .saturating_add(resources)
+            .saturating_sub(&self.capacity)
+            .min(&surviving)
+    }
+}
+
+/// A node's QUEUEABLE work, reported with its heartbeats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueableLoad {
+    /// Resources held by running QUEUEABLE containers.
+    pub running: Resources,
+    /// QUEUEABLE containers waiting in the node's queue.
+    pub queued_count: u32,
+}
+
+impl QueueableLoad {
+    /// From the container list of a heartbeat.
+    pub fn from_statuses(containers: &[ContainerStatus]) -> QueueableLoad {
+        let mut load = QueueableLoad::default();
+        for c in containers
+            .iter()
+            .filter(|c| c.container_type == ContainerType::Queueable)
+        {
+            match c.placement {
+                Placement::Running => load.running = load.running.saturating_add(&c.resources),
+                Placement::Queued => load.queued_count += 1,
+                Placement::WaitingGuaranteed => {}
+            }
+        }
+        load
     }
 }
 
@@ -49,6 +95,20 @@ pub trait GuaranteedPlacer: Send {
     fn name(&self) -> &'static str;
     /// Index into `nodes` of the chosen node; every candidate passed has room for the ask.
     fn choose(&mut self, ask: &GuaranteedAsk, candidates: &[&GuarantorNode]) -> Option<usize>;
+
+    /// What placing one container of `ask` on `node` costs besides GUARANTEED capacity (e.g.
+    /// QUEUEABLE work it preempts); 0 = nothing. Heartbeat-driven allocation
+    /// ([`Guarantor::schedule_on_node`]) passes a node over while another node could take the
+    /// ask at a lower cost, for at most [`GuaranteedPlacer::node_update_patience_ms`].
+    fn placement_cost(&self, _ask: &GuaranteedAsk, _node: &GuarantorNode) -> f64 {
+        0.0
+    }
+
+    /// How long an ask may be passed over in heartbeat-driven allocation waiting for a cheaper
+    /// node, counted from the first time it was passed over; 0 = never wait.
+    fn node_update_patience_ms(&self) -> u64 {
+        0
+    }
 }
 
 /// Best fit: the node left with the least free dominant share after placement. Packs GUARANTEED
@@ -71,6 +131,80 @@ impl GuaranteedPlacer for BestFit {
             })
             .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
             .map(|(_, i)| i)
+    }
+}
+
+/// Prefers the nodes where a GUARANTEED container preempts the least running QUEUEABLE work,
+/// then those with the fewest QUEUEABLE containers queued (whose wait a GUARANTEED container
+/// would lengthen), then best fit. Mercury §3.4 resolves GUARANTEED–QUEUEABLE conflicts by
+/// killing QUEUEABLE containers; a central scheduler that knows the nodes' QUEUEABLE load (from
+/// the heartbeats it already receives) avoids most of those conflicts instead. It never
+/// over-commits a node with GUARANTEED work: candidates are only nodes where the ask fits by
+/// GUARANTEED books.
+///
+/// In heartbeat-driven allocation (YARN's node update, Mercury §7.1), a node whose update would
+/// preempt QUEUEABLE work is passed over while another node could take the ask with less
+/// preemption, for at most `patience_ms` (one heartbeat interval lets every node be offered).
+#[derive(Clone, Copy, Debug)]
+pub struct QueueableAware {
+    pub patience_ms: u64,
+}
+
+impl QueueableAware {
+    /// The patience of one 3-s heartbeat interval (Mercury §7.1).
+    pub const DEFAULT_PATIENCE_MS: u64 = 3_000;
+}
+
+impl Default for QueueableAware {
+    fn default() -> Self {
+        QueueableAware {
+            patience_ms: Self::DEFAULT_PATIENCE_MS,
+        }
+    }
+}
+
+impl GuaranteedPlacer for QueueableAware {
+    fn name(&self) -> &'static str {
+        "queueable-aware"
+    }
+
+    fn choose(&mut self, ask: &GuaranteedAsk, candidates: &[&GuarantorNode]) -> Option<usize> {
+        candidates
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let left = n.free().saturating_sub(&ask.resources);
+                (
+                    self.placement_cost(ask, n),
+                    n.queueable.queued_count,
+                    left.dominant_share(&n.capacity),
+                    i,
+                )
+            })
+            .min_by(|a, b| {
+                a.0.total_cmp(&b.0)
+                    .then(a.1.cmp(&b.1))
+                    .then(a.2.total_cmp(&b.2))
+                    .then(a.3.cmp(&b.3))
+            })
+            .map(|(.., i)| i)
+    }
+
+    /// The dominant share of the node's capacity that would be taken from running QUEUEABLE
+    /// containers.
+    fn placement_cost(&self, ask: &GuaranteedAsk, node: &GuarantorNode) -> f64 {
+        let preempted = node
+            .queueable_preempted_by(&ask.resources)
+            .dominant_share(&node.capacity);
+        if node.queueable.queued_count > 0 {
+            let delayed = ask.resources.dominant_share(&node.capacity) - preempted;
+            return preempted + 0.5 * delayed.max(0.0);
+        }
+        preempted
+    }
+
+    fn node_update_patience_ms(&self) -> u64 {
+        self.patience_ms
     }
 }
 
@@ -136,13 +270,22 @@ impl Default for GuarantorConfig {
     }
 }
 
+/// A waiting ask.
+#[derive(Clone, Debug)]
+struct PendingAsk {
+    ask: GuaranteedAsk,
+    /// When heartbeat-driven allocation first passed it over for a cheaper node (reset when a
+    /// container of it is placed).
+    passed_over_since_ms: Option<u64>,
+}
+
 /// The guarantor's state: nodes, GUARANTEED grants and the pending asks.
 pub struct Guarantor {
     config: GuarantorConfig,
     placer: Box<dyn GuaranteedPlacer>,
     nodes: BTreeMap<NodeId, GuarantorNode>,
     grants: HashMap<ContainerId, Grant>,
-    pending: VecDeque<GuaranteedAsk>,
+    pending: VecDeque<PendingAsk>,
     minter: ContainerIdMinter,
 }
 
@@ -187,7 +330,7 @@ impl Guarantor {
     }
 
     pub fn pending_containers(&self) -> u64 {
-        self.pending.iter().map(|a| a.count as u64).sum()
+        self.pending.iter().map(|p| p.ask.count as u64).sum()
     }
 
     pub fn node(&self, id: &NodeId) -> Option<&GuarantorNode> {
@@ -213,8 +356,21 @@ impl Guarantor {
                 rack,
                 capacity,
                 guaranteed,
+                queueable: QueueableLoad::default(),
             },
         );
+    }
+
+    /// The node's QUEUEABLE work as its latest heartbeat reported it (placement input only;
+    /// bookings do not depend on it). Returns false for an unknown node.
+    pub fn report_queueable_load(&mut self, node_id: &NodeId, load: QueueableLoad) -> bool {
+        match self.nodes.get_mut(node_id) {
+            Some(n) => {
+                n.queueable = load;
+                true
+            }
+            None => false,
+        }
     }
 
     /// A node is gone: its grants are dropped. Returns (container, app) of each.
@@ -252,16 +408,19 @@ impl Guarantor {
                 largest,
             });
         }
-        self.pending.push_back(ask);
+        self.pending.push_back(PendingAsk {
+            ask,
+            passed_over_since_ms: None,
+        });
         Ok(())
     }
 
     /// Drop the pending containers of an ask (the application went away).
     pub fn cancel(&mut self, ask_key: u64) -> u32 {
         let mut n = 0;
-        self.pending.retain(|a| {
-            if a.ask_key == ask_key {
-                n += a.count;
+        self.pending.retain(|p| {
+            if p.ask.ask_key == ask_key {
+                n += p.ask.count;
                 false
             } else {
                 true
@@ -309,20 +468,21 @@ impl Guarantor {
     pub fn schedule(&mut self, now_ms: u64) -> Vec<GuaranteedPlacement> {
         let mut out = Vec::new();
         let mut still_pending = VecDeque::with_capacity(self.pending.len());
-        while let Some(mut ask) = self.pending.pop_front() {
+        while let Some(mut pending) = self.pending.pop_front() {
+            let ask = &mut pending.ask;
             while ask.count > 0 {
                 let chosen = {
-                    let cands = Self::candidates(&self.nodes, &ask);
+                    let cands = Self::candidates(&self.nodes, ask);
                     self.placer
-                        .choose(&ask, &cands)
+                        .choose(ask, &cands)
                         .map(|i| cands[i].node_id.clone())
                 };
                 let Some(node_id) = chosen else { break };
                 ask.count -= 1;
-                out.push(self.grant(now_ms, &ask, node_id, ask.count));
+                out.push(self.grant(now_ms, ask, node_id, ask.count));
             }
             if ask.count > 0 {
-                still_pending.push_back(ask);
+                still_pending.push_back(pending);
             }
         }
         self.pending = still_pending;
@@ -333,43 +493,116 @@ impl Guarantor {
     /// heartbeat-driven allocation of a YARN-like central scheduler (Mercury §7.1 baseline, and
     /// YARN's `nodeUpdate`), where a node's free capacity is considered only when that node
     /// heartbeats. An ask that does not fit does not block later ones; the scan stops as soon as
-    /// the node has no capacity left. The placer is not consulted: the node is
-    /// given. Locality is honoured as in [`Guarantor::schedule`]: an ask with a non-relaxed
-    /// preference for other nodes or racks is skipped.
+    /// the node has no capacity left. The node is given; the placer only decides, through
+    /// [`GuaranteedPlacer::placement_cost`], whether an ask should rather wait (at most
+    /// [`GuaranteedPlacer::node_update_patience_ms`]) for a node where it costs less. Locality is
+    /// honoured as in [`Guarantor::schedule`]: an ask with a non-relaxed preference for other
+    /// nodes or racks is skipped.
     pub fn schedule_on_node(&mut self, now_ms: u64, node_id: &NodeId) -> Vec<GuaranteedPlacement> {
         let mut out = Vec::new();
         let Some(node) = self.nodes.get(node_id) else {
             return out;
         };
         let (rack, capacity) = (node.rack.clone(), node.capacity);
-        let mut free = node.free();
+        let patience_ms = self.placer.node_update_patience_ms();
+        // Least cost of one container of each ask shape on the other nodes with room, computed
+        // once per shape and call.
+        let mut cheapest_elsewhere: Vec<(Resources, f64)> = Vec::new();
         let mut index = 0;
         while index < self.pending.len() {
-            if free.is_zero() {
+            let node = &self.nodes[node_id];
+            if node.free().is_zero() {
                 break;
             }
-            let ask = &self.pending[index];
+            let ask = &self.pending[index].ask;
             if !ask.resources.fits_in(&capacity)
-                || !ask.resources.fits_in(&free)
+                || !ask.resources.fits_in(&node.free())
                 || !Self::locality_allows(ask, node_id, &rack)
             {
                 index += 1;
                 continue;
             }
-            let mut ask = self.pending[index].clone();
-            while ask.count > 0 && ask.resources.fits_in(&free) {
+            if patience_ms > 0
+                && !self.accept_on_node_update(
+                    now_ms,
+                    index,
+                    node_id,
+                    patience_ms,
+                    &mut cheapest_elsewhere,
+                )
+            {
+                index += 1;
+                continue;
+            }
+            let mut ask = self.pending[index].ask.clone();
+            while ask.count > 0 && ask.resources.fits_in(&self.nodes[node_id].free()) {
                 ask.count -= 1;
-                free = free.saturating_sub(&ask.resources);
                 out.push(self.grant(now_ms, &ask, node_id.clone(), ask.count));
+                if patience_ms > 0
+                    && ask.count > 0
+                    && !self.accept_on_node_update(
+                        now_ms,
+                        index,
+                        node_id,
+                        patience_ms,
+                        &mut cheapest_elsewhere,
+                    )
+                {
+                    break;
+                }
             }
             if ask.count == 0 {
                 self.pending.remove(index);
             } else {
-                self.pending[index].count = ask.count;
+                self.pending[index].ask.count = ask.count;
                 index += 1;
             }
         }
         out
+    }
+
+    /// Whether the pending ask at `index` may take one container's worth of `node_id` now: it
+    /// costs nothing there, or no other node could take it for less, or it has been passed over
+    /// for `patience_ms` already. Records when it was first passed over.
+    fn accept_on_node_update(
+        &mut self,
+        now_ms: u64,
+        index: usize,
+        node_id: &NodeId,
+        patience_ms: u64,
+        cheapest_elsewhere: &mut Vec<(Resources, f64)>,
+    ) -> bool {
+        let pending = &self.pending[index];
+        let ask = &pending.ask;
+        let here = self.placer.placement_cost(ask, &self.nodes[node_id]);
+        let waited_out = pending
+            .passed_over_since_ms
+            .is_some_and(|since| now_ms.saturating_sub(since) >= patience_ms);
+        let accept = here <= 0.0 || waited_out || {
+            let elsewhere = match cheapest_elsewhere.iter().find(|(r, _)| *r == ask.resources) {
+                Some(&(_, cost)) => cost,
+                None => {
+                    let cost = self
+                        .nodes
+                        .values()
+                        .filter(|n| &n.node_id != node_id && ask.resources.fits_in(&n.free()))
+                        .filter(|n| Self::locality_allows(ask, &n.node_id, &n.rack))
+                        .map(|n| self.placer.placement_cost(ask, n))
+                        .fold(f64::INFINITY, f64::min);
+                    cheapest_elsewhere.push((ask.resources, cost));
+                    cost
+                }
+            };
+            here <= elsewhere
+        };
+        let pending = &mut self.pending[index];
+        if !accept {
+            pending.passed_over_since_ms.get_or_insert(now_ms);
+        } else if !waited_out {
+            // Placed where it is cheapest: it is no longer waiting for a better node.
+            pending.passed_over_since_ms = None;
+        }
+        accept
     }
 
     /// Whether a node-update allocation on `node_id` respects the ask's locality.

@@ -7,7 +7,7 @@
 pub mod cli;
 mod svg;
 
-use crate::sim::{self, SimConfig, SimReport, Stragglers};
+use crate::sim::{self, GuaranteedPlacerKind, SimConfig, SimReport, Stragglers};
 use crate::workload::{Arrivals, Generator};
 use scheduler_core::coordinator::SheddingPolicy;
 use scheduler_core::hybrid_gq::HybridGq;
@@ -181,6 +181,34 @@ fn plan(options: &ExperimentOptions) -> Vec<Planned> {
                 generator: generator.clone(),
             });
         }
+    }
+    // Ablations: this design's two placement changes switched off, one at a time.
+    let mut c = base("only-Q");
+    c.view_candidates_per_k = 1;
+    out.push(Planned {
+        group: "ablation",
+        name: "only-Q k=50, view = top-k only (no own-placement accounting)".into(),
+        config: c,
+        generator: micro.clone(),
+    });
+    for (name, generator) in [
+        (
+            "synthetic hybrid <10sec-70%-Q, best-fit GUARANTEED placer",
+            Generator::SyntheticHybrid,
+        ),
+        (
+            "production-like <10sec-70%-Q, best-fit GUARANTEED placer",
+            Generator::ProductionLike,
+        ),
+    ] {
+        let mut c = tuned(base("<10sec-70%-Q"));
+        c.guaranteed_placer = GuaranteedPlacerKind::BestFit;
+        out.push(Planned {
+            group: "ablation",
+            name: name.into(),
+            config: c,
+            generator,
+        });
     }
     out
 }

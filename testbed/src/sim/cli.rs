@@ -48,6 +48,9 @@ pub struct SimArgs {
     /// GUARANTEED allocation: heartbeat (YARN-like) or event.
     #[arg(long, default_value = "heartbeat")]
     pub guaranteed_allocation: String,
+    /// GUARANTEED placer: queueable-aware (least QUEUEABLE work preempted) or best-fit.
+    #[arg(long, default_value = "queueable-aware")]
+    pub guaranteed_placer: super::GuaranteedPlacerKind,
     /// Disable the QUEUEABLE limit (capacity − GUARANTEED booked) sent to nodes.
     #[arg(long)]
     pub no_policing: bool,
@@ -115,6 +118,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             anyhow::bail!("unknown --guaranteed-allocation {other:?}: expected heartbeat or event")
         }
     };
+    config.guaranteed_placer = args.guaranteed_placer;
     config.policing = !args.no_policing;
     config.estimate = if args.estimate_sigma > 0.0 {
         EstimateModel::Noisy {

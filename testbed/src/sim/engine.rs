@@ -1,17 +1,20 @@
 //! The simulation state and its event handlers. See the module documentation of [`crate::sim`].
 
 use super::events::EventQueue;
-use super::{EstimateModel, GuaranteedAllocation, LatencySummary, SimConfig, SimReport};
+use super::{
+    EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind, LatencySummary, SimConfig, SimReport,
+};
 use crate::workload::{JobSpec, JobStream};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
 use scheduler_core::distributed::{
     ClusterView, DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry, NodeLoad,
-    QueueableAsk, view_size,
+    QueueableAsk,
 };
 use scheduler_core::guarantor::{
-    BestFit, GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig,
+    BestFit, GuaranteedAsk, GuaranteedPlacement, GuaranteedPlacer, Guarantor, GuarantorConfig,
+    QueueableAware, QueueableLoad,
 };
 use scheduler_core::node::{ContainerSpec, NodeEvent, NodeRuntime, NodeRuntimeConfig};
 use scheduler_core::queue_delay::QueueDelay;
@@ -124,7 +127,7 @@ struct SimNode {
     slowdown: f64,
     /// GUARANTEED containers finished since the last heartbeat (reported with it).
     finished_guaranteed: Vec<ContainerId>,
-    report: Option<(QueueDelay, Vec<ContainerId>)>,
+    report: Option<(QueueDelay, Vec<ContainerId>, QueueableLoad)>,
     ack: Option<Ack>,
     /// The top-k round this node's last acknowledgement carried.
     view_round: u64,
@@ -238,7 +241,7 @@ impl Simulation {
         let mut coordinator = CoordinatorState::new(
             CoordinatorConfig {
                 // More candidates than k: schedulers choose among the k of least estimated R.
-                top_k: view_size(config.top_k),
+                top_k: config.top_k.saturating_mul(config.view_candidates_per_k),
                 shedding: config.shedding,
                 min_shedding_threshold_ms: config.min_shedding_threshold_ms,
                 node_timeout: Duration::from_secs(u64::MAX / 4_000_000),
@@ -249,7 +252,12 @@ impl Simulation {
             GuarantorConfig {
                 token_ttl_ms: TOKEN_TTL_MS,
             },
-            Box::new(BestFit),
+            match config.guaranteed_placer {
+                GuaranteedPlacerKind::BestFit => Box::new(BestFit) as Box<dyn GuaranteedPlacer>,
+                GuaranteedPlacerKind::QueueableAware => Box::new(QueueableAware {
+                    patience_ms: config.heartbeat_interval_ms,
+                }),
+            },
             0,
         );
         let stragglers = config
@@ -1026,7 +1034,7 @@ impl Simulation {
         // would see what happened since, so replay it with the zero report it carried.
         let arrival = n.slept_at + Duration::from_millis(self.config.delays.heartbeat_ms);
         if self.now < arrival {
-            n.report = Some((QueueDelay::default(), Vec::new()));
+            n.report = Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
             self.queue.push(arrival, Ev::HeartbeatArrival { node });
         }
         let interval = self.config.heartbeat_interval_ms * 1000;
@@ -1071,7 +1079,11 @@ impl Simulation {
         let load = n.runtime.queue_delay(self.now);
         n.reported_zero = load.total_ms() == 0.0;
         let finished = std::mem::take(&mut n.finished_guaranteed);
-        n.report = Some((load, finished));
+        let queueable = QueueableLoad {
+            running: n.runtime.queueable_allocated(),
+            queued_count: n.runtime.queued_count() as u32,
+        };
+        n.report = Some((load, finished, queueable));
         let at = self.after_ms(self.config.delays.heartbeat_ms);
         self.queue.push(at, Ev::HeartbeatArrival { node });
         let next = self.after_ms(interval);
@@ -1081,7 +1093,7 @@ impl Simulation {
     }
 
     fn heartbeat_arrival(&mut self, node: u32) {
-        let Some((load, finished)) = self.nodes[node as usize].report.take() else {
+        let Some((load, finished, queueable)) = self.nodes[node as usize].report.take() else {
             return;
         };
         let id = self.nodes[node as usize].id.clone();
@@ -1091,6 +1103,7 @@ impl Simulation {
         for cid in finished {
             self.guarantor.on_finished(cid);
         }
+        self.guarantor.report_queueable_load(&id, queueable);
         if self.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat {
             let placements = self.guarantor.schedule_on_node(self.now.as_millis(), &id);
             self.deliver_grants(placements);

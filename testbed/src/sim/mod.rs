@@ -46,6 +46,36 @@ pub enum GuaranteedAllocation {
     EventDriven,
 }
 
+fn default_view_candidates_per_k() -> usize {
+    scheduler_core::distributed::VIEW_CANDIDATES_PER_K
+}
+
+/// Which [`scheduler_core::guarantor::GuaranteedPlacer`] the central scheduler uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GuaranteedPlacerKind {
+    /// Best fit by GUARANTEED books only.
+    BestFit,
+    /// Least QUEUEABLE work preempted, then best fit; in heartbeat-driven allocation a node is
+    /// passed over for up to one heartbeat interval while another could take the ask with less
+    /// preemption.
+    #[default]
+    QueueableAware,
+}
+
+impl std::str::FromStr for GuaranteedPlacerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "best-fit" => Ok(GuaranteedPlacerKind::BestFit),
+            "queueable-aware" => Ok(GuaranteedPlacerKind::QueueableAware),
+            _ => Err(format!(
+                "unknown GUARANTEED placer {s:?}: expected best-fit or queueable-aware"
+            )),
+        }
+    }
+}
+
 /// The job manager's runtime estimate for a task (used by hybrid-GQ and by the nodes' R).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -105,12 +135,20 @@ pub struct SimConfig {
     pub policy: HybridGq,
     pub policy_label: String,
     pub top_k: usize,
+    /// Nodes per k in the coordinator's view (`scheduler_core::distributed::VIEW_CANDIDATES_PER_K`);
+    /// 1 = the view is just the top k, so a scheduler's own placements cannot move its choice
+    /// to other nodes (Mercury's plain top-k).
+    #[serde(default = "default_view_candidates_per_k")]
+    pub view_candidates_per_k: usize,
     pub shedding: SheddingPolicy,
     pub min_shedding_threshold_ms: f64,
     pub reorder_by_job_submit_time: bool,
     /// Node heartbeat interval; also the coordinator's top-k/threshold round.
     pub heartbeat_interval_ms: u64,
     pub guaranteed_allocation: GuaranteedAllocation,
+    /// Placement of GUARANTEED containers.
+    #[serde(default)]
+    pub guaranteed_placer: GuaranteedPlacerKind,
     /// Tell nodes the QUEUEABLE limit "capacity − GUARANTEED booked" in heartbeat acks (§4.3).
     pub policing: bool,
     pub delays: MessageDelays,
@@ -151,11 +189,13 @@ impl SimConfig {
             policy_label: policy.label(),
             policy,
             top_k: 50,
+            view_candidates_per_k: default_view_candidates_per_k(),
             shedding: SheddingPolicy::Off,
             min_shedding_threshold_ms: 100.0,
             reorder_by_job_submit_time: false,
             heartbeat_interval_ms: 3_000,
             guaranteed_allocation: GuaranteedAllocation::OnHeartbeat,
+            guaranteed_placer: GuaranteedPlacerKind::default(),
             policing: true,
             delays: MessageDelays::default(),
             estimate: EstimateModel::Exact,
@@ -181,7 +221,11 @@ impl SimConfig {
         if self.max_concurrent_jobs == 0 || self.job_manager_hosts == 0 {
             return Err("max_concurrent_jobs and job_manager_hosts must be positive".into());
         }
-        if self.node_capacity.is_zero() || self.rack_size == 0 || self.top_k == 0 {
+        if self.node_capacity.is_zero()
+            || self.rack_size == 0
+            || self.top_k == 0
+            || self.view_candidates_per_k == 0
+        {
             return Err("node capacity, rack size and top-k must be positive".into());
         }
         if let Some(s) = self.stragglers
