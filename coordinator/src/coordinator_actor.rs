@@ -352,8 +352,16 @@ impl CoordinatorActor {
             .find_map(|(node, cs)| cs.iter().find(|c| c.id == id).map(|c| (node, c)))
     }
 
-    fn promote(&mut self, tx: WorkerTx, m: PromoteContainer) {
-        let Some((host, status)) = self.host_of(m.container_id) else {
+    /// A promotion asked through `requester`'s worker. The container is located by the
+    /// requester's own report when it hosts the container (fresher than any heartbeat), else
+    /// by the nodes' last heartbeats.
+    fn promote(&mut self, requester: &NodeId, tx: WorkerTx, m: PromoteContainer) {
+        let reported_here = m
+            .local_status
+            .as_ref()
+            .filter(|s| s.id == m.container_id)
+            .map(|s| (requester, s));
+        let Some((host, status)) = reported_here.or_else(|| self.host_of(m.container_id)) else {
             return Self::fail(
                 &tx,
                 m.correlation_id,
@@ -746,7 +754,7 @@ impl Handler<FromWorker> for CoordinatorActor {
             WorkerToCoordinator::AllocateGuaranteed(a) => {
                 self.allocate_guaranteed(m.session_id, tx, a)
             }
-            WorkerToCoordinator::Promote(p) => self.promote(tx, p),
+            WorkerToCoordinator::Promote(p) => self.promote(&node_id, tx, p),
             WorkerToCoordinator::Release(r) => self.release(tx, r),
             WorkerToCoordinator::PromotionApplied(p) => self.promotion_applied(&node_id, p),
             WorkerToCoordinator::CancelAllocate(c) => self.guarantor().do_send(CancelAsk {

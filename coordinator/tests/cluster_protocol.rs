@@ -378,6 +378,7 @@ async fn promotion_is_booked_applied_by_the_host_and_answered_to_the_requester()
             correlation_id: 31,
             app_id: "demo".into(),
             container_id: q,
+            local_status: None,
         }))
         .await;
     let apply = match host
@@ -422,6 +423,7 @@ async fn promotion_is_booked_applied_by_the_host_and_answered_to_the_requester()
             correlation_id: 32,
             app_id: "demo".into(),
             container_id: big,
+            local_status: None,
         }))
         .await;
     match requester.expect("request_failed", is_failure(32)).await {
@@ -466,6 +468,74 @@ async fn promotion_is_booked_applied_by_the_host_and_answered_to_the_requester()
     host.expect_ack().await;
     let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
     assert_eq!(stats.booked[&NodeId::from("node-a")], Resources::ZERO);
+}
+
+#[actix_rt::test]
+async fn the_hosting_worker_can_promote_a_container_no_heartbeat_has_reported_yet() {
+    let h = Harness::start().await;
+    let (mut host, accepted) = h.join("node-a", 2000, 2048).await;
+    let (mut other, _) = h.join("node-b", 2000, 2048).await;
+    let fresh = ContainerId::new(accepted.issuer, 1);
+    let status = running(fresh, ContainerType::Queueable, 500, 512);
+
+    // Another worker's claim that it hosts the container does not count for node-a's container
+    // (its report names a different id), and without a heartbeat nobody knows it yet.
+    let mut elsewhere = status.clone();
+    elsewhere.id = ContainerId::new(accepted.issuer, 2);
+    other
+        .send(&WorkerToCoordinator::Promote(PromoteContainer {
+            correlation_id: 40,
+            app_id: "demo".into(),
+            container_id: fresh,
+            local_status: Some(elsewhere),
+        }))
+        .await;
+    match other.expect("request_failed", is_failure(40)).await {
+        CoordinatorToWorker::RequestFailed(f) => {
+            assert_eq!(f.code, ErrorCode::UnknownContainer, "{f:?}")
+        }
+        _ => unreachable!(),
+    }
+
+    // The hosting worker reports it with the request: booked and applied at once.
+    host.send(&WorkerToCoordinator::Promote(PromoteContainer {
+        correlation_id: 41,
+        app_id: "demo".into(),
+        container_id: fresh,
+        local_status: Some(status),
+    }))
+    .await;
+    let apply = match host
+        .expect("apply_promotion", |m| {
+            matches!(m, CoordinatorToWorker::ApplyPromotion(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::ApplyPromotion(p) => p,
+        _ => unreachable!(),
+    };
+    assert_eq!(apply.token.body.container_id, fresh);
+    assert_eq!(apply.token.body.node_id.as_str(), "node-a");
+    assert_eq!(apply.token.body.container_type, ContainerType::Guaranteed);
+    host.send(&WorkerToCoordinator::PromotionApplied(PromotionApplied {
+        correlation_id: apply.correlation_id,
+        error: None,
+    }))
+    .await;
+    match host
+        .expect("promote_result", |m| {
+            matches!(m, CoordinatorToWorker::PromoteResult(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::PromoteResult(r) => assert_eq!(r.correlation_id, 41),
+        _ => unreachable!(),
+    }
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(500, 512)
+    );
 }
 
 #[actix_rt::test]

@@ -5,7 +5,7 @@
 //! is disconnected where the protocol says so); nothing it sends affects other connections or
 //! running containers.
 
-use crate::node_actor::{NodeActor, StartMsg, StopLocal, error};
+use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};
 use crate::scheduler_actor::{
     AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, SchedulerActor,
 };
@@ -323,10 +323,20 @@ impl Session<'_> {
                 });
             }
             AppRequest::Promote(req) => {
+                // Our own view of the container, if it is here: the coordinator learns of a
+                // start only from the next heartbeat.
+                let local_status = self
+                    .ep
+                    .node
+                    .send(StatusOf(req.container_id))
+                    .await
+                    .ok()
+                    .flatten();
                 self.ep.scheduler.do_send(PromoteMsg {
                     app,
                     req,
                     reply: self.tx.clone(),
+                    local_status,
                 });
             }
             AppRequest::StartContainer(req) => {

@@ -435,6 +435,19 @@ impl Handler<Statuses> for NodeActor {
     }
 }
 
+/// One container's status, if it is on this node.
+#[derive(Message)]
+#[rtype(result = "Option<scheduler_core::node::ContainerStatus>")]
+pub struct StatusOf(pub scheduler_core::ContainerId);
+
+impl Handler<StatusOf> for NodeActor {
+    type Result = Option<scheduler_core::node::ContainerStatus>;
+    fn handle(&mut self, msg: StatusOf, _: &mut Context<Self>) -> Self::Result {
+        // Linear in the node's containers; promotions are rare.
+        self.node.statuses().into_iter().find(|c| c.id == msg.0)
+    }
+}
+
 /// The worker joined (or re-joined): adopt keys and the heartbeat period.
 #[derive(Message)]
 #[rtype(result = "()")]

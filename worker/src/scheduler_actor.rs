@@ -12,6 +12,7 @@ use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
 use scheduler_core::distributed::{
     ClusterView, DistributedScheduler, PlacementError, QueueableAsk,
 };
+use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::{
     Ack, Allocate, Allocated, AppResponse, ContainerEvent, ContainerEventKind, ErrorCode,
     GrantedContainer, Promote, Promoted, Release,
@@ -319,18 +320,26 @@ pub struct PromoteMsg {
     pub app: AppId,
     pub req: Promote,
     pub reply: ConnTx,
+    /// The container's status on this node, if it is here (see [`PromoteContainer::local_status`]).
+    pub local_status: Option<ContainerStatus>,
 }
 
 impl Handler<PromoteMsg> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: PromoteMsg, _: &mut Context<Self>) {
-        let PromoteMsg { app, req, reply } = msg;
+        let PromoteMsg {
+            app,
+            req,
+            reply,
+            local_status,
+        } = msg;
         let app_id = app.0.clone();
         self.forward(app, req.request_id, reply, move |correlation_id| {
             WorkerToCoordinator::Promote(PromoteContainer {
                 correlation_id,
                 app_id,
                 container_id: req.container_id,
+                local_status,
             })
         });
     }

@@ -6,9 +6,7 @@
 mod common;
 
 use common::*;
-use scheduler_core::protocol::app::{
-    AcceptedState, ContainerEvent, ContainerEventKind, ErrorCode, Promoted,
-};
+use scheduler_core::protocol::app::{AcceptedState, ContainerEvent, ContainerEventKind, ErrorCode};
 use scheduler_core::token::ContainerToken;
 use scheduler_core::{ContainerId, ContainerType, KillReason, Resources};
 
@@ -158,31 +156,6 @@ async fn guaranteed_preempts_the_most_recently_started_queueable_container() {
     c.stop().await;
 }
 
-/// Promote `id`, asking again (once per heartbeat period) while the coordinator has not yet
-/// seen the container in a heartbeat: it learns where containers run only from heartbeats.
-async fn promote_when_reported(app: &mut AppClient, id: ContainerId) -> Promoted {
-    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
-    let mut heartbeat = tokio::time::interval(HEARTBEAT);
-    loop {
-        match app.promote(id).await {
-            Ok(p) => return p,
-            Err(e) if e.code == ErrorCode::UnknownContainer => {
-                assert!(
-                    e.message
-                        .contains("is not reported by any node (not started yet, or gone)"),
-                    "{e:?}"
-                );
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the coordinator never learnt of {id}"
-                );
-                heartbeat.tick().await;
-            }
-            Err(e) => panic!("promotion of {id} refused: {e:?}"),
-        }
-    }
-}
-
 #[actix_rt::test]
 async fn promoting_a_running_queueable_container_makes_it_guaranteed() {
     let c = Cluster::start(&["demo"], &[node("node-a", 1000, 1024)]).await;
@@ -200,7 +173,12 @@ async fn promoting_a_running_queueable_container_makes_it_guaranteed() {
     let token = app.grant(ask(ContainerType::Queueable, 600, 600)).await;
     let promoted_id = start_running(&mut app, &token, sh("exec sleep 30")).await;
 
-    let promoted = promote_when_reported(&mut app, promoted_id).await;
+    // At once, before any heartbeat could have reported the container to the coordinator: the
+    // hosting worker tells it what it runs.
+    let promoted = app
+        .promote(promoted_id)
+        .await
+        .unwrap_or_else(|e| panic!("promotion right after start refused: {e:?}"));
     assert_eq!(promoted.container_id, promoted_id);
     let (old, new) = (&token.body, &promoted.token.body);
     assert_eq!(new.container_type, ContainerType::Guaranteed);

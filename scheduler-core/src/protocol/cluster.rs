@@ -80,6 +80,12 @@ pub struct PromoteContainer {
     pub correlation_id: u64,
     pub app_id: String,
     pub container_id: ContainerId,
+    /// The container as the requesting worker sees it *now*, when that worker hosts it. The
+    /// coordinator otherwise knows containers only from heartbeats, so without this a container
+    /// started since its node's last heartbeat could not be promoted yet. `None` (or absent, from
+    /// an older worker) when the container is on another node.
+    #[serde(default)]
+    pub local_status: Option<ContainerStatus>,
 }
 
 /// An application released a container that is not on the forwarding worker.
