@@ -5,7 +5,7 @@
 use scheduler_core::Resources;
 use scheduler_core::coordinator::SheddingPolicy;
 use scheduler_core::hybrid_gq::HybridGq;
-use testbed::sim::{self, GuaranteedAllocation, SimConfig, SimReport};
+use testbed::sim::{self, EstimateModel, GuaranteedAllocation, SimConfig, SimReport};
 use testbed::workload::{Arrivals, Generator};
 
 fn small(seed: u64, policy: HybridGq) -> SimConfig {
@@ -152,4 +152,47 @@ fn eliding_idle_heartbeats_gives_the_same_outcome_on_a_light_load() {
             "{elided:?}"
         );
     }
+}
+
+#[test]
+fn predicted_estimates_learn_recurring_jobs_and_steer_the_hybrid_policy() {
+    // <10sec-Q with every short task QUEUEABLE: the container type follows the estimate alone.
+    let policy = HybridGq::new(Some(10_000), 1.0).unwrap();
+    let mut config = small(5, policy);
+    config.duration_ms = Some(1_800_000);
+    config.estimate = EstimateModel::Predicted;
+    let predicted = run(config.clone(), Generator::SyntheticHybrid);
+    let accuracy = predicted.estimates.clone().expect("accuracy is reported");
+    // Jobs admitted before any job finished have no history to go on; the rest are estimated
+    // from the two recurring programs' own histories.
+    assert!(accuracy.jobs > 30, "{accuracy:?}");
+    assert!(
+        accuracy.estimated + config.max_concurrent_jobs as u64 >= accuracy.jobs,
+        "{accuracy:?}"
+    );
+    assert!(
+        accuracy.estimated > 0 && accuracy.within_2x > 0.8,
+        "{accuracy:?}"
+    );
+    // Unestimated jobs are treated as long (GUARANTEED); estimated 2 s jobs go QUEUEABLE.
+    assert!(predicted.guaranteed_containers > 0 && predicted.queueable_containers > 0);
+    let again = run(config.clone(), Generator::SyntheticHybrid);
+    assert_eq!(
+        serde_json::to_string(&without_wall_time(predicted.clone())).unwrap(),
+        serde_json::to_string(&without_wall_time(again)).unwrap()
+    );
+
+    config.estimate = EstimateModel::Exact;
+    let exact = run(config, Generator::SyntheticHybrid);
+    assert!(
+        exact.estimates.is_none(),
+        "only predicted runs report accuracy"
+    );
+    // Knowing every estimate from the start, fewer containers are GUARANTEED.
+    assert!(
+        exact.guaranteed_containers < predicted.guaranteed_containers,
+        "exact {} vs predicted {}",
+        exact.guaranteed_containers,
+        predicted.guaranteed_containers
+    );
 }

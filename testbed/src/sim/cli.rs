@@ -57,6 +57,11 @@ pub struct SimArgs {
     /// Runtime estimate noise σ of a log-normal factor (0 = exact).
     #[arg(long, default_value_t = 0.0)]
     pub estimate_sigma: f64,
+    /// Job managers estimate task runtimes with 3σPredict (`inference`) from the jobs finished
+    /// so far, over the job's features (trace attributes such as user and job name, or the
+    /// generator's recurring template), instead of knowing them.
+    #[arg(long, conflicts_with = "estimate_sigma")]
+    pub predict_estimates: bool,
     #[arg(long, default_value_t = 150)]
     pub max_concurrent_jobs: usize,
     #[arg(long)]
@@ -120,7 +125,15 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     };
     config.guaranteed_placer = args.guaranteed_placer;
     config.policing = !args.no_policing;
-    config.estimate = if args.estimate_sigma > 0.0 {
+    if !args.estimate_sigma.is_finite() || args.estimate_sigma < 0.0 {
+        anyhow::bail!(
+            "--estimate-sigma must be a finite number ≥ 0, got {}",
+            args.estimate_sigma
+        );
+    }
+    config.estimate = if args.predict_estimates {
+        EstimateModel::Predicted
+    } else if args.estimate_sigma > 0.0 {
         EstimateModel::Noisy {
             sigma: args.estimate_sigma,
         }

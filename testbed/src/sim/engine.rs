@@ -2,9 +2,11 @@
 
 use super::events::EventQueue;
 use super::{
-    EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind, LatencySummary, SimConfig, SimReport,
+    EstimateAccuracy, EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind, LatencySummary,
+    SimConfig, SimReport,
 };
 use crate::workload::{JobSpec, JobStream};
+use inference::predictor::{JobFeatures, PredictorConfig, RuntimePredictor};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
@@ -151,7 +153,8 @@ struct HostedScheduler {
 
 struct TaskState {
     runtime_ms: u64,
-    estimate_ms: u64,
+    /// The job manager's estimate (`None`: it has none, see [`EstimateModel::Predicted`]).
+    estimate_ms: Option<u64>,
     resources: Resources,
 }
 
@@ -166,6 +169,8 @@ struct JobState {
     remaining: usize,
     queueable_tasks: Vec<u32>,
     pending_guaranteed: VecDeque<u32>,
+    /// Its predictor features ([`EstimateModel::Predicted`] only), learnt from when it ends.
+    features: Option<JobFeatures>,
 }
 
 /// A simulation in progress. Build with [`Simulation::new`], drive with [`Simulation::run`] (or
@@ -203,6 +208,11 @@ pub struct Simulation {
     place_rng: StdRng,
     coordinator_rng: StdRng,
     estimate_rng: StdRng,
+    /// 3σPredict for [`EstimateModel::Predicted`], learning from the jobs finished so far.
+    predictor: Option<RuntimePredictor>,
+    estimate_accuracy: EstimateAccuracy,
+    /// Estimated jobs whose estimate was within 2× of their mean task runtime.
+    estimates_within_2x: u64,
     stats: Stats,
     events: u64,
     wall: Duration,
@@ -344,6 +354,10 @@ impl Simulation {
             place_rng: seeded(config.seed, 2),
             coordinator_rng,
             estimate_rng: seeded(config.seed, 4),
+            predictor: (config.estimate == EstimateModel::Predicted)
+                .then(|| RuntimePredictor::new(PredictorConfig::default())),
+            estimate_accuracy: EstimateAccuracy::default(),
+            estimates_within_2x: 0,
             stats: Stats::default(),
             events: 0,
             wall: Duration::ZERO,
@@ -508,17 +522,45 @@ impl Simulation {
         }
     }
 
-    fn estimate(&mut self, runtime_ms: u64) -> u64 {
+    /// A task's estimate under the exact or noisy model; `job_estimate_ms` is the job's
+    /// predicted estimate under [`EstimateModel::Predicted`].
+    fn estimate(&mut self, runtime_ms: u64, job_estimate_ms: Option<u64>) -> Option<u64> {
         match self.config.estimate {
-            EstimateModel::Exact => runtime_ms,
+            EstimateModel::Exact => Some(runtime_ms),
             EstimateModel::Noisy { sigma } => {
                 // Box–Muller standard normal.
                 let u1: f64 = self.estimate_rng.random_range(f64::EPSILON..1.0);
                 let u2: f64 = self.estimate_rng.random_range(0.0..1.0);
                 let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-                ((runtime_ms as f64) * (sigma * z).exp()).round().max(1.0) as u64
+                Some(((runtime_ms as f64) * (sigma * z).exp()).round().max(1.0) as u64)
+            }
+            EstimateModel::Predicted => job_estimate_ms,
+        }
+    }
+
+    /// The job's features for the predictor (its own, then one every job shares so that any
+    /// history at all gives an estimate) and the median of its predicted runtime distribution.
+    fn predict_job(&mut self, spec: &JobSpec) -> Option<(JobFeatures, Option<u64>)> {
+        let predictor = self.predictor.as_ref()?;
+        let mut features = JobFeatures::new();
+        for (name, value) in &spec.features {
+            features.push(name.as_str(), value.as_str());
+        }
+        features.push("cluster", "all");
+        let estimate = predictor
+            .predict(&features)
+            .map(|p| p.distribution.median().round().max(1.0) as u64);
+        let mean_ms = spec.tasks.iter().map(|t| t.runtime_ms).sum::<u64>() as f64
+            / spec.tasks.len().max(1) as f64;
+        self.estimate_accuracy.jobs += 1;
+        if let Some(e) = estimate {
+            self.estimate_accuracy.estimated += 1;
+            let e = e as f64;
+            if e >= mean_ms / 2.0 && e <= mean_ms * 2.0 {
+                self.estimates_within_2x += 1;
             }
         }
+        Some((features, estimate))
     }
 
     fn admit(&mut self, spec: JobSpec) {
@@ -527,7 +569,12 @@ impl Simulation {
         self.ensure_scheduler(host);
         self.stats.admitted += 1;
         self.stats.admission_wait_s += self.now.saturating_since(spec.arrival).as_secs_f64();
+        let (features, job_estimate_ms) = match self.predict_job(&spec) {
+            Some((features, estimate)) => (Some(features), estimate),
+            None => (None, None),
+        };
         let mut state = JobState {
+            features,
             id: JobId::new(format!("j{job}")),
             class: spec.class,
             arrival: spec.arrival,
@@ -540,12 +587,8 @@ impl Simulation {
             pending_guaranteed: VecDeque::new(),
         };
         for (i, t) in spec.tasks.into_iter().enumerate() {
-            let estimate_ms = self.estimate(t.runtime_ms);
-            match self
-                .config
-                .policy
-                .choose(Some(estimate_ms), &mut self.app_rng)
-            {
+            let estimate_ms = self.estimate(t.runtime_ms, job_estimate_ms);
+            match self.config.policy.choose(estimate_ms, &mut self.app_rng) {
                 ContainerType::Queueable => state.queueable_tasks.push(i as u32),
                 ContainerType::Guaranteed => state.pending_guaranteed.push_back(i as u32),
             }
@@ -613,7 +656,7 @@ impl Simulation {
             count: 1,
             priority: 0,
             locality: None,
-            runtime_estimate_ms: Some(t.estimate_ms),
+            runtime_estimate_ms: t.estimate_ms,
             job_id: state.id.clone(),
             job_submit_time_ms: state.submit_ms,
         };
@@ -669,25 +712,29 @@ impl Simulation {
         };
         // One ask per container shape, as a YARN AM asks for N containers of a capability; its
         // runtime estimate (for the nodes' R) is the mean of the tasks it will run.
-        let mut shapes: BTreeMap<(u64, u64), (u32, u64)> = BTreeMap::new();
+        // (count, tasks with an estimate, sum of their estimates) per shape.
+        let mut shapes: BTreeMap<(u64, u64), (u32, u64, u64)> = BTreeMap::new();
         for &t in &state.pending_guaranteed {
             let task = &state.tasks[t as usize];
             let e = shapes
                 .entry((task.resources.cpu_millis, task.resources.memory_mib))
                 .or_default();
             e.0 += 1;
-            e.1 += task.estimate_ms;
+            if let Some(estimate) = task.estimate_ms {
+                e.1 += 1;
+                e.2 += estimate;
+            }
         }
         let asks: Vec<GuaranteedAsk> = shapes
             .into_iter()
-            .map(|((cpu, mem), (count, sum))| GuaranteedAsk {
+            .map(|((cpu, mem), (count, estimated, sum))| GuaranteedAsk {
                 ask_key: u64::from(job),
                 app_id: self.app.clone(),
                 resources: Resources::new(cpu, mem),
                 count,
                 priority: 0,
                 locality: None,
-                runtime_estimate_ms: Some(sum / u64::from(count.max(1))),
+                runtime_estimate_ms: (estimated > 0).then(|| sum / estimated),
                 job_id: state.id.clone(),
                 job_submit_time_ms: state.submit_ms,
             })
@@ -804,6 +851,12 @@ impl Simulation {
         };
         self.running_jobs -= 1;
         self.stats.jobs_completed += 1;
+        if let (Some(predictor), Some(features)) = (self.predictor.as_mut(), &state.features) {
+            // What the job manager saw its tasks take on an ordinary node.
+            let mean_ms = state.tasks.iter().map(|t| t.runtime_ms).sum::<u64>() as f64
+                / state.tasks.len().max(1) as f64;
+            predictor.observe(features, mean_ms);
+        }
         if self.now.as_millis() >= self.config.warmup_ms {
             self.stats.jobs_in_window += 1;
             let latency = self.now.saturating_since(state.admitted).as_secs_f64();
@@ -1194,6 +1247,11 @@ impl Simulation {
             guaranteed_containers: self.stats.guaranteed,
             queueable_containers: self.stats.queueable,
             cpu_utilization: self.stats.cpu_ms_in_window / 1000.0 / (capacity_cpu * measured_s),
+            estimates: self.predictor.as_ref().map(|_| EstimateAccuracy {
+                within_2x: self.estimates_within_2x as f64
+                    / self.estimate_accuracy.estimated.max(1) as f64,
+                ..self.estimate_accuracy.clone()
+            }),
             events: self.events,
             wall_s,
             events_per_s: if wall_s > 0.0 {

@@ -85,6 +85,12 @@ pub enum EstimateModel {
     Noisy {
         sigma: f64,
     },
+    /// 3σPredict (`inference::predictor`, 3Sigma §4.1) over the job's features
+    /// ([`crate::workload::JobSpec::features`]) plus one feature shared by every job: at
+    /// admission the job manager estimates each task at the median of the predicted runtime
+    /// distribution; when a job finishes the predictor learns its mean task runtime. A job no
+    /// history covers yet (the first ones) has no estimate: hybrid-GQ treats it as long.
+    Predicted,
 }
 
 /// Nodes whose tasks run `slowdown` times longer than estimated (Mercury §7.2.3's "straggler
@@ -296,9 +302,23 @@ pub struct SimReport {
     pub queueable_containers: u64,
     /// CPU-time of tasks completed in the window over the cluster's CPU capacity.
     pub cpu_utilization: f64,
+    /// How good the job managers' estimates were ([`EstimateModel::Predicted`] only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimates: Option<EstimateAccuracy>,
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
+}
+
+/// Accuracy of predicted runtime estimates over the admitted jobs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EstimateAccuracy {
+    pub jobs: u64,
+    /// Jobs that had an estimate (some history covered them).
+    pub estimated: u64,
+    /// Fraction of estimated jobs whose estimate is within a factor of two of their mean task
+    /// runtime.
+    pub within_2x: f64,
 }
 
 /// Run one simulation.

@@ -201,13 +201,23 @@ fn class_of(runtimes_ms: &[u64]) -> String {
     crate::workload::production_class(mean).to_string()
 }
 
-fn job(arrival: Time, tasks: Vec<TaskSpec>) -> JobSpec {
+fn job(arrival: Time, tasks: Vec<TaskSpec>, features: Vec<(String, String)>) -> JobSpec {
     let runtimes: Vec<u64> = tasks.iter().map(|t| t.runtime_ms).collect();
     JobSpec {
         arrival,
         class: class_of(&runtimes),
+        features,
         tasks,
     }
+}
+
+/// (name, value) pairs, skipping unknown values (empty, or SWF's -1).
+fn known_features(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .filter(|(_, v)| !v.is_empty() && *v != "-1")
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
 }
 
 fn task(runtime_s: f64, resources: Resources) -> TaskSpec {
@@ -250,7 +260,7 @@ pub fn parse_hawk_eagle(file: &str, reader: Box<dyn BufRead>) -> Result<Vec<JobS
             }
             tasks.push(task(d, DEFAULT_TASK_RESOURCES));
         }
-        jobs.push(job(secs_to_time(arrival), tasks));
+        jobs.push(job(secs_to_time(arrival), tasks, Vec::new()));
     }
     Ok(jobs)
 }
@@ -284,7 +294,21 @@ pub fn parse_swf(file: &str, reader: Box<dyn BufRead>) -> Result<Vec<JobSpec>, T
         let tasks = (0..procs)
             .map(|_| task(run, DEFAULT_TASK_RESOURCES))
             .collect();
-        jobs.push(job(secs_to_time(submit), tasks));
+        // What the submitter told the batch system (fields 8, 9, 12–15): the predictor's features.
+        let (user, executable) = (f[11], f[13]);
+        let mut features = known_features(&[
+            ("user", user),
+            ("group", f[12]),
+            ("executable", executable),
+            ("queue", f[14]),
+            ("partition", f[15]),
+            ("requested_time", f[8]),
+        ]);
+        if user != "-1" && executable != "-1" {
+            features.push(("user+executable".into(), format!("{user}/{executable}")));
+        }
+        features.push(("processors".into(), procs.to_string()));
+        jobs.push(job(secs_to_time(submit), tasks, features));
     }
     Ok(jobs)
 }
@@ -294,7 +318,9 @@ pub fn parse_swf(file: &str, reader: Box<dyn BufRead>) -> Result<Vec<JobSpec>, T
 /// span, which includes the instances' queueing, is the best duration there is). CPU 100 = one
 /// core; memory is normalised to the largest machine, mapped onto 128 GiB.
 pub fn parse_alibaba(file: &str, reader: Box<dyn BufRead>) -> Result<Vec<JobSpec>, TraceError> {
-    let mut by_job: BTreeMap<u64, (f64, Vec<TaskSpec>)> = BTreeMap::new();
+    // job → (first create time, tasks, features: the first task row's request and the row count)
+    type AlibabaJob = (f64, Vec<TaskSpec>, Vec<(String, String)>, u64);
+    let mut by_job: BTreeMap<u64, AlibabaJob> = BTreeMap::new();
     for l in lines(file, reader) {
         let (n, text) = l?;
         let t = text.trim();
@@ -337,15 +363,26 @@ pub fn parse_alibaba(file: &str, reader: Box<dyn BufRead>) -> Result<Vec<JobSpec
                     .max(1.0) as u64
             },
         );
-        let entry = by_job.entry(job_id).or_insert((create, Vec::new()));
+        let entry = by_job.entry(job_id).or_insert_with(|| {
+            let shape = if cpu.is_empty() && mem.is_empty() {
+                Vec::new()
+            } else {
+                known_features(&[("cpu+memory", &format!("{cpu}/{mem}"))])
+            };
+            (create, Vec::new(), shape, 0)
+        });
         entry.0 = entry.0.min(create);
+        entry.3 += 1;
         entry
             .1
             .extend((0..instances).map(|_| task(end - create, resources)));
     }
     Ok(by_job
         .into_values()
-        .map(|(arrival, tasks)| job(secs_to_time(arrival), tasks))
+        .map(|(arrival, tasks, mut features, rows)| {
+            features.push(("task_rows".into(), rows.to_string()));
+            job(secs_to_time(arrival), tasks, features)
+        })
         .collect())
 }
 
@@ -391,7 +428,11 @@ pub fn parse_swim(file: &str, reader: Box<dyn BufRead>) -> Result<Vec<JobSpec>, 
         let submit: f64 = field(file, n, &f, 1, "submit time")?;
         let input: u64 = field(file, n, &f, 3, "map input bytes")?;
         let shuffle: u64 = field(file, n, &f, 4, "shuffle bytes")?;
-        jobs.push(job(secs_to_time(submit), swim_tasks(input, shuffle)));
+        jobs.push(job(
+            secs_to_time(submit),
+            swim_tasks(input, shuffle),
+            Vec::new(),
+        ));
     }
     Ok(jobs)
 }
@@ -453,11 +494,13 @@ impl GoogleTasks {
         Ok(())
     }
 
-    fn into_jobs(self, submits: &HashMap<u64, u64>) -> Vec<JobSpec> {
+    fn into_jobs(self, submits: &HashMap<u64, GoogleJob>) -> Vec<JobSpec> {
         self.jobs
             .into_iter()
             .map(|(id, (first_submit, durations))| {
-                let arrival = submits.get(&id).copied().unwrap_or(first_submit);
+                let known = submits.get(&id);
+                let arrival = known.map_or(first_submit, |j| j.submit_us);
+                let features = known.map_or_else(Vec::new, |j| j.features.clone());
                 let tasks = durations
                     .into_iter()
                     .map(|us| TaskSpec {
@@ -465,17 +508,26 @@ impl GoogleTasks {
                         resources: DEFAULT_TASK_RESOURCES,
                     })
                     .collect();
-                job(Time::from_micros(arrival), tasks)
+                job(Time::from_micros(arrival), tasks, features)
             })
             .collect()
     }
 }
 
-/// Google 2011 `job_events`: SUBMIT (type 0) time per job id (the first one).
+/// What `job_events` says of a job at submission.
+#[derive(Clone, Debug, Default)]
+struct GoogleJob {
+    submit_us: u64,
+    /// user, scheduling class, job name, logical job name (obfuscated strings in the trace).
+    features: Vec<(String, String)>,
+}
+
+/// Google 2011 `job_events`: SUBMIT (type 0) time per job id (the first one), with the job's user,
+/// scheduling class, job name and logical job name (fields 4–7) as predictor features.
 fn parse_google_job_events(
     file: &str,
     reader: Box<dyn BufRead>,
-    submits: &mut HashMap<u64, u64>,
+    submits: &mut HashMap<u64, GoogleJob>,
 ) -> Result<(), TraceError> {
     for l in lines(file, reader) {
         let (n, text) = l?;
@@ -494,7 +546,22 @@ fn parse_google_job_events(
         let job: u64 = field(file, n, &f, 2, "job id")?;
         let kind: u8 = field(file, n, &f, 3, "event type")?;
         if kind == 0 && t < GOOGLE_END_OF_TIME {
-            submits.entry(job).or_insert(t);
+            submits.entry(job).or_insert_with(|| {
+                let (user, logical) = (f[4].trim(), f[7].trim());
+                let mut features = known_features(&[
+                    ("user", user),
+                    ("scheduling_class", f[5].trim()),
+                    ("job_name", f[6].trim()),
+                    ("logical_name", logical),
+                ]);
+                if !user.is_empty() && !logical.is_empty() {
+                    features.push(("user+logical_name".into(), format!("{user}/{logical}")));
+                }
+                GoogleJob {
+                    submit_us: t,
+                    features,
+                }
+            });
         }
     }
     Ok(())
@@ -547,6 +614,23 @@ mod tests {
             2,
             "requested processors when allocated is unknown"
         );
+        let pairs = |j: &JobSpec| {
+            j.features
+                .iter()
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pairs(&jobs[0]),
+            [
+                "user=1",
+                "group=1",
+                "queue=1",
+                "requested_time=100",
+                "processors=4"
+            ],
+            "unknown (-1) executable and partition are not features"
+        );
         let e = parse_swf("x.swf", reader("1 2 3\n")).unwrap_err();
         assert_eq!(e.to_string(), "x.swf:1: expected 18 fields, found 3");
     }
@@ -557,6 +641,13 @@ mod tests {
         let jobs = parse_alibaba("b.csv", reader(text)).unwrap();
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs[0].arrival, Time::from_secs(90));
+        assert_eq!(
+            jobs[0].features,
+            [
+                ("cpu+memory".to_string(), "50/0.0078125".to_string()),
+                ("task_rows".to_string(), "2".to_string())
+            ]
+        );
         assert_eq!(jobs[0].tasks.len(), 3);
         assert_eq!(jobs[0].tasks[0].resources, Resources::new(500, 1024));
         assert_eq!(jobs[0].tasks[2].resources, DEFAULT_TASK_RESOURCES);
@@ -611,6 +702,21 @@ mod tests {
         let mut d: Vec<u64> = jobs[0].tasks.iter().map(|t| t.runtime_ms).collect();
         d.sort();
         assert_eq!(d, vec![3000, 10_000]);
+        let features: Vec<String> = jobs[0]
+            .features
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        assert_eq!(
+            features,
+            [
+                "user=u",
+                "scheduling_class=0",
+                "job_name=n",
+                "logical_name=l",
+                "user+logical_name=u/l"
+            ]
+        );
         let e = GoogleTasks::default()
             .parse("t.csv", reader("1,,1,0,m,9,u,0,0,,,,\n"))
             .unwrap_err();

@@ -22,12 +22,22 @@ pub struct TaskSpec {
     pub resources: Resources,
 }
 
-/// One job: its arrival, a class label for per-class latency figures, and its tasks.
+/// One job: its arrival, a class label for per-class latency figures, what its job manager
+/// knows of it at submission, and its tasks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub arrival: Time,
     pub class: String,
+    /// Attributes known at submission (user, job name, recurring template, …) as (feature,
+    /// value) pairs: the runtime predictor's features (3Sigma §4.1). Never derived from the
+    /// job's runtimes.
+    #[serde(default)]
+    pub features: Vec<(String, String)>,
     pub tasks: Vec<TaskSpec>,
+}
+
+fn name_feature(name: impl Into<String>) -> Vec<(String, String)> {
+    vec![("name".to_string(), name.into())]
 }
 
 /// A stream of jobs in non-decreasing arrival order.
@@ -92,11 +102,13 @@ impl Generator {
             Generator::Microbenchmark => JobSpec {
                 arrival,
                 class: "1.2s".into(),
+                features: name_feature("microbenchmark"),
                 tasks: tasks_of(200, &mut || rng.random_range(600..=1800)),
             },
             Generator::FixedDuration { task_ms } => JobSpec {
                 arrival,
                 class: format!("{}s", task_ms / 1000),
+                features: name_feature(self.name()),
                 tasks: tasks_of(200, &mut || *task_ms),
             },
             Generator::SyntheticHybrid => {
@@ -105,18 +117,26 @@ impl Generator {
                 } else {
                     ("50s", 50_000)
                 };
+                // Two different programs (Mercury §7.4.1): the job manager knows which it runs.
                 JobSpec {
                     arrival,
                     class: class.into(),
+                    features: name_feature(format!("synthetic-{class}")),
                     tasks: tasks_of(200, &mut || ms),
                 }
             }
             Generator::ProductionLike => {
-                let nominal_ms = sample_piecewise_log_cdf(PRODUCTION_TASK_DURATION_CDF, rng);
+                let (quantile, nominal_ms) =
+                    sample_piecewise_log_cdf(PRODUCTION_TASK_DURATION_CDF, rng);
                 let tasks = (10f64 * 40f64.powf(rng.random_range(0.0..1.0))).round() as usize;
+                // Production clusters run mostly recurring jobs (3Sigma §2, Morpheus §3): the
+                // mix is made of 100 recurring templates, one per percentile band of the task
+                // duration CDF, and a job manager knows its job's template.
+                let template = ((quantile * 100.0) as u32).min(99);
                 JobSpec {
                     arrival,
                     class: production_class(nominal_ms).into(),
+                    features: vec![("template".into(), format!("t{template:02}"))],
                     tasks: tasks_of(tasks, &mut || {
                         (nominal_ms as f64 * rng.random_range(0.8..1.2)).round() as u64
                     }),
@@ -155,18 +175,18 @@ pub fn production_class(nominal_ms: u64) -> &'static str {
     }
 }
 
-/// Inverse-transform sample (ms) from a piecewise log-linear CDF.
-fn sample_piecewise_log_cdf(cdf: &[(f64, f64)], rng: &mut StdRng) -> u64 {
+/// Inverse-transform sample from a piecewise log-linear CDF: (the uniform quantile drawn, ms).
+fn sample_piecewise_log_cdf(cdf: &[(f64, f64)], rng: &mut StdRng) -> (f64, u64) {
     let u: f64 = rng.random_range(0.0..1.0);
     for w in cdf.windows(2) {
         let ((x0, p0), (x1, p1)) = (w[0], w[1]);
         if u <= p1 {
             let f = if p1 > p0 { (u - p0) / (p1 - p0) } else { 0.0 };
             let secs = (x0.ln() + f * (x1.ln() - x0.ln())).exp();
-            return (secs * 1000.0).round() as u64;
+            return (u, (secs * 1000.0).round() as u64);
         }
     }
-    (cdf.last().map_or(1.0, |p| p.0) * 1000.0) as u64
+    (u, (cdf.last().map_or(1.0, |p| p.0) * 1000.0) as u64)
 }
 
 struct GeneratedJobs {
