@@ -73,6 +73,10 @@ pub struct PredictorConfig {
     /// X of the "average of X recent runtimes" estimator (≤ `recent_window`; the paper does not
     /// give X).
     pub recent_mean_count: usize,
+    /// How many scored estimates an expert's own NMAE must have to weigh as much as the NMAE
+    /// of its feature as a whole (see [`RuntimePredictor::choose`]): an expert with `s` scores
+    /// is ranked by `(s·NMAE_expert + m·NMAE_feature) / (s + m)`.
+    pub prior_weight: f64,
 }
 
 impl Default for PredictorConfig {
@@ -82,6 +86,7 @@ impl Default for PredictorConfig {
             rolling_alpha: 0.6,
             recent_window: 20,
             recent_mean_count: 5,
+            prior_weight: 3.0,
         }
     }
 }
@@ -174,6 +179,18 @@ impl ErrorStat {
     }
 }
 
+/// `(s·own + m·feature) / (s + m)`: an expert's NMAE shrunk towards its feature's NMAE.
+fn shrunk_nmae(own: &ErrorStat, feature: Option<f64>, prior_weight: f64) -> Option<f64> {
+    let scored = own.scored as f64;
+    match (own.nmae(), feature) {
+        (Some(own), Some(feature)) if prior_weight > 0.0 => {
+            Some((scored * own + prior_weight * feature) / (scored + prior_weight))
+        }
+        (Some(own), _) => Some(own),
+        (None, feature) => feature,
+    }
+}
+
 /// Constant-size state of one feature value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeatureHistory {
@@ -249,15 +266,28 @@ impl FeatureHistory {
         })
     }
 
-    /// Scores every estimator against `runtime`, then learns it.
+    /// Current estimate of every estimator, in [`Estimator::ALL`] order.
+    fn estimates(&self, config: &PredictorConfig) -> [Option<f64>; 4] {
+        Estimator::ALL.map(|estimator| self.estimate(estimator, config))
+    }
+
+    /// Scores every estimator's current estimate against `runtime`, then learns it.
+    #[cfg(test)]
     fn observe(&mut self, runtime: f64, config: &PredictorConfig) {
-        if self.count > 0 {
-            for estimator in Estimator::ALL {
-                if let Some(estimate) = self.estimate(estimator, config) {
-                    self.errors[estimator.index()].record(estimate, runtime);
-                }
+        let estimates = self.estimates(config);
+        self.score(&estimates, runtime);
+        self.learn(runtime, config);
+    }
+
+    fn score(&mut self, estimates: &[Option<f64>; 4], runtime: f64) {
+        for (error, estimate) in self.errors.iter_mut().zip(estimates) {
+            if let Some(estimate) = estimate {
+                error.record(*estimate, runtime);
             }
         }
+    }
+
+    fn learn(&mut self, runtime: f64, config: &PredictorConfig) {
         self.count += 1;
         self.mean += (runtime - self.mean) / self.count as f64;
         self.rolling = if self.count == 1 {
@@ -313,6 +343,13 @@ pub struct ExpertCandidate {
     pub estimator: Estimator,
     pub estimate: f64,
     pub nmae: Option<f64>,
+    /// Estimates of this expert scored so far.
+    pub scored: u64,
+    /// NMAE of the same estimator over every value of this feature (`None` before any score).
+    pub feature_nmae: Option<f64>,
+    /// The rank used by [`RuntimePredictor::choose`]: the expert's NMAE shrunk towards its
+    /// feature's NMAE (`None` when neither has been scored).
+    pub score: Option<f64>,
     pub observations: u64,
 }
 
@@ -321,6 +358,9 @@ pub struct ExpertCandidate {
 pub struct RuntimePredictor {
     config: PredictorConfig,
     histories: HashMap<u64, FeatureHistory>,
+    /// Streaming NMAE per (feature name, estimator) over all values of the feature: the prior
+    /// for experts with a short track record. One entry per feature *name* (a handful).
+    feature_errors: HashMap<String, [ErrorStat; 4]>,
 }
 
 impl RuntimePredictor {
@@ -328,6 +368,7 @@ impl RuntimePredictor {
         Self {
             config,
             histories: HashMap::new(),
+            feature_errors: HashMap::new(),
         }
     }
 
@@ -368,13 +409,20 @@ impl RuntimePredictor {
             let Some(history) = self.histories.get(&feature_key(feature)) else {
                 continue;
             };
+            let feature_errors = self.feature_errors.get(&feature.name);
             for estimator in Estimator::ALL {
                 if let Some(estimate) = history.estimate(estimator, &self.config) {
+                    let own = history.error(estimator);
+                    let feature_nmae =
+                        feature_errors.and_then(|errors| errors[estimator.index()].nmae());
                     candidates.push(ExpertCandidate {
                         feature_index,
                         estimator,
                         estimate,
-                        nmae: history.error(estimator).nmae(),
+                        nmae: own.nmae(),
+                        scored: own.scored,
+                        feature_nmae,
+                        score: shrunk_nmae(own, feature_nmae, self.config.prior_weight),
                         observations: history.count,
                     });
                 }
@@ -383,15 +431,25 @@ impl RuntimePredictor {
         candidates
     }
 
-    /// The expert 3σPredict would use: lowest NMAE among scored experts (ties keep the first);
-    /// if no expert has been scored yet, the Mean expert of the feature value with the most
-    /// observations.
-    pub fn choose(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
+    /// The expert 3σPredict would use (3Sigma §4.1): the lowest NMAE among the job's experts.
+    ///
+    /// The paper does not say how to rank an expert with little or no track record (a job
+    /// name seen once has an estimate but no scored error yet). Ranking raw NMAEs lets a broad
+    /// feature (submit hour: many scores, NMAE ≈ 0.9) beat a specific one that has not been
+    /// scored yet, and lets one lucky score win. So each expert is ranked by its NMAE shrunk
+    /// towards the NMAE of the same estimator over *all values of its feature*,
+    /// `(s·NMAE_expert + m·NMAE_feature) / (s + m)` with `s` its scores and `m` =
+    /// `prior_weight`: a new value of a feature that is usually predictive (job name) is
+    /// trusted like that feature, and its own record takes over as it grows. Ties go to the
+    /// earlier feature (callers list specific features first). Without any score anywhere,
+    /// the Mean expert of the feature value with the most observations.
+    pub fn choose(&self, candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
         Self::choose_among(candidates.iter().copied())
     }
 
     /// Same rule restricted to one estimator: the "single point estimator" baselines.
     pub fn choose_with_estimator(
+        &self,
         candidates: &[ExpertCandidate],
         estimator: Estimator,
     ) -> Option<ExpertCandidate> {
@@ -407,10 +465,10 @@ impl RuntimePredictor {
         let mut best_scored: Option<(f64, ExpertCandidate)> = None;
         let mut best_unscored: Option<ExpertCandidate> = None;
         for candidate in candidates {
-            match candidate.nmae {
-                Some(nmae) => {
-                    if best_scored.is_none_or(|(best, _)| nmae < best) {
-                        best_scored = Some((nmae, candidate));
+            match candidate.score {
+                Some(score) => {
+                    if best_scored.is_none_or(|(best, _)| score < best) {
+                        best_scored = Some((score, candidate));
                     }
                 }
                 None => {
@@ -435,7 +493,7 @@ impl RuntimePredictor {
     /// job has been seen).
     pub fn predict(&self, features: &JobFeatures) -> Option<RuntimePrediction> {
         let candidates = self.candidates(features);
-        let chosen = Self::choose(&candidates)?;
+        let chosen = self.choose(&candidates)?;
         self.prediction_from(features, &chosen)
     }
 
@@ -462,23 +520,90 @@ impl RuntimePredictor {
 
     /// Point estimate only (the PointRealEst baseline of 3Sigma §6), from the same experts.
     pub fn point_estimate(&self, features: &JobFeatures) -> Option<f64> {
-        Self::choose(&self.candidates(features)).map(|chosen| chosen.estimate)
+        self.choose(&self.candidates(features))
+            .map(|chosen| chosen.estimate)
     }
 
-    /// Learns a finished job's runtime: every feature value of the job first scores its
-    /// estimators against it, then absorbs it. Non-finite or negative runtimes are ignored.
+    /// The estimate every expert of `features` gives now: keep it from submission until the
+    /// job finishes and pass it to [`RuntimePredictor::observe_submitted`].
+    pub fn submitted_estimates(&self, features: &JobFeatures) -> SubmittedEstimates {
+        SubmittedEstimates {
+            estimates: features
+                .features
+                .iter()
+                .map(|feature| {
+                    self.histories
+                        .get(&feature_key(feature))
+                        .map_or([None; 4], |history| history.estimates(&self.config))
+                })
+                .collect(),
+        }
+    }
+
+    /// Learns a finished job's runtime, scoring every expert on the estimate it gives *now*
+    /// (use [`RuntimePredictor::observe_submitted`] when the submission-time estimates were
+    /// kept). Non-finite or negative runtimes are ignored.
     pub fn observe(&mut self, features: &JobFeatures, runtime: f64) {
+        self.observe_inner(features, runtime, None);
+    }
+
+    /// Learns a finished job's runtime, scoring every expert on the estimate it gave when the
+    /// job was submitted (3Sigma §4.1: experts are ranked by the NMAE "of past estimates").
+    ///
+    /// This matters for time-local experts: scored at finish time, a rolling average over
+    /// "user + submit hour" has just absorbed the job's finished siblings and looks accurate,
+    /// although at submission (when the prediction is used) it had not seen them. Experts
+    /// that had no estimate at submission are not scored.
+    pub fn observe_submitted(
+        &mut self,
+        features: &JobFeatures,
+        runtime: f64,
+        submitted: &SubmittedEstimates,
+    ) {
+        self.observe_inner(features, runtime, Some(submitted));
+    }
+
+    fn observe_inner(
+        &mut self,
+        features: &JobFeatures,
+        runtime: f64,
+        submitted: Option<&SubmittedEstimates>,
+    ) {
         if !runtime.is_finite() || runtime < 0.0 {
             return;
         }
-        for feature in &features.features {
-            let config = self.config;
-            self.histories
+        let config = self.config;
+        for (index, feature) in features.features.iter().enumerate() {
+            let history = self
+                .histories
                 .entry(feature_key(feature))
-                .or_insert_with(|| FeatureHistory::new(&config))
-                .observe(runtime, &config);
+                .or_insert_with(|| FeatureHistory::new(&config));
+            let estimates = match submitted {
+                Some(submitted) => submitted.estimates.get(index).copied().unwrap_or([None; 4]),
+                None => history.estimates(&config),
+            };
+            if estimates.iter().any(Option::is_some) {
+                let errors = match self.feature_errors.get_mut(&feature.name) {
+                    Some(errors) => errors,
+                    None => self.feature_errors.entry(feature.name.clone()).or_default(),
+                };
+                for (error, estimate) in errors.iter_mut().zip(&estimates) {
+                    if let Some(estimate) = estimate {
+                        error.record(*estimate, runtime);
+                    }
+                }
+                history.score(&estimates, runtime);
+            }
+            history.learn(runtime, &config);
         }
     }
+}
+
+/// The estimates every expert of one job gave at its submission, per feature in the job's
+/// feature order (a few dozen numbers held by the caller while the job runs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SubmittedEstimates {
+    estimates: Vec<[Option<f64>; 4]>,
 }
 
 #[cfg(test)]
@@ -558,6 +683,91 @@ mod tests {
     }
 
     #[test]
+    fn a_new_value_of_a_predictive_feature_is_trusted_like_its_feature() {
+        let mut predictor = RuntimePredictor::default();
+        let run = |name: &str, hour: &str| JobFeatures::new().with("name", name).with("hour", hour);
+        // Twenty recurring programs of very different lengths, all submitted in hour 7: the
+        // name predicts runtime, the hour does not.
+        for repeat in 0..2 {
+            for program in 0..20u32 {
+                let runtime = f64::from(10 * (program + 1)) + f64::from(repeat);
+                predictor.observe(&run(&format!("p{program}"), "7"), runtime);
+            }
+        }
+        // A new program has run once: its name expert has an estimate but no score yet.
+        predictor.observe(&run("fresh", "7"), 5000.0);
+        let prediction = predictor.predict(&run("fresh", "7")).unwrap();
+        assert_eq!(prediction.expert.feature, "name");
+        assert_eq!(prediction.expert.observations, 1);
+        assert!((prediction.point_estimate - 5000.0).abs() < 1e-9);
+        // With no prior weight an expert is ranked by its own record alone.
+        let mut raw = RuntimePredictor::new(PredictorConfig {
+            prior_weight: 0.0,
+            ..PredictorConfig::default()
+        });
+        for repeat in 0..2 {
+            for program in 0..20u32 {
+                let runtime = f64::from(10 * (program + 1)) + f64::from(repeat);
+                raw.observe(&run(&format!("p{program}"), "7"), runtime);
+            }
+        }
+        raw.observe(&run("fresh", "7"), 5000.0);
+        raw.observe(&run("fresh", "7"), 50.0);
+        let candidates = raw.candidates(&run("fresh", "7"));
+        let fresh = candidates
+            .iter()
+            .find(|c| c.feature_index == 0 && c.estimator == Estimator::Mean)
+            .unwrap();
+        assert_eq!(fresh.scored, 1);
+        assert_eq!(fresh.score, fresh.nmae);
+    }
+
+    #[test]
+    fn experts_are_scored_on_what_they_estimated_at_submission() {
+        let mut predictor = RuntimePredictor::default();
+        let hour = JobFeatures::new().with("hour", "3");
+        predictor.observe(&hour, 10.0);
+        // Four jobs are submitted together while the hour's history says 10; they all run
+        // 1000. Scored at finish, the later ones would look well predicted (the history has
+        // absorbed their siblings); scored at submission, every one was off by 990.
+        let at_submission = predictor.submitted_estimates(&hour);
+        for _ in 0..4 {
+            predictor.observe_submitted(&hour, 1000.0, &at_submission);
+        }
+        for candidate in predictor.candidates(&hour) {
+            assert_eq!(candidate.scored, 4);
+            let nmae = candidate.nmae.unwrap();
+            assert!((nmae - 0.99).abs() < 1e-12, "{candidate:?}");
+        }
+        // A feature value first seen after submission had no estimate then: learnt, not scored.
+        let named = JobFeatures::new().with("hour", "4").with("name", "late");
+        let before = predictor.submitted_estimates(&named);
+        predictor.observe(&JobFeatures::new().with("name", "late"), 20.0);
+        predictor.observe_submitted(&named, 30.0, &before);
+        let late = predictor
+            .candidates(&JobFeatures::new().with("name", "late"))
+            .into_iter()
+            .find(|c| c.estimator == Estimator::Mean)
+            .unwrap();
+        assert_eq!(late.observations, 2);
+        assert_eq!(late.scored, 0);
+
+        // The finish-time rule scores the same jobs against an estimate that has already
+        // moved towards them.
+        let mut finish_time = RuntimePredictor::default();
+        finish_time.observe(&hour, 10.0);
+        for _ in 0..4 {
+            finish_time.observe(&hour, 1000.0);
+        }
+        let mean = finish_time
+            .candidates(&hour)
+            .into_iter()
+            .find(|c| c.estimator == Estimator::Mean)
+            .unwrap();
+        assert!(mean.nmae.unwrap() < 0.6);
+    }
+
+    #[test]
     fn memory_per_feature_value_is_bounded() {
         let mut predictor = RuntimePredictor::default();
         let features = job("u", "n");
@@ -586,8 +796,9 @@ mod tests {
             predictor.observe(&job("u", "n"), runtime);
         }
         let candidates = predictor.candidates(&job("u", "n"));
-        let chosen =
-            RuntimePredictor::choose_with_estimator(&candidates, Estimator::Rolling).unwrap();
+        let chosen = predictor
+            .choose_with_estimator(&candidates, Estimator::Rolling)
+            .unwrap();
         assert_eq!(chosen.estimator, Estimator::Rolling);
         assert!((chosen.estimate - (0.6 * 200.0 + 0.4 * 10.0)).abs() < 1e-9);
     }

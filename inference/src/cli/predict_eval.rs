@@ -5,7 +5,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use inference::predictor::{Estimator, JobFeatures, PredictorConfig, RuntimePredictor};
+use inference::predictor::{
+    Estimator, JobFeatures, PredictorConfig, RuntimePredictor, SubmittedEstimates,
+};
 use inference::traces;
 use serde::Serialize;
 
@@ -264,15 +266,24 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
     let mut covered = 0u64;
     let mut histogram = [0u64; 21];
     let mut predict_time = 0.0;
+    let mut submitted: Vec<Option<SubmittedEstimates>> = vec![None; jobs.len()];
     for (_, is_submit, index) in timeline {
         let job = &jobs[index];
         if !is_submit {
-            predictor.observe(&job.features, job.runtime);
+            match submitted[index].take() {
+                Some(estimates) => {
+                    predictor.observe_submitted(&job.features, job.runtime, &estimates)
+                }
+                None => predictor.observe(&job.features, job.runtime),
+            }
             continue;
         }
+        // Experts are scored on what they estimated at submission (3Sigma §4.1).
+        submitted[index] = Some(predictor.submitted_estimates(&job.features));
         let clock = Instant::now();
         let candidates = predictor.candidates(&job.features);
-        let prediction = RuntimePredictor::choose(&candidates)
+        let prediction = predictor
+            .choose(&candidates)
             .and_then(|chosen| predictor.prediction_from(&job.features, &chosen));
         predict_time += clock.elapsed().as_secs_f64();
         let Some(prediction) = prediction else {
@@ -287,7 +298,7 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         }
         histogram[error_bucket((estimate - job.runtime) / job.runtime * 100.0)] += 1;
         for (slot, estimator) in singles.iter_mut().zip(Estimator::ALL) {
-            if let Some(chosen) = RuntimePredictor::choose_with_estimator(&candidates, estimator) {
+            if let Some(chosen) = predictor.choose_with_estimator(&candidates, estimator) {
                 slot.record(chosen.estimate, job.runtime);
             }
         }

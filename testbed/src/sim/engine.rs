@@ -6,7 +6,7 @@ use super::{
     SimConfig, SimReport,
 };
 use crate::workload::{JobSpec, JobStream};
-use inference::predictor::{JobFeatures, PredictorConfig, RuntimePredictor};
+use inference::predictor::{JobFeatures, PredictorConfig, RuntimePredictor, SubmittedEstimates};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
@@ -169,8 +169,10 @@ struct JobState {
     remaining: usize,
     queueable_tasks: Vec<u32>,
     pending_guaranteed: VecDeque<u32>,
-    /// Its predictor features ([`EstimateModel::Predicted`] only), learnt from when it ends.
-    features: Option<JobFeatures>,
+    /// Its predictor features and what every expert estimated at admission
+    /// ([`EstimateModel::Predicted`] only): the job is learnt from, and the experts scored,
+    /// when it ends.
+    features: Option<(JobFeatures, SubmittedEstimates)>,
 }
 
 /// A simulation in progress. Build with [`Simulation::new`], drive with [`Simulation::run`] (or
@@ -540,7 +542,10 @@ impl Simulation {
 
     /// The job's features for the predictor (its own, then one every job shares so that any
     /// history at all gives an estimate) and the median of its predicted runtime distribution.
-    fn predict_job(&mut self, spec: &JobSpec) -> Option<(JobFeatures, Option<u64>)> {
+    fn predict_job(
+        &mut self,
+        spec: &JobSpec,
+    ) -> Option<((JobFeatures, SubmittedEstimates), Option<u64>)> {
         let predictor = self.predictor.as_ref()?;
         let mut features = JobFeatures::new();
         for (name, value) in &spec.features {
@@ -560,7 +565,8 @@ impl Simulation {
                 self.estimates_within_2x += 1;
             }
         }
-        Some((features, estimate))
+        let submitted = predictor.submitted_estimates(&features);
+        Some(((features, submitted), estimate))
     }
 
     fn admit(&mut self, spec: JobSpec) {
@@ -851,11 +857,13 @@ impl Simulation {
         };
         self.running_jobs -= 1;
         self.stats.jobs_completed += 1;
-        if let (Some(predictor), Some(features)) = (self.predictor.as_mut(), &state.features) {
+        if let (Some(predictor), Some((features, submitted))) =
+            (self.predictor.as_mut(), &state.features)
+        {
             // What the job manager saw its tasks take on an ordinary node.
             let mean_ms = state.tasks.iter().map(|t| t.runtime_ms).sum::<u64>() as f64
                 / state.tasks.len().max(1) as f64;
-            predictor.observe(features, mean_ms);
+            predictor.observe_submitted(features, mean_ms, submitted);
         }
         if self.now.as_millis() >= self.config.warmup_ms {
             self.stats.jobs_in_window += 1;
