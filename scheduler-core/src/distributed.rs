@@ -152,6 +152,14 @@ pub struct DistributedScheduler {
     estimated_ms: Vec<f64>,
     /// View entries to avoid until the next view (the node shed QUEUEABLE work).
     avoided: Vec<bool>,
+    /// View positions ordered by (estimated R, position): the k least loaded candidates are the
+    /// first k that pass in this order. Kept sorted as placements raise estimates, so a choice
+    /// costs O(k) rather than a selection over the whole view.
+    order: Vec<usize>,
+    /// Where each view position is in `order`.
+    rank: Vec<usize>,
+    /// Scratch for the k view positions drawn from, empty between choices.
+    drawn: Vec<usize>,
     /// The distinct node capacities of the directory, for the "fits on some node" check.
     capacities: Vec<Resources>,
     quotas: QuotaTracker,
@@ -168,6 +176,9 @@ impl DistributedScheduler {
             top_k_index: Vec::new(),
             estimated_ms: Vec::new(),
             avoided: Vec::new(),
+            order: Vec::new(),
+            rank: Vec::new(),
+            drawn: Vec::new(),
             capacities: Vec::new(),
             quotas: QuotaTracker::new(),
         }
@@ -234,7 +245,39 @@ impl DistributedScheduler {
             .collect();
         self.estimated_ms = top_k.iter().map(|l| l.queue_delay_ms).collect();
         self.avoided = vec![false; top_k.len()];
+        let estimated = &self.estimated_ms;
+        self.order = (0..top_k.len()).collect();
+        self.order
+            .sort_unstable_by(|&a, &b| Self::load_order(estimated, a, b));
+        self.rank = vec![0; top_k.len()];
+        for (r, &pos) in self.order.iter().enumerate() {
+            self.rank[pos] = r;
+        }
         self.view.top_k = top_k;
+    }
+
+    /// The order of view positions by estimated R, ties by position (a total order).
+    fn load_order(estimated: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
+        estimated[a].total_cmp(&estimated[b]).then(a.cmp(&b))
+    }
+
+    /// Restore `order` after the estimate of view position `pos` changed.
+    fn reposition(&mut self, pos: usize) {
+        let (order, rank, estimated) = (&mut self.order, &mut self.rank, &self.estimated_ms);
+        let less = |a: usize, b: usize| Self::load_order(estimated, a, b).is_lt();
+        let mut r = rank[pos];
+        while r + 1 < order.len() && less(order[r + 1], pos) {
+            order[r] = order[r + 1];
+            rank[order[r]] = r;
+            r += 1;
+        }
+        while r > 0 && less(pos, order[r - 1]) {
+            order[r] = order[r - 1];
+            rank[order[r]] = r;
+            r -= 1;
+        }
+        order[r] = pos;
+        rank[pos] = r;
     }
 
     /// This scheduler's current estimate of a node's R: the view's value plus its own placements
@@ -311,8 +354,10 @@ impl DistributedScheduler {
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
         // Job submit times in the future would let an app jump every queue: clamp to now.
         let job_submit_time_ms = ask.job_submit_time_ms.min(now_ms);
+        let mut drawn = std::mem::take(&mut self.drawn);
         for _ in 0..admissible {
-            let Some((node_index, off_locality)) = self.choose_node(ask, &used_off_locality, rng)
+            let Some((node_index, off_locality)) =
+                self.choose_node(ask, &used_off_locality, &mut drawn, rng)
             else {
                 break;
             };
@@ -349,6 +394,7 @@ impl DistributedScheduler {
                 },
             });
         }
+        self.drawn = drawn;
         out.unplaced = ask.count - out.placed.len() as u32;
         if out.unplaced > 0 {
             out.unplaced_reason = Some(
@@ -373,52 +419,51 @@ impl DistributedScheduler {
             .runtime_estimate_ms
             .unwrap_or(DEFAULT_RUNTIME_ESTIMATE_MS) as f64
             * ask.resources.dominant_share(&capacity);
-        for (pos, index) in self.top_k_index.iter().enumerate() {
-            if *index == Some(node_index) {
+        for pos in 0..self.top_k_index.len() {
+            if self.top_k_index[pos] == Some(node_index) {
                 self.estimated_ms[pos] += work_ms;
+                self.reposition(pos);
             }
         }
     }
 
-    /// Mercury §4.2's pseudo-random choice among the k candidates of least queue delay, by this
-    /// scheduler's updated estimate. `candidates` are view positions; ties keep view order (the
-    /// coordinator already broke them at random).
+    /// Mercury §4.2's pseudo-random choice among the k view entries of least queue delay, by
+    /// this scheduler's updated estimate, of the nodes passing `keep`; avoided entries are
+    /// skipped unless only they pass. The k (ties by view position; the coordinator already
+    /// broke them at random) are drawn from in view order. Returns a directory index.
     fn choose_among_least_loaded<R: Rng + ?Sized>(
         &self,
-        mut candidates: Vec<usize>,
+        keep: impl Fn(usize) -> bool,
+        drawn: &mut Vec<usize>,
         rng: &mut R,
     ) -> Option<usize> {
-        if candidates.is_empty() {
+        let k = self.config.top_k.max(1);
+        let passes = |pos: usize| self.top_k_index[pos].is_some_and(&keep);
+        drawn.clear();
+        drawn.extend(
+            self.order
+                .iter()
+                .copied()
+                .filter(|&pos| !self.avoided[pos] && passes(pos))
+                .take(k),
+        );
+        if drawn.is_empty() {
+            // Every passing entry is avoided (or none passes): choose among them all.
+            drawn.extend(
+                self.order
+                    .iter()
+                    .copied()
+                    .filter(|&pos| passes(pos))
+                    .take(k),
+            );
+        }
+        if drawn.is_empty() {
             return None;
         }
-        let k = self.config.top_k.max(1);
-        if candidates.len() > k {
-            let estimated = &self.estimated_ms;
-            candidates.select_nth_unstable_by(k - 1, |&a, &b| {
-                estimated[a].total_cmp(&estimated[b]).then(a.cmp(&b))
-            });
-            candidates.truncate(k);
-            // Selection leaves an arbitrary order: restore view order so the random draw below
-            // does not depend on how the selection permuted equal elements.
-            candidates.sort_unstable();
-        }
-        let pos = candidates[rng.random_range(0..candidates.len())];
+        // Draw in view order, so the choice does not depend on how estimates tie in `order`.
+        drawn.sort_unstable();
+        let pos = drawn[rng.random_range(0..drawn.len())];
         self.top_k_index[pos]
-    }
-
-    /// View positions of nodes passing `keep`, skipping avoided nodes unless only they pass.
-    fn view_candidates(&self, keep: impl Fn(usize) -> bool) -> Vec<usize> {
-        let passing: Vec<usize> = (0..self.top_k_index.len())
-            .filter(|&pos| self.top_k_index[pos].is_some_and(&keep))
-            .collect();
-        if passing.iter().any(|&pos| !self.avoided[pos]) {
-            passing
-                .into_iter()
-                .filter(|&pos| !self.avoided[pos])
-                .collect()
-        } else {
-            passing
-        }
     }
 
     /// Pick a node for one container: preferred nodes (may stack), then preferred racks, then,
@@ -429,6 +474,7 @@ impl DistributedScheduler {
         &self,
         ask: &QueueableAsk,
         used: &HashSet<usize>,
+        drawn: &mut Vec<usize>,
         rng: &mut R,
     ) -> Option<(usize, bool)> {
         let directory = &self.view.directory;
@@ -460,10 +506,11 @@ impl DistributedScheduler {
             // else any rack node; one per node.
             if !loc.racks.is_empty() {
                 let in_racks = |n: &NodeDirectoryEntry| loc.racks.iter().any(|r| r == &n.rack);
-                let ranked = self.view_candidates(|i| {
-                    in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i)
-                });
-                if let Some(i) = self.choose_among_least_loaded(ranked, rng) {
+                if let Some(i) = self.choose_among_least_loaded(
+                    |i| in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i),
+                    drawn,
+                    rng,
+                ) {
                     return Some((i, true));
                 }
                 let any: Vec<usize> = (0..directory.len())
@@ -479,9 +526,11 @@ impl DistributedScheduler {
                 return None;
             }
         }
-        let eligible = self
-            .view_candidates(|i| fits(&directory[i]) && (used.is_empty() || !used.contains(&i)));
-        self.choose_among_least_loaded(eligible, rng)
-            .map(|i| (i, true))
+        self.choose_among_least_loaded(
+            |i| fits(&directory[i]) && (used.is_empty() || !used.contains(&i)),
+            drawn,
+            rng,
+        )
+        .map(|i| (i, true))
     }
 }
