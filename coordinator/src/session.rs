@@ -121,7 +121,7 @@ pub async fn serve_connection(
                     })
                     .await;
                 match outcome {
-                    Ok(JoinOutcome::Accepted { node_id, .. }) => joined = Some(node_id.0),
+                    Ok(JoinOutcome::Accepted { node_id, .. }) => joined = Some(String::from(node_id)),
                     Ok(JoinOutcome::Rejected { reason }) => {
                         info!(%peer, "join rejected: {reason}");
                         close = Some((CloseCode::JoinRejected, reason));

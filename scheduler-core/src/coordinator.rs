@@ -345,7 +345,7 @@ mod tests {
         }
         let top = c.top_k(&mut rng);
         assert_eq!(
-            top.iter().map(|l| l.node_id.0.as_str()).collect::<Vec<_>>(),
+            top.iter().map(|l| l.node_id.as_str()).collect::<Vec<_>>(),
             vec!["c", "b"]
         );
         let issuer_a = c.issuer_of(&NodeId::from("a")).unwrap();
@@ -401,13 +401,13 @@ mod tests {
                 (
                     n.load.total_ms(),
                     rng.random::<u64>(),
-                    n.dir.node_id.0.clone(),
+                    n.dir.node_id.to_string(),
                 )
             })
             .collect();
         all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let expected: Vec<String> = all.into_iter().take(7).map(|x| x.2).collect();
-        let got: Vec<String> = top.iter().map(|l| l.node_id.0.clone()).collect();
+        let got: Vec<String> = top.iter().map(|l| l.node_id.to_string()).collect();
         assert_eq!(got, expected);
         c.config_mut().top_k = 100;
         assert_eq!(c.top_k(&mut StdRng::seed_from_u64(1)).len(), 60);

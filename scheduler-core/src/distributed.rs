@@ -343,7 +343,7 @@ impl DistributedScheduler {
         let admissible = self.quotas.admissible(&ask.app_id, quota, ask.count);
         if admissible == 0 {
             return Err(PlacementError::QuotaExceeded {
-                app: ask.app_id.0.clone(),
+                app: ask.app_id.to_string(),
                 outstanding: self
                     .quotas
                     .outstanding(&ask.app_id, ContainerType::Queueable),
@@ -489,7 +489,7 @@ impl DistributedScheduler {
             // Node-local: the preferred node of least known queue delay.
             let mut best: Option<(f64, usize)> = None;
             for name in &loc.nodes {
-                let Some(&i) = self.directory_index.get(&NodeId::new(name.as_str())) else {
+                let Some(&i) = self.directory_index.get(name.as_str()) else {
                     continue;
                 };
                 if fits(&directory[i]) {

@@ -721,10 +721,10 @@ impl Guarantor {
         let node = self
             .nodes
             .get_mut(node_id)
-            .ok_or_else(|| GuarantorError::UnknownNode(node_id.0.clone()))?;
+            .ok_or_else(|| GuarantorError::UnknownNode(node_id.to_string()))?;
         if !resources.fits_in(&node.free()) {
             return Err(GuarantorError::NoCapacityForPromotion {
-                node: node_id.0.clone(),
+                node: node_id.to_string(),
                 free: node.free(),
                 needed: resources,
             });

@@ -1,20 +1,62 @@
 //! Identifiers. Strings for names chosen by operators and applications; a structured `u64` for
 //! container ids so that any scheduler can mint them without coordination.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        ///
+        /// Shared (`Arc<str>`): ids are cloned into every token, container spec and event, so a
+        /// clone is a reference count rather than an allocation, and equal clones compare by
+        /// pointer first.
+        #[derive(Clone, Debug, Serialize, Deserialize)]
         #[serde(transparent)]
-        pub struct $name(pub String);
+        pub struct $name(Arc<str>);
 
         impl $name {
-            pub fn new(s: impl Into<String>) -> Self {
+            pub fn new(s: impl Into<Arc<str>>) -> Self {
                 $name(s.into())
             }
             pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0) || *self.0 == *other.0
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                if Arc::ptr_eq(&self.0, &other.0) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    self.0.cmp(&other.0)
+                }
+            }
+        }
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.as_str().hash(state)
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
                 &self.0
             }
         }
@@ -27,7 +69,19 @@ macro_rules! string_id {
 
         impl From<&str> for $name {
             fn from(s: &str) -> Self {
-                $name(s.to_string())
+                $name(s.into())
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                $name(s.into())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0.to_string()
             }
         }
     };

@@ -133,6 +133,16 @@ struct Running {
     start_seq: u64,
 }
 
+/// A running container's term of Tr, kept apart from its spec so that the sum over running
+/// containers reads a dense array rather than walking the container map.
+#[derive(Clone, Copy, Debug)]
+struct RemainingWorkTerm {
+    id: ContainerId,
+    started_at: Time,
+    estimate_ms: f64,
+    dominant_share: f64,
+}
+
 /// Where a container currently is on the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -178,6 +188,8 @@ pub struct NodeRuntime {
     /// Ordered so that sums over running containers (the queue-delay estimate) add in the same
     /// order in every process: a simulation must be bit-for-bit reproducible for a seed.
     running: BTreeMap<ContainerId, Running>,
+    /// One term per running container, sorted by id like `running` (same summation order).
+    remaining_work_terms: Vec<RemainingWorkTerm>,
     queue: BTreeMap<QueueKey, ContainerSpec>,
     queue_keys: HashMap<ContainerId, QueueKey>,
     waiting_guaranteed: VecDeque<ContainerSpec>,
@@ -200,6 +212,7 @@ impl NodeRuntime {
             queueable_limit: config.capacity,
             config,
             running: BTreeMap::new(),
+            remaining_work_terms: Vec::new(),
             queue: BTreeMap::new(),
             queue_keys: HashMap::new(),
             waiting_guaranteed: VecDeque::new(),
@@ -400,6 +413,19 @@ impl NodeRuntime {
             self.last_queueable_start = now;
         }
         let id = spec.id;
+        let term = RemainingWorkTerm {
+            id,
+            started_at: now,
+            estimate_ms: self.estimate_ms(&spec),
+            dominant_share: spec.resources.dominant_share(&self.config.capacity),
+        };
+        match self
+            .remaining_work_terms
+            .binary_search_by_key(&id, |t| t.id)
+        {
+            Ok(at) => self.remaining_work_terms[at] = term,
+            Err(at) => self.remaining_work_terms.insert(at, term),
+        }
         self.running.insert(
             id,
             Running {
@@ -414,6 +440,12 @@ impl NodeRuntime {
 
     fn remove_running(&mut self, id: ContainerId) -> Option<Running> {
         let r = self.running.remove(&id)?;
+        if let Ok(at) = self
+            .remaining_work_terms
+            .binary_search_by_key(&id, |t| t.id)
+        {
+            self.remaining_work_terms.remove(at);
+        }
         self.allocated = self.allocated.saturating_sub(&r.spec.resources);
         if r.spec.container_type == ContainerType::Queueable {
             self.queueable_allocated = self.queueable_allocated.saturating_sub(&r.spec.resources);
@@ -531,8 +563,8 @@ impl NodeRuntime {
         if &spec.app_id != requester {
             return Err(NodeError::NotOwner {
                 id,
-                owner: spec.app_id.0.clone(),
-                requester: requester.0.clone(),
+                owner: spec.app_id.to_string(),
+                requester: requester.to_string(),
             });
         }
         self.remove(
@@ -695,11 +727,11 @@ impl NodeRuntime {
                 .sum()
         };
         let tr_ms = self
-            .running
-            .values()
+            .remaining_work_terms
+            .iter()
             .map(|r| {
                 let elapsed = now.saturating_since(r.started_at).as_secs_f64() * 1000.0;
-                let est = self.estimate_ms(&r.spec);
+                let est = r.estimate_ms;
                 // A container past its estimate is expected to end soon but not now: keep a tenth of
                 // the estimate as its remaining time rather than zero.
                 let remaining = if elapsed < est {
@@ -707,7 +739,7 @@ impl NodeRuntime {
                 } else {
                     est * 0.1
                 };
-                remaining * r.spec.resources.dominant_share(cap)
+                remaining * r.dominant_share
             })
             .sum();
         let tl_ms = match self.blocked_since {
@@ -741,6 +773,14 @@ impl NodeRuntime {
             if r.spec.container_type == ContainerType::Queueable {
                 q = q.saturating_add(&r.spec.resources);
             }
+        }
+        if !self
+            .remaining_work_terms
+            .iter()
+            .map(|t| (t.id, t.started_at))
+            .eq(self.running.iter().map(|(id, r)| (*id, r.started_at)))
+        {
+            return Err("remaining-work terms do not mirror the running containers".to_string());
         }
         if sum != self.allocated {
             return Err(format!(

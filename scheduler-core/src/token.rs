@@ -226,14 +226,14 @@ impl TokenVerifier {
         let body = &token.body;
         if body.node_id != self.node_id {
             return Err(TokenError::WrongNode {
-                token_node: body.node_id.0.clone(),
-                this_node: self.node_id.0.clone(),
+                token_node: body.node_id.to_string(),
+                this_node: self.node_id.to_string(),
             });
         }
         if &body.app_id != app {
             return Err(TokenError::WrongApp {
-                token_app: body.app_id.0.clone(),
-                requester: app.0.clone(),
+                token_app: body.app_id.to_string(),
+                requester: app.to_string(),
             });
         }
         if body.expires_at_ms <= now_ms {

@@ -109,7 +109,7 @@ fn random_choice_spreads_over_all_top_k_nodes() {
         let out = ds
             .place(1_000, &ask(1, None), &QueueableQuota::default(), &mut rng)
             .unwrap();
-        *seen.entry(out.placed[0].node_id.0.clone()).or_default() += 1;
+        *seen.entry(out.placed[0].node_id.to_string()).or_default() += 1;
     }
     assert_eq!(seen.len(), 10, "{seen:?}");
     assert!(seen.values().all(|&c| c > 20), "roughly uniform: {seen:?}");

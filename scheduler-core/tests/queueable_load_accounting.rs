@@ -88,7 +88,7 @@ impl Cluster {
             .expect("placement");
         self.scheduler.quotas().check_invariants().unwrap();
         assert_eq!(out.placed.len(), 1, "{out:?}");
-        out.placed[0].node_id.0.clone()
+        out.placed[0].node_id.to_string()
     }
 
     fn fresh_view(&mut self) {

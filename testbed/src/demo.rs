@@ -387,7 +387,7 @@ async fn node_loss(args: &NodeLossArgs) -> anyhow::Result<serde_json::Value> {
             if g.node_id.as_str() == args.victim {
                 new_on_victim += 1;
             }
-            *by_node.entry(g.node_id.0.clone()).or_default() += 1;
+            *by_node.entry(g.node_id.to_string()).or_default() += 1;
             let _ = client.release(g.container_id).await;
         }
     }

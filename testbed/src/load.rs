@@ -443,7 +443,7 @@ async fn attempt(
         s.report.granted += 1;
         *s.report
             .granted_by_node
-            .entry(grant.node_id.0.clone())
+            .entry(grant.node_id.to_string())
             .or_default() += 1;
     }
     if args.allocate_only {

@@ -648,7 +648,7 @@ async fn the_pool_keeps_one_subscribed_connection_per_endpoint() {
         for _ in 0..3 {
             let e = events.recv().await.unwrap();
             assert_eq!(e.event, ContainerEventKind::Completed { exit_code: 0 });
-            done.push((e.node_id.0, e.container_id.0));
+            done.push((String::from(e.node_id), e.container_id.0));
         }
         done.sort();
         assert_eq!(

@@ -274,7 +274,7 @@ impl Session<'_> {
                     self.app = Some(AppId::new(hello.app_id));
                     self.send(AppResponse::Welcome(Welcome {
                         protocol_version: APP_PROTOCOL_VERSION,
-                        node_id: self.ep.node_id.0.clone(),
+                        node_id: self.ep.node_id.to_string(),
                         max_frame_bytes: APP_MAX_FRAME as u64,
                     }));
                     ControlFlow::Continue(())

@@ -34,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
     let handle = worker::start(config).await?;
     println!(
         "{}",
-        serde_json::json!({"event": "joined", "node_id": handle.node_id.0, "app_endpoint": handle.app_endpoint})
+        serde_json::json!({"event": "joined", "node_id": handle.node_id.as_str(), "app_endpoint": handle.app_endpoint})
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

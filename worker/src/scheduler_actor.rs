@@ -97,7 +97,7 @@ impl SchedulerActor {
                 .link
                 .send(WorkerToCoordinator::Release(ReleaseContainer {
                     correlation_id,
-                    app_id: c.token.body.app_id.0.clone(),
+                    app_id: c.token.body.app_id.to_string(),
                     container_id: c.container_id,
                 }));
         }
@@ -211,7 +211,7 @@ impl SchedulerActor {
                         .link
                         .send(WorkerToCoordinator::Release(ReleaseContainer {
                             correlation_id,
-                            app_id: app.0,
+                            app_id: String::from(app),
                             container_id: n.container_id,
                         }));
                 } else {
@@ -291,7 +291,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                     return;
                 }
                 let request_id = req.request_id;
-                let app_id = app.0.clone();
+                let app_id = app.to_string();
                 let correlation_id = self.next_correlation;
                 self.forward(app, request_id, reply, move |correlation_id| {
                     WorkerToCoordinator::AllocateGuaranteed(AllocateGuaranteed {
@@ -333,7 +333,7 @@ impl Handler<PromoteMsg> for SchedulerActor {
             reply,
             local_status,
         } = msg;
-        let app_id = app.0.clone();
+        let app_id = app.to_string();
         self.forward(app, req.request_id, reply, move |correlation_id| {
             WorkerToCoordinator::Promote(PromoteContainer {
                 correlation_id,
@@ -375,7 +375,7 @@ impl Handler<ReleaseRemote> for SchedulerActor {
                 return;
             }
         }
-        let app_id = app.0.clone();
+        let app_id = app.to_string();
         self.forward_with(
             app,
             req.request_id,
