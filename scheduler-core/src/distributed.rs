@@ -158,6 +158,9 @@ pub struct DistributedScheduler {
     order: Vec<usize>,
     /// Where each view position is in `order`.
     rank: Vec<usize>,
+    /// (directory index, view position) of every resolved view entry, sorted: the entries of a
+    /// node are one binary search away when a placement raises its estimate.
+    view_positions_by_node: Vec<(usize, usize)>,
     /// Scratch for the k view positions drawn from, empty between choices.
     drawn: Vec<usize>,
     /// The distinct node capacities of the directory, for the "fits on some node" check.
@@ -178,6 +181,7 @@ impl DistributedScheduler {
             avoided: Vec::new(),
             order: Vec::new(),
             rank: Vec::new(),
+            view_positions_by_node: Vec::new(),
             drawn: Vec::new(),
             capacities: Vec::new(),
             quotas: QuotaTracker::new(),
@@ -253,6 +257,13 @@ impl DistributedScheduler {
         for (r, &pos) in self.order.iter().enumerate() {
             self.rank[pos] = r;
         }
+        self.view_positions_by_node = self
+            .top_k_index
+            .iter()
+            .enumerate()
+            .filter_map(|(pos, index)| index.map(|i| (i, pos)))
+            .collect();
+        self.view_positions_by_node.sort_unstable();
         self.view.top_k = top_k;
     }
 
@@ -419,11 +430,17 @@ impl DistributedScheduler {
             .runtime_estimate_ms
             .unwrap_or(DEFAULT_RUNTIME_ESTIMATE_MS) as f64
             * ask.resources.dominant_share(&capacity);
-        for pos in 0..self.top_k_index.len() {
-            if self.top_k_index[pos] == Some(node_index) {
-                self.estimated_ms[pos] += work_ms;
-                self.reposition(pos);
+        let first = self
+            .view_positions_by_node
+            .partition_point(|&(i, _)| i < node_index);
+        let mut at = first;
+        while let Some(&(i, pos)) = self.view_positions_by_node.get(at) {
+            if i != node_index {
+                break;
             }
+            self.estimated_ms[pos] += work_ms;
+            self.reposition(pos);
+            at += 1;
         }
     }
 
@@ -460,9 +477,10 @@ impl DistributedScheduler {
         if drawn.is_empty() {
             return None;
         }
-        // Draw in view order, so the choice does not depend on how estimates tie in `order`.
-        drawn.sort_unstable();
-        let pos = drawn[rng.random_range(0..drawn.len())];
+        // Draw in view order (the n-th smallest position), so the choice does not depend on how
+        // estimates tie in `order`.
+        let nth = rng.random_range(0..drawn.len());
+        let (_, &mut pos, _) = drawn.select_nth_unstable(nth);
         self.top_k_index[pos]
     }
 
