@@ -121,7 +121,9 @@ pub async fn serve_connection(
                     })
                     .await;
                 match outcome {
-                    Ok(JoinOutcome::Accepted { node_id, .. }) => joined = Some(String::from(node_id)),
+                    Ok(JoinOutcome::Accepted { node_id, .. }) => {
+                        joined = Some(String::from(node_id))
+                    }
                     Ok(JoinOutcome::Rejected { reason }) => {
                         info!(%peer, "join rejected: {reason}");
                         close = Some((CloseCode::JoinRejected, reason));
