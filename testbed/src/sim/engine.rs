@@ -1,6 +1,7 @@
 //! The simulation state and its event handlers. See the module documentation of [`crate::sim`].
 
 use super::events::EventQueue;
+use super::wakes::LazyHeartbeats;
 use super::{
     EstimateAccuracy, EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind, LatencySummary,
     SimConfig, SimReport,
@@ -198,6 +199,9 @@ pub struct Simulation {
     containers: IdMap<ContainerRecord>,
     /// Nodes that may be dormant (entries are re-checked against `SimNode::dormant`).
     dormant: Vec<u32>,
+    /// Heartbeats of nodes woken for waiting GUARANTEED asks, held outside the queue until
+    /// they are due (`None`: such nodes' heartbeats are pushed to the queue at once).
+    lazy: Option<LazyHeartbeats>,
     jobs: Vec<Option<JobState>>,
     running_jobs: usize,
     workload: JobStream,
@@ -344,6 +348,7 @@ impl Simulation {
             round: 0,
             containers: IdMap::default(),
             dormant: Vec::new(),
+            lazy: None,
             jobs: Vec::new(),
             running_jobs: 0,
             workload,
@@ -366,6 +371,12 @@ impl Simulation {
             config,
         };
         let interval = sim.config.heartbeat_interval_ms * 1000;
+        if sim.config.elide_idle_heartbeats
+            && sim.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat
+        {
+            sim.lazy =
+                LazyHeartbeats::new(interval, sim.nodes.iter().map(|n| n.phase_us).collect());
+        }
         for i in 0..n {
             // Heartbeats are spread evenly over the interval, as independent nodes' would be.
             let offset = sim.nodes[i].phase_us;
@@ -413,17 +424,36 @@ impl Simulation {
             bar
         });
         while !self.finished {
-            let Some((at, ev)) = self.queue.pop() else {
-                self.finished = true;
-                break;
+            let held = self.lazy.as_ref().and_then(LazyHeartbeats::next);
+            let queued = self.queue.peek_key();
+            let (at, take_held) = match (held, queued) {
+                (None, None) => {
+                    self.finished = true;
+                    break;
+                }
+                (Some((t, ..)), None) => (t, true),
+                (None, Some((t, _))) => (t, false),
+                (Some((t, s, _)), Some(key)) => {
+                    if (t, s) < key {
+                        (t, true)
+                    } else {
+                        (key.0, false)
+                    }
+                }
             };
             if until.is_some_and(|u| at > u) {
-                self.queue.push(at, ev);
                 break;
             }
             self.now = at;
             self.events += 1;
-            self.handle(ev);
+            match held {
+                Some((.., node)) if take_held => self.held_heartbeat(node),
+                _ => {
+                    if let Some((_, ev)) = self.queue.pop() {
+                        self.handle(ev);
+                    }
+                }
+            }
             if let Some(bar) = &progress
                 && self.events.is_multiple_of(65_536)
             {
@@ -1086,6 +1116,11 @@ impl Simulation {
 
     /// Resume a dormant node's heartbeats at its next slot after now.
     fn wake(&mut self, node: u32) {
+        if let Some((at, seq)) = self.lazy.as_mut().and_then(|l| l.take(node, self.now)) {
+            // Awake already, its next heartbeat held outside the queue: it will have work.
+            self.queue.push_with_seq(at, seq, Ev::Heartbeat { node });
+            return;
+        }
         let n = &mut self.nodes[node as usize];
         if !n.dormant {
             return;
@@ -1119,20 +1154,83 @@ impl Simulation {
         {
             return;
         }
-        for node in std::mem::take(&mut self.dormant) {
-            self.wake(node);
+        let dormant = std::mem::take(&mut self.dormant);
+        if self.lazy.is_none() {
+            for node in dormant {
+                self.wake(node);
+            }
+            return;
+        }
+        // As `wake` does, but each heartbeat is held outside the queue (with the sequence
+        // number its push would have had) until it is due: most of these nodes find the asks
+        // placed by then and go back to sleep at once (`held_heartbeat`).
+        let interval = self.config.heartbeat_interval_ms * 1000;
+        let now = self.now.as_micros();
+        let in_flight = self.config.delays.heartbeat_ms * 1000;
+        for node in dormant {
+            let n = &mut self.nodes[node as usize];
+            if !n.dormant {
+                continue;
+            }
+            if now < n.slept_at.as_micros() + in_flight {
+                // Its elided heartbeat may be in flight: replayed as `wake` does.
+                self.wake(node);
+                continue;
+            }
+            n.dormant = false;
+            let next = if now < n.phase_us {
+                n.phase_us
+            } else {
+                n.phase_us + ((now - n.phase_us) / interval + 1) * interval
+            };
+            let at = Time::from_micros(next);
+            if self.end.is_none_or(|end| at <= end) {
+                let seq = self.queue.reserve_seq();
+                if let Some(lazy) = self.lazy.as_mut() {
+                    lazy.insert(node, at, seq);
+                }
+            }
+        }
+    }
+
+    /// A held heartbeat is due. The node has not been touched since it fell asleep (anything
+    /// that gives it work wakes it, which moves its heartbeat to the queue), so all that can
+    /// keep it from sleeping again is a GUARANTEED ask waiting for node updates.
+    fn held_heartbeat(&mut self, node: u32) {
+        if let Some(lazy) = self.lazy.as_mut() {
+            lazy.take(node, self.now);
+        }
+        if self.guarantor.pending_asks() > 0 {
+            self.heartbeat(node);
+            return;
+        }
+        if self.config.check_invariants {
+            assert!(
+                self.can_sleep(node),
+                "node {} was held asleep but cannot sleep at {}",
+                self.nodes[node as usize].id,
+                self.now
+            );
+            if let Some(Err(e)) = self.lazy.as_ref().map(|l| l.check(self.now)) {
+                panic!("{e}");
+            }
+        }
+        self.fall_asleep(node);
+    }
+
+    fn fall_asleep(&mut self, node: u32) {
+        self.nodes[node as usize].dormant = true;
+        self.nodes[node as usize].slept_at = self.now;
+        self.dormant.push(node);
+        if self.dormant.len() > 2 * self.nodes.len() {
+            let nodes = &self.nodes;
+            self.dormant.retain(|&i| nodes[i as usize].dormant);
         }
     }
 
     fn heartbeat(&mut self, node: u32) {
         if self.can_sleep(node) {
-            self.nodes[node as usize].dormant = true;
-            self.nodes[node as usize].slept_at = self.now;
-            self.dormant.push(node);
-            if self.dormant.len() > 2 * self.nodes.len() {
-                let nodes = &self.nodes;
-                self.dormant.retain(|&i| nodes[i as usize].dormant);
-            }
+            self.fall_asleep(node);
             return;
         }
         let interval = self.config.heartbeat_interval_ms;
@@ -1268,5 +1366,98 @@ impl Simulation {
                 0.0
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimReport;
+    use crate::workload::{Arrivals, Generator};
+    use scheduler_core::coordinator::SheddingPolicy;
+
+    fn light(seed: u64, placer: GuaranteedPlacerKind) -> SimConfig {
+        let mut c = SimConfig::mercury_cluster(seed, "<10sec-70%-Q".parse().unwrap());
+        c.nodes = 48;
+        c.node_capacity = Resources::new(4_000, 16_384);
+        c.top_k = 5;
+        c.guaranteed_placer = placer;
+        c.shedding = SheddingPolicy::MeanPlusSigma { n: 2.0 };
+        c.reorder_by_job_submit_time = true;
+        c.max_concurrent_jobs = 20;
+        c.job_manager_hosts = 5;
+        c.duration_ms = Some(600_000);
+        c.warmup_ms = 10_000;
+        c.elide_idle_heartbeats = true;
+        c.check_invariants = true;
+        c
+    }
+
+    fn run(config: SimConfig, eager: bool) -> SimReport {
+        let stream =
+            Generator::ProductionLike.stream(config.seed, Arrivals::Poisson { jobs_per_s: 0.03 });
+        let mut sim = Simulation::new(config, stream).unwrap();
+        if eager {
+            sim.lazy = None;
+        }
+        sim.run();
+        let mut r = sim.report("light");
+        r.wall_s = 0.0;
+        r.events_per_s = 0.0;
+        r
+    }
+
+    /// Idle nodes are woken for every GUARANTEED ask of a light load, and their heartbeats held
+    /// outside the event queue until due. The whole report (events included) must equal that
+    /// of pushing them to the queue at once.
+    #[test]
+    fn holding_woken_nodes_heartbeats_until_due_changes_nothing() {
+        for (seed, placer) in [
+            (13, GuaranteedPlacerKind::QueueableAware),
+            (14, GuaranteedPlacerKind::BestFit),
+        ] {
+            let config = light(seed, placer);
+            let held = run(config.clone(), false);
+            let eager = run(config.clone(), true);
+            assert_eq!(held, eager, "{placer:?}");
+            assert!(
+                held.guaranteed_containers > 20 && held.jobs_completed > 5,
+                "{held:?}"
+            );
+            // Nodes did sleep (and so were woken for asks): fewer events than without elision.
+            let mut full = config;
+            full.elide_idle_heartbeats = false;
+            let full = run(full, true);
+            assert!(
+                held.events < full.events,
+                "{} vs {}",
+                held.events,
+                full.events
+            );
+        }
+    }
+
+    /// Heartbeats are held only where they help and can be ordered: heartbeat-driven
+    /// allocation with elision, and no two nodes sharing a heartbeat instant.
+    #[test]
+    fn heartbeats_are_held_only_when_ordered_by_phase() {
+        let held = |config: SimConfig| {
+            let stream = Generator::ProductionLike.stream(1, Arrivals::Backlog);
+            Simulation::new(config, stream).unwrap().lazy.is_some()
+        };
+        let config = light(15, GuaranteedPlacerKind::QueueableAware);
+        assert!(held(config.clone()));
+        let mut crowded = config.clone();
+        crowded.heartbeat_interval_ms = 1;
+        crowded.nodes = 1_001;
+        assert!(!held(crowded.clone()));
+        crowded.nodes = 1_000;
+        assert!(held(crowded));
+        let mut event_driven = config.clone();
+        event_driven.guaranteed_allocation = GuaranteedAllocation::EventDriven;
+        assert!(!held(event_driven));
+        let mut full = config;
+        full.elide_idle_heartbeats = false;
+        assert!(!held(full));
     }
 }
