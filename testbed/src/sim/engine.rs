@@ -135,16 +135,33 @@ struct SimNode {
     /// The top-k round this node's last acknowledgement carried.
     view_round: u64,
     scheduler: Option<usize>,
-    /// This node's heartbeat phase within the interval (µs).
-    phase_us: u64,
-    /// Its heartbeats are elided because they would change nothing (see `can_sleep`).
-    dormant: bool,
     /// The coordinator holds R = 0 for it (its last report was zero).
     reported_zero: bool,
     /// It may host job managers: it must keep receiving top-k views, so it never sleeps.
     hosts_job_managers: bool,
-    /// When its last elided heartbeat would have been sent.
-    slept_at: Time,
+}
+
+/// A node's heartbeat schedule and sleep, kept apart from [`SimNode`] so that waking and
+/// putting to sleep thousands of idle nodes per GUARANTEED ask touches little memory.
+#[derive(Clone, Copy)]
+struct Sleep {
+    /// Heartbeat phase within the interval (µs).
+    phase_us: u64,
+    /// When its last elided heartbeat would have been sent (µs).
+    slept_at_us: u64,
+    /// Its heartbeats are elided because they would change nothing (see `can_sleep`).
+    dormant: bool,
+}
+
+impl Sleep {
+    /// Its first heartbeat slot strictly after `now_us`.
+    fn next_slot_after(&self, now_us: u64, interval_us: u64) -> u64 {
+        if now_us < self.phase_us {
+            self.phase_us
+        } else {
+            self.phase_us + ((now_us - self.phase_us) / interval_us + 1) * interval_us
+        }
+    }
 }
 
 struct HostedScheduler {
@@ -197,8 +214,11 @@ pub struct Simulation {
     round: u64,
     threshold_ms: Option<f64>,
     containers: IdMap<ContainerRecord>,
-    /// Nodes that may be dormant (entries are re-checked against `SimNode::dormant`).
+    sleep: Vec<Sleep>,
+    /// Nodes that may be dormant (entries are re-checked against `Sleep::dormant`).
     dormant: Vec<u32>,
+    /// Spare buffer for `dormant` (kept to reuse its allocation).
+    dormant_spare: Vec<u32>,
     /// Heartbeats of nodes woken for waiting GUARANTEED asks, held outside the queue until
     /// they are due (`None`: such nodes' heartbeats are pushed to the queue at once).
     lazy: Option<LazyHeartbeats>,
@@ -311,11 +331,8 @@ impl Simulation {
                 ack: None,
                 view_round: 0,
                 scheduler: None,
-                phase_us: (config.heartbeat_interval_ms * 1000) * i as u64 / n as u64,
-                dormant: false,
                 reported_zero: true,
                 hosts_job_managers: false,
-                slept_at: Time::ZERO,
             });
         }
         let directory: Vec<NodeDirectoryEntry> = coordinator.nodes().cloned().collect();
@@ -347,7 +364,15 @@ impl Simulation {
             rounds,
             round: 0,
             containers: IdMap::default(),
+            sleep: (0..n)
+                .map(|i| Sleep {
+                    phase_us: (config.heartbeat_interval_ms * 1000) * i as u64 / n as u64,
+                    slept_at_us: 0,
+                    dormant: false,
+                })
+                .collect(),
             dormant: Vec::new(),
+            dormant_spare: Vec::new(),
             lazy: None,
             jobs: Vec::new(),
             running_jobs: 0,
@@ -375,11 +400,11 @@ impl Simulation {
             && sim.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat
         {
             sim.lazy =
-                LazyHeartbeats::new(interval, sim.nodes.iter().map(|n| n.phase_us).collect());
+                LazyHeartbeats::new(interval, sim.sleep.iter().map(|s| s.phase_us).collect());
         }
         for i in 0..n {
             // Heartbeats are spread evenly over the interval, as independent nodes' would be.
-            let offset = sim.nodes[i].phase_us;
+            let offset = sim.sleep[i].phase_us;
             sim.queue
                 .push(Time::from_micros(offset), Ev::Heartbeat { node: i as u32 });
         }
@@ -1121,25 +1146,24 @@ impl Simulation {
             self.queue.push_with_seq(at, seq, Ev::Heartbeat { node });
             return;
         }
-        let n = &mut self.nodes[node as usize];
-        if !n.dormant {
+        let sleep = &mut self.sleep[node as usize];
+        if !sleep.dormant {
             return;
         }
-        n.dormant = false;
+        sleep.dormant = false;
         // The elided heartbeat may still have been in flight: its arrival (and acknowledgement)
         // would see what happened since, so replay it with the zero report it carried.
-        let arrival = n.slept_at + Duration::from_millis(self.config.delays.heartbeat_ms);
+        let arrival = Time::from_micros(sleep.slept_at_us)
+            + Duration::from_millis(self.config.delays.heartbeat_ms);
+        let next = sleep.next_slot_after(
+            self.now.as_micros(),
+            self.config.heartbeat_interval_ms * 1000,
+        );
         if self.now < arrival {
-            n.report = Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
+            self.nodes[node as usize].report =
+                Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
             self.queue.push(arrival, Ev::HeartbeatArrival { node });
         }
-        let interval = self.config.heartbeat_interval_ms * 1000;
-        let now = self.now.as_micros();
-        let next = if now < n.phase_us {
-            n.phase_us
-        } else {
-            n.phase_us + ((now - n.phase_us) / interval + 1) * interval
-        };
         let at = Time::from_micros(next);
         if self.end.is_none_or(|end| at <= end) {
             self.queue.push(at, Ev::Heartbeat { node });
@@ -1154,11 +1178,14 @@ impl Simulation {
         {
             return;
         }
-        let dormant = std::mem::take(&mut self.dormant);
+        let mut dormant =
+            std::mem::replace(&mut self.dormant, std::mem::take(&mut self.dormant_spare));
         if self.lazy.is_none() {
-            for node in dormant {
+            for &node in &dormant {
                 self.wake(node);
             }
+            dormant.clear();
+            self.dormant_spare = dormant;
             return;
         }
         // As `wake` does, but each heartbeat is held outside the queue (with the sequence
@@ -1167,30 +1194,28 @@ impl Simulation {
         let interval = self.config.heartbeat_interval_ms * 1000;
         let now = self.now.as_micros();
         let in_flight = self.config.delays.heartbeat_ms * 1000;
-        for node in dormant {
-            let n = &mut self.nodes[node as usize];
-            if !n.dormant {
+        let end = self.end.map_or(u64::MAX, Time::as_micros);
+        for &node in &dormant {
+            let sleep = &mut self.sleep[node as usize];
+            if !sleep.dormant {
                 continue;
             }
-            if now < n.slept_at.as_micros() + in_flight {
+            if now < sleep.slept_at_us + in_flight {
                 // Its elided heartbeat may be in flight: replayed as `wake` does.
                 self.wake(node);
                 continue;
             }
-            n.dormant = false;
-            let next = if now < n.phase_us {
-                n.phase_us
-            } else {
-                n.phase_us + ((now - n.phase_us) / interval + 1) * interval
-            };
-            let at = Time::from_micros(next);
-            if self.end.is_none_or(|end| at <= end) {
+            sleep.dormant = false;
+            let next = sleep.next_slot_after(now, interval);
+            if next <= end {
                 let seq = self.queue.reserve_seq();
                 if let Some(lazy) = self.lazy.as_mut() {
-                    lazy.insert(node, at, seq);
+                    lazy.insert(node, Time::from_micros(next), seq);
                 }
             }
         }
+        dormant.clear();
+        self.dormant_spare = dormant;
     }
 
     /// A held heartbeat is due. The node has not been touched since it fell asleep (anything
@@ -1219,12 +1244,13 @@ impl Simulation {
     }
 
     fn fall_asleep(&mut self, node: u32) {
-        self.nodes[node as usize].dormant = true;
-        self.nodes[node as usize].slept_at = self.now;
+        let sleep = &mut self.sleep[node as usize];
+        sleep.dormant = true;
+        sleep.slept_at_us = self.now.as_micros();
         self.dormant.push(node);
         if self.dormant.len() > 2 * self.nodes.len() {
-            let nodes = &self.nodes;
-            self.dormant.retain(|&i| nodes[i as usize].dormant);
+            let sleep = &self.sleep;
+            self.dormant.retain(|&i| sleep[i as usize].dormant);
         }
     }
 

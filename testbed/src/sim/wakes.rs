@@ -81,7 +81,16 @@ impl LazyHeartbeats {
         self.count -= 1;
         let (at, seq) = self.held[node as usize];
         if self.next.is_some_and(|(.., n)| n == node) {
-            self.next = self.find_next(now.as_micros());
+            let now_us = now.as_micros();
+            self.next = if self.count == 0 {
+                None
+            } else if at == now_us {
+                // It is due now: the next ones follow it in phase order (no other node's
+                // slot is now).
+                self.scan_from(node as usize + 1)
+            } else {
+                self.find_next(now_us)
+            };
         }
         Some((Time::from_micros(at), seq))
     }
@@ -101,9 +110,14 @@ impl LazyHeartbeats {
                 return Some((t, s, node));
             }
         }
+        self.scan_from(after)
+    }
+
+    /// The first held node in phase order from index `from`, wrapping around.
+    fn scan_from(&self, from: usize) -> Option<(u64, u64, u32)> {
         let node = self
-            .first_set(after, self.phases.len())
-            .or_else(|| self.first_set(0, after))?;
+            .first_set(from, self.phases.len())
+            .or_else(|| self.first_set(0, from))?;
         let (t, s) = self.held[node as usize];
         Some((t, s, node))
     }
@@ -112,7 +126,11 @@ impl LazyHeartbeats {
     /// (the simulator's are evenly), so start from the proportional guess and walk.
     fn first_phase_after(&self, r: u64) -> usize {
         let n = self.phases.len();
-        let mut i = ((u128::from(r) * n as u128 / u128::from(self.interval_us)) as usize).min(n);
+        let guess = match r.checked_mul(n as u64) {
+            Some(x) => x / self.interval_us,
+            None => (u128::from(r) * n as u128 / u128::from(self.interval_us)) as u64,
+        };
+        let mut i = (guess as usize).min(n);
         while i > 0 && self.phases[i - 1] > r {
             i -= 1;
         }
