@@ -219,8 +219,8 @@ pub struct Simulation {
     dormant: Vec<u32>,
     /// Spare buffer for `dormant` (kept to reuse its allocation).
     dormant_spare: Vec<u32>,
-    /// Heartbeats of nodes woken for waiting GUARANTEED asks, held outside the queue until
-    /// they are due (`None`: such nodes' heartbeats are pushed to the queue at once).
+    /// Node heartbeats, held outside the event queue (`None`: they go through the queue, as
+    /// when two nodes share a heartbeat instant).
     lazy: Option<LazyHeartbeats>,
     jobs: Vec<Option<JobState>>,
     running_jobs: usize,
@@ -272,6 +272,16 @@ fn seeded(seed: u64, stream: u64) -> StdRng {
 
 impl Simulation {
     pub fn new(config: SimConfig, workload: JobStream) -> Result<Simulation, String> {
+        Simulation::build(config, workload, true)
+    }
+
+    /// `hold_heartbeats`: keep node heartbeats out of the event queue where possible (the
+    /// outcome is the same either way; tests compare the two).
+    fn build(
+        config: SimConfig,
+        workload: JobStream,
+        hold_heartbeats: bool,
+    ) -> Result<Simulation, String> {
         config.validate()?;
         let n = config.nodes;
         let mut coordinator = CoordinatorState::new(
@@ -396,17 +406,14 @@ impl Simulation {
             config,
         };
         let interval = sim.config.heartbeat_interval_ms * 1000;
-        if sim.config.elide_idle_heartbeats
-            && sim.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat
-        {
+        if hold_heartbeats {
             sim.lazy =
                 LazyHeartbeats::new(interval, sim.sleep.iter().map(|s| s.phase_us).collect());
         }
         for i in 0..n {
             // Heartbeats are spread evenly over the interval, as independent nodes' would be.
             let offset = sim.sleep[i].phase_us;
-            sim.queue
-                .push(Time::from_micros(offset), Ev::Heartbeat { node: i as u32 });
+            sim.push_heartbeat(i as u32, Time::from_micros(offset));
         }
         sim.queue.push(Time::from_micros(interval), Ev::Round);
         if let Some(end) = sim.end {
@@ -1141,9 +1148,12 @@ impl Simulation {
 
     /// Resume a dormant node's heartbeats at its next slot after now.
     fn wake(&mut self, node: u32) {
-        if let Some((at, seq)) = self.lazy.as_mut().and_then(|l| l.take(node, self.now)) {
-            // Awake already, its next heartbeat held outside the queue: it will have work.
-            self.queue.push_with_seq(at, seq, Ev::Heartbeat { node });
+        if let Some(lazy) = self.lazy.as_mut()
+            && lazy.is_held(node)
+        {
+            // Awake already, with a heartbeat to come; if it was woken for asks, it is no longer
+            // just waiting to fall asleep again: it will have work.
+            lazy.touch(node);
             return;
         }
         let sleep = &mut self.sleep[node as usize];
@@ -1166,7 +1176,15 @@ impl Simulation {
         }
         let at = Time::from_micros(next);
         if self.end.is_none_or(|end| at <= end) {
-            self.queue.push(at, Ev::Heartbeat { node });
+            self.push_heartbeat(node, at);
+        }
+    }
+
+    /// Schedule the node's next heartbeat (at a slot of its phase).
+    fn push_heartbeat(&mut self, node: u32, at: Time) {
+        match self.lazy.as_mut() {
+            Some(lazy) => lazy.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::Heartbeat { node }),
         }
     }
 
@@ -1210,7 +1228,7 @@ impl Simulation {
             if next <= end {
                 let seq = self.queue.reserve_seq();
                 if let Some(lazy) = self.lazy.as_mut() {
-                    lazy.insert(node, Time::from_micros(next), seq);
+                    lazy.insert(node, Time::from_micros(next), seq, true);
                 }
             }
         }
@@ -1218,14 +1236,16 @@ impl Simulation {
         self.dormant_spare = dormant;
     }
 
-    /// A held heartbeat is due. The node has not been touched since it fell asleep (anything
-    /// that gives it work wakes it, which moves its heartbeat to the queue), so all that can
-    /// keep it from sleeping again is a GUARANTEED ask waiting for node updates.
+    /// A held heartbeat is due. If the node was woken for asks and nothing happened to it
+    /// since it fell asleep (anything that gives it work wakes it, which touches it), all that
+    /// can keep it from sleeping again is a GUARANTEED ask waiting for node updates.
     fn held_heartbeat(&mut self, node: u32) {
-        if let Some(lazy) = self.lazy.as_mut() {
-            lazy.take(node, self.now);
-        }
-        if self.guarantor.pending_asks() > 0 {
+        let untouched = self
+            .lazy
+            .as_mut()
+            .and_then(|l| l.take(node, self.now))
+            .is_some_and(|(.., untouched)| untouched);
+        if !untouched || self.guarantor.pending_asks() > 0 {
             self.heartbeat(node);
             return;
         }
@@ -1273,7 +1293,7 @@ impl Simulation {
         self.queue.push(at, Ev::HeartbeatArrival { node });
         let next = self.after_ms(interval);
         if self.end.is_none_or(|end| next <= end) {
-            self.queue.push(next, Ev::Heartbeat { node });
+            self.push_heartbeat(node, next);
         }
     }
 
@@ -1422,10 +1442,7 @@ mod tests {
     fn run(config: SimConfig, eager: bool) -> SimReport {
         let stream =
             Generator::ProductionLike.stream(config.seed, Arrivals::Poisson { jobs_per_s: 0.03 });
-        let mut sim = Simulation::new(config, stream).unwrap();
-        if eager {
-            sim.lazy = None;
-        }
+        let mut sim = Simulation::build(config, stream, !eager).unwrap();
         sim.run();
         let mut r = sim.report("light");
         r.wall_s = 0.0;
@@ -1433,38 +1450,65 @@ mod tests {
         r
     }
 
-    /// Idle nodes are woken for every GUARANTEED ask of a light load, and their heartbeats held
-    /// outside the event queue until due. The whole report (events included) must equal that
-    /// of pushing them to the queue at once.
+    /// Heartbeats are held outside the event queue, and idle nodes woken for every GUARANTEED
+    /// ask of a light load held until due. The whole report (events included) must equal that
+    /// of pushing every heartbeat to the queue, with and without elision, for both placers and
+    /// both allocation modes.
     #[test]
-    fn holding_woken_nodes_heartbeats_until_due_changes_nothing() {
-        for (seed, placer) in [
-            (13, GuaranteedPlacerKind::QueueableAware),
-            (14, GuaranteedPlacerKind::BestFit),
+    fn holding_heartbeats_outside_the_queue_changes_nothing() {
+        for (seed, placer, allocation, elide) in [
+            (
+                13,
+                GuaranteedPlacerKind::QueueableAware,
+                GuaranteedAllocation::OnHeartbeat,
+                true,
+            ),
+            (
+                14,
+                GuaranteedPlacerKind::BestFit,
+                GuaranteedAllocation::OnHeartbeat,
+                true,
+            ),
+            (
+                15,
+                GuaranteedPlacerKind::QueueableAware,
+                GuaranteedAllocation::OnHeartbeat,
+                false,
+            ),
+            (
+                16,
+                GuaranteedPlacerKind::QueueableAware,
+                GuaranteedAllocation::EventDriven,
+                true,
+            ),
         ] {
-            let config = light(seed, placer);
+            let mut config = light(seed, placer);
+            config.guaranteed_allocation = allocation;
+            config.elide_idle_heartbeats = elide;
             let held = run(config.clone(), false);
             let eager = run(config.clone(), true);
-            assert_eq!(held, eager, "{placer:?}");
+            assert_eq!(held, eager, "{placer:?} {allocation:?} elide={elide}");
             assert!(
                 held.guaranteed_containers > 20 && held.jobs_completed > 5,
                 "{held:?}"
             );
-            // Nodes did sleep (and so were woken for asks): fewer events than without elision.
-            let mut full = config;
-            full.elide_idle_heartbeats = false;
-            let full = run(full, true);
-            assert!(
-                held.events < full.events,
-                "{} vs {}",
-                held.events,
-                full.events
-            );
+            if elide {
+                // Nodes did sleep (and were woken): fewer events than without elision.
+                let mut full = config;
+                full.elide_idle_heartbeats = false;
+                let full = run(full, true);
+                assert!(
+                    held.events < full.events,
+                    "{} vs {}",
+                    held.events,
+                    full.events
+                );
+            }
         }
     }
 
-    /// Heartbeats are held only where they help and can be ordered: heartbeat-driven
-    /// allocation with elision, and no two nodes sharing a heartbeat instant.
+    /// Heartbeats are held outside the queue only when no two nodes share a heartbeat
+    /// instant.
     #[test]
     fn heartbeats_are_held_only_when_ordered_by_phase() {
         let held = |config: SimConfig| {
@@ -1479,11 +1523,9 @@ mod tests {
         assert!(!held(crowded.clone()));
         crowded.nodes = 1_000;
         assert!(held(crowded));
-        let mut event_driven = config.clone();
+        let mut event_driven = config;
         event_driven.guaranteed_allocation = GuaranteedAllocation::EventDriven;
-        assert!(!held(event_driven));
-        let mut full = config;
-        full.elide_idle_heartbeats = false;
-        assert!(!held(full));
+        event_driven.elide_idle_heartbeats = false;
+        assert!(held(event_driven));
     }
 }

@@ -1,12 +1,16 @@
-//! Heartbeats of woken idle nodes held outside the event queue.
+//! Node heartbeats held outside the event queue.
 //!
-//! With idle heartbeats elided and heartbeat-driven GUARANTEED allocation, a new GUARANTEED ask
-//! wakes every dormant node: each gets a heartbeat at its next slot, and most of them find
-//! nothing to do there and fall asleep again. Pushing thousands of such heartbeats through the
-//! event heap for every ask is where the time of a large, mostly idle cluster went. This set
-//! holds them instead, each with the `(time, sequence number)` a push at wake time would have
-//! given it (the number is reserved from the queue), so the simulation takes events in exactly
-//! the order it would have: the caller compares [`LazyHeartbeats::next`] with the queue's head.
+//! Every node has at most one heartbeat scheduled, at a slot of its own phase and at most one
+//! interval ahead. This set holds them instead of the event heap, each with the
+//! `(time, sequence number)` a push would have given it (the number is reserved from the
+//! queue), so the simulation takes events in exactly the order it would have: the caller
+//! compares [`LazyHeartbeats::next`] with the queue's head.
+//!
+//! It matters most with idle heartbeats elided and heartbeat-driven GUARANTEED allocation: a new
+//! GUARANTEED ask wakes every dormant node, each gets a heartbeat at its next slot, and most of
+//! them find nothing to do there and fall asleep again. Such a heartbeat is held as *untouched*
+//! (the node has had nothing happen to it since it fell asleep) until something gives the node
+//! work ([`LazyHeartbeats::touch`]); an untouched node can go back to sleep in O(1).
 //!
 //! Nodes' heartbeat phases must be strictly increasing with the node index (true whenever the
 //! interval in µs is at least the node count). A held heartbeat is at most one interval after
@@ -23,6 +27,8 @@ pub(crate) struct LazyHeartbeats {
     /// Per node: time (µs) and reserved sequence number of its held heartbeat.
     held: Vec<(u64, u64)>,
     bits: Vec<u64>,
+    /// Held heartbeats of nodes untouched since they were woken from sleep.
+    untouched: Vec<u64>,
     count: usize,
     /// The earliest held heartbeat: (time µs, seq, node).
     next: Option<(u64, u64, u32)>,
@@ -44,21 +50,31 @@ impl LazyHeartbeats {
             phases,
             held: vec![(0, 0); n],
             bits: vec![0; n.div_ceil(64)],
+            untouched: vec![0; n.div_ceil(64)],
             count: 0,
             next: None,
         })
     }
 
-    fn is_held(&self, node: u32) -> bool {
+    pub(crate) fn is_held(&self, node: u32) -> bool {
         self.bits[node as usize / 64] & (1 << (node % 64)) != 0
     }
 
-    /// Hold node's heartbeat at `at` (within one interval of every later `now` until it is
-    /// taken) under the reserved sequence number `seq`.
-    pub(crate) fn insert(&mut self, node: u32, at: Time, seq: u64) {
+    /// Something happened to the node: its held heartbeat (if any) is no longer untouched.
+    pub(crate) fn touch(&mut self, node: u32) {
+        self.untouched[node as usize / 64] &= !(1 << (node % 64));
+    }
+
+    /// Hold node's heartbeat at `at` (a slot of its phase, within one interval of every later
+    /// `now` until it is taken) under the reserved sequence number `seq`; `untouched`: the
+    /// node was just woken from sleep.
+    pub(crate) fn insert(&mut self, node: u32, at: Time, seq: u64, untouched: bool) {
         debug_assert!(!self.is_held(node), "node {node} already held");
         let at = at.as_micros();
         self.bits[node as usize / 64] |= 1 << (node % 64);
+        if untouched {
+            self.untouched[node as usize / 64] |= 1 << (node % 64);
+        }
         self.held[node as usize] = (at, seq);
         self.count += 1;
         if self.next.is_none_or(|(t, s, _)| (at, seq) < (t, s)) {
@@ -71,12 +87,14 @@ impl LazyHeartbeats {
         self.next.map(|(t, s, n)| (Time::from_micros(t), s, n))
     }
 
-    /// Release node's held heartbeat, if any: its (time, seq). `now` is the simulated time
-    /// (no held heartbeat is earlier).
-    pub(crate) fn take(&mut self, node: u32, now: Time) -> Option<(Time, u64)> {
+    /// Release node's held heartbeat, if any: its (time, seq, untouched). `now` is the
+    /// simulated time (no held heartbeat is earlier).
+    pub(crate) fn take(&mut self, node: u32, now: Time) -> Option<(Time, u64, bool)> {
         if !self.is_held(node) {
             return None;
         }
+        let untouched = self.untouched[node as usize / 64] & (1 << (node % 64)) != 0;
+        self.touch(node);
         self.bits[node as usize / 64] &= !(1 << (node % 64));
         self.count -= 1;
         let (at, seq) = self.held[node as usize];
@@ -92,7 +110,7 @@ impl LazyHeartbeats {
                 self.find_next(now_us)
             };
         }
-        Some((Time::from_micros(at), seq))
+        Some((Time::from_micros(at), seq, untouched))
     }
 
     /// Scan for the earliest held heartbeat at or after `now_us`.
@@ -161,6 +179,9 @@ impl LazyHeartbeats {
         let mut count = 0;
         for node in 0..self.phases.len() as u32 {
             if !self.is_held(node) {
+                if self.untouched[node as usize / 64] & (1 << (node % 64)) != 0 {
+                    return Err(format!("node {node} untouched but not held"));
+                }
                 continue;
             }
             count += 1;
@@ -237,7 +258,7 @@ mod tests {
                         } else {
                             p + ((now - p) / interval + 1) * interval
                         };
-                        held.insert(node, Time::from_micros(next), seq);
+                        held.insert(node, Time::from_micros(next), seq, seq.is_multiple_of(2));
                         seq += 1;
                     }
                 }
@@ -253,7 +274,7 @@ mod tests {
                         Some((t, _, node)) if t.as_micros() <= target => {
                             now = t.as_micros();
                             let taken = held.take(node, Time::from_micros(now));
-                            assert_eq!(taken.map(|(t, _)| t.as_micros()), Some(now));
+                            assert_eq!(taken.map(|(t, ..)| t.as_micros()), Some(now));
                         }
                         _ => now = target,
                     }
