@@ -108,6 +108,15 @@ enum Ev {
     End,
 }
 
+/// Where the next event comes from.
+#[derive(Clone, Copy)]
+enum Source {
+    Queue,
+    Heartbeat(u32),
+    Arrival(u32),
+    Ack(u32),
+}
+
 struct ContainerRecord {
     job: u32,
     task: u32,
@@ -222,6 +231,9 @@ pub struct Simulation {
     /// Node heartbeats, held outside the event queue (`None`: they go through the queue, as
     /// when two nodes share a heartbeat instant).
     lazy: Option<LazyHeartbeats>,
+    /// Heartbeat arrivals and acknowledgements, held likewise (a fixed delay after a slot).
+    held_arrivals: Option<LazyHeartbeats>,
+    held_acks: Option<LazyHeartbeats>,
     jobs: Vec<Option<JobState>>,
     running_jobs: usize,
     workload: JobStream,
@@ -384,6 +396,8 @@ impl Simulation {
             dormant: Vec::new(),
             dormant_spare: Vec::new(),
             lazy: None,
+            held_arrivals: None,
+            held_acks: None,
             jobs: Vec::new(),
             running_jobs: 0,
             workload,
@@ -407,8 +421,17 @@ impl Simulation {
         };
         let interval = sim.config.heartbeat_interval_ms * 1000;
         if hold_heartbeats {
-            sim.lazy =
-                LazyHeartbeats::new(interval, sim.sleep.iter().map(|s| s.phase_us).collect());
+            let phases: Vec<u64> = sim.sleep.iter().map(|s| s.phase_us).collect();
+            let delay = sim.config.delays.heartbeat_ms * 1000;
+            sim.lazy = LazyHeartbeats::new(interval, 0, phases.clone());
+            if sim.lazy.is_some() {
+                sim.held_arrivals = LazyHeartbeats::new(interval, delay, phases.clone());
+                sim.held_acks = LazyHeartbeats::new(interval, 2 * delay, phases);
+                if sim.held_arrivals.is_none() || sim.held_acks.is_none() {
+                    sim.held_arrivals = None;
+                    sim.held_acks = None;
+                }
+            }
         }
         for i in 0..n {
             // Heartbeats are spread evenly over the interval, as independent nodes' would be.
@@ -456,31 +479,45 @@ impl Simulation {
             bar
         });
         while !self.finished {
-            let held = self.lazy.as_ref().and_then(LazyHeartbeats::next);
-            let queued = self.queue.peek_key();
-            let (at, take_held) = match (held, queued) {
-                (None, None) => {
-                    self.finished = true;
-                    break;
+            // The earliest of the queue's head and the held heartbeats, arrivals and
+            // acknowledgements, by (time, sequence number).
+            let mut next: Option<(Time, u64, Source)> =
+                self.queue.peek_key().map(|(t, s)| (t, s, Source::Queue));
+            for (held, source) in [
+                (&self.lazy, Source::Heartbeat as fn(u32) -> Source),
+                (&self.held_arrivals, Source::Arrival),
+                (&self.held_acks, Source::Ack),
+            ] {
+                if let Some((t, s, node)) = held.as_ref().and_then(LazyHeartbeats::next)
+                    && next.is_none_or(|(nt, ns, _)| (t, s) < (nt, ns))
+                {
+                    next = Some((t, s, source(node)));
                 }
-                (Some((t, ..)), None) => (t, true),
-                (None, Some((t, _))) => (t, false),
-                (Some((t, s, _)), Some(key)) => {
-                    if (t, s) < key {
-                        (t, true)
-                    } else {
-                        (key.0, false)
-                    }
-                }
+            }
+            let Some((at, _, source)) = next else {
+                self.finished = true;
+                break;
             };
             if until.is_some_and(|u| at > u) {
                 break;
             }
             self.now = at;
             self.events += 1;
-            match held {
-                Some((.., node)) if take_held => self.held_heartbeat(node),
-                _ => {
+            match source {
+                Source::Heartbeat(node) => self.held_heartbeat(node),
+                Source::Arrival(node) => {
+                    if let Some(held) = self.held_arrivals.as_mut() {
+                        held.take(node, at);
+                    }
+                    self.heartbeat_arrival(node);
+                }
+                Source::Ack(node) => {
+                    if let Some(held) = self.held_acks.as_mut() {
+                        held.take(node, at);
+                    }
+                    self.heartbeat_ack(node);
+                }
+                Source::Queue => {
                     if let Some((_, ev)) = self.queue.pop() {
                         self.handle(ev);
                     }
@@ -1172,11 +1209,19 @@ impl Simulation {
         if self.now < arrival {
             self.nodes[node as usize].report =
                 Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
-            self.queue.push(arrival, Ev::HeartbeatArrival { node });
+            self.push_arrival(node, arrival);
         }
         let at = Time::from_micros(next);
         if self.end.is_none_or(|end| at <= end) {
             self.push_heartbeat(node, at);
+        }
+    }
+
+    /// Schedule the arrival of the node's heartbeat (sent at a slot of its phase).
+    fn push_arrival(&mut self, node: u32, at: Time) {
+        match self.held_arrivals.as_mut() {
+            Some(held) => held.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::HeartbeatArrival { node }),
         }
     }
 
@@ -1290,7 +1335,7 @@ impl Simulation {
         };
         n.report = Some((load, finished, queueable));
         let at = self.after_ms(self.config.delays.heartbeat_ms);
-        self.queue.push(at, Ev::HeartbeatArrival { node });
+        self.push_arrival(node, at);
         let next = self.after_ms(interval);
         if self.end.is_none_or(|end| next <= end) {
             self.push_heartbeat(node, next);
@@ -1325,7 +1370,10 @@ impl Simulation {
         };
         self.nodes[node as usize].ack = Some(ack);
         let at = self.after_ms(self.config.delays.heartbeat_ms);
-        self.queue.push(at, Ev::HeartbeatAck { node });
+        match self.held_acks.as_mut() {
+            Some(held) => held.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::HeartbeatAck { node }),
+        }
     }
 
     fn heartbeat_ack(&mut self, node: u32) {

@@ -12,6 +12,10 @@
 //! (the node has had nothing happen to it since it fell asleep) until something gives the node
 //! work ([`LazyHeartbeats::touch`]); an untouched node can go back to sleep in O(1).
 //!
+//! The same structure holds heartbeat arrivals and acknowledgements: they come a fixed delay
+//! after a heartbeat slot, and with that delay as the set's `offset` they are held like
+//! heartbeats.
+//!
 //! Nodes' heartbeat phases must be strictly increasing with the node index (true whenever the
 //! interval in µs is at least the node count). A held heartbeat is at most one interval after
 //! now, and at most one node's slot falls on any instant, so the held heartbeats are ordered by
@@ -22,6 +26,9 @@ use scheduler_core::Time;
 
 pub(crate) struct LazyHeartbeats {
     interval_us: u64,
+    /// Held events are this long after a slot of their node's phase (µs); times below are
+    /// stored and compared less the offset.
+    offset_us: u64,
     /// Phase of each node within the interval (µs), strictly increasing.
     phases: Vec<u64>,
     /// Per node: time (µs) and reserved sequence number of its held heartbeat.
@@ -36,9 +43,14 @@ pub(crate) struct LazyHeartbeats {
 
 impl LazyHeartbeats {
     /// `None` if the phases are not strictly increasing (two nodes could heartbeat at the same
-    /// instant; the caller then wakes nodes eagerly).
-    pub(crate) fn new(interval_us: u64, phases: Vec<u64>) -> Option<LazyHeartbeats> {
+    /// instant; the caller then uses the event queue), or the offset is not below the interval.
+    pub(crate) fn new(
+        interval_us: u64,
+        offset_us: u64,
+        phases: Vec<u64>,
+    ) -> Option<LazyHeartbeats> {
         if interval_us == 0
+            || offset_us >= interval_us
             || phases.windows(2).any(|w| w[0] >= w[1])
             || phases.last().is_some_and(|&p| p >= interval_us)
         {
@@ -47,6 +59,7 @@ impl LazyHeartbeats {
         let n = phases.len();
         Some(LazyHeartbeats {
             interval_us,
+            offset_us,
             phases,
             held: vec![(0, 0); n],
             bits: vec![0; n.div_ceil(64)],
@@ -70,7 +83,7 @@ impl LazyHeartbeats {
     /// node was just woken from sleep.
     pub(crate) fn insert(&mut self, node: u32, at: Time, seq: u64, untouched: bool) {
         debug_assert!(!self.is_held(node), "node {node} already held");
-        let at = at.as_micros();
+        let at = at.as_micros() - self.offset_us;
         self.bits[node as usize / 64] |= 1 << (node % 64);
         if untouched {
             self.untouched[node as usize / 64] |= 1 << (node % 64);
@@ -84,7 +97,8 @@ impl LazyHeartbeats {
 
     /// The earliest held heartbeat: (time, seq, node).
     pub(crate) fn next(&self) -> Option<(Time, u64, u32)> {
-        self.next.map(|(t, s, n)| (Time::from_micros(t), s, n))
+        self.next
+            .map(|(t, s, n)| (Time::from_micros(t + self.offset_us), s, n))
     }
 
     /// Release node's held heartbeat, if any: its (time, seq, untouched). `now` is the
@@ -99,7 +113,7 @@ impl LazyHeartbeats {
         self.count -= 1;
         let (at, seq) = self.held[node as usize];
         if self.next.is_some_and(|(.., n)| n == node) {
-            let now_us = now.as_micros();
+            let now_us = now.as_micros() - self.offset_us;
             self.next = if self.count == 0 {
                 None
             } else if at == now_us {
@@ -110,7 +124,7 @@ impl LazyHeartbeats {
                 self.find_next(now_us)
             };
         }
-        Some((Time::from_micros(at), seq, untouched))
+        Some((Time::from_micros(at + self.offset_us), seq, untouched))
     }
 
     /// Scan for the earliest held heartbeat at or after `now_us`.
@@ -174,7 +188,7 @@ impl LazyHeartbeats {
 
     /// Brute-force check of the cached earliest heartbeat (for invariant checking).
     pub(crate) fn check(&self, now: Time) -> Result<(), String> {
-        let now_us = now.as_micros();
+        let now_us = now.as_micros().saturating_sub(self.offset_us);
         let mut best: Option<(u64, u64, u32)> = None;
         let mut count = 0;
         for node in 0..self.phases.len() as u32 {
@@ -213,9 +227,9 @@ mod tests {
 
     #[test]
     fn phases_must_be_strictly_increasing_within_the_interval() {
-        assert!(LazyHeartbeats::new(10, vec![0, 3, 6]).is_some());
-        assert!(LazyHeartbeats::new(10, vec![0, 3, 3]).is_none());
-        assert!(LazyHeartbeats::new(10, vec![0, 10]).is_none());
+        assert!(LazyHeartbeats::new(10, 0, vec![0, 3, 6]).is_some());
+        assert!(LazyHeartbeats::new(10, 0, vec![0, 3, 3]).is_none());
+        assert!(LazyHeartbeats::new(10, 0, vec![0, 10]).is_none());
     }
 
     #[test]
@@ -224,7 +238,7 @@ mod tests {
             vec![0, 1, 2, 500, 998, 999],
             (0..100).map(|i| i * 7).collect(),
         ] {
-            let held = LazyHeartbeats::new(1_000, phases.clone()).unwrap();
+            let held = LazyHeartbeats::new(1_000, 0, phases.clone()).unwrap();
             for r in 0..1_000 {
                 assert_eq!(
                     held.first_phase_after(r),
@@ -242,8 +256,17 @@ mod tests {
         let interval = 1_000u64;
         let n = 150usize;
         let phases: Vec<u64> = (0..n as u64).map(|i| interval * i / n as u64).collect();
-        let mut rng = StdRng::seed_from_u64(7);
-        let mut held = LazyHeartbeats::new(interval, phases.clone()).unwrap();
+        for offset in [0, 1, 7, interval - 1] {
+            random_steps(interval, offset, &phases);
+        }
+        assert!(LazyHeartbeats::new(interval, interval, phases).is_none());
+    }
+
+    fn random_steps(interval: u64, offset: u64, phases: &[u64]) {
+        let n = phases.len();
+        let mut held = LazyHeartbeats::new(interval, offset, phases.to_vec()).unwrap();
+        let mut rng = StdRng::seed_from_u64(7 + offset);
+        // Time less the offset.
         let mut now = 0u64;
         let mut seq = 0u64;
         for step in 0..20_000 {
@@ -258,29 +281,34 @@ mod tests {
                         } else {
                             p + ((now - p) / interval + 1) * interval
                         };
-                        held.insert(node, Time::from_micros(next), seq, seq.is_multiple_of(2));
+                        held.insert(
+                            node,
+                            Time::from_micros(next + offset),
+                            seq,
+                            seq.is_multiple_of(2),
+                        );
                         seq += 1;
                     }
                 }
                 // Take a random node (a wake of a held node).
                 4 => {
                     let node = rng.random_range(0..n as u32);
-                    held.take(node, Time::from_micros(now));
+                    held.take(node, Time::from_micros(now + offset));
                 }
                 // Advance time, possibly to the next held heartbeat and take it.
                 _ => {
                     let target = now + rng.random_range(0..interval / 3);
                     match held.next() {
-                        Some((t, _, node)) if t.as_micros() <= target => {
-                            now = t.as_micros();
-                            let taken = held.take(node, Time::from_micros(now));
-                            assert_eq!(taken.map(|(t, ..)| t.as_micros()), Some(now));
+                        Some((t, _, node)) if t.as_micros() - offset <= target => {
+                            now = t.as_micros() - offset;
+                            let taken = held.take(node, t);
+                            assert_eq!(taken.map(|(t, ..)| t.as_micros()), Some(now + offset));
                         }
                         _ => now = target,
                     }
                 }
             }
-            held.check(Time::from_micros(now))
+            held.check(Time::from_micros(now + offset))
                 .unwrap_or_else(|e| panic!("step {step}: {e}"));
         }
     }
