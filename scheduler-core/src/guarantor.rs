@@ -614,6 +614,9 @@ impl Guarantor {
     /// nodes or racks is skipped.
     pub fn schedule_on_node(&mut self, now_ms: u64, node_id: &NodeId) -> Vec<GuaranteedPlacement> {
         let mut out = Vec::new();
+        if self.pending.is_empty() {
+            return out;
+        }
         let Some(node) = self.nodes.get(node_id) else {
             return out;
         };

@@ -55,6 +55,26 @@ impl Hasher for IdHasher {
 
 type IdMap<V> = HashMap<ContainerId, V, BuildHasherDefault<IdHasher>>;
 
+/// FNV-1a for node names (lookups only: iteration order never matters).
+struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 enum Ev {
     /// The next job of the workload arrives.
     Arrival,
@@ -211,7 +231,7 @@ pub struct Simulation {
     end: Option<Time>,
     finished: bool,
     nodes: Vec<SimNode>,
-    node_index: HashMap<NodeId, u32>,
+    node_index: HashMap<NodeId, u32, BuildHasherDefault<NameHasher>>,
     directory: Vec<NodeDirectoryEntry>,
     hosts: Vec<u32>,
     schedulers: Vec<HostedScheduler>,
@@ -323,7 +343,7 @@ impl Simulation {
             .map_or(0, |s| (s.fraction * n as f64).ceil() as usize);
         let slowdown = config.stragglers.map_or(1.0, |s| s.slowdown);
         let mut nodes = Vec::with_capacity(n);
-        let mut node_index = HashMap::with_capacity(n);
+        let mut node_index = HashMap::with_capacity_and_hasher(n, Default::default());
         let mut first_issuer = 0;
         for i in 0..n {
             let id = NodeId::new(format!("n{i}"));
@@ -1346,23 +1366,24 @@ impl Simulation {
         let Some((load, finished, queueable)) = self.nodes[node as usize].report.take() else {
             return;
         };
-        let id = self.nodes[node as usize].id.clone();
+        let id = &self.nodes[node as usize].id;
         // Node loss is not simulated, so the container list (used only to report a lost
         // node's containers) is not sent.
-        self.coordinator.heartbeat(self.now, &id, load, Vec::new());
+        self.coordinator.heartbeat(self.now, id, load, Vec::new());
         for cid in finished {
             self.guarantor.on_finished(cid);
         }
-        self.guarantor.report_queueable_load(&id, queueable);
+        self.guarantor.report_queueable_load(id, queueable);
         if self.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat {
-            let placements = self.guarantor.schedule_on_node(self.now.as_millis(), &id);
+            let placements = self.guarantor.schedule_on_node(self.now.as_millis(), id);
             self.deliver_grants(placements);
         }
         self.check_guarantor();
         let ack = Ack {
             threshold_ms: self.threshold_ms,
             queueable_limit: if self.config.policing {
-                self.guarantor.queueable_limit(&id)
+                self.guarantor
+                    .queueable_limit(&self.nodes[node as usize].id)
             } else {
                 None
             },
