@@ -15,7 +15,8 @@ use crate::protocol::app::Locality;
 use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A node as the guarantor sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -279,11 +280,130 @@ struct PendingAsk {
     passed_over_since_ms: Option<u64>,
 }
 
+/// FNV-1a: a fast deterministic hash for short node names.
+struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// The guarantor's nodes, iterated in name order (the order placers see candidates in) and
+/// found by name through a hash index: every heartbeat looks its node up several times, and a
+/// name-ordered tree costs a dozen string comparisons per lookup on a large cluster.
+#[derive(Default)]
+struct NodeTable {
+    /// Nodes in insertion slots (a removal moves the last one into the gap).
+    slots: Vec<GuarantorNode>,
+    /// Slot of each name.
+    index: HashMap<NodeId, usize, BuildHasherDefault<NameHasher>>,
+    /// Slots in name order.
+    order: Vec<usize>,
+}
+
+impl NodeTable {
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn get(&self, id: &NodeId) -> Option<&GuarantorNode> {
+        self.index.get(id).map(|&i| &self.slots[i])
+    }
+
+    fn get_mut(&mut self, id: &NodeId) -> Option<&mut GuarantorNode> {
+        self.index.get(id).map(|&i| &mut self.slots[i])
+    }
+
+    /// In name order.
+    fn values(&self) -> impl Iterator<Item = &GuarantorNode> {
+        self.order.iter().map(|&i| &self.slots[i])
+    }
+
+    /// Insert or replace (in place) the node of this name.
+    fn insert(&mut self, node: GuarantorNode) {
+        if let Some(&i) = self.index.get(&node.node_id) {
+            self.slots[i] = node;
+            return;
+        }
+        let slot = self.slots.len();
+        let slots = &self.slots;
+        let at = self
+            .order
+            .partition_point(|&i| slots[i].node_id < node.node_id);
+        self.order.insert(at, slot);
+        self.index.insert(node.node_id.clone(), slot);
+        self.slots.push(node);
+    }
+
+    fn remove(&mut self, id: &NodeId) -> Option<GuarantorNode> {
+        let slot = self.index.remove(id)?;
+        self.order.retain(|&i| i != slot);
+        let last = self.slots.len() - 1;
+        let node = self.slots.swap_remove(slot);
+        if slot != last {
+            // The last slot's node moved into the gap.
+            if let Some(i) = self.index.get_mut(&self.slots[slot].node_id) {
+                *i = slot;
+            }
+            for i in &mut self.order {
+                if *i == last {
+                    *i = slot;
+                }
+            }
+        }
+        Some(node)
+    }
+
+    /// Index and order agree (for invariant checking).
+    fn check(&self) -> Result<(), String> {
+        if self.index.len() != self.slots.len() || self.order.len() != self.slots.len() {
+            return Err(format!(
+                "node table: {} names and {} in order for {} nodes",
+                self.index.len(),
+                self.order.len(),
+                self.slots.len()
+            ));
+        }
+        for (i, n) in self.slots.iter().enumerate() {
+            if self.index.get(&n.node_id) != Some(&i) {
+                return Err(format!("node index misplaces {}", n.node_id));
+            }
+        }
+        let mut previous: Option<&NodeId> = None;
+        for n in self.values() {
+            if previous.is_some_and(|p| p >= &n.node_id) {
+                return Err(format!("nodes out of name order at {}", n.node_id));
+            }
+            previous = Some(&n.node_id);
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Index<&NodeId> for NodeTable {
+    type Output = GuarantorNode;
+    fn index(&self, id: &NodeId) -> &GuarantorNode {
+        self.get(id).expect("known node")
+    }
+}
+
 /// The guarantor's state: nodes, GUARANTEED grants and the pending asks.
 pub struct Guarantor {
     config: GuarantorConfig,
     placer: Box<dyn GuaranteedPlacer>,
-    nodes: BTreeMap<NodeId, GuarantorNode>,
+    nodes: NodeTable,
     grants: HashMap<ContainerId, Grant>,
     pending: VecDeque<PendingAsk>,
     minter: ContainerIdMinter,
@@ -310,7 +430,7 @@ impl Guarantor {
         Guarantor {
             config,
             placer,
-            nodes: BTreeMap::new(),
+            nodes: NodeTable::default(),
             grants: HashMap::new(),
             pending: VecDeque::new(),
             minter: ContainerIdMinter::resume(0, last_seq),
@@ -349,16 +469,13 @@ impl Guarantor {
             .values()
             .filter(|g| g.node == node_id)
             .fold(Resources::ZERO, |acc, g| acc.saturating_add(&g.resources));
-        self.nodes.insert(
-            node_id.clone(),
-            GuarantorNode {
-                node_id,
-                rack,
-                capacity,
-                guaranteed,
-                queueable: QueueableLoad::default(),
-            },
-        );
+        self.nodes.insert(GuarantorNode {
+            node_id,
+            rack,
+            capacity,
+            guaranteed,
+            queueable: QueueableLoad::default(),
+        });
     }
 
     /// The node's QUEUEABLE work as its latest heartbeat reported it (placement input only;
@@ -429,10 +546,7 @@ impl Guarantor {
         n
     }
 
-    fn candidates<'a>(
-        nodes: &'a BTreeMap<NodeId, GuarantorNode>,
-        ask: &GuaranteedAsk,
-    ) -> Vec<&'a GuarantorNode> {
+    fn candidates<'a>(nodes: &'a NodeTable, ask: &GuaranteedAsk) -> Vec<&'a GuarantorNode> {
         let fits: Vec<&GuarantorNode> = nodes
             .values()
             .filter(|n| ask.resources.fits_in(&n.free()))
@@ -500,6 +614,9 @@ impl Guarantor {
     /// nodes or racks is skipped.
     pub fn schedule_on_node(&mut self, now_ms: u64, node_id: &NodeId) -> Vec<GuaranteedPlacement> {
         let mut out = Vec::new();
+        if self.pending.is_empty() {
+            return out;
+        }
         let Some(node) = self.nodes.get(node_id) else {
             return out;
         };
@@ -750,6 +867,7 @@ impl Guarantor {
 
     /// No node over-committed with GUARANTEED work, and books equal grants.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.nodes.check()?;
         for n in self.nodes.values() {
             let sum = self
                 .grants

@@ -1,6 +1,7 @@
 //! The simulation state and its event handlers. See the module documentation of [`crate::sim`].
 
 use super::events::EventQueue;
+use super::wakes::LazyHeartbeats;
 use super::{
     EstimateAccuracy, EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind, LatencySummary,
     SimConfig, SimReport,
@@ -53,6 +54,26 @@ impl Hasher for IdHasher {
 }
 
 type IdMap<V> = HashMap<ContainerId, V, BuildHasherDefault<IdHasher>>;
+
+/// FNV-1a for node names (lookups only: iteration order never matters).
+struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
 
 enum Ev {
     /// The next job of the workload arrives.
@@ -107,6 +128,15 @@ enum Ev {
     End,
 }
 
+/// Where the next event comes from.
+#[derive(Clone, Copy)]
+enum Source {
+    Queue,
+    Heartbeat(u32),
+    Arrival(u32),
+    Ack(u32),
+}
+
 struct ContainerRecord {
     job: u32,
     task: u32,
@@ -134,16 +164,33 @@ struct SimNode {
     /// The top-k round this node's last acknowledgement carried.
     view_round: u64,
     scheduler: Option<usize>,
-    /// This node's heartbeat phase within the interval (µs).
-    phase_us: u64,
-    /// Its heartbeats are elided because they would change nothing (see `can_sleep`).
-    dormant: bool,
     /// The coordinator holds R = 0 for it (its last report was zero).
     reported_zero: bool,
     /// It may host job managers: it must keep receiving top-k views, so it never sleeps.
     hosts_job_managers: bool,
-    /// When its last elided heartbeat would have been sent.
-    slept_at: Time,
+}
+
+/// A node's heartbeat schedule and sleep, kept apart from [`SimNode`] so that waking and
+/// putting to sleep thousands of idle nodes per GUARANTEED ask touches little memory.
+#[derive(Clone, Copy)]
+struct Sleep {
+    /// Heartbeat phase within the interval (µs).
+    phase_us: u64,
+    /// When its last elided heartbeat would have been sent (µs).
+    slept_at_us: u64,
+    /// Its heartbeats are elided because they would change nothing (see `can_sleep`).
+    dormant: bool,
+}
+
+impl Sleep {
+    /// Its first heartbeat slot strictly after `now_us`.
+    fn next_slot_after(&self, now_us: u64, interval_us: u64) -> u64 {
+        if now_us < self.phase_us {
+            self.phase_us
+        } else {
+            self.phase_us + ((now_us - self.phase_us) / interval_us + 1) * interval_us
+        }
+    }
 }
 
 struct HostedScheduler {
@@ -184,7 +231,7 @@ pub struct Simulation {
     end: Option<Time>,
     finished: bool,
     nodes: Vec<SimNode>,
-    node_index: HashMap<NodeId, u32>,
+    node_index: HashMap<NodeId, u32, BuildHasherDefault<NameHasher>>,
     directory: Vec<NodeDirectoryEntry>,
     hosts: Vec<u32>,
     schedulers: Vec<HostedScheduler>,
@@ -196,8 +243,17 @@ pub struct Simulation {
     round: u64,
     threshold_ms: Option<f64>,
     containers: IdMap<ContainerRecord>,
-    /// Nodes that may be dormant (entries are re-checked against `SimNode::dormant`).
+    sleep: Vec<Sleep>,
+    /// Nodes that may be dormant (entries are re-checked against `Sleep::dormant`).
     dormant: Vec<u32>,
+    /// Spare buffer for `dormant` (kept to reuse its allocation).
+    dormant_spare: Vec<u32>,
+    /// Node heartbeats, held outside the event queue (`None`: they go through the queue, as
+    /// when two nodes share a heartbeat instant).
+    lazy: Option<LazyHeartbeats>,
+    /// Heartbeat arrivals and acknowledgements, held likewise (a fixed delay after a slot).
+    held_arrivals: Option<LazyHeartbeats>,
+    held_acks: Option<LazyHeartbeats>,
     jobs: Vec<Option<JobState>>,
     running_jobs: usize,
     workload: JobStream,
@@ -248,6 +304,16 @@ fn seeded(seed: u64, stream: u64) -> StdRng {
 
 impl Simulation {
     pub fn new(config: SimConfig, workload: JobStream) -> Result<Simulation, String> {
+        Simulation::build(config, workload, true)
+    }
+
+    /// `hold_heartbeats`: keep node heartbeats out of the event queue where possible (the
+    /// outcome is the same either way; tests compare the two).
+    fn build(
+        config: SimConfig,
+        workload: JobStream,
+        hold_heartbeats: bool,
+    ) -> Result<Simulation, String> {
         config.validate()?;
         let n = config.nodes;
         let mut coordinator = CoordinatorState::new(
@@ -277,7 +343,7 @@ impl Simulation {
             .map_or(0, |s| (s.fraction * n as f64).ceil() as usize);
         let slowdown = config.stragglers.map_or(1.0, |s| s.slowdown);
         let mut nodes = Vec::with_capacity(n);
-        let mut node_index = HashMap::with_capacity(n);
+        let mut node_index = HashMap::with_capacity_and_hasher(n, Default::default());
         let mut first_issuer = 0;
         for i in 0..n {
             let id = NodeId::new(format!("n{i}"));
@@ -307,11 +373,8 @@ impl Simulation {
                 ack: None,
                 view_round: 0,
                 scheduler: None,
-                phase_us: (config.heartbeat_interval_ms * 1000) * i as u64 / n as u64,
-                dormant: false,
                 reported_zero: true,
                 hosts_job_managers: false,
-                slept_at: Time::ZERO,
             });
         }
         let directory: Vec<NodeDirectoryEntry> = coordinator.nodes().cloned().collect();
@@ -343,7 +406,18 @@ impl Simulation {
             rounds,
             round: 0,
             containers: IdMap::default(),
+            sleep: (0..n)
+                .map(|i| Sleep {
+                    phase_us: (config.heartbeat_interval_ms * 1000) * i as u64 / n as u64,
+                    slept_at_us: 0,
+                    dormant: false,
+                })
+                .collect(),
             dormant: Vec::new(),
+            dormant_spare: Vec::new(),
+            lazy: None,
+            held_arrivals: None,
+            held_acks: None,
             jobs: Vec::new(),
             running_jobs: 0,
             workload,
@@ -366,11 +440,23 @@ impl Simulation {
             config,
         };
         let interval = sim.config.heartbeat_interval_ms * 1000;
+        if hold_heartbeats {
+            let phases: Vec<u64> = sim.sleep.iter().map(|s| s.phase_us).collect();
+            let delay = sim.config.delays.heartbeat_ms * 1000;
+            sim.lazy = LazyHeartbeats::new(interval, 0, phases.clone());
+            if sim.lazy.is_some() {
+                sim.held_arrivals = LazyHeartbeats::new(interval, delay, phases.clone());
+                sim.held_acks = LazyHeartbeats::new(interval, 2 * delay, phases);
+                if sim.held_arrivals.is_none() || sim.held_acks.is_none() {
+                    sim.held_arrivals = None;
+                    sim.held_acks = None;
+                }
+            }
+        }
         for i in 0..n {
             // Heartbeats are spread evenly over the interval, as independent nodes' would be.
-            let offset = sim.nodes[i].phase_us;
-            sim.queue
-                .push(Time::from_micros(offset), Ev::Heartbeat { node: i as u32 });
+            let offset = sim.sleep[i].phase_us;
+            sim.push_heartbeat(i as u32, Time::from_micros(offset));
         }
         sim.queue.push(Time::from_micros(interval), Ev::Round);
         if let Some(end) = sim.end {
@@ -413,17 +499,50 @@ impl Simulation {
             bar
         });
         while !self.finished {
-            let Some((at, ev)) = self.queue.pop() else {
+            // The earliest of the queue's head and the held heartbeats, arrivals and
+            // acknowledgements, by (time, sequence number).
+            let mut next: Option<(Time, u64, Source)> =
+                self.queue.peek_key().map(|(t, s)| (t, s, Source::Queue));
+            for (held, source) in [
+                (&self.lazy, Source::Heartbeat as fn(u32) -> Source),
+                (&self.held_arrivals, Source::Arrival),
+                (&self.held_acks, Source::Ack),
+            ] {
+                if let Some((t, s, node)) = held.as_ref().and_then(LazyHeartbeats::next)
+                    && next.is_none_or(|(nt, ns, _)| (t, s) < (nt, ns))
+                {
+                    next = Some((t, s, source(node)));
+                }
+            }
+            let Some((at, _, source)) = next else {
                 self.finished = true;
                 break;
             };
             if until.is_some_and(|u| at > u) {
-                self.queue.push(at, ev);
                 break;
             }
             self.now = at;
             self.events += 1;
-            self.handle(ev);
+            match source {
+                Source::Heartbeat(node) => self.held_heartbeat(node),
+                Source::Arrival(node) => {
+                    if let Some(held) = self.held_arrivals.as_mut() {
+                        held.take(node, at);
+                    }
+                    self.heartbeat_arrival(node);
+                }
+                Source::Ack(node) => {
+                    if let Some(held) = self.held_acks.as_mut() {
+                        held.take(node, at);
+                    }
+                    self.heartbeat_ack(node);
+                }
+                Source::Queue => {
+                    if let Some((_, ev)) = self.queue.pop() {
+                        self.handle(ev);
+                    }
+                }
+            }
             if let Some(bar) = &progress
                 && self.events.is_multiple_of(65_536)
             {
@@ -1086,28 +1205,51 @@ impl Simulation {
 
     /// Resume a dormant node's heartbeats at its next slot after now.
     fn wake(&mut self, node: u32) {
-        let n = &mut self.nodes[node as usize];
-        if !n.dormant {
+        if let Some(lazy) = self.lazy.as_mut()
+            && lazy.is_held(node)
+        {
+            // Awake already, with a heartbeat to come; if it was woken for asks, it is no longer
+            // just waiting to fall asleep again: it will have work.
+            lazy.touch(node);
             return;
         }
-        n.dormant = false;
+        let sleep = &mut self.sleep[node as usize];
+        if !sleep.dormant {
+            return;
+        }
+        sleep.dormant = false;
         // The elided heartbeat may still have been in flight: its arrival (and acknowledgement)
         // would see what happened since, so replay it with the zero report it carried.
-        let arrival = n.slept_at + Duration::from_millis(self.config.delays.heartbeat_ms);
+        let arrival = Time::from_micros(sleep.slept_at_us)
+            + Duration::from_millis(self.config.delays.heartbeat_ms);
+        let next = sleep.next_slot_after(
+            self.now.as_micros(),
+            self.config.heartbeat_interval_ms * 1000,
+        );
         if self.now < arrival {
-            n.report = Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
-            self.queue.push(arrival, Ev::HeartbeatArrival { node });
+            self.nodes[node as usize].report =
+                Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
+            self.push_arrival(node, arrival);
         }
-        let interval = self.config.heartbeat_interval_ms * 1000;
-        let now = self.now.as_micros();
-        let next = if now < n.phase_us {
-            n.phase_us
-        } else {
-            n.phase_us + ((now - n.phase_us) / interval + 1) * interval
-        };
         let at = Time::from_micros(next);
         if self.end.is_none_or(|end| at <= end) {
-            self.queue.push(at, Ev::Heartbeat { node });
+            self.push_heartbeat(node, at);
+        }
+    }
+
+    /// Schedule the arrival of the node's heartbeat (sent at a slot of its phase).
+    fn push_arrival(&mut self, node: u32, at: Time) {
+        match self.held_arrivals.as_mut() {
+            Some(held) => held.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::HeartbeatArrival { node }),
+        }
+    }
+
+    /// Schedule the node's next heartbeat (at a slot of its phase).
+    fn push_heartbeat(&mut self, node: u32, at: Time) {
+        match self.lazy.as_mut() {
+            Some(lazy) => lazy.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::Heartbeat { node }),
         }
     }
 
@@ -1119,20 +1261,87 @@ impl Simulation {
         {
             return;
         }
-        for node in std::mem::take(&mut self.dormant) {
-            self.wake(node);
+        let mut dormant =
+            std::mem::replace(&mut self.dormant, std::mem::take(&mut self.dormant_spare));
+        if self.lazy.is_none() {
+            for &node in &dormant {
+                self.wake(node);
+            }
+            dormant.clear();
+            self.dormant_spare = dormant;
+            return;
+        }
+        // As `wake` does, but each heartbeat is held outside the queue (with the sequence
+        // number its push would have had) until it is due: most of these nodes find the asks
+        // placed by then and go back to sleep at once (`held_heartbeat`).
+        let interval = self.config.heartbeat_interval_ms * 1000;
+        let now = self.now.as_micros();
+        let in_flight = self.config.delays.heartbeat_ms * 1000;
+        let end = self.end.map_or(u64::MAX, Time::as_micros);
+        for &node in &dormant {
+            let sleep = &mut self.sleep[node as usize];
+            if !sleep.dormant {
+                continue;
+            }
+            if now < sleep.slept_at_us + in_flight {
+                // Its elided heartbeat may be in flight: replayed as `wake` does.
+                self.wake(node);
+                continue;
+            }
+            sleep.dormant = false;
+            let next = sleep.next_slot_after(now, interval);
+            if next <= end {
+                let seq = self.queue.reserve_seq();
+                if let Some(lazy) = self.lazy.as_mut() {
+                    lazy.insert(node, Time::from_micros(next), seq, true);
+                }
+            }
+        }
+        dormant.clear();
+        self.dormant_spare = dormant;
+    }
+
+    /// A held heartbeat is due. If the node was woken for asks and nothing happened to it
+    /// since it fell asleep (anything that gives it work wakes it, which touches it), all that
+    /// can keep it from sleeping again is a GUARANTEED ask waiting for node updates.
+    fn held_heartbeat(&mut self, node: u32) {
+        let untouched = self
+            .lazy
+            .as_mut()
+            .and_then(|l| l.take(node, self.now))
+            .is_some_and(|(.., untouched)| untouched);
+        if !untouched || self.guarantor.pending_asks() > 0 {
+            self.heartbeat(node);
+            return;
+        }
+        if self.config.check_invariants {
+            assert!(
+                self.can_sleep(node),
+                "node {} was held asleep but cannot sleep at {}",
+                self.nodes[node as usize].id,
+                self.now
+            );
+            if let Some(Err(e)) = self.lazy.as_ref().map(|l| l.check(self.now)) {
+                panic!("{e}");
+            }
+        }
+        self.fall_asleep(node);
+    }
+
+    fn fall_asleep(&mut self, node: u32) {
+        let sleep = &mut self.sleep[node as usize];
+        sleep.dormant = true;
+        sleep.slept_at_us = self.now.as_micros();
+        self.dormant.push(node);
+        if self.dormant.len() > 2 * self.nodes.len() {
+            let sleep = &self.sleep;
+            self.dormant.retain(|&i| sleep[i as usize].dormant);
         }
     }
 
     fn heartbeat(&mut self, node: u32) {
         if self.can_sleep(node) {
-            self.nodes[node as usize].dormant = true;
-            self.nodes[node as usize].slept_at = self.now;
-            self.dormant.push(node);
-            if self.dormant.len() > 2 * self.nodes.len() {
-                let nodes = &self.nodes;
-                self.dormant.retain(|&i| nodes[i as usize].dormant);
-            }
+            self.fall_asleep(node);
             return;
         }
         let interval = self.config.heartbeat_interval_ms;
@@ -1146,10 +1355,10 @@ impl Simulation {
         };
         n.report = Some((load, finished, queueable));
         let at = self.after_ms(self.config.delays.heartbeat_ms);
-        self.queue.push(at, Ev::HeartbeatArrival { node });
+        self.push_arrival(node, at);
         let next = self.after_ms(interval);
         if self.end.is_none_or(|end| next <= end) {
-            self.queue.push(next, Ev::Heartbeat { node });
+            self.push_heartbeat(node, next);
         }
     }
 
@@ -1157,23 +1366,24 @@ impl Simulation {
         let Some((load, finished, queueable)) = self.nodes[node as usize].report.take() else {
             return;
         };
-        let id = self.nodes[node as usize].id.clone();
+        let id = &self.nodes[node as usize].id;
         // Node loss is not simulated, so the container list (used only to report a lost
         // node's containers) is not sent.
-        self.coordinator.heartbeat(self.now, &id, load, Vec::new());
+        self.coordinator.heartbeat(self.now, id, load, Vec::new());
         for cid in finished {
             self.guarantor.on_finished(cid);
         }
-        self.guarantor.report_queueable_load(&id, queueable);
+        self.guarantor.report_queueable_load(id, queueable);
         if self.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat {
-            let placements = self.guarantor.schedule_on_node(self.now.as_millis(), &id);
+            let placements = self.guarantor.schedule_on_node(self.now.as_millis(), id);
             self.deliver_grants(placements);
         }
         self.check_guarantor();
         let ack = Ack {
             threshold_ms: self.threshold_ms,
             queueable_limit: if self.config.policing {
-                self.guarantor.queueable_limit(&id)
+                self.guarantor
+                    .queueable_limit(&self.nodes[node as usize].id)
             } else {
                 None
             },
@@ -1181,7 +1391,10 @@ impl Simulation {
         };
         self.nodes[node as usize].ack = Some(ack);
         let at = self.after_ms(self.config.delays.heartbeat_ms);
-        self.queue.push(at, Ev::HeartbeatAck { node });
+        match self.held_acks.as_mut() {
+            Some(held) => held.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::HeartbeatAck { node }),
+        }
     }
 
     fn heartbeat_ack(&mut self, node: u32) {
@@ -1268,5 +1481,120 @@ impl Simulation {
                 0.0
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimReport;
+    use crate::workload::{Arrivals, Generator};
+    use scheduler_core::coordinator::SheddingPolicy;
+
+    fn light(seed: u64, placer: GuaranteedPlacerKind) -> SimConfig {
+        let mut c = SimConfig::mercury_cluster(seed, "<10sec-70%-Q".parse().unwrap());
+        c.nodes = 48;
+        c.node_capacity = Resources::new(4_000, 16_384);
+        c.top_k = 5;
+        c.guaranteed_placer = placer;
+        c.shedding = SheddingPolicy::MeanPlusSigma { n: 2.0 };
+        c.reorder_by_job_submit_time = true;
+        c.max_concurrent_jobs = 20;
+        c.job_manager_hosts = 5;
+        c.duration_ms = Some(600_000);
+        c.warmup_ms = 10_000;
+        c.elide_idle_heartbeats = true;
+        c.check_invariants = true;
+        c
+    }
+
+    fn run(config: SimConfig, eager: bool) -> SimReport {
+        let stream =
+            Generator::ProductionLike.stream(config.seed, Arrivals::Poisson { jobs_per_s: 0.03 });
+        let mut sim = Simulation::build(config, stream, !eager).unwrap();
+        sim.run();
+        let mut r = sim.report("light");
+        r.wall_s = 0.0;
+        r.events_per_s = 0.0;
+        r
+    }
+
+    /// Heartbeats are held outside the event queue, and idle nodes woken for every GUARANTEED
+    /// ask of a light load held until due. The whole report (events included) must equal that
+    /// of pushing every heartbeat to the queue, with and without elision, for both placers and
+    /// both allocation modes.
+    #[test]
+    fn holding_heartbeats_outside_the_queue_changes_nothing() {
+        for (seed, placer, allocation, elide) in [
+            (
+                13,
+                GuaranteedPlacerKind::QueueableAware,
+                GuaranteedAllocation::OnHeartbeat,
+                true,
+            ),
+            (
+                14,
+                GuaranteedPlacerKind::BestFit,
+                GuaranteedAllocation::OnHeartbeat,
+                true,
+            ),
+            (
+                15,
+                GuaranteedPlacerKind::QueueableAware,
+                GuaranteedAllocation::OnHeartbeat,
+                false,
+            ),
+            (
+                16,
+                GuaranteedPlacerKind::QueueableAware,
+                GuaranteedAllocation::EventDriven,
+                true,
+            ),
+        ] {
+            let mut config = light(seed, placer);
+            config.guaranteed_allocation = allocation;
+            config.elide_idle_heartbeats = elide;
+            let held = run(config.clone(), false);
+            let eager = run(config.clone(), true);
+            assert_eq!(held, eager, "{placer:?} {allocation:?} elide={elide}");
+            assert!(
+                held.guaranteed_containers > 20 && held.jobs_completed > 5,
+                "{held:?}"
+            );
+            if elide {
+                // Nodes did sleep (and were woken): fewer events than without elision.
+                let mut full = config;
+                full.elide_idle_heartbeats = false;
+                let full = run(full, true);
+                assert!(
+                    held.events < full.events,
+                    "{} vs {}",
+                    held.events,
+                    full.events
+                );
+            }
+        }
+    }
+
+    /// Heartbeats are held outside the queue only when no two nodes share a heartbeat
+    /// instant.
+    #[test]
+    fn heartbeats_are_held_only_when_ordered_by_phase() {
+        let held = |config: SimConfig| {
+            let stream = Generator::ProductionLike.stream(1, Arrivals::Backlog);
+            Simulation::new(config, stream).unwrap().lazy.is_some()
+        };
+        let config = light(15, GuaranteedPlacerKind::QueueableAware);
+        assert!(held(config.clone()));
+        let mut crowded = config.clone();
+        crowded.heartbeat_interval_ms = 1;
+        crowded.nodes = 1_001;
+        assert!(!held(crowded.clone()));
+        crowded.nodes = 1_000;
+        assert!(held(crowded));
+        let mut event_driven = config;
+        event_driven.guaranteed_allocation = GuaranteedAllocation::EventDriven;
+        event_driven.elide_idle_heartbeats = false;
+        assert!(held(event_driven));
     }
 }

@@ -58,6 +58,30 @@ impl<E> EventQueue<E> {
         self.heap.pop().map(|e| (e.at, e.event))
     }
 
+    /// The time and sequence number of the next event, without taking it.
+    pub fn peek_key(&self) -> Option<(Time, u64)> {
+        self.heap.peek().map(|e| (e.at, e.seq))
+    }
+
+    /// Take the next sequence number without scheduling anything yet: an event held outside
+    /// the queue (and ordered against it by `(time, seq)`) keeps the place among equal-time
+    /// events that a push now would have given it. Insert it later with
+    /// [`EventQueue::push_with_seq`].
+    pub fn reserve_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Schedule an event under a sequence number from [`EventQueue::reserve_seq`].
+    pub fn push_with_seq(&mut self, at: Time, seq: u64, event: E) {
+        debug_assert!(
+            seq < self.next_seq,
+            "sequence number {seq} was not reserved"
+        );
+        self.heap.push(Entry { at, seq, event });
+    }
+
     pub fn len(&self) -> usize {
         self.heap.len()
     }
@@ -82,5 +106,19 @@ mod tests {
         let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
         assert_eq!(order, vec!["first", "a", "b", "c", "late"]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_reserved_sequence_number_keeps_its_place_among_ties() {
+        let mut q = EventQueue::default();
+        q.push(Time::from_secs(1), "a");
+        let held = q.reserve_seq();
+        q.push(Time::from_secs(1), "c");
+        q.push(Time::ZERO, "first");
+        assert_eq!(q.peek_key(), Some((Time::ZERO, 3)));
+        q.push_with_seq(Time::from_secs(1), held, "b");
+        let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
+        assert_eq!(order, vec!["first", "a", "b", "c"]);
+        assert_eq!(q.peek_key(), None);
     }
 }

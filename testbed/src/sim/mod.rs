@@ -24,6 +24,7 @@
 pub mod cli;
 mod engine;
 pub mod events;
+mod wakes;
 
 pub use engine::Simulation;
 
