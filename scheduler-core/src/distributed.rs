@@ -20,7 +20,7 @@ use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 /// One node of the cluster directory (membership; changes rarely).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +163,8 @@ pub struct DistributedScheduler {
     view_positions_by_node: Vec<(usize, usize)>,
     /// Scratch for the k view positions drawn from, empty between choices.
     drawn: Vec<usize>,
+    /// Scratch: the directory entries an ask already got an off-locality container on.
+    used_off_locality: UsedNodes,
     /// The distinct node capacities of the directory, for the "fits on some node" check.
     capacities: Vec<Resources>,
     quotas: QuotaTracker,
@@ -183,6 +185,7 @@ impl DistributedScheduler {
             rank: Vec::new(),
             view_positions_by_node: Vec::new(),
             drawn: Vec::new(),
+            used_off_locality: UsedNodes::default(),
             capacities: Vec::new(),
             quotas: QuotaTracker::new(),
         }
@@ -243,26 +246,35 @@ impl DistributedScheduler {
 
     /// Update only the top-k list. Resets the estimates of own placements and the avoided nodes.
     pub fn update_top_k(&mut self, top_k: Vec<NodeLoad>) {
-        self.top_k_index = top_k
-            .iter()
-            .map(|l| self.directory_index.get(&l.node_id).copied())
-            .collect();
-        self.estimated_ms = top_k.iter().map(|l| l.queue_delay_ms).collect();
-        self.avoided = vec![false; top_k.len()];
+        // Buffers are refilled in place: a view arrives with every heartbeat acknowledgement.
+        self.top_k_index.clear();
+        self.top_k_index.extend(
+            top_k
+                .iter()
+                .map(|l| self.directory_index.get(&l.node_id).copied()),
+        );
+        self.estimated_ms.clear();
+        self.estimated_ms
+            .extend(top_k.iter().map(|l| l.queue_delay_ms));
+        self.avoided.clear();
+        self.avoided.resize(top_k.len(), false);
         let estimated = &self.estimated_ms;
-        self.order = (0..top_k.len()).collect();
+        self.order.clear();
+        self.order.extend(0..top_k.len());
         self.order
             .sort_unstable_by(|&a, &b| Self::load_order(estimated, a, b));
-        self.rank = vec![0; top_k.len()];
+        self.rank.clear();
+        self.rank.resize(top_k.len(), 0);
         for (r, &pos) in self.order.iter().enumerate() {
             self.rank[pos] = r;
         }
-        self.view_positions_by_node = self
-            .top_k_index
-            .iter()
-            .enumerate()
-            .filter_map(|(pos, index)| index.map(|i| (i, pos)))
-            .collect();
+        self.view_positions_by_node.clear();
+        self.view_positions_by_node.extend(
+            self.top_k_index
+                .iter()
+                .enumerate()
+                .filter_map(|(pos, index)| index.map(|i| (i, pos))),
+        );
         self.view_positions_by_node.sort_unstable();
         self.view.top_k = top_k;
     }
@@ -361,7 +373,8 @@ impl DistributedScheduler {
             });
         }
         let mut out = PlacementOutcome::default();
-        let mut used_off_locality: HashSet<usize> = HashSet::new();
+        let mut used_off_locality = std::mem::take(&mut self.used_off_locality);
+        used_off_locality.reset(self.view.directory.len());
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
         // Job submit times in the future would let an app jump every queue: clamp to now.
         let job_submit_time_ms = ask.job_submit_time_ms.min(now_ms);
@@ -406,6 +419,7 @@ impl DistributedScheduler {
             });
         }
         self.drawn = drawn;
+        self.used_off_locality = used_off_locality;
         out.unplaced = ask.count - out.placed.len() as u32;
         if out.unplaced > 0 {
             out.unplaced_reason = Some(
@@ -491,7 +505,7 @@ impl DistributedScheduler {
     fn choose_node<R: Rng + ?Sized>(
         &self,
         ask: &QueueableAsk,
-        used: &HashSet<usize>,
+        used: &UsedNodes,
         drawn: &mut Vec<usize>,
         rng: &mut R,
     ) -> Option<(usize, bool)> {
@@ -525,7 +539,7 @@ impl DistributedScheduler {
             if !loc.racks.is_empty() {
                 let in_racks = |n: &NodeDirectoryEntry| loc.racks.iter().any(|r| r == &n.rack);
                 if let Some(i) = self.choose_among_least_loaded(
-                    |i| in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i),
+                    |i| in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(i),
                     drawn,
                     rng,
                 ) {
@@ -533,7 +547,7 @@ impl DistributedScheduler {
                 }
                 let any: Vec<usize> = (0..directory.len())
                     .filter(|&i| {
-                        in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(&i)
+                        in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(i)
                     })
                     .collect();
                 if !any.is_empty() {
@@ -544,11 +558,37 @@ impl DistributedScheduler {
                 return None;
             }
         }
-        self.choose_among_least_loaded(
-            |i| fits(&directory[i]) && (used.is_empty() || !used.contains(&i)),
-            drawn,
-            rng,
-        )
-        .map(|i| (i, true))
+        self.choose_among_least_loaded(|i| fits(&directory[i]) && !used.contains(i), drawn, rng)
+            .map(|i| (i, true))
+    }
+}
+
+/// A set of directory indices, as marks over the directory plus the list of marked entries, so
+/// that membership is one load and clearing costs only what was marked.
+#[derive(Clone, Debug, Default)]
+struct UsedNodes {
+    marks: Vec<bool>,
+    marked: Vec<usize>,
+}
+
+impl UsedNodes {
+    /// Empty the set and size it for a directory of `len` entries.
+    fn reset(&mut self, len: usize) {
+        for &i in &self.marked {
+            self.marks[i] = false;
+        }
+        self.marked.clear();
+        self.marks.resize(len, false);
+    }
+
+    fn insert(&mut self, index: usize) {
+        if !self.marks[index] {
+            self.marks[index] = true;
+            self.marked.push(index);
+        }
+    }
+
+    fn contains(&self, index: usize) -> bool {
+        self.marks.get(index).copied().unwrap_or(false)
     }
 }
