@@ -13,7 +13,7 @@
 //! avoided until the next view ([`DistributedScheduler::avoid_until_next_view`]), so the
 //! re-asked containers do not return to it on the same stale estimate.
 
-use crate::ids::ContainerIdMinter;
+use crate::ids::{ContainerIdMinter, NameBuildHasher};
 use crate::protocol::app::Locality;
 use crate::quota::{QueueableQuota, QuotaTracker};
 use crate::token::TokenBody;
@@ -143,7 +143,7 @@ pub struct DistributedScheduler {
     config: DistributedSchedulerConfig,
     minter: ContainerIdMinter,
     view: ClusterView,
-    directory_index: HashMap<NodeId, usize>,
+    directory_index: HashMap<NodeId, usize, NameBuildHasher>,
     /// Directory index of each top-k entry (`None` if not in the directory), so placement does
     /// not hash node names per candidate.
     top_k_index: Vec<Option<usize>>,
@@ -177,7 +177,7 @@ impl DistributedScheduler {
             config,
             minter: ContainerIdMinter::new(issuer),
             view: ClusterView::default(),
-            directory_index: HashMap::new(),
+            directory_index: HashMap::default(),
             top_k_index: Vec::new(),
             estimated_ms: Vec::new(),
             avoided: Vec::new(),

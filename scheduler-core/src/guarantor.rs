@@ -9,14 +9,13 @@
 //! then best fit. [`BestFit`] alone ignores QUEUEABLE work. The 3Sigma/Morpheus placement plugs
 //! in behind the same trait.
 
-use crate::ids::ContainerIdMinter;
+use crate::ids::{ContainerIdMinter, NameBuildHasher};
 use crate::node::{ContainerStatus, Placement};
 use crate::protocol::app::Locality;
 use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// A node as the guarantor sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -280,26 +279,6 @@ struct PendingAsk {
     passed_over_since_ms: Option<u64>,
 }
 
-/// FNV-1a: a fast deterministic hash for short node names.
-struct NameHasher(u64);
-
-impl Default for NameHasher {
-    fn default() -> Self {
-        NameHasher(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for NameHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
-
 /// The guarantor's nodes, iterated in name order (the order placers see candidates in) and
 /// found by name through a hash index: every heartbeat looks its node up several times, and a
 /// name-ordered tree costs a dozen string comparisons per lookup on a large cluster.
@@ -308,7 +287,7 @@ struct NodeTable {
     /// Nodes in insertion slots (a removal moves the last one into the gap).
     slots: Vec<GuarantorNode>,
     /// Slot of each name.
-    index: HashMap<NodeId, usize, BuildHasherDefault<NameHasher>>,
+    index: HashMap<NodeId, usize, NameBuildHasher>,
     /// Slots in name order.
     order: Vec<usize>,
 }

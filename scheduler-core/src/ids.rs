@@ -100,6 +100,32 @@ string_id!(
     JobId
 );
 
+/// FNV-1a: a fast, deterministic hash for the short names of [`NodeId`] and friends, for maps
+/// looked up on every heartbeat or view. Names come from joined (authenticated) workers and
+/// registered apps, so the hash-flooding resistance of the std default is not needed there.
+#[derive(Clone, Copy, Debug)]
+pub struct NameHasher(u64);
+
+impl Default for NameHasher {
+    fn default() -> Self {
+        NameHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Builds [`NameHasher`]s, for `HashMap<NodeId, _, NameBuildHasher>`.
+pub type NameBuildHasher = std::hash::BuildHasherDefault<NameHasher>;
+
 /// A container id: the high 24 bits name the issuer (0 = the central guarantor, 1.. = the
 /// distributed scheduler of one worker incarnation, assigned by the coordinator at join), the low
 /// 40 bits are that issuer's sequence number. Completion events are routed back to the issuer by

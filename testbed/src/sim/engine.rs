@@ -19,6 +19,7 @@ use scheduler_core::guarantor::{
     BestFit, GuaranteedAsk, GuaranteedPlacement, GuaranteedPlacer, Guarantor, GuarantorConfig,
     QueueableAware, QueueableLoad,
 };
+use scheduler_core::ids::NameBuildHasher;
 use scheduler_core::node::{ContainerSpec, NodeEvent, NodeRuntime, NodeRuntimeConfig};
 use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::quota::QueueableQuota;
@@ -54,26 +55,6 @@ impl Hasher for IdHasher {
 }
 
 type IdMap<V> = HashMap<ContainerId, V, BuildHasherDefault<IdHasher>>;
-
-/// FNV-1a for node names (lookups only: iteration order never matters).
-struct NameHasher(u64);
-
-impl Default for NameHasher {
-    fn default() -> Self {
-        NameHasher(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for NameHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
 
 enum Ev {
     /// The next job of the workload arrives.
@@ -231,7 +212,7 @@ pub struct Simulation {
     end: Option<Time>,
     finished: bool,
     nodes: Vec<SimNode>,
-    node_index: HashMap<NodeId, u32, BuildHasherDefault<NameHasher>>,
+    node_index: HashMap<NodeId, u32, NameBuildHasher>,
     directory: Vec<NodeDirectoryEntry>,
     hosts: Vec<u32>,
     schedulers: Vec<HostedScheduler>,
