@@ -651,6 +651,10 @@ impl NodeRuntime {
     /// Returns the shed containers.
     pub fn shed_to_threshold(&mut self, now: Time, threshold_ms: f64) -> Vec<ContainerId> {
         let mut shed = Vec::new();
+        if self.queue.is_empty() {
+            // Nothing queued, nothing to shed (and R need not be computed).
+            return shed;
+        }
         // Shedding a queued container lowers R by exactly its Tq term, so one full estimate and
         // then a subtraction per victim keeps this linear in the queue length.
         let mut estimate_ms = self.queue_delay(now).total_ms();
