@@ -3,6 +3,8 @@
 //! most its patience for a better node, and never over-commits a node with GUARANTEED work.
 //! Guarantor invariants are checked after every step.
 
+mod common;
+
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::guarantor::{
@@ -10,7 +12,7 @@ use scheduler_core::guarantor::{
     QueueableLoad,
 };
 use scheduler_core::node::{ContainerStatus, Placement};
-use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
+use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
 
 const CORE: Resources = Resources {
     cpu_millis: 1000,
@@ -22,17 +24,7 @@ fn cores(n: u64) -> Resources {
 }
 
 fn ask(key: u64, count: u32) -> GuaranteedAsk {
-    GuaranteedAsk {
-        ask_key: key,
-        app_id: AppId::from("app"),
-        resources: CORE,
-        count,
-        priority: 0,
-        locality: None,
-        runtime_estimate_ms: None,
-        job_id: JobId::from("j"),
-        job_submit_time_ms: 0,
-    }
+    common::guaranteed_ask(key, CORE, count)
 }
 
 /// A guarantor with 4-core nodes `names`, using `placer`.

@@ -3,28 +3,17 @@
 //! finishes is checked after every step against a brute-force model: the nodes and their order,
 //! every lookup, the books (grants) and, for best fit, the chosen node.
 
+mod common;
+
+use common::guaranteed_ask as ask;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::guarantor::{
-    BestFit, GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorNode,
-    QueueableAware, QueueableLoad,
+    BestFit, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorNode, QueueableAware,
+    QueueableLoad,
 };
-use scheduler_core::{AppId, ContainerId, JobId, NodeId, Resources};
+use scheduler_core::{ContainerId, NodeId, Resources};
 use std::collections::BTreeMap;
-
-fn ask(key: u64, resources: Resources, count: u32) -> GuaranteedAsk {
-    GuaranteedAsk {
-        ask_key: key,
-        app_id: AppId::from("app"),
-        resources,
-        count,
-        priority: 0,
-        locality: None,
-        runtime_estimate_ms: None,
-        job_id: JobId::from("j"),
-        job_submit_time_ms: 0,
-    }
-}
 
 /// What the guarantor should hold: per node name, (rack, capacity, queueable load), and the
 /// live grants (container → (node, resources)).

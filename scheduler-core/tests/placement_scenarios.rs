@@ -1,6 +1,8 @@
 //! Scenario tests of QUEUEABLE distributed placement (Mercury §4.1, §4.2) and GUARANTEED central
 //! placement (§4.2), with invariants checked after every step.
 
+mod common;
+
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
@@ -219,17 +221,7 @@ fn asks_larger_than_any_node_or_before_any_view_are_refused() {
 }
 
 fn g_ask(key: u64, cpu: u64, count: u32) -> GuaranteedAsk {
-    GuaranteedAsk {
-        ask_key: key,
-        app_id: AppId::from("app"),
-        resources: Resources::new(cpu, cpu),
-        count,
-        priority: 0,
-        locality: None,
-        runtime_estimate_ms: None,
-        job_id: JobId::from("j"),
-        job_submit_time_ms: 0,
-    }
+    common::guaranteed_ask(key, Resources::new(cpu, cpu), count)
 }
 
 #[test]

@@ -1184,9 +1184,18 @@ impl Simulation {
                 .is_some_and(|g| g.guaranteed.is_zero())
     }
 
-    /// Resume a dormant node's heartbeats at its next slot after now.
+    /// Something gives the node work: resume its heartbeats if it is dormant.
     fn wake(&mut self, node: u32) {
-        if let Some(lazy) = self.lazy.as_mut()
+        self.resume(node, false);
+    }
+
+    /// Resume a dormant node's heartbeats at its next slot after now. `for_asks`: woken only
+    /// because GUARANTEED asks wait for node updates, so its held heartbeat stays *untouched*
+    /// (it may fall asleep again in O(1), see `held_heartbeat`); otherwise the node gets work,
+    /// and a heartbeat already held for it is touched.
+    fn resume(&mut self, node: u32, for_asks: bool) {
+        if !for_asks
+            && let Some(lazy) = self.lazy.as_mut()
             && lazy.is_held(node)
         {
             // Awake already, with a heartbeat to come; if it was woken for asks, it is no longer
@@ -1207,14 +1216,15 @@ impl Simulation {
             self.now.as_micros(),
             self.config.heartbeat_interval_ms * 1000,
         );
-        if self.now < arrival {
+        let in_flight = self.now < arrival;
+        if in_flight {
             self.nodes[node as usize].report =
                 Some((QueueDelay::default(), Vec::new(), QueueableLoad::default()));
             self.push_arrival(node, arrival);
         }
         let at = Time::from_micros(next);
         if self.end.is_none_or(|end| at <= end) {
-            self.push_heartbeat(node, at);
+            self.push_heartbeat_held(node, at, for_asks && !in_flight);
         }
     }
 
@@ -1228,9 +1238,22 @@ impl Simulation {
 
     /// Schedule the node's next heartbeat (at a slot of its phase).
     fn push_heartbeat(&mut self, node: u32, at: Time) {
+        self.push_heartbeat_held(node, at, false);
+    }
+
+    /// As `push_heartbeat`; `untouched`: held as woken only for asks (when held at all).
+    fn push_heartbeat_held(&mut self, node: u32, at: Time, untouched: bool) {
         match self.lazy.as_mut() {
-            Some(lazy) => lazy.insert(node, at, self.queue.reserve_seq(), false),
+            Some(lazy) => lazy.insert(node, at, self.queue.reserve_seq(), untouched),
             None => self.queue.push(at, Ev::Heartbeat { node }),
+        }
+    }
+
+    /// Schedule the node's heartbeat acknowledgement (a fixed delay after a slot of its phase).
+    fn push_ack(&mut self, node: u32, at: Time) {
+        match self.held_acks.as_mut() {
+            Some(held) => held.insert(node, at, self.queue.reserve_seq(), false),
+            None => self.queue.push(at, Ev::HeartbeatAck { node }),
         }
     }
 
@@ -1244,39 +1267,10 @@ impl Simulation {
         }
         let mut dormant =
             std::mem::replace(&mut self.dormant, std::mem::take(&mut self.dormant_spare));
-        if self.lazy.is_none() {
-            for &node in &dormant {
-                self.wake(node);
-            }
-            dormant.clear();
-            self.dormant_spare = dormant;
-            return;
-        }
-        // As `wake` does, but each heartbeat is held outside the queue (with the sequence
-        // number its push would have had) until it is due: most of these nodes find the asks
-        // placed by then and go back to sleep at once (`held_heartbeat`).
-        let interval = self.config.heartbeat_interval_ms * 1000;
-        let now = self.now.as_micros();
-        let in_flight = self.config.delays.heartbeat_ms * 1000;
-        let end = self.end.map_or(u64::MAX, Time::as_micros);
+        // Held heartbeats of these nodes stay untouched until due: most of the nodes find the
+        // asks placed by then and go back to sleep at once (`held_heartbeat`).
         for &node in &dormant {
-            let sleep = &mut self.sleep[node as usize];
-            if !sleep.dormant {
-                continue;
-            }
-            if now < sleep.slept_at_us + in_flight {
-                // Its elided heartbeat may be in flight: replayed as `wake` does.
-                self.wake(node);
-                continue;
-            }
-            sleep.dormant = false;
-            let next = sleep.next_slot_after(now, interval);
-            if next <= end {
-                let seq = self.queue.reserve_seq();
-                if let Some(lazy) = self.lazy.as_mut() {
-                    lazy.insert(node, Time::from_micros(next), seq, true);
-                }
-            }
+            self.resume(node, true);
         }
         dormant.clear();
         self.dormant_spare = dormant;
@@ -1372,10 +1366,7 @@ impl Simulation {
         };
         self.nodes[node as usize].ack = Some(ack);
         let at = self.after_ms(self.config.delays.heartbeat_ms);
-        match self.held_acks.as_mut() {
-            Some(held) => held.insert(node, at, self.queue.reserve_seq(), false),
-            None => self.queue.push(at, Ev::HeartbeatAck { node }),
-        }
+        self.push_ack(node, at);
     }
 
     fn heartbeat_ack(&mut self, node: u32) {

@@ -63,23 +63,13 @@ impl<E> EventQueue<E> {
         self.heap.peek().map(|e| (e.at, e.seq))
     }
 
-    /// Take the next sequence number without scheduling anything yet: an event held outside
-    /// the queue (and ordered against it by `(time, seq)`) keeps the place among equal-time
-    /// events that a push now would have given it. Insert it later with
-    /// [`EventQueue::push_with_seq`].
+    /// Take the next sequence number without scheduling anything: an event held outside the
+    /// queue and ordered against [`EventQueue::peek_key`] by `(time, seq)` keeps the place among
+    /// equal-time events that a push now would have given it.
     pub fn reserve_seq(&mut self) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
-    }
-
-    /// Schedule an event under a sequence number from [`EventQueue::reserve_seq`].
-    pub fn push_with_seq(&mut self, at: Time, seq: u64, event: E) {
-        debug_assert!(
-            seq < self.next_seq,
-            "sequence number {seq} was not reserved"
-        );
-        self.heap.push(Entry { at, seq, event });
     }
 
     pub fn len(&self) -> usize {
@@ -109,15 +99,27 @@ mod tests {
     }
 
     #[test]
-    fn a_reserved_sequence_number_keeps_its_place_among_ties() {
+    fn a_reserved_sequence_number_orders_a_held_event_among_ties() {
         let mut q = EventQueue::default();
         q.push(Time::from_secs(1), "a");
-        let held = q.reserve_seq();
+        let held = (Time::from_secs(1), q.reserve_seq());
         q.push(Time::from_secs(1), "c");
         q.push(Time::ZERO, "first");
         assert_eq!(q.peek_key(), Some((Time::ZERO, 3)));
-        q.push_with_seq(Time::from_secs(1), held, "b");
-        let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|(_, e)| e)).collect();
+        // Merge the held event with the queue by (time, seq), as the simulator does.
+        let mut held = Some(held);
+        let mut order = Vec::new();
+        loop {
+            let take_held = held.is_some_and(|h| q.peek_key().is_none_or(|k| h < k));
+            if take_held {
+                held = None;
+                order.push("b");
+            } else if let Some((_, e)) = q.pop() {
+                order.push(e);
+            } else {
+                break;
+            }
+        }
         assert_eq!(order, vec!["first", "a", "b", "c"]);
         assert_eq!(q.peek_key(), None);
     }
