@@ -404,14 +404,27 @@ impl RuntimePredictor {
 
     /// Every expert available for `features`, in feature order then estimator order.
     pub fn candidates(&self, features: &JobFeatures) -> Vec<ExpertCandidate> {
+        self.candidates_and_submitted(features).0
+    }
+
+    /// The job's expert candidates and the estimate every expert gives now, from one lookup
+    /// of each feature value's history and one evaluation of each estimator.
+    fn candidates_and_submitted(
+        &self,
+        features: &JobFeatures,
+    ) -> (Vec<ExpertCandidate>, SubmittedEstimates) {
         let mut candidates = Vec::new();
+        let mut submitted = Vec::with_capacity(features.features.len());
         for (feature_index, feature) in features.features.iter().enumerate() {
             let Some(history) = self.histories.get(&feature_key(feature)) else {
+                submitted.push([None; 4]);
                 continue;
             };
+            let estimates = history.estimates(&self.config);
+            submitted.push(estimates);
             let feature_errors = self.feature_errors.get(&feature.name);
             for estimator in Estimator::ALL {
-                if let Some(estimate) = history.estimate(estimator, &self.config) {
+                if let Some(estimate) = estimates[estimator.index()] {
                     let own = history.error(estimator);
                     let feature_nmae =
                         feature_errors.and_then(|errors| errors[estimator.index()].nmae());
@@ -428,7 +441,12 @@ impl RuntimePredictor {
                 }
             }
         }
-        candidates
+        (
+            candidates,
+            SubmittedEstimates {
+                estimates: submitted,
+            },
+        )
     }
 
     /// The expert 3σPredict would use (3Sigma §4.1): the lowest NMAE among the job's experts.
@@ -495,6 +513,19 @@ impl RuntimePredictor {
         let candidates = self.candidates(features);
         let chosen = self.choose(&candidates)?;
         self.prediction_from(features, &chosen)
+    }
+
+    /// [`RuntimePredictor::predict`] and [`RuntimePredictor::submitted_estimates`] of the same
+    /// job at once: each expert's estimate is computed once, not once per call.
+    pub fn predict_with_submitted(
+        &self,
+        features: &JobFeatures,
+    ) -> (Option<RuntimePrediction>, SubmittedEstimates) {
+        let (candidates, submitted) = self.candidates_and_submitted(features);
+        let prediction = self
+            .choose(&candidates)
+            .and_then(|chosen| self.prediction_from(features, &chosen));
+        (prediction, submitted)
     }
 
     /// Builds the prediction for a chosen candidate of `features`.
@@ -621,6 +652,33 @@ mod tests {
     fn no_history_means_no_prediction() {
         let predictor = RuntimePredictor::default();
         assert!(predictor.predict(&job("a", "x")).is_none());
+    }
+
+    #[test]
+    fn one_pass_prediction_matches_the_separate_calls() {
+        let mut predictor = RuntimePredictor::default();
+        for round in 0..12 {
+            let runtime = 50.0 + f64::from(round * 7 % 5);
+            predictor.observe(&job("bob", "sim"), runtime);
+        }
+        // Known user and name, plus a feature value never seen (no history, no estimates).
+        let features = job("bob", "sim").with("queue", "never-seen");
+        let (prediction, submitted) = predictor.predict_with_submitted(&features);
+        assert_eq!(submitted, predictor.submitted_estimates(&features));
+        assert_eq!(submitted.estimates.len(), 4);
+        assert_eq!(submitted.estimates[3], [None; 4]);
+        assert!(submitted.estimates[0].iter().all(Option::is_some));
+        let (one_pass, separate) = (prediction.unwrap(), predictor.predict(&features).unwrap());
+        assert_eq!(one_pass.point_estimate, separate.point_estimate);
+        assert_eq!(one_pass.expert.feature, separate.expert.feature);
+        assert_eq!(one_pass.expert.estimator, separate.expert.estimator);
+        assert_eq!(
+            one_pass.distribution.median(),
+            separate.distribution.median()
+        );
+        let (none, empty) = RuntimePredictor::default().predict_with_submitted(&features);
+        assert!(none.is_none());
+        assert_eq!(empty.estimates, vec![[None; 4]; 4]);
     }
 
     #[test]

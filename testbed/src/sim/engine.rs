@@ -652,9 +652,9 @@ impl Simulation {
             features.push(name.as_str(), value.as_str());
         }
         features.push("cluster", "all");
-        let estimate = predictor
-            .predict(&features)
-            .map(|p| p.distribution.median().round().max(1.0) as u64);
+        // One pass gives both the prediction and the estimates scored when the job finishes.
+        let (prediction, submitted) = predictor.predict_with_submitted(&features);
+        let estimate = prediction.map(|p| p.distribution.median().round().max(1.0) as u64);
         let mean_ms = spec.tasks.iter().map(|t| t.runtime_ms).sum::<u64>() as f64
             / spec.tasks.len().max(1) as f64;
         self.estimate_accuracy.jobs += 1;
@@ -665,7 +665,6 @@ impl Simulation {
                 self.estimates_within_2x += 1;
             }
         }
-        let submitted = predictor.submitted_estimates(&features);
         Some(((features, submitted), estimate))
     }
 
