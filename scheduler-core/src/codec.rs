@@ -32,9 +32,25 @@ pub fn to_payload<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     rmp_serde::to_vec_named(msg).map_err(|e| CodecError::Encode(e.to_string()))
 }
 
-/// Decode a msgpack payload.
+/// Deepest nesting of arrays and maps a payload may have. No message of either protocol nests
+/// deeper than a handful of levels; the cap keeps a hostile frame from costing deep recursion.
+pub const MAX_NESTING_DEPTH: usize = 32;
+
+/// Decode a msgpack payload: exactly one value, nested at most [`MAX_NESTING_DEPTH`] deep.
+/// Bytes after the value are `Malformed` (a frame carries one message, docs/protocol.md).
 pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
-    rmp_serde::from_slice(payload).map_err(|e| CodecError::Malformed(e.to_string()))
+    let mut deserializer = rmp_serde::Deserializer::new(std::io::Cursor::new(payload));
+    deserializer.set_max_depth(MAX_NESTING_DEPTH);
+    let value =
+        T::deserialize(&mut deserializer).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let consumed = usize::try_from(deserializer.position()).unwrap_or(usize::MAX);
+    let trailing = payload.len().saturating_sub(consumed);
+    if trailing > 0 {
+        return Err(CodecError::Malformed(format!(
+            "{trailing} trailing bytes after the message (a frame carries exactly one msgpack value)"
+        )));
+    }
+    Ok(value)
 }
 
 /// Encode a message as one length-prefixed frame, refusing to produce one over `limit`.
@@ -132,6 +148,49 @@ mod tests {
     struct Msg {
         a: u32,
         b: String,
+    }
+
+    #[test]
+    fn trailing_bytes_after_the_message_are_malformed() {
+        let mut payload = to_payload(&Msg {
+            a: 1,
+            b: "x".into(),
+        })
+        .unwrap();
+        assert!(from_payload::<Msg>(&payload).is_ok());
+        payload.push(0xc0); // a msgpack nil after the map
+        let err = from_payload::<Msg>(&payload).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Malformed(m) if m.contains("1 trailing bytes")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_cap_is_malformed() {
+        // Arrays of one element nested ever deeper, decoded as a dynamic value.
+        let nested = |depth: usize| {
+            let mut bytes = vec![0x91; depth];
+            bytes.push(0xc0);
+            bytes
+        };
+        assert!(from_payload::<rmpv_free::Any>(&nested(MAX_NESTING_DEPTH - 1)).is_ok());
+        let err = from_payload::<rmpv_free::Any>(&nested(MAX_NESTING_DEPTH + 1)).unwrap_err();
+        assert!(matches!(err, CodecError::Malformed(_)), "{err:?}");
+    }
+
+    /// A self-describing value without extra dependencies: deserialises any msgpack value.
+    mod rmpv_free {
+        use serde::de::{Deserialize, Deserializer, IgnoredAny};
+
+        #[derive(Debug)]
+        pub struct Any;
+
+        impl<'de> Deserialize<'de> for Any {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Any, D::Error> {
+                IgnoredAny::deserialize(d).map(|_| Any)
+            }
+        }
     }
 
     #[test]

@@ -376,8 +376,9 @@ impl DistributedScheduler {
         let mut used_off_locality = std::mem::take(&mut self.used_off_locality);
         used_off_locality.reset(self.view.directory.len());
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
-        // Job submit times in the future would let an app jump every queue: clamp to now.
-        let job_submit_time_ms = ask.job_submit_time_ms.min(now_ms);
+        // A claimed submit time far in the past or in the future would let an app jump every queue.
+        let job_submit_time_ms =
+            crate::time::clamp_job_submit_time_ms(ask.job_submit_time_ms, now_ms);
         let mut drawn = std::mem::take(&mut self.drawn);
         for _ in 0..admissible {
             let Some((node_index, off_locality)) =

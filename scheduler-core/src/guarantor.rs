@@ -745,7 +745,10 @@ impl Guarantor {
                 container_type: ContainerType::Guaranteed,
                 version: 0,
                 job_id: ask.job_id.clone(),
-                job_submit_time_ms: ask.job_submit_time_ms.min(now_ms),
+                job_submit_time_ms: crate::time::clamp_job_submit_time_ms(
+                    ask.job_submit_time_ms,
+                    now_ms,
+                ),
                 priority: ask.priority,
                 runtime_estimate_ms: ask.runtime_estimate_ms,
                 expires_at_ms,

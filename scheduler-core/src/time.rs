@@ -61,3 +61,32 @@ impl std::fmt::Display for Time {
         write!(f, "{}.{:06}s", self.0 / 1_000_000, self.0 % 1_000_000)
     }
 }
+
+/// How far in the past an app may date its job's submission (24 h). Node queues are ordered by
+/// job submit time (Mercury §4.3); without a floor an app could claim 0 and jump every queue.
+pub const MAX_JOB_SUBMIT_AGE_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// The job submit time the cluster uses for an ask: the app's claim clamped to
+/// `[now - MAX_JOB_SUBMIT_AGE_MS, now]`, so neither a future time nor an ancient one lets an app
+/// overtake work submitted honestly.
+pub fn clamp_job_submit_time_ms(claimed_ms: u64, now_ms: u64) -> u64 {
+    claimed_ms.clamp(now_ms.saturating_sub(MAX_JOB_SUBMIT_AGE_MS), now_ms)
+}
+
+#[cfg(test)]
+mod job_submit_time_tests {
+    use super::*;
+
+    #[test]
+    fn claims_are_clamped_to_the_last_day() {
+        let now = 10 * MAX_JOB_SUBMIT_AGE_MS;
+        assert_eq!(
+            clamp_job_submit_time_ms(0, now),
+            now - MAX_JOB_SUBMIT_AGE_MS
+        );
+        assert_eq!(clamp_job_submit_time_ms(u64::MAX, now), now);
+        assert_eq!(clamp_job_submit_time_ms(now - 5, now), now - 5);
+        // Early in a clock's life the floor is its epoch.
+        assert_eq!(clamp_job_submit_time_ms(0, 1_000), 0);
+    }
+}

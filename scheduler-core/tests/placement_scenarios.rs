@@ -218,6 +218,18 @@ fn asks_larger_than_any_node_or_before_any_view_are_refused() {
         out.placed[0].token_body.job_submit_time_ms, 77,
         "future submit times are clamped"
     );
+    // A claim of 0 (the epoch) a week into the clock's life is raised to one day ago.
+    let week_ms = 7 * 24 * 3_600_000;
+    let mut ancient = ask(1, None);
+    ancient.job_submit_time_ms = 0;
+    let out = ds
+        .place(week_ms, &ancient, &QueueableQuota::default(), &mut rng)
+        .unwrap();
+    assert_eq!(
+        out.placed[0].token_body.job_submit_time_ms,
+        week_ms - scheduler_core::time::MAX_JOB_SUBMIT_AGE_MS,
+        "submit times older than a day are clamped"
+    );
 }
 
 fn g_ask(key: u64, cpu: u64, count: u32) -> GuaranteedAsk {

@@ -227,6 +227,14 @@ async fn malformed_msgpack_gets_malformed_frame_then_close() {
     let e = conn.error_then_close().await;
     assert_eq!(e.code, ErrorCode::MalformedFrame, "{e:?}");
 
+    // A well-formed hello followed by one more byte in the same frame.
+    let mut payload = to_payload(&hello(APP_PROTOCOL_VERSION, "demo", "secret-demo")).unwrap();
+    payload.push(0xc0);
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_bytes(&raw_frame(&payload)).await;
+    let e = conn.error_then_close().await;
+    assert_error(&e, ErrorCode::MalformedFrame, None, "1 trailing bytes");
+
     assert_still_serving(&c, &mut good, running).await;
     c.stop().await;
 }
