@@ -328,6 +328,24 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Send a signal to one child by name (fault tests: SIGSTOP/SIGCONT pause and resume it).
+    pub fn signal(&mut self, name: &str, signal: libc::c_int) -> anyhow::Result<()> {
+        let (_, child, _) = self
+            .children
+            .iter_mut()
+            .find(|(n, _, _)| n == name)
+            .context("no such process")?;
+        // SAFETY: sending a signal to our own child's pid has no memory-safety implications.
+        let rc = unsafe { libc::kill(child.id() as i32, signal) };
+        if rc != 0 {
+            anyhow::bail!(
+                "signal {signal} to {name}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
     /// The first child that exited on its own, with its log tail.
     pub fn exited_child(&mut self) -> Option<(String, String)> {
         let mut dead = None;

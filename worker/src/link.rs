@@ -16,10 +16,13 @@ use anyhow::{Context, bail};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
+use scheduler_core::liveness::{
+    DEFAULT_LINK_TIMEOUT_HEARTBEATS, LinkLiveness, REJOIN_BACKOFF_START, next_rejoin_backoff,
+};
 use scheduler_core::protocol::cluster::{
     CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, Join, JoinAccepted, WorkerToCoordinator,
 };
-use scheduler_core::{AppId, NodeId, Resources};
+use scheduler_core::{AppId, NodeId, Resources, Time};
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -67,10 +70,20 @@ pub fn client_config(ca_pem: &Path) -> anyhow::Result<quinn::ClientConfig> {
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(Duration::from_secs(2)));
+    // Keep-alives every second and a 6 s idle timeout: the link's own liveness check (three
+    // heartbeats of silence, scheduler_core::liveness) usually fires first; the idle timeout
+    // reclaims a connection whose peer vanished without a word (negotiated: the minimum of
+    // both ends applies to the coordinator too, and the keep-alives keep a live worker in).
+    transport.keep_alive_interval(Some(Duration::from_secs(1)));
+    transport.max_idle_timeout(Some(
+        quinn::IdleTimeout::try_from(Duration::from_secs(6)).expect("6 s is a valid idle timeout"),
+    ));
     config.transport_config(Arc::new(transport));
     Ok(config)
 }
+
+/// How often the session checks the coordinator's silence against the liveness limit.
+const LIVENESS_CHECK_PERIOD: Duration = Duration::from_millis(100);
 
 pub struct Link {
     pub identity: Identity,
@@ -105,9 +118,10 @@ impl Link {
             }
         };
         endpoint.set_default_client_config(self.client.clone());
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = REJOIN_BACKOFF_START;
         loop {
             let end = self.session(&endpoint, &mut on_first_join).await;
+            let session_joined = self.shared.connected.get();
             self.shared.connected.set(false);
             self.scheduler.do_send(LinkDown);
             match end {
@@ -122,11 +136,11 @@ impl Link {
                     warn!("cluster link down: {reason}; re-joining in {:?}", backoff);
                 }
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-            if self.shared.connected.get() {
-                backoff = Duration::from_millis(100);
+            if session_joined {
+                backoff = REJOIN_BACKOFF_START;
             }
+            tokio::time::sleep(backoff).await;
+            backoff = next_rejoin_backoff(backoff, false);
         }
     }
 
@@ -183,6 +197,12 @@ impl Link {
         let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
         let mut buf = vec![0u8; 64 * 1024];
         let mut joined = false;
+        // A monotonic clock for the liveness rule (never the wall clock: it can jump).
+        let epoch = tokio::time::Instant::now();
+        let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
+        let mut liveness = LinkLiveness::joining(mono());
+        let mut liveness_tick = tokio::time::interval(LIVENESS_CHECK_PERIOD);
+        liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // Frames already buffered first.
             loop {
@@ -193,10 +213,16 @@ impl Link {
                         return SessionEnd::Lost(format!("bad frame from the coordinator: {e}"));
                     }
                 };
+                liveness.heard(mono());
                 if !joined {
                     match frame {
                         CoordinatorToWorker::JoinAccepted(acc) => {
                             joined = true;
+                            liveness.joined(
+                                mono(),
+                                Duration::from_millis(acc.settings.heartbeat_interval_ms),
+                                DEFAULT_LINK_TIMEOUT_HEARTBEATS,
+                            );
                             self.on_joined(acc);
                             if let Some(tx) = on_first_join.take() {
                                 let _ = tx.send(Ok(()));
@@ -223,12 +249,26 @@ impl Link {
                 },
                 out = self.outbox.recv() => match out {
                     Some(msg) => {
-                        if let Err(e) = write(&mut send, &msg).await {
-                            return SessionEnd::Lost(e);
+                        // A paused coordinator stops granting flow-control credit: bound the
+                        // write by the same silence limit instead of blocking the session.
+                        match tokio::time::timeout(liveness.timeout(), write(&mut send, &msg)).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => return SessionEnd::Lost(e),
+                            Err(_) => {
+                                return SessionEnd::Lost(format!(
+                                    "a write to the coordinator did not complete within {:?}",
+                                    liveness.timeout()
+                                ));
+                            }
                         }
                     }
                     None => return SessionEnd::Lost("worker shutting down".into()),
                 },
+                _ = liveness_tick.tick() => {
+                    if let Err(dead) = liveness.check(mono()) {
+                        return SessionEnd::Lost(dead.to_string());
+                    }
+                }
             }
         }
     }
