@@ -7,7 +7,7 @@ use crate::queue_delay::QueueDelay;
 use crate::{ContainerId, NodeId, Time};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 /// How the shedding threshold is computed (Mercury §7.2.3 compares none, avg+σ, avg+2σ).
@@ -103,8 +103,13 @@ pub struct CoordinatorState {
     nodes: BTreeMap<NodeId, NodeEntry>,
     directory_version: u64,
     next_issuer: u32,
-    /// Notices waiting for their issuer's next heartbeat, by issuer.
+    /// Notices waiting for their issuer's next heartbeat, by issuer. Only issuers of joined
+    /// nodes have a queue, and each is drained on its node's every heartbeat; a node silent past
+    /// the node timeout is removed with its queue, so the outbox is bounded by the notice rate
+    /// times the node timeout.
     outbox: HashMap<u32, Vec<ContainerNotice>>,
+    /// Issuer prefixes of the joined nodes' current sessions.
+    live_issuers: HashSet<u32>,
 }
 
 impl CoordinatorState {
@@ -116,6 +121,7 @@ impl CoordinatorState {
             directory_version: 0,
             next_issuer: first_issuer.max(1),
             outbox: HashMap::new(),
+            live_issuers: HashSet::new(),
         }
     }
 
@@ -164,7 +170,9 @@ impl CoordinatorState {
         );
         if let Some(prev) = previous {
             self.outbox.remove(&prev.issuer);
+            self.live_issuers.remove(&prev.issuer);
         }
+        self.live_issuers.insert(issuer);
         self.directory_version += 1;
         issuer
     }
@@ -188,12 +196,21 @@ impl CoordinatorState {
         }
     }
 
-    /// Queue a notice for the scheduler that issued the container (by id prefix).
-    pub fn route_notice(&mut self, notice: ContainerNotice) {
-        self.outbox
-            .entry(notice.container_id.issuer())
-            .or_default()
-            .push(notice);
+    /// Queue a notice for the scheduler that issued the container (by id prefix). A notice for
+    /// an issuer that is no longer joined (its node was lost, re-joined under a new issuer, or
+    /// belonged to a previous coordinator) has no one to collect it and is dropped: `false`.
+    pub fn route_notice(&mut self, notice: ContainerNotice) -> bool {
+        let issuer = notice.container_id.issuer();
+        if !self.live_issuers.contains(&issuer) {
+            return false;
+        }
+        self.outbox.entry(issuer).or_default().push(notice);
+        true
+    }
+
+    /// Notices queued for all issuers (observability and leak tests).
+    pub fn pending_notices(&self) -> usize {
+        self.outbox.values().map(Vec::len).sum()
     }
 
     /// Notices for the scheduler of `node` (taken).
@@ -211,6 +228,7 @@ impl CoordinatorState {
             return Vec::new();
         };
         self.outbox.remove(&entry.issuer);
+        self.live_issuers.remove(&entry.issuer);
         self.directory_version += 1;
         for &id in &entry.containers {
             self.route_notice(ContainerNotice {
@@ -369,6 +387,36 @@ mod tests {
                 .directory
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn notices_for_issuers_that_are_gone_are_dropped_not_queued() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        c.join(Time::ZERO, dir("a"));
+        c.join(Time::ZERO, dir("b"));
+        let first_a = c.issuer_of(&NodeId::from("a")).unwrap();
+        let notice = |issuer| ContainerNotice {
+            container_id: ContainerId::new(issuer, 1),
+            node_id: NodeId::from("b"),
+            kind: NoticeKind::Finished,
+        };
+        assert!(c.route_notice(notice(first_a)));
+        // `a` re-joins under a new issuer: its old queue goes, and so does anything for the old one.
+        c.join(Time::from_secs(1), dir("a"));
+        let second_a = c.issuer_of(&NodeId::from("a")).unwrap();
+        assert_ne!(first_a, second_a);
+        assert_eq!(c.pending_notices(), 0);
+        for _ in 0..1000 {
+            assert!(!c.route_notice(notice(first_a)));
+        }
+        // An issuer that never existed (a previous coordinator's) is no different.
+        assert!(!c.route_notice(notice(9_999)));
+        assert_eq!(c.pending_notices(), 0);
+        assert!(c.route_notice(notice(second_a)));
+        // A removed node's issuer is gone too.
+        c.remove_node(&NodeId::from("a"));
+        assert!(!c.route_notice(notice(second_a)));
+        assert_eq!(c.pending_notices(), 0);
     }
 
     #[test]
