@@ -451,7 +451,7 @@ impl CoordinatorActor {
         let now_ms = self.clock.now_ms();
         let ttl_ms = self.settings.token_ttl.as_millis() as u64;
         let Some(p) = self.promotions.get_mut(&promotion_id) else {
-            // Cancelled meanwhile (host lost): give the booking back.
+            // Cancelled meanwhile: the handler gave the booking back already.
             return;
         };
         let c = &p.container;
@@ -830,6 +830,7 @@ impl Handler<QueueableLimits> for CoordinatorActor {
 #[rtype(result = "()")]
 pub struct PromotionBooked {
     pub promotion_id: u64,
+    pub container_id: ContainerId,
     pub result: Result<(), GuarantorError>,
 }
 
@@ -837,6 +838,11 @@ impl Handler<PromotionBooked> for CoordinatorActor {
     type Result = ();
     fn handle(&mut self, m: PromotionBooked, _: &mut Context<Self>) {
         if m.result.is_ok() && !self.promotions.contains_key(&m.promotion_id) {
+            // The promotion was refused (timed out, host lost) while the booking was in flight:
+            // give the booking back, or the capacity stays booked for good.
+            self.guarantor().do_send(UndoPromotion {
+                container_id: m.container_id,
+            });
             return;
         }
         self.promotion_booked(m.promotion_id, m.result);

@@ -394,6 +394,7 @@ impl Handler<BookPromotion> for GuarantorActor {
             .promote(msg.container_id, &msg.node_id, &msg.app_id, msg.resources);
         self.coordinator.do_send(PromotionBooked {
             promotion_id: msg.promotion_id,
+            container_id: msg.container_id,
             result,
         });
         self.report_limits();
