@@ -409,6 +409,24 @@ impl Session<'_> {
     }
 }
 
+/// One answer as a frame. An answer that cannot be sent (over the frame cap, e.g. an `allocated`
+/// with thousands of grants) becomes an `internal` error frame for the same request: the app is
+/// told, never left waiting for an answer that was silently dropped.
+fn encode_answer(msg: &AppResponse, limit: usize) -> Vec<u8> {
+    match encode_frame(msg, limit) {
+        Ok(frame) => frame,
+        Err(e) => {
+            tracing::error!("answer replaced by an error frame: {e}");
+            let error = AppResponse::Error(ErrorFrame::new(
+                msg.request_id(),
+                ErrorCode::Internal,
+                format!("the answer could not be sent ({e}); ask for fewer containers per request"),
+            ));
+            encode_frame(&error, limit).unwrap_or_default()
+        }
+    }
+}
+
 async fn write_frames<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut rx: mpsc::UnboundedReceiver<AppResponse>,
@@ -429,10 +447,7 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         // Batch whatever is already queued into one write.
         let mut next = Some(first);
         while let Some(msg) = next {
-            match encode_frame(&msg, APP_MAX_FRAME) {
-                Ok(f) => out.extend_from_slice(&f),
-                Err(e) => tracing::error!("could not encode an answer: {e}"),
-            }
+            out.extend_from_slice(&encode_answer(&msg, APP_MAX_FRAME));
             next = rx.try_recv().ok();
         }
         if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
@@ -440,4 +455,33 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         }
     }
     let _ = writer.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scheduler_core::codec::{FrameDecoder, LENGTH_PREFIX};
+    use scheduler_core::protocol::app::Ack;
+
+    #[test]
+    fn an_answer_over_the_frame_cap_becomes_an_error_for_its_request() {
+        let big = AppResponse::Error(ErrorFrame::new(
+            Some(42),
+            ErrorCode::InvalidRequest,
+            "x".repeat(4096),
+        ));
+        let frame = encode_answer(&big, 1024);
+        assert!(frame.len() <= LENGTH_PREFIX + 1024);
+        let mut decoder = FrameDecoder::new(1024);
+        decoder.push(&frame);
+        let AppResponse::Error(e) = decoder.next_message::<AppResponse>().unwrap().unwrap() else {
+            panic!("an error frame");
+        };
+        assert_eq!(e.request_id, Some(42));
+        assert_eq!(e.code, ErrorCode::Internal);
+        assert!(e.message.contains("exceeds the limit"), "{}", e.message);
+        // Answers that fit go out unchanged.
+        let ack = AppResponse::Ack(Ack { request_id: 7 });
+        assert_eq!(encode_answer(&ack, 1024), encode_frame(&ack, 1024).unwrap());
+    }
 }

@@ -147,6 +147,20 @@ pub enum AppResponse {
     Error(ErrorFrame),
 }
 
+impl AppResponse {
+    /// The request this frame answers (`None` for `welcome`, events and connection errors).
+    pub fn request_id(&self) -> Option<u64> {
+        match self {
+            AppResponse::Welcome(_) | AppResponse::Event(_) => None,
+            AppResponse::Allocated(a) => Some(a.request_id),
+            AppResponse::Promoted(p) => Some(p.request_id),
+            AppResponse::ContainerAccepted(c) => Some(c.request_id),
+            AppResponse::Ack(a) => Some(a.request_id),
+            AppResponse::Error(e) => e.request_id,
+        }
+    }
+}
+
 /// Answer to a good `hello`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Welcome {
