@@ -31,11 +31,16 @@ use scheduler_core::protocol::cluster::{
 };
 use scheduler_core::token::{ContainerToken, KeyRing, TokenBody};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources, Time};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
 
 /// A connected worker.
+/// How long after its expiry an unstarted GUARANTEED grant stays booked: a node accepts a token
+/// until its own clock passes the expiry, so nodes' clocks may lag the coordinator's by up to
+/// this much without a grant starting after its capacity was given away (docs/reliability.md).
+pub const GRANT_EXPIRY_GRACE_MS: u64 = 30_000;
+
 struct Session {
     session_id: SessionId,
     tx: WorkerTx,
@@ -44,6 +49,12 @@ struct Session {
     keys_sent: u32,
     /// App registry version this worker last received.
     apps_sent: u64,
+    /// The issuer number of this session: GUARANTEED grants for the node carry it.
+    issuer: u32,
+    /// Containers this session's join listed but the coordinator had reported lost: the worker
+    /// kills them on join. Until its heartbeats stop listing them they are not taken as running
+    /// (a heartbeat queued before the join answer may still carry them).
+    killing_lost: HashSet<ContainerId>,
 }
 
 /// A promotion waiting for the guarantor's booking or the hosting worker's answer.
@@ -76,6 +87,9 @@ pub struct CoordinatorActor {
     queueable_limits: HashMap<NodeId, Resources>,
     promotions: HashMap<u64, PendingPromotion>,
     next_promotion_id: u64,
+    /// Nodes declared lost whose containers were reported `lost` and that have not re-joined
+    /// since (persisted): on re-join the worker is told to kill what it still runs.
+    lost_nodes: BTreeSet<NodeId>,
 }
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
@@ -107,6 +121,7 @@ impl CoordinatorActor {
         Ok(CoordinatorActor {
             state,
             join_token: store.join_token()?,
+            lost_nodes: store.lost_nodes()?,
             keys: store.key_state()?,
             apps: store.apps()?,
             apps_version: 1,
@@ -177,6 +192,14 @@ impl CoordinatorActor {
         }
         let now = self.clock.now();
         let node_id = j.node_id.clone();
+        // A node that was declared lost had its containers reported `lost` to their apps: lost
+        // means gone, so it kills whatever of them it still runs instead of re-adopting them.
+        let (containers, killing_lost): (Vec<ContainerStatus>, HashSet<ContainerId>) =
+            if self.lost_nodes.contains(&node_id) {
+                (Vec::new(), j.containers.iter().map(|c| c.id).collect())
+            } else {
+                (j.containers.clone(), HashSet::new())
+            };
         if let Some(old) = self.sessions.remove(&node_id) {
             info!(node = %node_id, "a new join replaces the node's previous session");
             self.session_nodes.remove(&old.session_id);
@@ -205,17 +228,23 @@ impl CoordinatorActor {
             now,
             &node_id,
             Default::default(),
-            j.containers.iter().map(|c| c.id).collect(),
+            containers.iter().map(|c| c.id).collect(),
         );
         self.node_containers
-            .insert(node_id.clone(), j.containers.clone());
+            .insert(node_id.clone(), containers.clone());
         self.guarantor().do_send(AddNode {
             node_id: node_id.clone(),
             rack: j.rack.clone(),
             capacity: j.capacity,
             endpoint: j.app_endpoint.clone(),
-            containers: j.containers.clone(),
+            containers,
+            epoch: issuer,
         });
+        let mut lost_containers: Vec<ContainerId> = killing_lost.iter().copied().collect();
+        lost_containers.sort_unstable();
+        if !lost_containers.is_empty() {
+            warn!(node = %node_id, count = lost_containers.len(), "re-joined after being declared lost: its containers are killed");
+        }
         let view = self.state.view_for(0, &mut self.rng);
         let _ = msg.tx.send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
             protocol_version: CLUSTER_PROTOCOL_VERSION,
@@ -224,6 +253,7 @@ impl CoordinatorActor {
             apps: self.apps.clone(),
             settings: self.cluster_settings(),
             view,
+            lost_containers,
         }));
         info!(node = %node_id, issuer, rack = %j.rack, capacity = %j.capacity, containers = j.containers.len(), "worker joined");
         self.sessions.insert(
@@ -234,14 +264,31 @@ impl CoordinatorActor {
                 connection: msg.connection,
                 keys_sent: self.keys.ring.current.key_id,
                 apps_sent: self.apps_version,
+                issuer,
+                killing_lost,
             },
         );
         self.session_nodes.insert(msg.session_id, node_id.clone());
         JoinOutcome::Accepted { node_id, issuer }
     }
 
-    fn heartbeat(&mut self, node_id: &NodeId, hb: Heartbeat) {
+    fn heartbeat(&mut self, node_id: &NodeId, mut hb: Heartbeat) {
         let now = self.clock.now();
+        if let Some(session) = self.sessions.get_mut(node_id)
+            && !session.killing_lost.is_empty()
+        {
+            let killing = &session.killing_lost;
+            let before = hb.containers.len();
+            hb.containers.retain(|c| !killing.contains(&c.id));
+            hb.started.retain(|id| !killing.contains(id));
+            if hb.containers.len() == before {
+                // The worker has killed them: the node is whole again.
+                session.killing_lost.clear();
+                if self.lost_nodes.remove(node_id) {
+                    self.persist_lost_nodes();
+                }
+            }
+        }
         let ids = hb.containers.iter().map(|c| c.id).collect();
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
@@ -450,6 +497,11 @@ impl CoordinatorActor {
         }
         let now_ms = self.clock.now_ms();
         let ttl_ms = self.settings.token_ttl.as_millis() as u64;
+        let host_epoch = self
+            .promotions
+            .get(&promotion_id)
+            .and_then(|p| self.sessions.get(&p.host))
+            .map_or(0, |s| s.issuer);
         let Some(p) = self.promotions.get_mut(&promotion_id) else {
             // Cancelled meanwhile: the handler gave the booking back already.
             return;
@@ -471,6 +523,7 @@ impl CoordinatorActor {
             runtime_estimate_ms: job.as_ref().and_then(|j| j.runtime_estimate_ms),
             expires_at_ms: now_ms.saturating_add(ttl_ms),
             key_id: 0,
+            node_epoch: host_epoch,
         };
         let token = match self.keys.ring.sign(body) {
             Ok(t) => t,
@@ -549,19 +602,14 @@ impl CoordinatorActor {
                 );
             }
             let host = host.clone();
-            let Some(s) = self.sessions.get(&host) else {
+            if !self.stop_on_node(&host, m.container_id, m.app_id, None) {
                 return Self::fail(
                     &tx,
                     m.correlation_id,
                     ErrorCode::CoordinatorUnavailable,
                     format!("hosting node {host} is not connected; retry"),
                 );
-            };
-            let _ =
-                s.tx.send(CoordinatorToWorker::StopContainer(StopContainerOnNode {
-                    container_id: m.container_id,
-                    app_id: m.app_id,
-                }));
+            }
             let _ = tx.send(CoordinatorToWorker::Released(Released {
                 correlation_id: m.correlation_id,
             }));
@@ -589,6 +637,9 @@ impl CoordinatorActor {
     fn lose_node(&mut self, node_id: &NodeId, why: &str) {
         let lost = self.state.remove_node(node_id);
         warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
+        if self.lost_nodes.insert(node_id.clone()) {
+            self.persist_lost_nodes();
+        }
         self.node_containers.remove(node_id);
         self.queueable_limits.remove(node_id);
         self.guarantor().do_send(RemoveNode {
@@ -614,6 +665,36 @@ impl CoordinatorActor {
         }
     }
 
+    fn persist_lost_nodes(&self) {
+        if let Err(e) = self.store.set_lost_nodes(&self.lost_nodes) {
+            // Kept in memory: this incarnation still kills a lost node's containers on re-join.
+            error!("cannot persist the lost nodes: {e}");
+        }
+    }
+
+    /// Stop a container at its node on the app's behalf; for a GUARANTEED grant released before
+    /// its node reported it, also revoke its token there until `revoke_until_ms`.
+    fn stop_on_node(
+        &self,
+        node_id: &NodeId,
+        container_id: ContainerId,
+        app_id: String,
+        revoke_until_ms: Option<u64>,
+    ) -> bool {
+        match self.sessions.get(node_id) {
+            Some(s) => {
+                let _ =
+                    s.tx.send(CoordinatorToWorker::StopContainer(StopContainerOnNode {
+                        container_id,
+                        app_id,
+                        revoke_until_ms,
+                    }));
+                true
+            }
+            None => false,
+        }
+    }
+
     fn tick(&mut self) {
         let now = self.clock.now();
         for node in self.state.silent_nodes(now) {
@@ -631,7 +712,12 @@ impl CoordinatorActor {
         {
             self.rotate_keys(now_ms);
         }
-        self.guarantor().do_send(ExpireGrants { now_ms });
+        // A node accepts a token until its own clock passes the expiry: the booking is kept a
+        // grace period longer so a node whose clock lags ours cannot start a grant whose
+        // capacity was already given to another.
+        self.guarantor().do_send(ExpireGrants {
+            now_ms: now_ms.saturating_sub(GRANT_EXPIRY_GRACE_MS),
+        });
         let stale: Vec<u64> = self
             .promotions
             .iter()
@@ -832,6 +918,32 @@ pub struct PromotionBooked {
     pub promotion_id: u64,
     pub container_id: ContainerId,
     pub result: Result<(), GuarantorError>,
+}
+
+/// The guarantor released a GUARANTEED grant on its owner's behalf: stop the container at its
+/// node if it started meanwhile, and revoke an unstarted grant's token there.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopGrantOnNode {
+    pub node_id: NodeId,
+    pub container_id: ContainerId,
+    pub app_id: AppId,
+    pub revoke_until_ms: Option<u64>,
+}
+
+impl Handler<StopGrantOnNode> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: StopGrantOnNode, _: &mut Context<Self>) {
+        if !self.stop_on_node(
+            &m.node_id,
+            m.container_id,
+            m.app_id.to_string(),
+            m.revoke_until_ms,
+        ) {
+            // Not connected: when it re-joins under a new session the grant is void there anyway.
+            debug!(node = %m.node_id, container = %m.container_id, "released grant's node not connected");
+        }
+    }
 }
 
 impl Handler<PromotionBooked> for CoordinatorActor {

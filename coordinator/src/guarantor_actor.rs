@@ -5,7 +5,9 @@
 //! node's policing limit (§4.3) whenever GUARANTEED bookings change.
 
 use crate::clock::Clock;
-use crate::coordinator_actor::{CoordinatorActor, PromotionBooked, QueueableLimits};
+use crate::coordinator_actor::{
+    CoordinatorActor, PromotionBooked, QueueableLimits, StopGrantOnNode,
+};
 use crate::session::{SessionId, WorkerTx};
 use crate::store::Store;
 use actix::prelude::*;
@@ -239,13 +241,19 @@ pub struct AddNode {
     pub capacity: Resources,
     pub endpoint: String,
     pub containers: Vec<ContainerStatus>,
+    /// The session's issuer number (GUARANTEED grants of other sessions are void).
+    pub epoch: u32,
 }
 
 impl Handler<AddNode> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, msg: AddNode, _: &mut Context<Self>) {
-        self.core
-            .add_node(msg.node_id.clone(), msg.rack, msg.capacity);
+        let void = self
+            .core
+            .join_node(msg.node_id.clone(), msg.rack, msg.capacity, msg.epoch);
+        if !void.is_empty() {
+            info!(node = %msg.node_id, count = void.len(), "unstarted GUARANTEED grants of the node's previous session are void");
+        }
         self.endpoints.insert(msg.node_id.clone(), msg.endpoint);
         for c in msg
             .containers
@@ -430,10 +438,24 @@ pub struct ReleaseGrant {
 impl Handler<ReleaseGrant> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, msg: ReleaseGrant, _: &mut Context<Self>) {
-        let reply = match self.core.grant_owner(msg.container_id) {
-            Some(owner) if owner == &msg.app_id => {
-                self.core.on_finished(msg.container_id);
-                self.schedule();
+        let owned = self.core.grant_owner(msg.container_id) == Some(&msg.app_id);
+        let reply = match self.core.grant_node(msg.container_id).cloned() {
+            Some(node_id) if owned => {
+                // Unstarted by the books: free it and revoke its token at the node. Started (its
+                // node's heartbeat lagged the app): the node stops it and its finish frees it.
+                let revoke_until_ms = self
+                    .core
+                    .release_unstarted(msg.container_id, &msg.app_id)
+                    .map(|g| g.expires_at_ms);
+                self.coordinator.do_send(StopGrantOnNode {
+                    node_id,
+                    container_id: msg.container_id,
+                    app_id: msg.app_id.clone(),
+                    revoke_until_ms,
+                });
+                if revoke_until_ms.is_some() {
+                    self.schedule();
+                }
                 CoordinatorToWorker::Released(Released {
                     correlation_id: msg.correlation_id,
                 })

@@ -1,11 +1,13 @@
 //! The coordinator's durable state in redb (one file `store.redb` in the data dir): the token key
 //! ring and when it last rotated, the next worker issuer, the guarantor's reserved container
-//! sequence, the join token, and the app registry. Every write is one committed transaction.
+//! sequence, the join token, the app registry, and the nodes declared lost that have not re-joined. Every write is one committed transaction.
 
 use redb::{Database, ReadableTable, TableDefinition};
+use scheduler_core::NodeId;
 use scheduler_core::protocol::cluster::AppRecord;
 use scheduler_core::token::KeyRing;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -19,6 +21,7 @@ const K_JOIN_TOKEN: &str = "join_token";
 const K_KEYS: &str = "key_state";
 const K_NEXT_ISSUER: &str = "next_issuer";
 const K_GUARANTOR_SEQ: &str = "guarantor_reserved_seq";
+const K_LOST_NODES: &str = "lost_nodes";
 
 /// The token key ring and the wall-clock ms of its last rotation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -236,6 +239,25 @@ impl Store {
 
     pub fn set_guarantor_reserved_seq(&self, seq: u64) -> Result<(), StoreError> {
         self.put_meta(K_GUARANTOR_SEQ, &seq.to_be_bytes())
+    }
+
+    /// Nodes declared lost that have not re-joined since (their containers were reported lost;
+    /// see `CoordinatorActor::join`). Empty when never written.
+    pub fn lost_nodes(&self) -> Result<BTreeSet<NodeId>, StoreError> {
+        let bytes = match self.get_meta(K_LOST_NODES) {
+            Ok(b) => b,
+            Err(StoreError::MissingRecord { .. }) => return Ok(BTreeSet::new()),
+            Err(e) => return Err(e),
+        };
+        rmp_serde::from_slice(&bytes).map_err(|e| StoreError::Corrupted {
+            path: self.path.clone(),
+            key: K_LOST_NODES.into(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn set_lost_nodes(&self, nodes: &BTreeSet<NodeId>) -> Result<(), StoreError> {
+        self.put_meta(K_LOST_NODES, &encode(nodes))
     }
 
     pub fn apps(&self) -> Result<Vec<AppRecord>, StoreError> {

@@ -416,6 +416,7 @@ impl DistributedScheduler {
                     runtime_estimate_ms: ask.runtime_estimate_ms,
                     expires_at_ms,
                     key_id: 0,
+                    node_epoch: 0,
                 },
             });
         }

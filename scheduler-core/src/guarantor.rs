@@ -27,6 +27,11 @@ pub struct GuarantorNode {
     pub guaranteed: Resources,
     /// QUEUEABLE work on the node as of its last heartbeat (not part of any booking).
     pub queueable: QueueableLoad,
+    /// The node's current session (its issuer number from its last join); GUARANTEED grants
+    /// carry it and the node accepts only its current session's grants (see
+    /// [`crate::token::TokenBody::node_epoch`]).
+    #[serde(default)]
+    pub epoch: u32,
 }
 
 impl GuarantorNode {
@@ -254,6 +259,17 @@ struct Grant {
     resources: Resources,
     /// Expiry of the unstarted grant (ms); `None` once the node reported it.
     pending_until_ms: Option<u64>,
+    /// The node session the grant was made for.
+    epoch: u32,
+}
+
+/// An unstarted GUARANTEED grant, for the caller to revoke at its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnstartedGrant {
+    pub container_id: ContainerId,
+    pub node_id: NodeId,
+    pub app_id: AppId,
+    pub expires_at_ms: u64,
 }
 
 /// Settings.
@@ -440,9 +456,32 @@ impl Guarantor {
         self.nodes.values()
     }
 
-    /// Add or re-add a node. GUARANTEED grants known on it are kept (a re-join after a network
-    /// blip must not double-book); the node's capacity is updated.
+    /// Add or re-add a node under session 0 (tests and the simulator, where sessions do not
+    /// change). See [`Guarantor::join_node`].
     pub fn add_node(&mut self, node_id: NodeId, rack: String, capacity: Resources) {
+        self.join_node(node_id, rack, capacity, 0);
+    }
+
+    /// A node joined (or re-joined) under session `epoch`. Started GUARANTEED containers known
+    /// on it stay booked (a re-join after a network blip must not double-book); unstarted grants
+    /// made for another session of the node are void (the node refuses their tokens), so their
+    /// bookings are freed and returned. The node's capacity is updated.
+    pub fn join_node(
+        &mut self,
+        node_id: NodeId,
+        rack: String,
+        capacity: Resources,
+        epoch: u32,
+    ) -> Vec<ContainerId> {
+        let void: Vec<ContainerId> = self
+            .grants
+            .iter()
+            .filter(|(_, g)| g.node == node_id && g.pending_until_ms.is_some() && g.epoch != epoch)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &void {
+            self.grants.remove(id);
+        }
         let guaranteed = self
             .grants
             .values()
@@ -454,7 +493,9 @@ impl Guarantor {
             capacity,
             guaranteed,
             queueable: QueueableLoad::default(),
+            epoch,
         });
+        void
     }
 
     /// The node's QUEUEABLE work as its latest heartbeat reported it (placement input only;
@@ -723,6 +764,7 @@ impl Guarantor {
     ) -> GuaranteedPlacement {
         let node = self.nodes.get_mut(&node_id).expect("candidate node exists");
         node.guaranteed = node.guaranteed.saturating_add(&ask.resources);
+        let epoch = node.epoch;
         let container_id = self.minter.next_id();
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
         self.grants.insert(
@@ -732,6 +774,7 @@ impl Guarantor {
                 app: ask.app_id.clone(),
                 resources: ask.resources,
                 pending_until_ms: Some(expires_at_ms),
+                epoch,
             },
         );
         GuaranteedPlacement {
@@ -753,6 +796,7 @@ impl Guarantor {
                 runtime_estimate_ms: ask.runtime_estimate_ms,
                 expires_at_ms,
                 key_id: 0,
+                node_epoch: epoch,
             },
         }
     }
@@ -789,9 +833,33 @@ impl Guarantor {
         expired
     }
 
+    /// The node a GUARANTEED grant (started or not) is on.
+    pub fn grant_node(&self, id: ContainerId) -> Option<&NodeId> {
+        self.grants.get(&id).map(|g| &g.node)
+    }
+
     /// The application a GUARANTEED grant (started or not) belongs to.
     pub fn grant_owner(&self, id: ContainerId) -> Option<&AppId> {
         self.grants.get(&id).map(|g| &g.app)
+    }
+
+    /// Free an unstarted grant on its owner's behalf. Returns what the caller must revoke at the
+    /// node (the token may still be presented until it expires), or `None` if `id` is not an
+    /// unstarted grant of `app`. A started container is stopped at its node instead.
+    pub fn release_unstarted(&mut self, id: ContainerId, app: &AppId) -> Option<UnstartedGrant> {
+        let g = self.grants.get(&id)?;
+        let expires_at_ms = g.pending_until_ms?;
+        if &g.app != app {
+            return None;
+        }
+        let revoke = UnstartedGrant {
+            container_id: id,
+            node_id: g.node.clone(),
+            app_id: g.app.clone(),
+            expires_at_ms,
+        };
+        self.on_finished(id);
+        Some(revoke)
     }
 
     /// Whether a grant was handed out but its container not yet reported started by its node.
@@ -836,6 +904,7 @@ impl Guarantor {
                 app: app.clone(),
                 resources,
                 pending_until_ms: None,
+                epoch: node.epoch,
             },
         );
         Ok(())

@@ -9,6 +9,12 @@
 //!   least work), until the GUARANTEED container fits (§3.4 "GUARANTEED - QUEUEABLE"). A
 //!   GUARANTEED container never is preempted. If it cannot fit even then (the central view was
 //!   stale), it waits ahead of all QUEUEABLE work and starts as soon as it fits.
+//! - The node is the last word on its GUARANTEED capacity: it refuses a GUARANTEED container (or
+//!   a promotion) that would make the GUARANTEED work on it, running and waiting, exceed its
+//!   capacity ([`NodeError::GuaranteedCapacityExceeded`]). The guarantor never books a node past
+//!   its capacity, so this refuses only grants made on a stale central view (a grant from before a
+//!   coordinator restart, a release racing a start): whatever the central bookkeeping believes,
+//!   GUARANTEED work on a node never exceeds what the node has.
 //! - QUEUEABLE containers wait in a node-local queue ordered by their job's submit time (queue
 //!   reordering, §4.3), then priority, then arrival; with reordering off, by arrival. They start in
 //!   that order whenever they fit in both the node's free resources and the policing limit for
@@ -93,6 +99,16 @@ pub enum NodeError {
     LargerThanNode {
         id: ContainerId,
         asked: Resources,
+        capacity: Resources,
+    },
+    #[error(
+        "GUARANTEED container {id} ({asked}) does not fit: GUARANTEED work on this node already \
+         holds {guaranteed} of {capacity}"
+    )]
+    GuaranteedCapacityExceeded {
+        id: ContainerId,
+        asked: Resources,
+        guaranteed: Resources,
         capacity: Resources,
     },
     #[error("the QUEUEABLE queue is full ({0} containers)")]
@@ -244,6 +260,34 @@ impl NodeRuntime {
         self.allocated.saturating_sub(&self.queueable_allocated)
     }
 
+    /// Resources held or awaited by GUARANTEED containers: running ones plus those waiting to
+    /// start. Never above the capacity (see [`NodeError::GuaranteedCapacityExceeded`]).
+    pub fn guaranteed_committed(&self) -> Resources {
+        self.waiting_guaranteed
+            .iter()
+            .fold(self.guaranteed_allocated(), |acc, c| {
+                acc.saturating_add(&c.resources)
+            })
+    }
+
+    /// Refuse `id` if `asked` more GUARANTEED work would not fit in the node's capacity.
+    fn check_guaranteed_fits(&self, id: ContainerId, asked: Resources) -> Result<(), NodeError> {
+        let guaranteed = self.guaranteed_committed();
+        if guaranteed
+            .saturating_add(&asked)
+            .fits_in(&self.config.capacity)
+        {
+            Ok(())
+        } else {
+            Err(NodeError::GuaranteedCapacityExceeded {
+                id,
+                asked,
+                guaranteed,
+                capacity: self.config.capacity,
+            })
+        }
+    }
+
     pub fn queueable_allocated(&self) -> Resources {
         self.queueable_allocated
     }
@@ -345,6 +389,7 @@ impl NodeRuntime {
         }
         match spec.container_type {
             ContainerType::Guaranteed => {
+                self.check_guaranteed_fits(spec.id, spec.resources)?;
                 let id = spec.id;
                 self.waiting_work += self.work_weight(&spec);
                 self.waiting_guaranteed.push_back(spec);
@@ -577,6 +622,22 @@ impl NodeRuntime {
     }
 
     /// Remove a container wherever it is, reporting `reason`.
+    /// Remove a container on the cluster's order (not its app's): e.g. one the coordinator
+    /// reported `lost` while this node was cut off, or whose grant was revoked.
+    pub fn kill(
+        &mut self,
+        now: Time,
+        id: ContainerId,
+        reason: KillReason,
+        message: String,
+    ) -> Result<(), NodeError> {
+        if self.placement(id).is_none() {
+            return Err(NodeError::Unknown(id));
+        }
+        self.remove(now, id, reason, message);
+        Ok(())
+    }
+
     fn remove(&mut self, now: Time, id: ContainerId, reason: KillReason, message: String) {
         let was_running = self.remove_running(id).is_some();
         if !was_running {
@@ -622,6 +683,7 @@ impl NodeRuntime {
                 current: spec.version,
             });
         }
+        self.check_guaranteed_fits(id, spec.resources)?;
         if let Some(r) = self.running.get_mut(&id) {
             r.spec.container_type = ContainerType::Guaranteed;
             r.spec.version = new_version;
@@ -802,6 +864,13 @@ impl NodeRuntime {
             return Err(format!(
                 "running containers {} exceed capacity {}",
                 sum, self.config.capacity
+            ));
+        }
+        if !self.guaranteed_committed().fits_in(&self.config.capacity) {
+            return Err(format!(
+                "GUARANTEED work {} (running and waiting) exceeds capacity {}",
+                self.guaranteed_committed(),
+                self.config.capacity
             ));
         }
         let work: u128 = self

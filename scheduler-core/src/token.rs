@@ -39,6 +39,12 @@ pub struct TokenBody {
     pub expires_at_ms: u64,
     /// Which key signed it.
     pub key_id: u32,
+    /// For GUARANTEED grants: the session of the node the grant was made for (its issuer
+    /// number, fresh at every join). A node accepts a GUARANTEED grant only from its current
+    /// session, so a coordinator restart or a node's re-join voids every grant made before it
+    /// that had not started (the guarantor no longer books them). 0 for QUEUEABLE tokens.
+    #[serde(default)]
+    pub node_epoch: u32,
 }
 
 /// A signed grant. Opaque to applications: they pass it back unchanged in `start_container`.
@@ -164,6 +170,18 @@ pub enum TokenError {
         token_app: String,
         requester: String,
     },
+    #[error(
+        "GUARANTEED grant for {container} was made for an earlier session of this node (grant \
+         session {grant_epoch}, current session {node_epoch}): it was voided by a coordinator \
+         restart or this node's re-join; ask again"
+    )]
+    StaleGrant {
+        container: ContainerId,
+        grant_epoch: u32,
+        node_epoch: u32,
+    },
+    #[error("grant for {0} was revoked (released, or its node was lost); ask again")]
+    Revoked(ContainerId),
     #[error("key {0} has malformed secret material")]
     BadKeyMaterial(u32),
     #[error("could not encode token body: {0}")]
@@ -178,6 +196,12 @@ pub struct TokenVerifier {
     /// (container, version) -> expiry ms; purged once expired (an expired token fails anyway).
     used: HashMap<(ContainerId, u32), u64>,
     by_expiry: BTreeMap<u64, Vec<(ContainerId, u32)>>,
+    /// The node's current session (issuer number from its last join); `None` before a join.
+    node_epoch: Option<u32>,
+    /// Grants revoked before they started, until their token expires (then the expiry refuses
+    /// them anyway), so the set is bounded by the grants of one token lifetime.
+    revoked: HashMap<ContainerId, u64>,
+    revoked_by_expiry: BTreeMap<u64, Vec<ContainerId>>,
 }
 
 impl TokenVerifier {
@@ -187,7 +211,36 @@ impl TokenVerifier {
             keys: None,
             used: HashMap::new(),
             by_expiry: BTreeMap::new(),
+            node_epoch: None,
+            revoked: HashMap::new(),
+            revoked_by_expiry: BTreeMap::new(),
         }
+    }
+
+    /// The node joined under session `epoch`: GUARANTEED grants of other sessions are void.
+    pub fn set_node_epoch(&mut self, epoch: u32) {
+        self.node_epoch = Some(epoch);
+    }
+
+    /// The node's current session, if it has joined.
+    pub fn node_epoch(&self) -> Option<u32> {
+        self.node_epoch
+    }
+
+    /// Refuse the grant for `id` from now until `until_ms` (its token's expiry).
+    pub fn revoke(&mut self, id: ContainerId, until_ms: u64, now_ms: u64) {
+        self.purge(now_ms);
+        if until_ms <= now_ms {
+            return; // expired already: the expiry check refuses it
+        }
+        if self.revoked.insert(id, until_ms).is_none() {
+            self.revoked_by_expiry.entry(until_ms).or_default().push(id);
+        }
+    }
+
+    /// Grants currently revoked (bounded by one token lifetime of grants).
+    pub fn revoked_count(&self) -> usize {
+        self.revoked.len()
     }
 
     pub fn set_keys(&mut self, keys: KeyRing) {
@@ -242,6 +295,18 @@ impl TokenVerifier {
                 now_ms,
             });
         }
+        if self.revoked.contains_key(&body.container_id) {
+            return Err(TokenError::Revoked(body.container_id));
+        }
+        if body.container_type == ContainerType::Guaranteed
+            && self.node_epoch != Some(body.node_epoch)
+        {
+            return Err(TokenError::StaleGrant {
+                container: body.container_id,
+                grant_epoch: body.node_epoch,
+                node_epoch: self.node_epoch.unwrap_or(0),
+            });
+        }
         if self.used.contains_key(&(body.container_id, body.version)) {
             return Err(TokenError::Replayed {
                 container: body.container_id,
@@ -267,6 +332,14 @@ impl TokenVerifier {
             }
             for k in entry.remove() {
                 self.used.remove(&k);
+            }
+        }
+        while let Some(entry) = self.revoked_by_expiry.first_entry() {
+            if *entry.key() > now_ms {
+                break;
+            }
+            for id in entry.remove() {
+                self.revoked.remove(&id);
             }
         }
     }
@@ -295,6 +368,7 @@ mod tests {
             runtime_estimate_ms: Some(1000),
             expires_at_ms: 10_000,
             key_id: 0,
+            node_epoch: 0,
         }
     }
 
@@ -360,5 +434,64 @@ mod tests {
         ring.verify_signature(&new).unwrap();
         ring.rotate(TokenKey::from_bytes(3, [6; 32]));
         assert_eq!(ring.verify_signature(&old), Err(TokenError::UnknownKey(1)));
+    }
+
+    #[test]
+    fn guaranteed_grants_of_another_node_session_are_void() {
+        let ring = ring();
+        let mut b = body("n1");
+        b.container_type = ContainerType::Guaranteed;
+        b.node_epoch = 7;
+        let token = ring.sign(b.clone()).unwrap();
+        let app = AppId::from("app");
+        let mut v = TokenVerifier::new(NodeId::from("n1"));
+        v.set_keys(ring.clone());
+        // Before any join there is no session: refused.
+        assert!(matches!(
+            v.check(&token, &app, 1),
+            Err(TokenError::StaleGrant {
+                grant_epoch: 7,
+                node_epoch: 0,
+                ..
+            })
+        ));
+        v.set_node_epoch(8);
+        assert!(matches!(
+            v.check(&token, &app, 1),
+            Err(TokenError::StaleGrant {
+                grant_epoch: 7,
+                node_epoch: 8,
+                ..
+            })
+        ));
+        v.set_node_epoch(7);
+        v.check(&token, &app, 1).unwrap();
+        // QUEUEABLE tokens are not bound to the session (they promise no capacity).
+        let q = ring.sign(body("n1")).unwrap();
+        v.set_node_epoch(9);
+        v.check(&q, &app, 1).unwrap();
+    }
+
+    #[test]
+    fn a_revoked_grant_is_refused_until_its_expiry_then_forgotten() {
+        let ring = ring();
+        let token = ring.sign(body("n1")).unwrap();
+        let app = AppId::from("app");
+        let mut v = TokenVerifier::new(NodeId::from("n1"));
+        v.set_keys(ring);
+        v.revoke(token.body.container_id, token.body.expires_at_ms, 1_000);
+        assert_eq!(
+            v.check(&token, &app, 2_000),
+            Err(TokenError::Revoked(token.body.container_id))
+        );
+        // A revocation for an expired grant is not even stored.
+        v.revoke(ContainerId::new(1, 99), 500, 1_000);
+        assert_eq!(v.revoked_count(), 1);
+        // At the expiry the token is refused as expired and the revocation is dropped.
+        assert!(matches!(
+            v.check(&token, &app, 10_000),
+            Err(TokenError::Expired { .. })
+        ));
+        assert_eq!(v.revoked_count(), 0);
     }
 }

@@ -126,21 +126,45 @@ fn guaranteed_starts_at_once_and_preempts_most_recent_queueable_first() {
     );
 }
 
+/// The node is the last word on its GUARANTEED capacity (issue 11): a GUARANTEED container that
+/// would take GUARANTEED work past the capacity is refused, whatever its (stale) grant says, and
+/// the node is left as it was.
 #[test]
-fn guaranteed_waits_behind_guaranteed_and_blocks_queueable_starts() {
+fn guaranteed_work_beyond_capacity_is_refused_not_queued() {
     let mut s = Scenario::new(1000, 1000);
     let (g1, _) = s.at(0).submit(ContainerType::Guaranteed, 800, 0);
-    let (g2, ev) = s.at(1).submit(ContainerType::Guaranteed, 500, 0);
-    assert!(
-        ev.contains(&NodeEvent::WaitingGuaranteed { id: g2 }),
-        "{ev:?}"
+    let (q, _) = s.at(1).submit(ContainerType::Queueable, 200, 0);
+    let over = s.container(ContainerType::Guaranteed, 500, 0);
+    let over_id = over.id;
+    assert_eq!(
+        s.node.submit(s.now, over),
+        Err(NodeError::GuaranteedCapacityExceeded {
+            id: over_id,
+            asked: Resources::new(500, 500),
+            guaranteed: Resources::new(800, 800),
+            capacity: Resources::new(1000, 1000),
+        })
     );
-    // A small QUEUEABLE container would fit beside g1 but must not start while g2 waits.
-    let (q, ev) = s.at(2).submit(ContainerType::Queueable, 100, 0);
-    assert!(started(&ev).is_empty());
-    assert_eq!(s.node.placement(q), Some(Placement::Queued));
-    let ev = s.at(3).exit(g1);
-    assert_eq!(started(&ev), vec![g2, q]);
+    assert!(s.check().is_empty(), "a refusal changes nothing");
+    assert_eq!(s.node.placement(q), Some(Placement::Running));
+    // A promotion that would over-commit is refused the same way.
+    assert!(matches!(
+        s.node.promote(s.now, q, 1),
+        Ok(()) // 800 + 200 fits exactly
+    ));
+    s.check();
+    let (q2, _) = s.at(2).submit(ContainerType::Queueable, 100, 0);
+    assert_eq!(s.node.placement(q2), Some(Placement::Queued));
+    assert!(matches!(
+        s.node.promote(s.now, q2, 1),
+        Err(NodeError::GuaranteedCapacityExceeded { .. })
+    ));
+    assert!(s.check().is_empty());
+    // Once GUARANTEED work ends, the capacity is there again.
+    s.at(3).exit(g1);
+    let (g2, ev) = s.at(4).submit(ContainerType::Guaranteed, 500, 0);
+    assert_eq!(started(&ev), vec![g2]);
+    assert_eq!(s.node.guaranteed_committed(), Resources::new(700, 700));
 }
 
 #[test]
@@ -250,9 +274,13 @@ fn promotion_of_queued_and_running_containers() {
         s.node.promote(s.now, q3, 2),
         Err(NodeError::AlreadyGuaranteed { id: q3 })
     );
-    // Then a GUARANTEED arrival cannot preempt it: it waits.
-    let (g, ev) = s.at(3).submit(ContainerType::Guaranteed, 500, 0);
-    assert!(ev.contains(&NodeEvent::WaitingGuaranteed { id: g }));
+    // The node's GUARANTEED capacity is now taken (600 + 400): a GUARANTEED arrival is refused,
+    // it neither preempts a promoted container nor waits for one.
+    let g = s.at(3).container(ContainerType::Guaranteed, 500, 0);
+    assert!(matches!(
+        s.node.submit(s.now, g),
+        Err(NodeError::GuaranteedCapacityExceeded { .. })
+    ));
 }
 
 #[test]
@@ -334,12 +362,23 @@ fn random_walk_keeps_invariants() {
         s.now = Time::from_millis(step * 100);
         match rng.random_range(0..10) {
             0..=1 => {
-                let (id, _) = s.submit(
+                let spec = s.container(
                     ContainerType::Guaranteed,
                     rng.random_range(1..=20) * 100,
                     rng.random_range(0..100),
                 );
-                live.push(id);
+                let id = spec.id;
+                let fits = s
+                    .node
+                    .guaranteed_committed()
+                    .saturating_add(&spec.resources)
+                    .fits_in(&s.node.capacity());
+                match s.node.submit(s.now, spec) {
+                    Ok(()) => live.push(id),
+                    Err(NodeError::GuaranteedCapacityExceeded { .. }) if !fits => {}
+                    Err(e) => panic!("refused although it fits: {e}"),
+                }
+                s.check();
             }
             2..=4 => {
                 let (id, _) = s.submit(

@@ -177,6 +177,7 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
         ErrorCode::InvalidToken,
         ErrorCode::UnknownContainer,
         ErrorCode::PromotionRefused,
+        ErrorCode::GuaranteedCapacityExceeded,
         ErrorCode::CoordinatorUnavailable,
         ErrorCode::Internal,
     ];
@@ -196,6 +197,7 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
                 ErrorCode::InvalidToken => "invalid_token",
                 ErrorCode::UnknownContainer => "unknown_container",
                 ErrorCode::PromotionRefused => "promotion_refused",
+                ErrorCode::GuaranteedCapacityExceeded => "guaranteed_capacity_exceeded",
                 ErrorCode::CoordinatorUnavailable => "coordinator_unavailable",
                 ErrorCode::Internal => "internal",
             };

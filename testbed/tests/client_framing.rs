@@ -139,6 +139,7 @@ fn token(id: ContainerId, node: &str) -> ContainerToken {
             runtime_estimate_ms: None,
             expires_at_ms: 2_000_000_000_000,
             key_id: 0,
+            node_epoch: 0,
         })
         .unwrap()
 }

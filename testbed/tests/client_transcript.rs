@@ -62,6 +62,7 @@ fn token() -> scheduler_core::token::ContainerToken {
             runtime_estimate_ms: Some(30_000),
             expires_at_ms: JOB_SUBMIT_MS + 600_000,
             key_id: 0,
+            node_epoch: 0,
         })
         .unwrap()
 }

@@ -291,6 +291,8 @@ impl Link {
         self.node.do_send(NodeJoined {
             keys: acc.keys,
             heartbeat_interval: Duration::from_millis(acc.settings.heartbeat_interval_ms),
+            epoch: acc.issuer,
+            lost_containers: acc.lost_containers,
         });
     }
 
@@ -313,6 +315,7 @@ impl Link {
             CoordinatorToWorker::StopContainer(s) => self.node.do_send(StopOnBehalf {
                 app: AppId::new(s.app_id),
                 container_id: s.container_id,
+                revoke_until_ms: s.revoke_until_ms,
             }),
             other @ (CoordinatorToWorker::GuaranteedAllocated(_)
             | CoordinatorToWorker::PromoteResult(_)

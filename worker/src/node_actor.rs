@@ -239,6 +239,9 @@ impl NodeActor {
                 let code = match e {
                     NodeError::LargerThanNode { .. } => ErrorCode::AskTooLarge,
                     NodeError::QueueFull(_) => ErrorCode::QuotaExceeded,
+                    NodeError::GuaranteedCapacityExceeded { .. } => {
+                        ErrorCode::GuaranteedCapacityExceeded
+                    }
                     _ => ErrorCode::InvalidRequest,
                 };
                 error(
@@ -454,12 +457,37 @@ impl Handler<StatusOf> for NodeActor {
 pub struct NodeJoined {
     pub keys: KeyRing,
     pub heartbeat_interval: Duration,
+    /// This session's issuer number: GUARANTEED grants of other sessions are void.
+    pub epoch: u32,
+    /// Containers the coordinator reported lost while this node was cut off: killed at once.
+    pub lost_containers: Vec<ContainerId>,
 }
 
 impl Handler<NodeJoined> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeJoined, ctx: &mut Context<Self>) {
         self.verifier.set_keys(msg.keys);
+        self.verifier.set_node_epoch(msg.epoch);
+        let now = wall_now();
+        for id in msg.lost_containers {
+            // Killed before the first heartbeat of the session goes out, so the coordinator never
+            // hears of them as running again.
+            if self
+                .node
+                .kill(
+                    now,
+                    id,
+                    KillReason::Lost,
+                    "the coordinator declared this node lost while it was cut off and reported \
+                     the container lost"
+                        .into(),
+                )
+                .is_ok()
+            {
+                warn!(container = %id, "killed a container the coordinator reported lost");
+            }
+        }
+        self.flush(ctx);
         let interval = msg.heartbeat_interval.max(Duration::from_millis(10));
         match self.heartbeat {
             Some((_, current)) if current == interval => {}
@@ -551,12 +579,21 @@ impl Handler<ApplyPromotionMsg> for NodeActor {
 pub struct StopOnBehalf {
     pub app: AppId,
     pub container_id: ContainerId,
+    /// A released GUARANTEED grant: refuse its token until then if it is not here.
+    pub revoke_until_ms: Option<u64>,
 }
 
 impl Handler<StopOnBehalf> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: StopOnBehalf, ctx: &mut Context<Self>) {
-        if let Err(e) = self.node.stop(wall_now(), msg.container_id, &msg.app) {
+        let now = wall_now();
+        if let Some(until_ms) = msg.revoke_until_ms {
+            // Revoke first: whether or not the container started meanwhile, its token must not
+            // start it (again) after this.
+            self.verifier
+                .revoke(msg.container_id, until_ms, now.as_millis());
+        }
+        if let Err(e) = self.node.stop(now, msg.container_id, &msg.app) {
             debug!("stop on behalf of {}: {e}", msg.app);
         }
         self.flush(ctx);
@@ -588,6 +625,12 @@ pub struct NodeSnapshot {
     pub queued: usize,
     pub allocated: Resources,
     pub processes: usize,
+    /// GUARANTEED work running or waiting here (never above the capacity).
+    pub guaranteed_committed: Resources,
+    /// The session whose GUARANTEED grants this node accepts (`None` before the first join).
+    pub session_epoch: Option<u32>,
+    /// Grants revoked and not yet expired.
+    pub revoked_grants: usize,
     pub invariants: Result<(), String>,
 }
 
@@ -599,6 +642,9 @@ impl Handler<Inspect> for NodeActor {
             queued: self.node.queued_count(),
             allocated: self.node.allocated(),
             processes: self.processes.len(),
+            guaranteed_committed: self.node.guaranteed_committed(),
+            session_epoch: self.verifier.node_epoch(),
+            revoked_grants: self.verifier.revoked_count(),
             invariants: self.node.check_invariants(),
         })
     }

@@ -276,14 +276,16 @@ async fn a_token_of_another_app_is_refused() {
 async fn a_genuine_token_for_more_than_the_node_has_is_refused() {
     let c = Cluster::start(&["demo"], &[node("node-a", 2000, 2048)]).await;
     let (mut good, running) = start_sleeper(&c, "node-a").await;
-    let huge = c.sign(token_body(
+    let mut body = token_body(
         "node-a",
         "demo",
         test_issued(1),
         ContainerType::Guaranteed,
         Resources::new(4000, 64),
         wall_ms() + 600_000,
-    ));
+    );
+    body.node_epoch = c.inspect("node-a").await.session_epoch.expect("joined");
+    let huge = c.sign(body);
     let e = good.start(&huge, sh("exit 0")).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::AskTooLarge, "{e:?}");
     assert!(e.message.starts_with("start_container refused:"), "{e:?}");

@@ -270,6 +270,7 @@ pub enum ErrorCode {
     InvalidToken,
     UnknownContainer,
     PromotionRefused,
+    GuaranteedCapacityExceeded,
     CoordinatorUnavailable,
     Internal,
 }
@@ -281,6 +282,7 @@ impl ErrorCode {
             self,
             ErrorCode::QuotaExceeded
                 | ErrorCode::PromotionRefused
+                | ErrorCode::GuaranteedCapacityExceeded
                 | ErrorCode::CoordinatorUnavailable
                 | ErrorCode::Internal
         )

@@ -155,6 +155,10 @@ pub struct JoinAccepted {
     pub apps: Vec<AppRecord>,
     pub settings: ClusterSettings,
     pub view: ClusterView,
+    /// Containers of this join's list that the coordinator reported `lost` (the node had been
+    /// declared lost): the worker kills them at once and never reports them running again.
+    #[serde(default)]
+    pub lost_containers: Vec<ContainerId>,
 }
 
 /// Refusal (bad version, bad join token, bad fields); the coordinator closes the stream.
@@ -220,4 +224,8 @@ pub struct ApplyPromotion {
 pub struct StopContainerOnNode {
     pub container_id: ContainerId,
     pub app_id: String,
+    /// For a GUARANTEED grant released before its node reported it started: if the container is
+    /// not on the node, the node refuses its token until this time (the token's expiry).
+    #[serde(default)]
+    pub revoke_until_ms: Option<u64>,
 }

@@ -234,6 +234,7 @@ pub fn token_body(
         runtime_estimate_ms: Some(30_000),
         expires_at_ms,
         key_id: 0,
+        node_epoch: 0,
     }
 }
 

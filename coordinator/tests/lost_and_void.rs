@@ -1,0 +1,214 @@
+//! Issue 11, "GUARANTEED capacity is never granted twice" and "lost means gone", at the
+//! coordinator over real QUIC on loopback with a hand-written worker client and a manual clock:
+//! a node declared lost is told to kill what it still runs when it re-joins (also after a
+//! coordinator restart), and a node's re-join voids the unstarted grants of its earlier session.
+
+mod common;
+
+use common::*;
+use coordinator::coordinator_actor::Tick;
+use coordinator::guarantor_actor::InspectGuarantor;
+use scheduler_core::protocol::cluster::{CoordinatorToWorker, JoinAccepted, WorkerToCoordinator};
+use scheduler_core::{ContainerId, ContainerType, NodeId, Resources};
+use std::time::Duration;
+
+fn rejoin_msg(
+    h: &Harness,
+    node: &str,
+    containers: Vec<scheduler_core::node::ContainerStatus>,
+) -> WorkerToCoordinator {
+    let mut join = join_msg(&h.join_token(), node, 2000, 2048);
+    if let WorkerToCoordinator::Join(j) = &mut join {
+        j.containers = containers;
+    }
+    join
+}
+
+async fn rejoin(
+    h: &Harness,
+    node: &str,
+    containers: Vec<scheduler_core::node::ContainerStatus>,
+) -> (TestWorker, JoinAccepted) {
+    let mut w = h.connect().await;
+    w.send(&rejoin_msg(h, node, containers)).await;
+    match w.next().await {
+        Ok(CoordinatorToWorker::JoinAccepted(a)) => (w, a),
+        other => panic!("re-join of {node} not accepted: {other:?}"),
+    }
+}
+
+async fn booked(h: &Harness, node: &str) -> Resources {
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    stats.invariants.clone().unwrap();
+    stats
+        .booked
+        .get(&NodeId::from(node))
+        .copied()
+        .unwrap_or_default()
+}
+
+/// Node b runs a GUARANTEED and a QUEUEABLE container, goes silent past the node timeout and is
+/// declared lost (its containers reported lost). When it comes back with them still running it
+/// must kill them, not have them re-adopted.
+async fn lose_node_b(h: &Harness) -> (TestWorker, Vec<ContainerId>) {
+    let (mut a, accepted_a) = h.join("node-a", 2000, 2048).await;
+    let (mut b, _) = h.join("node-b", 2000, 2048).await;
+    b.send(&allocate_guaranteed(1, "demo", 2000, 2048, 2)).await;
+    let mut on_b = None;
+    while on_b.is_none() {
+        if let CoordinatorToWorker::GuaranteedAllocated(g) = b
+            .expect("grants", |m| {
+                matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+            })
+            .await
+        {
+            on_b = g
+                .containers
+                .iter()
+                .find(|c| c.node_id.as_str() == "node-b")
+                .map(|c| c.container_id);
+        }
+    }
+    let on_b = on_b.unwrap();
+    let from_a = ContainerId::new(accepted_a.issuer, 1);
+    b.send(&heartbeat(
+        "node-b",
+        0,
+        0.0,
+        vec![
+            running(from_a, ContainerType::Queueable, 100, 100),
+            running(on_b, ContainerType::Guaranteed, 2000, 2048),
+        ],
+        vec![from_a, on_b],
+        vec![],
+    ))
+    .await;
+    b.expect_ack().await;
+    h.clock.advance(Duration::from_secs(11));
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    let closed = b.expect_closed().await;
+    assert!(closed.contains("code 4"), "{closed}");
+    let mut ids = vec![from_a, on_b];
+    ids.sort_unstable();
+    (a, ids)
+}
+
+#[actix_rt::test]
+async fn a_node_declared_lost_kills_what_it_still_runs_when_it_rejoins() {
+    let h = Harness::start().await;
+    let (_a, lost) = lose_node_b(&h).await;
+    let statuses: Vec<_> = lost
+        .iter()
+        .map(|&id| match id.issuer() {
+            0 => running(id, ContainerType::Guaranteed, 2000, 2048),
+            _ => running(id, ContainerType::Queueable, 100, 100),
+        })
+        .collect();
+    let (mut b, accepted) = rejoin(&h, "node-b", statuses.clone()).await;
+    assert_eq!(
+        accepted.lost_containers, lost,
+        "told to kill what was reported lost"
+    );
+    // Not re-adopted: the guarantor books nothing for the lost GUARANTEED container.
+    assert_eq!(booked(&h, "node-b").await, Resources::ZERO);
+    // A heartbeat queued before the worker acted still lists them: still not adopted.
+    b.send(&heartbeat("node-b", 0, 0.0, statuses, vec![], vec![]))
+        .await;
+    b.expect_ack().await;
+    assert_eq!(booked(&h, "node-b").await, Resources::ZERO);
+    // The worker killed them; its capacity is whole again, for new GUARANTEED work too.
+    b.send(&heartbeat("node-b", 0, 0.0, vec![], vec![], lost.clone()))
+        .await;
+    b.expect_ack().await;
+    b.send(&allocate_guaranteed(9, "demo", 2000, 2048, 1)).await;
+    b.expect(
+        "a grant on the whole node",
+        |m| matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == 9),
+    )
+    .await;
+    // Once it has reported without them, a later re-join (a network blip) re-adopts again.
+    drop(b);
+    let kept = ContainerId::new(0, 4242);
+    let (_b, accepted) = rejoin(
+        &h,
+        "node-b",
+        vec![running(kept, ContainerType::Guaranteed, 500, 500)],
+    )
+    .await;
+    assert!(accepted.lost_containers.is_empty(), "{accepted:?}");
+}
+
+#[test]
+fn a_lost_node_is_still_told_to_kill_after_a_coordinator_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    coordinator::datadir::init(
+        &coordinator::datadir::DataDir::new(dir.path()),
+        &[("demo".to_string(), Default::default())],
+        1_700_000_000_000,
+    )
+    .unwrap();
+    let (dir, lost) = actix_rt::System::new().block_on(async {
+        let h = Harness::start_in(dir).await;
+        let (_a, lost) = lose_node_b(&h).await;
+        h.server.shutdown();
+        (h.dir, lost)
+    });
+    actix_rt::System::new().block_on(async {
+        let h = Harness::start_in(dir).await;
+        let statuses = lost
+            .iter()
+            .map(|&id| running(id, ContainerType::Queueable, 100, 100))
+            .collect();
+        let (_b, accepted) = rejoin(&h, "node-b", statuses).await;
+        assert_eq!(accepted.lost_containers, lost);
+        h.server.shutdown();
+    });
+}
+
+#[actix_rt::test]
+async fn a_rejoin_voids_the_unstarted_grants_of_the_nodes_earlier_session() {
+    let h = Harness::start().await;
+    let (mut a, first) = h.join("node-a", 2000, 2048).await;
+    a.send(&allocate_guaranteed(1, "demo", 1500, 1500, 1)).await;
+    let grant = match a
+        .expect("grant", |m| {
+            matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::GuaranteedAllocated(g) => g.containers[0].clone(),
+        _ => unreachable!(),
+    };
+    assert_eq!(
+        grant.token.body.node_epoch, first.issuer,
+        "bound to the session"
+    );
+    assert_eq!(booked(&h, "node-a").await, Resources::new(1500, 1500));
+    // The node re-joins (a new session replaces the old one) before the grant started: the
+    // node will refuse the old session's grant, so the guarantor must not keep booking it.
+    let (mut a2, second) = rejoin(&h, "node-a", vec![]).await;
+    assert_ne!(second.issuer, first.issuer);
+    a2.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a2.expect_ack().await;
+    assert_eq!(booked(&h, "node-a").await, Resources::ZERO);
+    // New grants are for the new session.
+    a2.send(&allocate_guaranteed(2, "demo", 2000, 2048, 1))
+        .await;
+    match a2
+        .expect(
+            "grant",
+            |m| matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == 2),
+        )
+        .await
+    {
+        CoordinatorToWorker::GuaranteedAllocated(g) => {
+            assert_eq!(g.containers[0].token.body.node_epoch, second.issuer)
+        }
+        _ => unreachable!(),
+    }
+    drop(a);
+}
