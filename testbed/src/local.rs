@@ -201,29 +201,8 @@ impl LocalCluster {
             children: vec![],
             temp_dir: temp,
         };
-        let log = data_dir.join("coordinator.log");
         let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_s);
-        let mut child = child_command(&coordinator_bin)
-            .args(["run", "--data-dir"])
-            .arg(&coord_dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args([
-                "--heartbeat-interval-ms",
-                &args.heartbeat_interval_ms.to_string(),
-            ])
-            .args(["--node-timeout-ms", &args.node_timeout_ms.to_string()])
-            .args(["--shedding", &args.shedding])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting the coordinator")?;
-        let stdout = read_ready_line(child.stdout.take().expect("stdout is piped"));
-        cluster.children.push(("coordinator".into(), child, log));
-        let ready = cluster.ready_or_report(&stdout, "coordinator", deadline)?;
-        cluster.coordinator = ready["quic_addr"]
-            .as_str()
-            .context("coordinator ready line has no quic_addr")?
-            .to_string();
+        cluster.coordinator = cluster.spawn_coordinator(args, "127.0.0.1:0", deadline)?;
         let mut pending = vec![];
         for i in 1..=args.workers {
             let name = format!("worker-{i}");
@@ -269,6 +248,58 @@ impl LocalCluster {
             });
         }
         Ok(cluster)
+    }
+
+    /// Start the coordinator on `listen` and wait for its ready line; returns its QUIC address.
+    fn spawn_coordinator(
+        &mut self,
+        args: &LocalArgs,
+        listen: &str,
+        deadline: Instant,
+    ) -> anyhow::Result<String> {
+        let coordinator_bin = sibling_binary("coordinator")?;
+        let coord_dir = self.data_dir.join("coordinator");
+        let log = self.data_dir.join("coordinator.log");
+        // Appended to, so a restart keeps the previous incarnation's log.
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let mut child = child_command(&coordinator_bin)
+            .args(["run", "--data-dir"])
+            .arg(&coord_dir)
+            .args(["--listen", listen])
+            .args([
+                "--heartbeat-interval-ms",
+                &args.heartbeat_interval_ms.to_string(),
+            ])
+            .args(["--node-timeout-ms", &args.node_timeout_ms.to_string()])
+            .args(["--shedding", &args.shedding])
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .context("starting the coordinator")?;
+        let stdout = read_ready_line(child.stdout.take().expect("stdout is piped"));
+        self.children.retain(|(n, _, _)| n != "coordinator");
+        self.children.push(("coordinator".into(), child, log));
+        let ready = self.ready_or_report(&stdout, "coordinator", deadline)?;
+        Ok(ready["quic_addr"]
+            .as_str()
+            .context("coordinator ready line has no quic_addr")?
+            .to_string())
+    }
+
+    /// Kill the coordinator with SIGKILL and start it again on the same address and data dir
+    /// (crash-recovery tests); the workers re-join it by themselves.
+    pub fn restart_coordinator(&mut self, args: &LocalArgs) -> anyhow::Result<()> {
+        self.kill("coordinator")?;
+        let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_s);
+        let listen = self.coordinator.clone();
+        let addr = self.spawn_coordinator(args, &listen, deadline)?;
+        if addr != listen {
+            bail!("the restarted coordinator listens on {addr}, not {listen}");
+        }
+        Ok(())
     }
 
     fn ready_or_report(

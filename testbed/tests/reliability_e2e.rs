@@ -2,8 +2,10 @@
 //! processes (built by `cargo test --workspace`). docs/reliability.md lists the promises checked
 //! here. Timeouts only guard against hangs; every wait is for an event.
 
-use scheduler_core::protocol::app::{Allocate, ErrorCode};
-use scheduler_core::{ContainerType, Resources};
+use scheduler_core::protocol::app::{
+    Allocate, ContainerEventKind, ErrorCode, LaunchSpec, Locality,
+};
+use scheduler_core::{ContainerType, KillReason, Resources};
 use std::path::PathBuf;
 use std::time::Duration;
 use testbed::client::ClientPool;
@@ -97,5 +99,187 @@ async fn a_paused_coordinator_is_noticed_within_a_few_heartbeats_and_rejoined_af
             || log.contains("did not complete within"),
         "the worker names why it dropped the link:\n{log}"
     );
+    c.stop();
+}
+
+fn guaranteed_ask_of(cpu_millis: u64, node: Option<&str>) -> Allocate {
+    let mut ask = guaranteed_ask();
+    ask.resources = Resources::new(cpu_millis, 32);
+    ask.locality = node.map(|n| Locality {
+        nodes: vec![n.to_string()],
+        racks: vec![],
+        relax: false,
+    });
+    ask
+}
+
+/// A container that sleeps, with a marker in its shell's command line to find it by (the shell
+/// stays: no `exec`).
+fn marked_sleeper(marker: &str) -> LaunchSpec {
+    LaunchSpec {
+        command: "/bin/sh".into(),
+        args: vec!["-c".into(), format!("sleep 300; echo {marker}")],
+        env: Default::default(),
+        working_dir: None,
+    }
+}
+
+/// Live processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let mut out = vec![];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Wait (paced, bounded) until `count` processes carry `marker`.
+async fn wait_for_processes(marker: &str, count: usize, c: &LocalCluster, log: &str) {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    while processes_with(marker).len() != count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected {count} processes marked {marker}, found {}; {log}'s log:\n{}",
+            processes_with(marker).len(),
+            c.log_tail(log)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Retry a GUARANTEED ask while the worker has no coordinator (paced, bounded by GUARD).
+async fn allocate_when_joined(
+    client: &testbed::client::AppClient,
+    ask: Allocate,
+    c: &LocalCluster,
+) -> scheduler_core::protocol::app::Allocated {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        match client.allocate(ask.clone()).await {
+            Ok(a) if !a.containers.is_empty() => return a,
+            Ok(a) => panic!("unexpected answer: {a:?}"),
+            Err(e) if e.code() == Some(ErrorCode::CoordinatorUnavailable) => {}
+            Err(e) => panic!("unexpected error: {e:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never (re-)joined; its log:\n{}",
+            c.log_tail("worker-1")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Lost means gone: a worker paused (SIGSTOP) past the node timeout is declared lost and its
+/// containers are reported `lost` to their app; when it resumes and re-joins, it must kill them
+/// instead of running on (and reporting them running) as if nothing happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_past_the_node_timeout_kills_its_containers_when_it_resumes() {
+    let mut c = LocalCluster::start(&LocalArgs {
+        workers: 2,
+        cpu_millis: 2000,
+        memory_mib: 2048,
+        heartbeat_interval_ms: 100,
+        node_timeout_ms: 1000,
+        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join("lost")),
+        ..LocalArgs::default()
+    })
+    .expect("local cluster starts");
+    let (pool, mut events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let home = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    let target = c.workers[1].node_id.clone();
+    let granted = tokio::time::timeout(GUARD, home.allocate(guaranteed_ask_of(500, Some(&target))))
+        .await
+        .expect("answered")
+        .expect("granted");
+    let grant = &granted.containers[0];
+    let marker = format!("lost-means-gone-{}", grant.container_id);
+    pool.start(grant, marked_sleeper(&marker))
+        .await
+        .expect("started");
+    wait_for_processes(&marker, 1, &c, "worker-2").await;
+
+    c.signal("worker-2", libc::SIGSTOP).unwrap();
+    // The app is told its container is lost (through the worker that obtained the grant).
+    let lost = tokio::time::timeout(GUARD, async {
+        while let Some(e) = events.recv().await {
+            if e.container_id == grant.container_id
+                && matches!(
+                    e.event,
+                    ContainerEventKind::Killed {
+                        reason: KillReason::Lost,
+                        ..
+                    }
+                )
+            {
+                return e;
+            }
+        }
+        panic!("event channel closed");
+    })
+    .await
+    .expect("the app hears that its container is lost");
+    assert_eq!(lost.node_id.as_str(), target);
+    // Paused, the process still exists; once the worker resumes and re-joins it must go.
+    assert_eq!(processes_with(&marker).len(), 1);
+    c.signal("worker-2", libc::SIGCONT).unwrap();
+    // A container reported lost must not run on after its worker re-joined.
+    wait_for_processes(&marker, 0, &c, "worker-2").await;
+    assert!(
+        c.log_tail("worker-2")
+            .contains("killed a container the coordinator reported lost"),
+        "{}",
+        c.log_tail("worker-2")
+    );
+    // The node is whole again: its full GUARANTEED capacity can be granted.
+    let again = allocate_when_joined(&home, guaranteed_ask_of(2000, Some(&target)), &c).await;
+    assert_eq!(again.containers[0].node_id.as_str(), target);
+    c.stop();
+}
+
+/// A coordinator killed with SIGKILL while a GUARANTEED grant is outstanding (granted, not
+/// started) and restarted on the same data dir must not let that capacity be granted twice: the
+/// old grant is void (the node re-joined under a new session), the capacity is granted anew, and
+/// only the new grant starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_restart_voids_outstanding_grants_instead_of_granting_their_capacity_twice() {
+    let args = LocalArgs {
+        workers: 1,
+        cpu_millis: 2000,
+        memory_mib: 2048,
+        heartbeat_interval_ms: 100,
+        node_timeout_ms: 1500,
+        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join("restart")),
+        ..LocalArgs::default()
+    };
+    let mut c = LocalCluster::start(&args).expect("local cluster starts");
+    let (pool, _events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    let before = tokio::time::timeout(GUARD, client.allocate(guaranteed_ask_of(1500, None)))
+        .await
+        .expect("answered")
+        .expect("granted");
+
+    c.restart_coordinator(&args).expect("coordinator restarts");
+    // The restarted coordinator never heard of the first grant: 1,500 of 2,000 are free to it.
+    let after = allocate_when_joined(&client, guaranteed_ask_of(1500, None), &c).await;
+    let old = pool
+        .start(&before.containers[0], marked_sleeper("restart-old"))
+        .await
+        .expect_err("a grant from before the restart must not start");
+    assert_eq!(old.code(), Some(ErrorCode::InvalidToken), "{old:?}");
+    assert!(format!("{old:?}").contains("earlier session"), "{old:?}");
+    pool.start(&after.containers[0], marked_sleeper("restart-new"))
+        .await
+        .expect("the new grant starts");
+    wait_for_processes("restart-new", 1, &c, "worker-1").await;
+    assert_eq!(processes_with("restart-old").len(), 0);
     c.stop();
 }
