@@ -29,7 +29,7 @@ use scheduler_core::protocol::cluster::{
     PromoteContainer, PromoteResult, PromotionApplied, ReleaseContainer, Released, RequestFailed,
     StopContainerOnNode, WorkerToCoordinator,
 };
-use scheduler_core::token::{ContainerToken, KeyRing, TokenBody};
+use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, TokenBody};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources, Time};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -76,6 +76,8 @@ pub struct CoordinatorActor {
     rng: StdRng,
     join_token: String,
     keys: KeyState,
+    /// Signs promoted (GUARANTEED) tokens; rebuilt at every rotation.
+    signer: GuaranteedSigner,
     apps: Vec<AppRecord>,
     apps_version: u64,
     guarantor: Option<Addr<GuarantorActor>>,
@@ -118,11 +120,23 @@ impl CoordinatorActor {
             },
             store.next_issuer()?,
         );
+        let keys = store.key_state()?;
+        let signer = keys
+            .guaranteed
+            .as_ref()
+            .ok_or_else(|| "no GUARANTEED signing keys (start through `coordinator::start`)".into())
+            .and_then(|seeds| GuaranteedSigner::new(seeds).map_err(|e| e.to_string()))
+            .map_err(|message| crate::store::StoreError::Corrupted {
+                path: store.path().to_path_buf(),
+                key: "key_state".into(),
+                message,
+            })?;
         Ok(CoordinatorActor {
+            signer,
             state,
             join_token: store.join_token()?,
             lost_nodes: store.lost_nodes()?,
-            keys: store.key_state()?,
+            keys,
             apps: store.apps()?,
             apps_version: 1,
             store,
@@ -250,6 +264,7 @@ impl CoordinatorActor {
             protocol_version: CLUSTER_PROTOCOL_VERSION,
             issuer,
             keys: self.keys.ring.clone(),
+            guaranteed_keys: self.signer.public_ring(),
             apps: self.apps.clone(),
             settings: self.cluster_settings(),
             view,
@@ -341,6 +356,7 @@ impl CoordinatorActor {
             return;
         };
         let keys = (session.keys_sent != key_id).then(|| self.keys.ring.clone());
+        let guaranteed_keys = keys.as_ref().map(|_| self.signer.public_ring());
         session.keys_sent = key_id;
         let apps = (session.apps_sent != self.apps_version).then(|| self.apps.clone());
         session.apps_sent = self.apps_version;
@@ -352,6 +368,7 @@ impl CoordinatorActor {
                 queueable_limit: limit.unwrap_or_default(),
                 notices,
                 keys,
+                guaranteed_keys,
                 apps,
             }));
     }
@@ -525,7 +542,7 @@ impl CoordinatorActor {
             key_id: 0,
             node_epoch: host_epoch,
         };
-        let token = match self.keys.ring.sign(body) {
+        let token = match self.signer.sign(body) {
             Ok(t) => t,
             Err(e) => {
                 error!("cannot sign promoted token: {e}");
@@ -745,6 +762,28 @@ impl CoordinatorActor {
         };
         let mut next = self.keys.clone();
         next.ring.rotate(key);
+        let seeds = match (new_token_key(next_id), next.guaranteed.clone()) {
+            (Ok(seed), Some(mut seeds)) => {
+                seeds.rotate(seed);
+                seeds
+            }
+            (Err(e), _) => {
+                error!("key rotation skipped: {e}");
+                return;
+            }
+            (_, None) => {
+                error!("key rotation skipped: no GUARANTEED signing keys");
+                return;
+            }
+        };
+        let signer = match GuaranteedSigner::new(&seeds) {
+            Ok(s) => s,
+            Err(e) => {
+                error!("key rotation skipped: {e}");
+                return;
+            }
+        };
+        next.guaranteed = Some(seeds.clone());
         next.rotated_at_ms = now_ms;
         if let Err(e) = self.store.save_key_state(&next) {
             // Never sign with a key that would not survive a restart.
@@ -752,8 +791,9 @@ impl CoordinatorActor {
             return;
         }
         self.keys = next;
-        info!(key_id = next_id, "token key rotated");
-        self.guarantor().do_send(SetKeys(self.keys.ring.clone()));
+        self.signer = signer;
+        info!(key_id = next_id, "token keys rotated");
+        self.guarantor().do_send(SetKeys(seeds));
     }
 }
 

@@ -119,6 +119,18 @@ pub fn new_token_key(key_id: u32) -> Result<TokenKey, InitError> {
     Ok(TokenKey::from_bytes(key_id, os_random::<32>()?))
 }
 
+/// The key state, with GUARANTEED signing seeds created (and saved) if the store predates them.
+pub fn key_state_with_guaranteed_keys(store: &Store) -> Result<(KeyState, KeyRing), InitError> {
+    let mut keys = store.key_state()?;
+    if let Some(seeds) = &keys.guaranteed {
+        return Ok((keys.clone(), seeds.clone()));
+    }
+    let seeds = KeyRing::new(new_token_key(keys.ring.current.key_id)?);
+    keys.guaranteed = Some(seeds.clone());
+    store.save_key_state(&keys)?;
+    Ok((keys, seeds))
+}
+
 pub fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
@@ -252,6 +264,7 @@ pub fn init(
             join_token: join_token.clone(),
             keys: KeyState {
                 ring: KeyRing::new(new_token_key(1)?),
+                guaranteed: Some(KeyRing::new(new_token_key(1)?)),
                 rotated_at_ms: now_ms,
             },
         },

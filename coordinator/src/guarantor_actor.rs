@@ -20,7 +20,7 @@ use scheduler_core::protocol::app::{ErrorCode, GrantedContainer};
 use scheduler_core::protocol::cluster::{
     CoordinatorToWorker, GuaranteedAllocated, Released, RequestFailed,
 };
-use scheduler_core::token::KeyRing;
+use scheduler_core::token::{GuaranteedSigner, KeyRing};
 use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -39,7 +39,8 @@ struct AskRoute {
 
 pub struct GuarantorActor {
     core: Guarantor,
-    keys: KeyRing,
+    /// Signs GUARANTEED grants (Ed25519; no worker holds the key).
+    signer: GuaranteedSigner,
     store: Arc<Store>,
     clock: Clock,
     coordinator: Addr<CoordinatorActor>,
@@ -56,7 +57,7 @@ impl GuarantorActor {
     /// Resumes minting after the reserved sequence in the store.
     pub fn new(
         store: Arc<Store>,
-        keys: KeyRing,
+        signer: GuaranteedSigner,
         token_ttl_ms: u64,
         clock: Clock,
         coordinator: Addr<CoordinatorActor>,
@@ -74,7 +75,7 @@ impl GuarantorActor {
         );
         Ok(GuarantorActor {
             core,
-            keys,
+            signer,
             store,
             clock,
             coordinator,
@@ -123,7 +124,7 @@ impl GuarantorActor {
             let container_id = body.container_id;
             let node_id = body.node_id.clone();
             let resources = body.resources;
-            let token = match self.keys.sign(body) {
+            let token = match self.signer.sign(body) {
                 Ok(t) => t,
                 Err(e) => {
                     error!(%container_id, "cannot sign grant, releasing it: {e}");
@@ -481,7 +482,11 @@ pub struct SetKeys(pub KeyRing);
 impl Handler<SetKeys> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, msg: SetKeys, _: &mut Context<Self>) {
-        self.keys = msg.0;
+        match GuaranteedSigner::new(&msg.0) {
+            Ok(signer) => self.signer = signer,
+            // The coordinator built the same signer from these seeds before sending them.
+            Err(e) => error!("GUARANTEED key rotation not applied: {e}"),
+        }
     }
 }
 

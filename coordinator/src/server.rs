@@ -20,6 +20,8 @@ pub enum StartError {
     Init(#[from] InitError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("the GUARANTEED token keys in the store are unusable: {0}")]
+    Keys(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -66,12 +68,15 @@ pub async fn start(
         None => u64::from_le_bytes(datadir::os_random::<8>()?),
     };
     info!(seed, "top-k tie-break RNG seeded");
-    let keys = store.key_state()?.ring;
+    // Stores written before GUARANTEED tokens had their own keys get them now.
+    let (_, guaranteed_seeds) = datadir::key_state_with_guaranteed_keys(&store)?;
+    let signer = scheduler_core::token::GuaranteedSigner::new(&guaranteed_seeds)
+        .map_err(|e| StartError::Keys(e.to_string()))?;
     let token_ttl_ms = settings.token_ttl.as_millis() as u64;
     let coordinator = CoordinatorActor::new(settings.clone(), store.clone(), clock.clone(), seed)?;
     let coordinator = coordinator.start();
     let guarantor =
-        GuarantorActor::new(store, keys, token_ttl_ms, clock, coordinator.clone())?.start();
+        GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?.start();
     coordinator
         .send(SetGuarantor(guarantor.clone()))
         .await

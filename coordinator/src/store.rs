@@ -26,7 +26,12 @@ const K_LOST_NODES: &str = "lost_nodes";
 /// The token key ring and the wall-clock ms of its last rotation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KeyState {
+    /// HMAC keys for QUEUEABLE tokens (workers have them).
     pub ring: KeyRing,
+    /// Ed25519 seeds for GUARANTEED tokens, rotated with `ring` under the same key ids; never
+    /// sent to anyone. `None` only in stores written before they existed (filled at start).
+    #[serde(default)]
+    pub guaranteed: Option<KeyRing>,
     pub rotated_at_ms: u64,
 }
 
@@ -315,6 +320,7 @@ mod tests {
             join_token: "jt".into(),
             keys: KeyState {
                 ring: KeyRing::new(TokenKey::from_bytes(1, [3; 32])),
+                guaranteed: None,
                 rotated_at_ms: 5,
             },
         }

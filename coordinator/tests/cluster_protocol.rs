@@ -162,9 +162,13 @@ async fn guaranteed_grants_never_overcommit_and_wait_for_finished_containers() {
     assert_eq!((first.len(), remaining), (2, 1), "two fit, the third waits");
     for g in &first {
         accepted
-            .keys
+            .guaranteed_keys
             .verify_signature(&g.token)
-            .expect("grant token verifies");
+            .expect("grant token verifies with the coordinator's public key");
+        assert!(
+            accepted.keys.verify_signature(&g.token).is_err(),
+            "not with the HMAC keys workers hold: no worker can mint a GUARANTEED token"
+        );
         assert_eq!(g.container_id.issuer(), 0);
         assert_eq!(g.token.body.container_type, ContainerType::Guaranteed);
         assert_eq!(g.node_id.as_str(), "node-a");
@@ -211,7 +215,10 @@ async fn guaranteed_grants_never_overcommit_and_wait_for_finished_containers() {
     let (third, remaining) = grants(&mut a, 7, 1).await;
     assert_eq!((third.len(), remaining), (1, 0));
     assert!(!ids.contains(&third[0].container_id));
-    accepted.keys.verify_signature(&third[0].token).unwrap();
+    accepted
+        .guaranteed_keys
+        .verify_signature(&third[0].token)
+        .unwrap();
     let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
     stats.invariants.unwrap();
     assert_eq!(
@@ -390,7 +397,10 @@ async fn promotion_is_booked_applied_by_the_host_and_answered_to_the_requester()
         CoordinatorToWorker::ApplyPromotion(p) => p,
         _ => unreachable!(),
     };
-    accepted_host.keys.verify_signature(&apply.token).unwrap();
+    accepted_host
+        .guaranteed_keys
+        .verify_signature(&apply.token)
+        .unwrap();
     assert_eq!(apply.token.body.version, 1);
     assert_eq!(apply.token.body.container_type, ContainerType::Guaranteed);
     assert_eq!(apply.token.body.node_id.as_str(), "node-a");
@@ -560,15 +570,28 @@ async fn keys_rotate_on_schedule_and_the_ring_keeps_the_previous_key() {
     );
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
-    let ring = a.expect_ack().await.keys.expect("new ring after rotation");
-    assert_eq!(ring.previous.as_ref(), Some(&accepted.keys.current));
+    let ack = a.expect_ack().await;
+    let hmac = ack.keys.expect("new ring after rotation");
+    assert_eq!(hmac.previous.as_ref(), Some(&accepted.keys.current));
+    let ring = ack
+        .guaranteed_keys
+        .expect("new GUARANTEED public keys with it");
+    assert_eq!(
+        ring.previous.as_ref(),
+        Some(&accepted.guaranteed_keys.current)
+    );
     ring.verify_signature(&old_grant[0].token)
         .expect("old grants stay valid");
     a.send(&allocate_guaranteed(2, "demo", 100, 100, 1)).await;
     let (new_grant, _) = grants(&mut a, 2, 1).await;
     assert_eq!(new_grant[0].token.body.key_id, 2);
     ring.verify_signature(&new_grant[0].token).unwrap();
-    assert!(accepted.keys.verify_signature(&new_grant[0].token).is_err());
+    assert!(
+        accepted
+            .guaranteed_keys
+            .verify_signature(&new_grant[0].token)
+            .is_err()
+    );
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
     assert!(a.expect_ack().await.keys.is_none(), "sent once");

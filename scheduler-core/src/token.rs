@@ -6,9 +6,15 @@
 //! to workers; every scheduler signs with the current key, every node accepts either key so a
 //! rotation never invalidates grants in flight. Nodes remember (container, version) pairs until
 //! their expiry to refuse replays.
+//!
+//! GUARANTEED tokens are different: only the coordinator may mint them (a worker, or anything
+//! that steals a worker's secrets, must not be able to grant GUARANTEED capacity). They are
+//! signed with Ed25519 keys whose seeds only the coordinator holds ([`GuaranteedSigner`]);
+//! nodes verify them with the public keys ([`PublicKeyRing`]), rotated with the HMAC keys.
 
 use crate::{AppId, ContainerId, ContainerType, NodeId, Resources};
 use hmac::{Hmac, Mac};
+use ring::signature::{ED25519, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::collections::{BTreeMap, HashMap};
@@ -136,6 +142,99 @@ impl KeyRing {
     }
 }
 
+/// One Ed25519 public key for GUARANTEED tokens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicTokenKey {
+    pub key_id: u32,
+    /// The 32-byte Ed25519 public key, hex-encoded.
+    pub public_hex: String,
+}
+
+/// The public half of the coordinator's GUARANTEED signing keys (current + previous): what
+/// nodes need to verify GUARANTEED tokens, and nothing that lets them mint one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicKeyRing {
+    pub current: PublicTokenKey,
+    pub previous: Option<PublicTokenKey>,
+}
+
+impl PublicKeyRing {
+    fn key(&self, key_id: u32) -> Option<&PublicTokenKey> {
+        if self.current.key_id == key_id {
+            Some(&self.current)
+        } else {
+            self.previous.as_ref().filter(|k| k.key_id == key_id)
+        }
+    }
+
+    pub fn verify_signature(&self, token: &ContainerToken) -> Result<(), TokenError> {
+        let key = self
+            .key(token.body.key_id)
+            .ok_or(TokenError::UnknownKey(token.body.key_id))?;
+        let public =
+            hex::decode(&key.public_hex).map_err(|_| TokenError::BadKeyMaterial(key.key_id))?;
+        let given = hex::decode(&token.signature).map_err(|_| TokenError::Forged)?;
+        UnparsedPublicKey::new(&ED25519, public)
+            .verify(&body_bytes(&token.body)?, &given)
+            .map_err(|_| TokenError::Forged)
+    }
+}
+
+/// The coordinator's GUARANTEED token signer: an Ed25519 key pair per generation, from the
+/// 32-byte seeds of a [`KeyRing`] that never leaves the coordinator.
+pub struct GuaranteedSigner {
+    current: (u32, Ed25519KeyPair),
+    previous: Option<(u32, Ed25519KeyPair)>,
+}
+
+impl std::fmt::Debug for GuaranteedSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuaranteedSigner")
+            .field("key_id", &self.current.0)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuaranteedSigner {
+    pub fn new(seeds: &KeyRing) -> Result<GuaranteedSigner, TokenError> {
+        let pair = |k: &TokenKey| -> Result<(u32, Ed25519KeyPair), TokenError> {
+            let seed =
+                hex::decode(&k.secret_hex).map_err(|_| TokenError::BadKeyMaterial(k.key_id))?;
+            Ed25519KeyPair::from_seed_unchecked(&seed)
+                .map(|p| (k.key_id, p))
+                .map_err(|_| TokenError::BadKeyMaterial(k.key_id))
+        };
+        Ok(GuaranteedSigner {
+            current: pair(&seeds.current)?,
+            previous: seeds.previous.as_ref().map(pair).transpose()?,
+        })
+    }
+
+    /// The public keys nodes verify GUARANTEED tokens with.
+    pub fn public_ring(&self) -> PublicKeyRing {
+        let public = |(key_id, pair): &(u32, Ed25519KeyPair)| PublicTokenKey {
+            key_id: *key_id,
+            public_hex: hex::encode(pair.public_key().as_ref()),
+        };
+        PublicKeyRing {
+            current: public(&self.current),
+            previous: self.previous.as_ref().map(public),
+        }
+    }
+
+    /// Sign a GUARANTEED token body with the current key.
+    pub fn sign(&self, mut body: TokenBody) -> Result<ContainerToken, TokenError> {
+        if body.container_type != ContainerType::Guaranteed {
+            return Err(TokenError::Encoding(
+                "the GUARANTEED signer signs GUARANTEED tokens only".into(),
+            ));
+        }
+        body.key_id = self.current.0;
+        let signature = hex::encode(self.current.1.sign(&body_bytes(&body)?).as_ref());
+        Ok(ContainerToken { body, signature })
+    }
+}
+
 fn body_bytes(body: &TokenBody) -> Result<Vec<u8>, TokenError> {
     rmp_serde::to_vec(body).map_err(|e| TokenError::Encoding(e.to_string()))
 }
@@ -193,6 +292,8 @@ pub enum TokenError {
 pub struct TokenVerifier {
     node_id: NodeId,
     keys: Option<KeyRing>,
+    /// Public keys for GUARANTEED tokens (only the coordinator can sign those).
+    guaranteed_keys: Option<PublicKeyRing>,
     /// (container, version) -> expiry ms; purged once expired (an expired token fails anyway).
     used: HashMap<(ContainerId, u32), u64>,
     by_expiry: BTreeMap<u64, Vec<(ContainerId, u32)>>,
@@ -209,6 +310,7 @@ impl TokenVerifier {
         TokenVerifier {
             node_id,
             keys: None,
+            guaranteed_keys: None,
             used: HashMap::new(),
             by_expiry: BTreeMap::new(),
             node_epoch: None,
@@ -251,6 +353,28 @@ impl TokenVerifier {
         self.keys.as_ref()
     }
 
+    /// The coordinator's public keys for GUARANTEED tokens.
+    pub fn set_guaranteed_keys(&mut self, keys: PublicKeyRing) {
+        self.guaranteed_keys = Some(keys);
+    }
+
+    /// Check a token's signature: GUARANTEED tokens against the coordinator's public keys (no
+    /// worker can mint one), QUEUEABLE ones against the cluster's HMAC keys.
+    pub fn verify_signature(&self, token: &ContainerToken) -> Result<(), TokenError> {
+        match token.body.container_type {
+            ContainerType::Guaranteed => self
+                .guaranteed_keys
+                .as_ref()
+                .ok_or(TokenError::UnknownKey(token.body.key_id))?
+                .verify_signature(token),
+            ContainerType::Queueable => self
+                .keys
+                .as_ref()
+                .ok_or(TokenError::UnknownKey(token.body.key_id))?
+                .verify_signature(token),
+        }
+    }
+
     /// Verify and consume a token presented by `app` at wall-clock `now_ms`.
     pub fn check_and_consume(
         &mut self,
@@ -271,11 +395,7 @@ impl TokenVerifier {
         now_ms: u64,
     ) -> Result<(), TokenError> {
         self.purge(now_ms);
-        let keys = self
-            .keys
-            .as_ref()
-            .ok_or(TokenError::UnknownKey(token.body.key_id))?;
-        keys.verify_signature(token)?;
+        self.verify_signature(token)?;
         let body = &token.body;
         if body.node_id != self.node_id {
             return Err(TokenError::WrongNode {
@@ -436,16 +556,61 @@ mod tests {
         assert_eq!(ring.verify_signature(&old), Err(TokenError::UnknownKey(1)));
     }
 
+    fn guaranteed_signer() -> GuaranteedSigner {
+        GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [5; 32]))).unwrap()
+    }
+
     #[test]
-    fn guaranteed_grants_of_another_node_session_are_void() {
+    fn only_the_coordinators_ed25519_key_signs_guaranteed_tokens() {
         let ring = ring();
+        let signer = guaranteed_signer();
         let mut b = body("n1");
         b.container_type = ContainerType::Guaranteed;
-        b.node_epoch = 7;
-        let token = ring.sign(b.clone()).unwrap();
         let app = AppId::from("app");
         let mut v = TokenVerifier::new(NodeId::from("n1"));
         v.set_keys(ring.clone());
+        v.set_node_epoch(0);
+        // What a worker (or a thief of its secrets) could do: sign with the HMAC keys.
+        let minted_by_worker = ring.sign(b.clone()).unwrap();
+        assert_eq!(
+            v.check(&minted_by_worker, &app, 1),
+            Err(TokenError::UnknownKey(1)),
+            "no GUARANTEED public keys yet"
+        );
+        v.set_guaranteed_keys(signer.public_ring());
+        assert_eq!(v.check(&minted_by_worker, &app, 1), Err(TokenError::Forged));
+        let genuine = signer.sign(b.clone()).unwrap();
+        v.check(&genuine, &app, 1).unwrap();
+        let mut tampered = genuine.clone();
+        tampered.body.resources = Resources::new(4000, 4096);
+        assert_eq!(v.check(&tampered, &app, 1), Err(TokenError::Forged));
+        // The signer refuses QUEUEABLE bodies (they are the workers' to sign).
+        assert!(signer.sign(body("n1")).is_err());
+        // Rotation: the previous public key keeps verifying, an older one does not.
+        let mut seeds = KeyRing::new(TokenKey::from_bytes(1, [5; 32]));
+        seeds.rotate(TokenKey::from_bytes(2, [6; 32]));
+        let rotated = GuaranteedSigner::new(&seeds).unwrap();
+        assert_eq!(
+            rotated.public_ring().previous,
+            Some(signer.public_ring().current)
+        );
+        v.set_guaranteed_keys(rotated.public_ring());
+        v.check(&genuine, &app, 1).unwrap();
+        v.check(&rotated.sign(b).unwrap(), &app, 1).unwrap();
+    }
+
+    #[test]
+    fn guaranteed_grants_of_another_node_session_are_void() {
+        let ring = ring();
+        let signer = guaranteed_signer();
+        let mut b = body("n1");
+        b.container_type = ContainerType::Guaranteed;
+        b.node_epoch = 7;
+        let token = signer.sign(b.clone()).unwrap();
+        let app = AppId::from("app");
+        let mut v = TokenVerifier::new(NodeId::from("n1"));
+        v.set_keys(ring.clone());
+        v.set_guaranteed_keys(signer.public_ring());
         // Before any join there is no session: refused.
         assert!(matches!(
             v.check(&token, &app, 1),

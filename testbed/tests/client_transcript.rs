@@ -9,7 +9,7 @@ use scheduler_core::protocol::app::{
     ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorCode, ErrorFrame, GrantedContainer,
     Hello, LaunchSpec, Release, StartContainer, Subscribe, Welcome,
 };
-use scheduler_core::token::{KeyRing, TokenBody, TokenKey};
+use scheduler_core::token::{GuaranteedSigner, KeyRing, TokenBody, TokenKey};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -48,7 +48,9 @@ const JOB_SUBMIT_MS: u64 = 1_763_800_000_000;
 const CONTAINER: ContainerId = ContainerId(7);
 
 fn token() -> scheduler_core::token::ContainerToken {
-    KeyRing::new(TokenKey::from_bytes(3, [0x42; 32]))
+    // A GUARANTEED token: signed with the coordinator's Ed25519 key, as the guarantor does.
+    GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(3, [0x42; 32])))
+        .unwrap()
         .sign(TokenBody {
             container_id: CONTAINER,
             node_id: NodeId::from("worker-2"),
@@ -62,7 +64,7 @@ fn token() -> scheduler_core::token::ContainerToken {
             runtime_estimate_ms: Some(30_000),
             expires_at_ms: JOB_SUBMIT_MS + 600_000,
             key_id: 0,
-            node_epoch: 0,
+            node_epoch: 5,
         })
         .unwrap()
 }

@@ -290,6 +290,7 @@ impl Link {
         });
         self.node.do_send(NodeJoined {
             keys: acc.keys,
+            guaranteed_keys: acc.guaranteed_keys,
             heartbeat_interval: Duration::from_millis(acc.settings.heartbeat_interval_ms),
             epoch: acc.issuer,
             lost_containers: acc.lost_containers,
@@ -303,6 +304,7 @@ impl Link {
                     shedding_threshold_ms: ack.shedding_threshold_ms,
                     queueable_limit: ack.queueable_limit,
                     keys: ack.keys.clone(),
+                    guaranteed_keys: ack.guaranteed_keys,
                 });
                 self.scheduler.do_send(ViewUpdate {
                     view: ack.view,

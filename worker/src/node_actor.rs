@@ -14,7 +14,7 @@ use scheduler_core::protocol::app::{
 use scheduler_core::protocol::cluster::{
     ApplyPromotion, Heartbeat, PromotionApplied, WorkerToCoordinator,
 };
-use scheduler_core::token::{KeyRing, TokenVerifier};
+use scheduler_core::token::{KeyRing, PublicKeyRing, TokenVerifier};
 use scheduler_core::{AppId, ContainerId, JobId, KillReason, NodeId, Resources, Time};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -456,6 +456,7 @@ impl Handler<StatusOf> for NodeActor {
 #[rtype(result = "()")]
 pub struct NodeJoined {
     pub keys: KeyRing,
+    pub guaranteed_keys: PublicKeyRing,
     pub heartbeat_interval: Duration,
     /// This session's issuer number: GUARANTEED grants of other sessions are void.
     pub epoch: u32,
@@ -467,6 +468,7 @@ impl Handler<NodeJoined> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeJoined, ctx: &mut Context<Self>) {
         self.verifier.set_keys(msg.keys);
+        self.verifier.set_guaranteed_keys(msg.guaranteed_keys);
         self.verifier.set_node_epoch(msg.epoch);
         let now = wall_now();
         for id in msg.lost_containers {
@@ -511,6 +513,7 @@ pub struct NodeHints {
     pub shedding_threshold_ms: Option<f64>,
     pub queueable_limit: Resources,
     pub keys: Option<KeyRing>,
+    pub guaranteed_keys: Option<PublicKeyRing>,
 }
 
 impl Handler<NodeHints> for NodeActor {
@@ -519,6 +522,9 @@ impl Handler<NodeHints> for NodeActor {
         let now = wall_now();
         if let Some(keys) = msg.keys {
             self.verifier.set_keys(keys);
+        }
+        if let Some(keys) = msg.guaranteed_keys {
+            self.verifier.set_guaranteed_keys(keys);
         }
         self.node.set_queueable_limit(now, msg.queueable_limit);
         if let Some(t) = msg.shedding_threshold_ms {
@@ -549,9 +555,8 @@ impl Handler<ApplyPromotionMsg> for NodeActor {
         } = msg.0;
         let result = self
             .verifier
-            .keys()
-            .ok_or_else(|| "no key ring yet".to_string())
-            .and_then(|k| k.verify_signature(&token).map_err(|e| e.to_string()))
+            .verify_signature(&token)
+            .map_err(|e| e.to_string())
             .and_then(|()| {
                 if token.body.node_id != self.node_id {
                     return Err(format!(

@@ -204,9 +204,9 @@ async fn promoting_a_running_queueable_container_makes_it_guaranteed() {
             old.priority
         )
     );
-    c.keys
+    c.guaranteed_public_keys()
         .verify_signature(&promoted.token)
-        .expect("signed with the cluster key");
+        .expect("signed with the coordinator's GUARANTEED key");
     app.event(
         "promoted event",
         is(

@@ -9,7 +9,7 @@ use crate::node::ContainerStatus;
 use crate::protocol::app::{Allocate, ErrorCode, GrantedContainer};
 use crate::queue_delay::QueueDelay;
 use crate::quota::QueueableQuota;
-use crate::token::{ContainerToken, KeyRing};
+use crate::token::{ContainerToken, KeyRing, PublicKeyRing};
 use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 
@@ -151,7 +151,10 @@ pub struct JoinAccepted {
     pub protocol_version: u32,
     /// Container-id prefix for this worker's distributed scheduler.
     pub issuer: u32,
+    /// HMAC keys for QUEUEABLE tokens.
     pub keys: KeyRing,
+    /// Public keys for GUARANTEED tokens (only the coordinator holds the private ones).
+    pub guaranteed_keys: PublicKeyRing,
     pub apps: Vec<AppRecord>,
     pub settings: ClusterSettings,
     pub view: ClusterView,
@@ -179,6 +182,9 @@ pub struct HeartbeatAck {
     pub notices: Vec<ContainerNotice>,
     /// New key ring after a rotation.
     pub keys: Option<KeyRing>,
+    /// New GUARANTEED public keys after a rotation (sent with `keys`).
+    #[serde(default)]
+    pub guaranteed_keys: Option<PublicKeyRing>,
     /// New app registry after a change.
     pub apps: Option<Vec<AppRecord>>,
 }

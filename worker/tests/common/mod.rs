@@ -14,7 +14,7 @@ use scheduler_core::protocol::app::{
     ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorFrame, Hello, LaunchSpec, Locality,
     Promote, Promoted, StartContainer, Subscribe, Welcome,
 };
-use scheduler_core::token::{ContainerToken, KeyRing, TokenBody};
+use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, PublicKeyRing, TokenBody};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
@@ -55,6 +55,9 @@ pub struct Cluster {
     pub server: CoordinatorServer,
     /// The cluster's token key ring as initialised (no rotation happens within a test).
     pub keys: KeyRing,
+    /// The coordinator's GUARANTEED signing seeds as initialised (tests mint GUARANTEED tokens
+    /// with them, as only the coordinator can).
+    pub guaranteed_seeds: KeyRing,
     /// app id -> secret.
     pub secrets: HashMap<String, String>,
     pub workers: Vec<WorkerHandle>,
@@ -81,11 +84,12 @@ impl Cluster {
             .map(|a| (a.app_id, a.app_secret))
             .collect();
         // Read the key ring before the coordinator locks the store.
-        let keys = Store::open(&data.store())
+        let key_state = Store::open(&data.store())
             .expect("open store")
             .key_state()
-            .expect("key state")
-            .ring;
+            .expect("key state");
+        let keys = key_state.ring;
+        let guaranteed_seeds = key_state.guaranteed.expect("init creates GUARANTEED keys");
 
         let mut settings = CoordinatorSettings::new(dir.path());
         settings.listen = "127.0.0.1:0".parse().expect("literal");
@@ -124,14 +128,29 @@ impl Cluster {
             dir,
             server,
             keys,
+            guaranteed_seeds,
             secrets,
             workers,
         }
     }
 
-    /// Sign with the cluster's current key, as the coordinator and the workers do.
+    /// Sign with the cluster's current key, as the coordinator (GUARANTEED tokens, Ed25519)
+    /// and the workers (QUEUEABLE tokens, HMAC) do.
     pub fn sign(&self, body: TokenBody) -> ContainerToken {
-        self.keys.sign(body).expect("signing")
+        match body.container_type {
+            ContainerType::Guaranteed => GuaranteedSigner::new(&self.guaranteed_seeds)
+                .expect("GUARANTEED seeds")
+                .sign(body)
+                .expect("signing"),
+            ContainerType::Queueable => self.keys.sign(body).expect("signing"),
+        }
+    }
+
+    /// What nodes verify GUARANTEED tokens with.
+    pub fn guaranteed_public_keys(&self) -> PublicKeyRing {
+        GuaranteedSigner::new(&self.guaranteed_seeds)
+            .expect("GUARANTEED seeds")
+            .public_ring()
     }
 
     pub fn worker(&self, name: &str) -> &WorkerHandle {
