@@ -1,6 +1,7 @@
 //! The worker's typed configuration: command-line flags (with `env`), an optional TOML file with
 //! the same keys (flags win), and defaults.
 
+use crate::exec::user::{RunAs, resolve_container_user};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -43,9 +44,19 @@ pub struct RunArgs {
     /// Also serve the application protocol on this Unix socket.
     #[arg(long, env = "WORKER_APP_SOCKET")]
     pub app_socket: Option<PathBuf>,
-    /// Where container stdout/stderr files go [default: discarded].
+    /// Where container stdout/stderr files go (created 0700, files 0600) [default: discarded].
     #[arg(long, env = "WORKER_LOG_DIR")]
     pub container_log_dir: Option<PathBuf>,
+    /// User containers run as: a user name, a uid, or uid:gid [default: the `nobody` user, or
+    /// 65534:65534 when there is none]. Only a worker running as root can switch users; any
+    /// other worker runs containers as its own uid (and logs that once at start).
+    #[arg(long, env = "WORKER_CONTAINER_USER")]
+    pub container_user: Option<String>,
+    /// Allow containers to run as root (uid 0). Without it the worker refuses to start when
+    /// they would (container_user root or 0).
+    #[arg(long, env = "WORKER_ALLOW_ROOT_CONTAINERS", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(default)]
+    pub allow_root_containers: Option<bool>,
     /// Runtime assumed for containers without an estimate, for the queue-delay estimate [default: 10000].
     #[arg(long, env = "WORKER_DEFAULT_RUNTIME_ESTIMATE_MS")]
     pub default_runtime_estimate_ms: Option<u64>,
@@ -71,6 +82,8 @@ pub struct WorkerConfig {
     pub coordinator: String,
     pub ca_cert: PathBuf,
     pub join_token: String,
+    /// Where the join token was read from, if from a file (its mode is checked at start).
+    pub join_token_file: Option<PathBuf>,
     pub node_id: String,
     pub rack: String,
     pub cpu_millis: u64,
@@ -79,6 +92,9 @@ pub struct WorkerConfig {
     pub app_advertise: Option<String>,
     pub app_socket: Option<PathBuf>,
     pub container_log_dir: Option<PathBuf>,
+    /// The identity containers should run as (see [`crate::exec::user`]).
+    pub container_user: RunAs,
+    pub allow_root_containers: bool,
     pub default_runtime_estimate_ms: u64,
     pub fifo_queue: bool,
     pub max_queue_length: usize,
@@ -114,6 +130,8 @@ impl RunArgs {
                 app_advertise,
                 app_socket,
                 container_log_dir,
+                container_user,
+                allow_root_containers,
                 default_runtime_estimate_ms,
                 fifo_queue,
                 max_queue_length,
@@ -126,9 +144,10 @@ impl RunArgs {
         let Some(ca_cert) = self.ca_cert else {
             bail!("--ca-cert PATH (the cluster CA) is required")
         };
-        let join_token = match (self.join_token, self.join_token_file) {
+        let join_token_file = self.join_token_file.filter(|_| self.join_token.is_none());
+        let join_token = match (self.join_token, &join_token_file) {
             (Some(t), _) => t,
-            (None, Some(path)) => read_token(&path)?,
+            (None, Some(path)) => read_token(path)?,
             (None, None) => {
                 bail!("a join token is required: --join-token-file PATH or --join-token")
             }
@@ -154,10 +173,13 @@ impl RunArgs {
                 "--cpu-millis and --memory-mib must be positive (got {cpu_millis} and {memory_mib})"
             );
         }
+        let container_user = resolve_container_user(self.container_user.as_deref())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(WorkerConfig {
             coordinator,
             ca_cert,
             join_token,
+            join_token_file,
             node_id,
             rack: self.rack.unwrap_or_else(|| "default-rack".to_string()),
             cpu_millis,
@@ -168,6 +190,8 @@ impl RunArgs {
             app_advertise: self.app_advertise,
             app_socket: self.app_socket,
             container_log_dir: self.container_log_dir,
+            container_user,
+            allow_root_containers: self.allow_root_containers.unwrap_or(false),
             default_runtime_estimate_ms: self.default_runtime_estimate_ms.unwrap_or(10_000),
             fifo_queue: self.fifo_queue.unwrap_or(false),
             max_queue_length: self.max_queue_length.unwrap_or(10_000),

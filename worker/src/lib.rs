@@ -40,6 +40,27 @@ impl WorkerHandle {
 
 /// Start a worker and wait until it has joined the cluster. Must run inside an actix System.
 pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
+    let identity = exec::user::decide(
+        config.container_user.clone(),
+        config.allow_root_containers,
+        exec::user::effective_uid(),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    match &identity {
+        exec::user::Identity::Switch(run_as) => tracing::info!(
+            user = %run_as.name,
+            uid = run_as.uid,
+            gid = run_as.gid,
+            "containers run as this user"
+        ),
+        exec::user::Identity::SameAsWorker { uid, wanted } => tracing::warn!(
+            uid,
+            container_user = %wanted.name,
+            "the worker is not root and cannot switch users: containers run as the worker's own uid, \
+             so they can read whatever the worker can (run the worker as root to isolate them)"
+        ),
+    }
+    warn_if_readable_by_others(&config);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = link::client_config(&config.ca_cert)?;
     let listener = tokio::net::TcpListener::bind(config.app_listen)
@@ -71,6 +92,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
     node_config.max_queue_length = config.max_queue_length;
     let executor = Rc::new(exec::Executor::detect(exec::ExecutorConfig {
         log_dir: config.container_log_dir.clone(),
+        run_as: identity.run_as(),
         ..Default::default()
     }));
     tracing::info!(
@@ -131,4 +153,22 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         node,
         scheduler,
     })
+}
+
+/// Containers must not read the worker's secrets: warn when the join token file could be read
+/// by users other than the worker's (the file is the operator's, so it is not changed here).
+fn warn_if_readable_by_others(config: &WorkerConfig) {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = &config.join_token_file else {
+        return;
+    };
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o044 != 0
+    {
+        tracing::warn!(
+            file = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the join token file is readable by group or others: make it 0600 so containers cannot read it"
+        );
+    }
 }

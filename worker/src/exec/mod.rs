@@ -15,16 +15,22 @@
 //!   any processes it left behind are killed too: a container ends with its main process.
 //! - The container's environment is only the spec's variables plus `PATH` (defaulted to
 //!   [`DEFAULT_PATH`] when absent) and `CONTAINER_ID`; stdin is `/dev/null`, stdout and stderr
-//!   go to `container-<id>.stdout/.stderr` in [`ExecutorConfig::log_dir`] or to `/dev/null`.
+//!   go to `container-<id>.stdout/.stderr` in [`ExecutorConfig::log_dir`] (created 0700, files
+//!   0600, opened by the worker so the container needs no access to them) or to `/dev/null`.
+//! - Identity: with [`ExecutorConfig::run_as`] the child drops to that uid/gid/groups before
+//!   exec (after joining its cgroups and starting its session, which need the worker's
+//!   privileges), then enters its working directory as that user ([`user`]).
 
 mod cgroup;
 mod error;
 mod procfs;
 mod spawn;
+pub mod user;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -107,6 +113,8 @@ pub struct ExecutorConfig {
     pub monitor_interval: Duration,
     /// Where container stdout/stderr files go; `None` discards them.
     pub log_dir: Option<PathBuf>,
+    /// The identity containers switch to before exec; `None` keeps the worker's own.
+    pub run_as: Option<user::RunAs>,
 }
 
 impl Default for ExecutorConfig {
@@ -119,6 +127,7 @@ impl Default for ExecutorConfig {
             cgroup_name: format!("hybrid-worker-{}-{serial}", std::process::id()),
             monitor_interval: Duration::from_millis(100),
             log_dir: None,
+            run_as: None,
         }
     }
 }
@@ -243,25 +252,37 @@ impl Executor {
             stderr,
         } = prepared;
 
-        let mut procs_fds = [-1; spawn::MAX_CGROUP_FDS];
-        for (slot, file) in procs_fds.iter_mut().zip(&cgroup_procs) {
+        let mut cgroup_procs_fds = [-1; spawn::MAX_CGROUP_FDS];
+        for (slot, file) in cgroup_procs_fds.iter_mut().zip(&cgroup_procs) {
             *slot = file.as_raw_fd();
         }
+        let Some(working_dir_c) = user::c_path(&working_dir) else {
+            if let Some(cgroup) = &cgroup {
+                let _ = cgroup.remove();
+            }
+            return Err(ExecError::WorkingDirMissing { path: working_dir });
+        };
+        let plan = spawn::ChildPlan {
+            cgroup_procs_fds,
+            identity: self.config.run_as.as_ref().map(user::ChildIdentity::from),
+            working_dir: working_dir_c,
+            working_dir_fallback: spec.working_dir.is_none() && self.config.run_as.is_some(),
+        };
         let mut command = tokio::process::Command::new(&program);
         command
             .arg0(&spec.command)
             .args(&spec.args)
             .env_clear()
             .envs(&env)
-            .current_dir(&working_dir)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .kill_on_drop(false);
-        // SAFETY: child_setup only makes async-signal-safe calls (write, setsid, setrlimit) on
-        // values copied into the closure, and does not allocate.
+        // SAFETY: child_setup only makes async-signal-safe calls (write, setsid, setrlimit,
+        // setgroups, setgid, setuid, chdir) on values prepared before the fork and moved into
+        // the closure, and does not allocate.
         unsafe {
-            command.pre_exec(move || spawn::child_setup(&procs_fds));
+            command.pre_exec(move || spawn::child_setup(&plan));
         }
         let spawned = command.spawn();
         drop(cgroup_procs);
@@ -332,13 +353,23 @@ fn prepare(
     let program = spawn::resolve_command(command, search_path, &working_dir)?;
     let (stdout, stderr) = match log_dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|source| ExecError::Log {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+            // Logs may hold other containers' output: readable by the worker's user only.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| ExecError::Log {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
             let open = |suffix: &str| -> Result<Stdio, ExecError> {
                 let path = dir.join(format!("container-{container_id}.{suffix}"));
-                File::create(&path)
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&path)
                     .map(Stdio::from)
                     .map_err(|source| ExecError::Log { path, source })
             };

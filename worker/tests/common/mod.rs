@@ -64,6 +64,15 @@ impl Cluster {
     /// A coordinator with the given apps and one worker per node, started in order (each has
     /// joined when this returns).
     pub async fn start(apps: &[&str], nodes: &[NodeSpec]) -> Cluster {
+        Cluster::start_with(apps, nodes, |_| {}).await
+    }
+
+    /// Like [`Cluster::start`], with each worker's configuration adjusted by `adjust` first.
+    pub async fn start_with(
+        apps: &[&str],
+        nodes: &[NodeSpec],
+        adjust: impl Fn(&mut WorkerConfig),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = DataDir::new(dir.path());
         let now_ms = std::time::SystemTime::now()
@@ -99,10 +108,11 @@ impl Cluster {
 
         let mut workers = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
-            let handle = worker::start(WorkerConfig {
+            let mut config = WorkerConfig {
                 coordinator: server.quic_addr.to_string(),
                 ca_cert: data.ca_cert(),
                 join_token: join_token.clone(),
+                join_token_file: Some(data.join_token()),
                 node_id: n.name.to_string(),
                 rack: "rack-a".to_string(),
                 cpu_millis: n.cpu_millis,
@@ -111,13 +121,18 @@ impl Cluster {
                 app_advertise: None,
                 app_socket: None,
                 container_log_dir: None,
+                container_user: worker::exec::user::resolve_container_user(None)
+                    .expect("default container user"),
+                allow_root_containers: false,
                 default_runtime_estimate_ms: 10_000,
                 fifo_queue: false,
                 max_queue_length: 10_000,
                 seed: Some(11 + i as u64),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
+            };
+            adjust(&mut config);
+            let handle = worker::start(config)
+                .await
+                .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
             workers.push(handle);
         }
         Cluster {
