@@ -57,6 +57,12 @@ pub struct RunArgs {
     #[arg(long, env = "WORKER_ALLOW_ROOT_CONTAINERS", num_args = 0..=1, default_missing_value = "true")]
     #[serde(default)]
     pub allow_root_containers: Option<bool>,
+    /// Where the worker records its running containers (dir 0700, locked: one worker per dir),
+    /// so that after a crash the restarted worker kills what its previous incarnation left
+    /// running [default: /var/lib/hybrid-worker/NODE_ID as root, else
+    /// $XDG_STATE_HOME/hybrid-worker/NODE_ID or ~/.local/state/hybrid-worker/NODE_ID].
+    #[arg(long, env = "WORKER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Runtime assumed for containers without an estimate, for the queue-delay estimate [default: 10000].
     #[arg(long, env = "WORKER_DEFAULT_RUNTIME_ESTIMATE_MS")]
     pub default_runtime_estimate_ms: Option<u64>,
@@ -95,6 +101,8 @@ pub struct WorkerConfig {
     /// The identity containers should run as (see [`crate::exec::user`]).
     pub container_user: RunAs,
     pub allow_root_containers: bool,
+    /// The state dir (see `--state-dir`).
+    pub state_dir: PathBuf,
     pub default_runtime_estimate_ms: u64,
     pub fifo_queue: bool,
     pub max_queue_length: usize,
@@ -132,6 +140,7 @@ impl RunArgs {
                 container_log_dir,
                 container_user,
                 allow_root_containers,
+                state_dir,
                 default_runtime_estimate_ms,
                 fifo_queue,
                 max_queue_length,
@@ -175,6 +184,9 @@ impl RunArgs {
         }
         let container_user = resolve_container_user(self.container_user.as_deref())
             .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let state_dir = self
+            .state_dir
+            .unwrap_or_else(|| default_state_dir(&node_id));
         Ok(WorkerConfig {
             coordinator,
             ca_cert,
@@ -192,12 +204,49 @@ impl RunArgs {
             container_log_dir: self.container_log_dir,
             container_user,
             allow_root_containers: self.allow_root_containers.unwrap_or(false),
+            state_dir,
             default_runtime_estimate_ms: self.default_runtime_estimate_ms.unwrap_or(10_000),
             fifo_queue: self.fifo_queue.unwrap_or(false),
             max_queue_length: self.max_queue_length.unwrap_or(10_000),
             seed: self.seed,
         })
     }
+}
+
+/// The default state dir of node `node_id` (see `--state-dir`); the node id is reduced to
+/// `[A-Za-z0-9._-]` so it is one path component.
+pub fn default_state_dir(node_id: &str) -> PathBuf {
+    let mut name: String = node_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.starts_with('.') {
+        name.insert(0, '_');
+    }
+    let env_dir = |var: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let base = if crate::exec::user::effective_uid() == 0 {
+        PathBuf::from("/var/lib/hybrid-worker")
+    } else if let Some(state) = env_dir("XDG_STATE_HOME") {
+        state.join("hybrid-worker")
+    } else if let Some(home) = env_dir("HOME") {
+        home.join(".local/state/hybrid-worker")
+    } else {
+        std::env::temp_dir().join(format!(
+            "hybrid-worker-{}",
+            crate::exec::user::effective_uid()
+        ))
+    };
+    base.join(name)
 }
 
 fn read_token(path: &Path) -> anyhow::Result<String> {

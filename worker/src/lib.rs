@@ -18,6 +18,7 @@ use scheduler_core::{NodeId, Resources};
 use shared::{Shared, wall_now};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// A running worker (inside an actix System).
@@ -63,6 +64,26 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
     warn_if_readable_by_others(&config);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = link::client_config(&config.ca_cert)?;
+    // Before anything is offered: kill what a crashed previous incarnation left running.
+    let state = Arc::new(
+        exec::state::StateDir::open(&config.state_dir)
+            .with_context(|| "opening the worker state dir (--state-dir)".to_string())?,
+    );
+    let reaping = Arc::clone(&state);
+    let report = tokio::task::spawn_blocking(move || reaping.reap_leftovers())
+        .await
+        .context("reaping leftover containers")??;
+    if report != exec::state::ReapReport::default() {
+        tracing::warn!(
+            records = report.records,
+            containers_killed = report.containers_killed,
+            processes_killed = report.processes_killed,
+            cgroups_removed = report.cgroups_removed,
+            cgroups_left = report.cgroups_left,
+            state_dir = %config.state_dir.display(),
+            "reaped what a previous worker left behind"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(config.app_listen)
         .await
         .with_context(|| format!("binding the app endpoint on {}", config.app_listen))?;
@@ -93,6 +114,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
     let executor = Rc::new(exec::Executor::detect(exec::ExecutorConfig {
         log_dir: config.container_log_dir.clone(),
         run_as: identity.run_as(),
+        state: Some(state),
         ..Default::default()
     }));
     tracing::info!(

@@ -172,6 +172,8 @@ async fn a_root_worker_refuses_root_containers_unless_allowed() {
     .resolve()
     .expect("config resolves");
     assert_eq!(config.container_user.uid, root.uid);
+    let state = tempfile::tempdir().expect("tempdir");
+    config.state_dir = state.path().join("state");
     let err = match worker::start(config.clone()).await {
         Ok(_) => panic!("a worker started with root containers"),
         Err(e) => format!("{e:#}"),

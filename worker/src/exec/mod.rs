@@ -25,6 +25,7 @@ mod cgroup;
 mod error;
 mod procfs;
 mod spawn;
+pub mod state;
 pub mod user;
 
 use std::collections::{BTreeMap, HashSet};
@@ -115,6 +116,9 @@ pub struct ExecutorConfig {
     pub log_dir: Option<PathBuf>,
     /// The identity containers switch to before exec; `None` keeps the worker's own.
     pub run_as: Option<user::RunAs>,
+    /// Where running containers are recorded (so a restarted worker can kill what a crashed
+    /// one left running, [`state`]); `None` records nothing.
+    pub state: Option<Arc<state::StateDir>>,
 }
 
 impl Default for ExecutorConfig {
@@ -128,6 +132,7 @@ impl Default for ExecutorConfig {
             monitor_interval: Duration::from_millis(100),
             log_dir: None,
             run_as: None,
+            state: None,
         }
     }
 }
@@ -176,6 +181,7 @@ impl Executor {
                 Enforcement::RlimitAndMonitor
             }
         };
+        record_roots(&config, &enforcement);
         Executor {
             roots: Arc::new(CgroupRoots { enforcement }),
             config,
@@ -189,6 +195,7 @@ impl Executor {
         config: ExecutorConfig,
     ) -> Result<Executor, ExecError> {
         cgroup::prepare_root(&enforcement)?;
+        record_roots(&config, &enforcement);
         Ok(Executor {
             roots: Arc::new(CgroupRoots { enforcement }),
             config,
@@ -303,29 +310,86 @@ impl Executor {
                 "container {container_id}: spawned child has no pid"
             )));
         };
+        if let Some(state) = &self.config.state {
+            let record = state::ContainerRecord {
+                container_id,
+                pgid: pid,
+                // The start time is set at fork and kept across exec; a leader that already
+                // died leaves nothing to find by pid anyway.
+                start_time: state::start_time(pid).unwrap_or(0),
+                cgroups: cgroup
+                    .as_ref()
+                    .map(|c| c.dirs().into_iter().map(Path::to_path_buf).collect())
+                    .unwrap_or_default(),
+            };
+            if let Err(e) = state.record(&record) {
+                // A container a crash could leak is not started: kill it now.
+                let process =
+                    ContainerProcess::new(child, container_id, pid, cgroup, limits, self, None);
+                drop(process);
+                return Err(ExecError::State(e.to_string()));
+            }
+        }
+        Ok(ContainerProcess::new(
+            child,
+            container_id,
+            pid,
+            cgroup,
+            limits,
+            self,
+            self.config.state.clone(),
+        ))
+    }
+}
+
+/// Writes the executor's cgroup roots into the state dir (if any).
+fn record_roots(config: &ExecutorConfig, enforcement: &Enforcement) {
+    if let Some(state) = &config.state
+        && let Err(e) = state.set_cgroup_roots(&cgroup::roots(enforcement))
+    {
+        tracing::warn!(error = %e, "recording the cgroup roots in the state dir failed");
+    }
+}
+
+impl ContainerProcess {
+    fn new(
+        child: tokio::process::Child,
+        container_id: u64,
+        pid: u32,
+        cgroup: Option<ContainerCgroup>,
+        limits: ContainerLimits,
+        executor: &Executor,
+        state: Option<Arc<state::StateDir>>,
+    ) -> ContainerProcess {
         let tree = Arc::new(ContainerTree {
             container_id,
             leader: pid,
             cgroup,
             limits,
+            state,
             memory_kill: Mutex::new(None),
             leader_reaped: AtomicBool::new(false),
             cgroup_removed: AtomicBool::new(false),
-            _roots: Arc::clone(&self.roots),
+            _roots: Arc::clone(&executor.roots),
         });
         let monitor = tokio::spawn(monitor_memory(
             Arc::clone(&tree),
-            self.config.monitor_interval,
+            executor.config.monitor_interval,
         ));
-        tracing::debug!(container_id, pid, mode = self.roots.enforcement.name(), command = %spec.command, "container started");
-        Ok(ContainerProcess {
+        tracing::debug!(
+            container_id,
+            pid,
+            mode = executor.roots.enforcement.name(),
+            "container started"
+        );
+        ContainerProcess {
             child: Some(child),
             tree,
             monitor: Some(monitor),
             last_sample_at: Instant::now(),
             last_cpu_us: 0,
             outcome: None,
-        })
+        }
     }
 }
 
@@ -414,6 +478,8 @@ struct ContainerTree {
     /// signalled as a process group.
     leader_reaped: AtomicBool,
     cgroup_removed: AtomicBool,
+    /// Where the container is recorded; the record is removed once the container is reaped.
+    state: Option<Arc<state::StateDir>>,
     /// Keeps the roots alive until this container's cgroup has been removed.
     _roots: Arc<CgroupRoots>,
 }
@@ -556,6 +622,14 @@ impl ContainerTree {
         }
     }
 
+    /// After the leader was reaped and leftovers killed: the container no longer needs to be
+    /// found by a restarted worker.
+    fn forget(&self) {
+        if let Some(state) = &self.state {
+            state.forget(self.container_id);
+        }
+    }
+
     /// Removes the container's cgroup once its processes have finished exiting.
     async fn remove_cgroup(&self) {
         let Some(cgroup) = &self.cgroup else { return };
@@ -684,6 +758,7 @@ impl ContainerProcess {
             None => outcome_of(status),
         };
         self.tree.remove_cgroup().await;
+        self.tree.forget();
         self.outcome = Some(outcome);
         tracing::debug!(
             container_id = self.tree.container_id,
@@ -758,6 +833,7 @@ impl Drop for ContainerProcess {
                     let _ = child.wait().await;
                     tree.leader_reaped.store(true, Ordering::SeqCst);
                     tree.remove_cgroup().await;
+                    tree.forget();
                 });
             }
             Err(_) => {

@@ -124,6 +124,7 @@ impl Cluster {
                 container_user: worker::exec::user::resolve_container_user(None)
                     .expect("default container user"),
                 allow_root_containers: false,
+                state_dir: dir.path().join(format!("worker-state-{}", n.name)),
                 default_runtime_estimate_ms: 10_000,
                 fifo_queue: false,
                 max_queue_length: 10_000,
