@@ -20,7 +20,9 @@ pub struct RunArgs {
     /// File holding the cluster's join token.
     #[arg(long, env = "WORKER_JOIN_TOKEN_FILE")]
     pub join_token_file: Option<PathBuf>,
-    /// The join token itself (instead of --join-token-file).
+    /// The join token itself (instead of --join-token-file). A command-line value is visible to
+    /// every local user, containers included, in the process list: prefer the file (0600) or
+    /// the environment variable.
     #[arg(long, env = "WORKER_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
     /// This node's name, unique in the cluster [default: the host name].

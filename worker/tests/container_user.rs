@@ -63,8 +63,12 @@ async fn containers_run_as_the_unprivileged_user_and_cannot_read_the_join_token(
     let log_dir = logs.path().join("containers");
     let nobody = worker::exec::user::resolve_container_user(None).expect("default user");
     assert_ne!(nobody.uid, 0);
+    // The state dir sits in a directory everyone may enter: only its own mode protects it.
+    std::fs::set_permissions(logs.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let state_dir = logs.path().join("state");
     let c = Cluster::start_with(&["demo"], &[node("node-a", 2000, 2048)], |w| {
         w.container_log_dir = Some(log_dir.clone());
+        w.state_dir = state_dir.clone();
     })
     .await;
     let token_file = c.dir.path().join("join-token");
@@ -75,10 +79,13 @@ async fn containers_run_as_the_unprivileged_user_and_cannot_read_the_join_token(
          echo \"token: $out\"\n\
          if out=$(cat '{ca_key}' 2>&1); then echo 'read the CA key'; exit 11; fi\n\
          echo \"ca key: $out\"\n\
+         if out=$(ls '{state}' 2>&1); then echo 'listed the state dir'; exit 12; fi\n\
+         echo \"state: $out\"\n\
          echo 'to stderr' >&2\n\
          echo \"cwd=$(pwd)\"",
         token = token_file.display(),
         ca_key = c.dir.path().join("ca.key").display(),
+        state = state_dir.display(),
     );
     let (id, code) = run_to_completion(&c, sh(&script)).await;
     let stdout_path = log_dir.join(format!("container-{}.stdout", id.0));
@@ -93,6 +100,11 @@ async fn containers_run_as_the_unprivileged_user_and_cannot_read_the_join_token(
         "{stdout}"
     );
     assert!(stdout.contains("ca key: cat: "), "{stdout}");
+    assert!(
+        stdout.contains("state: ls: ") && stdout.matches("Permission denied").count() >= 2,
+        "{stdout}"
+    );
+    assert_eq!(mode(&state_dir), 0o700);
     let cwd = std::env::current_dir().expect("cwd");
     assert!(
         stdout.contains(&format!("cwd={}", cwd.display())),
@@ -187,4 +199,48 @@ async fn a_root_worker_refuses_root_containers_unless_allowed() {
         Err(e) => format!("{e:#}"),
     };
     assert!(!err.contains("allow-root-containers"), "{err}");
+}
+
+#[actix_rt::test]
+async fn without_a_working_dir_a_container_the_worker_dir_refuses_runs_in_root() {
+    if !running_as_root() {
+        return;
+    }
+    let c = Cluster::start(&["demo"], &[]).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // The worker runs in a directory `nobody` cannot enter.
+    let private = tmp.path().join("private");
+    std::fs::create_dir(&private).expect("mkdir");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let (mut worker, endpoint) = start_worker_binary(
+        &c,
+        "node-a",
+        &tmp.path().join("state"),
+        &tmp.path().join("worker.log"),
+        Some(&private),
+    )
+    .await;
+    let mut app = AppClient::login(endpoint.parse().expect("addr"), "demo", c.secret("demo")).await;
+    app.subscribe().await;
+    let token = app.grant(ask(ContainerType::Queueable, 200, 64)).await;
+    let id = token.body.container_id;
+    app.start(&token, sh("test \"$(pwd)\" = / && test \"$(id -u)\" != 0"))
+        .await
+        .expect("start accepted");
+    let done = app
+        .event("the container's end", |e| {
+            e.container_id == id
+                && matches!(
+                    e.event,
+                    ContainerEventKind::Completed { .. } | ContainerEventKind::Killed { .. }
+                )
+        })
+        .await;
+    assert_eq!(
+        done.event,
+        ContainerEventKind::Completed { exit_code: 0 },
+        "the container ran in / as an unprivileged user"
+    );
+    worker.kill().await.expect("stop the worker");
+    c.server.shutdown();
 }

@@ -11,63 +11,8 @@ mod common;
 use common::*;
 use scheduler_core::ContainerType;
 use scheduler_core::protocol::app::{AcceptedState, ContainerEventKind};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-/// Start the worker binary; returns it and its app endpoint once it printed its joined line.
-async fn start_worker(c: &Cluster, state_dir: &Path, log: &Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_worker"))
-        .arg("run")
-        .args(["--coordinator", &c.server.quic_addr.to_string()])
-        .arg("--ca-cert")
-        .arg(c.dir.path().join("ca.pem"))
-        .arg("--join-token-file")
-        .arg(c.dir.path().join("join-token"))
-        .args([
-            "--node-id",
-            "phoenix",
-            "--cpu-millis",
-            "2000",
-            "--memory-mib",
-            "2048",
-        ])
-        .args(["--app-listen", "127.0.0.1:0"])
-        .arg("--state-dir")
-        .arg(state_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).expect("log file"))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the worker binary");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(FAILURE_TIMEOUT, lines.next_line())
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "the worker did not join within {FAILURE_TIMEOUT:?}; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        })
-        .expect("read the worker's stdout")
-        .unwrap_or_else(|| {
-            panic!(
-                "the worker exited before joining; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        });
-    let joined: serde_json::Value = serde_json::from_str(&line).expect("a JSON ready line");
-    assert_eq!(joined["event"], "joined", "{line}");
-    let endpoint = joined["app_endpoint"]
-        .as_str()
-        .expect("app_endpoint")
-        .to_string();
-    (child, endpoint)
-}
 
 /// Live (not zombie) processes whose environment holds `marker`.
 fn marked_processes(marker: &str) -> Vec<u32> {
@@ -156,7 +101,14 @@ async fn a_restarted_worker_kills_the_containers_its_crashed_predecessor_left_ru
     let c = Cluster::start(&["demo"], &[]).await;
     let tmp = tempfile::tempdir().expect("tempdir");
     let state_dir = tmp.path().join("state");
-    let (mut first, endpoint) = start_worker(&c, &state_dir, &tmp.path().join("first.log")).await;
+    let (mut first, endpoint) = start_worker_binary(
+        &c,
+        "phoenix",
+        &state_dir,
+        &tmp.path().join("first.log"),
+        None,
+    )
+    .await;
 
     let mut app = AppClient::login(endpoint.parse().expect("addr"), "demo", c.secret("demo")).await;
     app.subscribe().await;
@@ -196,7 +148,14 @@ async fn a_restarted_worker_kills_the_containers_its_crashed_predecessor_left_ru
     );
 
     // Its successor on the same state dir kills it before joining.
-    let (mut second, _) = start_worker(&c, &state_dir, &tmp.path().join("second.log")).await;
+    let (mut second, _) = start_worker_binary(
+        &c,
+        "phoenix",
+        &state_dir,
+        &tmp.path().join("second.log"),
+        None,
+    )
+    .await;
     poll("the leftover container processes are gone", || {
         marked_processes(&marker).is_empty()
     })

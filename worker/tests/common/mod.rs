@@ -220,6 +220,70 @@ impl Cluster {
     }
 }
 
+/// Start the real `worker` binary as node `node_id` of `c` (in `cwd` if given); returns it and
+/// its app endpoint once it printed its joined line.
+pub async fn start_worker_binary(
+    c: &Cluster,
+    node_id: &str,
+    state_dir: &std::path::Path,
+    log: &std::path::Path,
+    cwd: Option<&std::path::Path>,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_worker"));
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    let mut child = command
+        .arg("run")
+        .args(["--coordinator", &c.server.quic_addr.to_string()])
+        .arg("--ca-cert")
+        .arg(c.dir.path().join("ca.pem"))
+        .arg("--join-token-file")
+        .arg(c.dir.path().join("join-token"))
+        .args([
+            "--node-id",
+            node_id,
+            "--cpu-millis",
+            "2000",
+            "--memory-mib",
+            "2048",
+        ])
+        .args(["--app-listen", "127.0.0.1:0"])
+        .arg("--state-dir")
+        .arg(state_dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the worker binary");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(FAILURE_TIMEOUT, lines.next_line())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the worker did not join within {FAILURE_TIMEOUT:?}; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        })
+        .expect("read the worker's stdout")
+        .unwrap_or_else(|| {
+            panic!(
+                "the worker exited before joining; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        });
+    let joined: serde_json::Value = serde_json::from_str(&line).expect("a JSON ready line");
+    assert_eq!(joined["event"], "joined", "{line}");
+    let endpoint = joined["app_endpoint"]
+        .as_str()
+        .expect("app_endpoint")
+        .to_string();
+    (child, endpoint)
+}
+
 /// Wall-clock milliseconds since the Unix epoch (the clock workers check token expiry with).
 pub fn wall_ms() -> u64 {
     std::time::SystemTime::now()
