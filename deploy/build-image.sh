@@ -34,12 +34,14 @@ done | sort -u | while read -r lib; do
   [ -n "$lib" ] && cp --parents -L "$lib" "$ctx/rootfs/"
 done
 cp "$(command -v busybox)" "$ctx/rootfs/bin/busybox"
-for tool in sh ls cat sleep kill ps grep test true false mkdir rm echo env; do
+for tool in sh ls cat sleep kill ps grep test true false mkdir rm echo env cp mv chmod id; do
   ln -sf busybox "$ctx/rootfs/bin/$tool"
 done
 cp /usr/bin/tini-static "$ctx/rootfs/bin/tini"
-echo "root:x:0:0:root:/root:/bin/sh" > "$ctx/rootfs/etc/passwd"
-echo "hosts: files dns" > "$ctx/rootfs/etc/nsswitch.conf"
+# `nobody` is the user workers run containers as (worker --container-user, default nobody).
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' > "$ctx/rootfs/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' > "$ctx/rootfs/etc/group"
+printf 'passwd: files\ngroup: files\nhosts: files dns\n' > "$ctx/rootfs/etc/nsswitch.conf"
 chmod 1777 "$ctx/rootfs/tmp"
 
 cat > "$ctx/Dockerfile" <<'DOCKERFILE'

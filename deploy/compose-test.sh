@@ -44,6 +44,24 @@ wait_for_join() {
 for w in worker-1 worker-2 worker-3; do wait_for_join "$w"; done
 echo "compose-test: all three workers joined"
 
+# 0. Workers see only the CA certificate and the join token, never the CA key or the store.
+for w in worker-1 worker-2 worker-3; do
+  seen=$("${compose[@]}" exec -T "$w" ls /cluster | tr '\n' ' ')
+  [ "$seen" = "ca.pem join-token " ] || { echo "compose-test: $w sees /cluster: $seen" >&2; exit 1; }
+done
+# The load generator (an app) gets the app credentials without the join token.
+"${compose[@]}" run --rm -T load cat /cluster/cluster.json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+assert "join_token" not in c and c["apps"][0]["app_secret"], sorted(c)
+'
+# Containers run as an unprivileged user (the image has `nobody`, uid 65534).
+for w in worker-1 worker-2 worker-3; do
+  "${compose[@]}" logs --no-color "$w" | grep -q 'containers run as this user' \
+    || { echo "compose-test: $w does not switch container users" >&2; exit 1; }
+done
+echo "compose-test: workers see only ca.pem and join-token; the app sees no join token; containers run as nobody"
+
 # 1. The load generator completes a mixed workload.
 load_json=$("${compose[@]}" run --rm -T load testbed load --endpoint worker-1:7500 \
   --credentials-file /cluster/cluster.json --containers 60 --type hybrid --concurrency 12 \

@@ -74,7 +74,8 @@ pub struct CoordinatorActor {
     store: Arc<Store>,
     clock: Clock,
     rng: StdRng,
-    join_token: String,
+    /// SHA-256 (hex) of the join token; the clear token is not kept.
+    join_token_sha256: String,
     keys: KeyState,
     /// Signs promoted (GUARANTEED) tokens; rebuilt at every rotation.
     signer: GuaranteedSigner,
@@ -134,7 +135,7 @@ impl CoordinatorActor {
         Ok(CoordinatorActor {
             signer,
             state,
-            join_token: store.join_token()?,
+            join_token_sha256: store.join_token_sha256()?,
             lost_nodes: store.lost_nodes()?,
             keys,
             apps: store.apps()?,
@@ -189,7 +190,9 @@ impl CoordinatorActor {
                 j.protocol_version, CLUSTER_PROTOCOL_VERSION
             ));
         }
-        if !constant_time_eq(j.join_token.as_bytes(), self.join_token.as_bytes()) {
+        // Hashes of equal length, compared in constant time.
+        let offered = crate::store::join_token_hash(&j.join_token);
+        if !constant_time_eq(offered.as_bytes(), self.join_token_sha256.as_bytes()) {
             return reject("bad join token: it does not match the cluster's join-token".into());
         }
         if j.node_id.as_str().is_empty() || j.node_id.as_str().len() > 255 {

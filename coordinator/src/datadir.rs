@@ -49,6 +49,18 @@ impl DataDir {
         Store::path_in(&self.root)
     }
 
+    /// Files only the coordinator's user may read (0600): the private keys, the join token,
+    /// `cluster.json` (app secrets) and the store (token keys).
+    pub fn secret_files(&self) -> [PathBuf; 5] {
+        [
+            self.ca_key(),
+            self.server_key(),
+            self.join_token(),
+            self.cluster_json(),
+            self.store(),
+        ]
+    }
+
     fn our_files(&self) -> [PathBuf; 7] {
         [
             self.ca_cert(),
@@ -220,7 +232,16 @@ pub fn init(
     for (id, _) in apps {
         validate_app_id(id)?;
     }
-    std::fs::create_dir_all(&dir.root).map_err(io_err(&dir.root))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir.root)
+            .map_err(io_err(&dir.root))?;
+    }
+    // An existing empty dir the operator made may be looser.
+    secure(dir)?;
     let cert_err = |e: rcgen::Error| InitError::Certificate(e.to_string());
 
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(cert_err)?;
@@ -283,6 +304,41 @@ pub fn init(
     Ok(report)
 }
 
+/// Makes the data dir 0700 and its secret files ([`DataDir::secret_files`]) 0600 where they
+/// are looser (group or others have any access), logging each change; returns what changed.
+/// Called by `init`, at every start and by `app add`.
+pub fn secure(dir: &DataDir) -> Result<Vec<String>, InitError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut changed = Vec::new();
+    let targets = std::iter::once((dir.root.clone(), 0o700))
+        .chain(dir.secret_files().into_iter().map(|path| (path, 0o600)));
+    for (path, wanted) in targets {
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        if meta.file_type().is_symlink() {
+            continue; // the target is someone else's file; not followed
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o077 == 0 {
+            continue;
+        }
+        let tightened = mode & !0o077 & 0o7777 | wanted & 0o700;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(tightened))
+            .map_err(io_err(&path))?;
+        tracing::warn!(
+            path = %path.display(),
+            was = format!("{mode:o}"),
+            now = format!("{tightened:o}"),
+            "tightened the permissions of a coordinator secret: only its owner may read it"
+        );
+        changed.push(format!("{}: {mode:o} -> {tightened:o}", path.display()));
+    }
+    Ok(changed)
+}
+
 /// The rustls/quinn server configuration from the data dir's server certificate (ring only).
 pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitError> {
     use rustls::pki_types::pem::PemObject;
@@ -322,4 +378,52 @@ pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitErro
 /// Install ring as the process-wide rustls provider (once; later calls are no-ops).
 pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn init_creates_owner_only_secrets_and_secure_tightens_loose_modes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path().join("data"));
+        init(&dir, &[("demo".to_string(), QueueableQuota::default())], 1).unwrap();
+        assert_eq!(mode(&dir.root), 0o700);
+        for path in dir.secret_files() {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+        assert_eq!(mode(&dir.ca_cert()) & 0o600, 0o600);
+
+        // As an older coordinator (or a careless copy) left them.
+        std::fs::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for path in dir.secret_files() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let changed = secure(&dir).unwrap();
+        assert_eq!(changed.len(), 6, "{changed:?}");
+        assert_eq!(mode(&dir.root), 0o700);
+        for path in dir.secret_files() {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+        assert!(
+            secure(&dir).unwrap().is_empty(),
+            "a second pass changes nothing"
+        );
+    }
+
+    #[test]
+    fn init_into_an_existing_loose_empty_dir_tightens_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("data");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+        init(&DataDir::new(&root), &[], 1).unwrap();
+        assert_eq!(mode(&root), 0o700);
+    }
 }

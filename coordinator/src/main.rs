@@ -179,7 +179,9 @@ fn main() -> anyhow::Result<()> {
                     quota,
                 },
         } => {
-            let store = Store::open(&DataDir::new(&data_dir).store())?;
+            let dir = DataDir::new(&data_dir);
+            datadir::secure(&dir)?;
+            let store = Store::open(&dir.store())?;
             let app = datadir::add_app(&store, &app_id, quota.quota()?)?;
             println!("{}", serde_json::to_string(&app)?);
             Ok(())

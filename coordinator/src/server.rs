@@ -61,6 +61,7 @@ pub async fn start(
         info!(data_dir = %dir.root.display(), "initialising empty data dir");
         Some(datadir::init(&dir, &[], clock.now_ms())?)
     };
+    datadir::secure(&dir)?;
     let store = Arc::new(Store::open(&dir.store())?);
     let server_config = datadir::quic_server_config(&dir)?;
     let seed = match settings.seed {

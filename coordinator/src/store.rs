@@ -1,12 +1,15 @@
 //! The coordinator's durable state in redb (one file `store.redb` in the data dir): the token key
 //! ring and when it last rotated, the next worker issuer, the guarantor's reserved container
-//! sequence, the join token, the app registry, and the nodes declared lost that have not re-joined. Every write is one committed transaction.
+//! sequence, the SHA-256 of the join token (never the token itself), the app registry, and the
+//! nodes declared lost that have not re-joined since. Every write is one committed transaction.
+//! The file is created 0600.
 
 use redb::{Database, ReadableTable, TableDefinition};
 use scheduler_core::NodeId;
 use scheduler_core::protocol::cluster::AppRecord;
 use scheduler_core::token::KeyRing;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -17,7 +20,11 @@ const APPS: TableDefinition<&str, &[u8]> = TableDefinition::new("apps");
 const FORMAT_VERSION: u32 = 1;
 
 const K_FORMAT: &str = "format_version";
-const K_JOIN_TOKEN: &str = "join_token";
+/// The join token in clear, as stores written before the hash record had it; migrated to
+/// [`K_JOIN_TOKEN_SHA256`] and deleted when such a store is opened.
+const K_LEGACY_JOIN_TOKEN: &str = "join_token";
+/// Lowercase hex SHA-256 of the join token.
+const K_JOIN_TOKEN_SHA256: &str = "join_token_sha256";
 const K_KEYS: &str = "key_state";
 const K_NEXT_ISSUER: &str = "next_issuer";
 const K_GUARANTOR_SEQ: &str = "guarantor_reserved_seq";
@@ -65,6 +72,7 @@ pub enum StoreError {
 /// The initial records of a new store.
 #[derive(Clone, Debug)]
 pub struct InitialRecords {
+    /// The join token; only its SHA-256 is stored.
     pub join_token: String,
     pub keys: KeyState,
 }
@@ -95,17 +103,34 @@ impl Store {
                 message: "refusing to create a store over an existing file".into(),
             });
         }
-        let db = Database::create(path).map_err(|e| StoreError::Open {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        // Owner-only from the first byte: the store holds the token keys.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| StoreError::Open {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?
+        };
+        let db = redb::Builder::new()
+            .create_file(file)
+            .map_err(|e| StoreError::Open {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
         let store = Store {
             db,
             path: path.to_path_buf(),
         };
+        let token_hash = join_token_hash(&init.join_token);
         store.write(|meta, _apps| {
             meta.insert(K_FORMAT, FORMAT_VERSION.to_be_bytes().as_slice())?;
-            meta.insert(K_JOIN_TOKEN, init.join_token.as_bytes())?;
+            meta.insert(K_JOIN_TOKEN_SHA256, token_hash.as_bytes())?;
             meta.insert(K_NEXT_ISSUER, 1u32.to_be_bytes().as_slice())?;
             meta.insert(K_GUARANTOR_SEQ, 0u64.to_be_bytes().as_slice())?;
             let keys = encode(&init.keys);
@@ -126,7 +151,7 @@ impl Store {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let store = Store {
+        let mut store = Store {
             db,
             path: path.to_path_buf(),
         };
@@ -137,8 +162,18 @@ impl Store {
                 found: format,
             });
         }
+        if store.migrate_clear_join_token()? {
+            tracing::warn!(
+                store = %store.path.display(),
+                "the store held the join token in clear: replaced it by its SHA-256"
+            );
+            // Best effort to also drop the freed page that held it from the file.
+            if let Err(e) = store.db.compact() {
+                tracing::warn!(store = %store.path.display(), error = %e, "compacting the store failed");
+            }
+        }
         // Read every record once so a damaged store is reported at start, not mid-run.
-        store.join_token()?;
+        store.join_token_sha256()?;
         store.key_state()?;
         store.next_issuer()?;
         store.guarantor_reserved_seq()?;
@@ -206,12 +241,44 @@ impl Store {
         self.write(|meta, _| meta.insert(key, value).map(|_| ()))
     }
 
-    pub fn join_token(&self) -> Result<String, StoreError> {
-        String::from_utf8(self.get_meta(K_JOIN_TOKEN)?).map_err(|e| StoreError::Corrupted {
-            path: self.path.clone(),
-            key: K_JOIN_TOKEN.into(),
-            message: e.to_string(),
-        })
+    /// Lowercase hex SHA-256 of the join token (see [`join_token_hash`]).
+    pub fn join_token_sha256(&self) -> Result<String, StoreError> {
+        let bytes = self.get_meta(K_JOIN_TOKEN_SHA256)?;
+        match String::from_utf8(bytes) {
+            Ok(hash) if hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Ok(hash.to_ascii_lowercase())
+            }
+            Ok(other) => Err(StoreError::Corrupted {
+                path: self.path.clone(),
+                key: K_JOIN_TOKEN_SHA256.into(),
+                message: format!("expected 64 hex digits, found {} bytes", other.len()),
+            }),
+            Err(e) => Err(StoreError::Corrupted {
+                path: self.path.clone(),
+                key: K_JOIN_TOKEN_SHA256.into(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// Replaces a clear join-token record (older stores) by its hash, in one transaction;
+    /// returns whether there was one.
+    fn migrate_clear_join_token(&self) -> Result<bool, StoreError> {
+        let mut migrated = false;
+        self.write(|meta, _| {
+            let clear = meta
+                .remove(K_LEGACY_JOIN_TOKEN)?
+                .map(|v| v.value().to_vec());
+            if let Some(clear) = clear {
+                migrated = true;
+                let hash = hex::encode(Sha256::digest(&clear));
+                if meta.get(K_JOIN_TOKEN_SHA256)?.is_none() {
+                    meta.insert(K_JOIN_TOKEN_SHA256, hash.as_bytes())?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(migrated)
     }
 
     pub fn key_state(&self) -> Result<KeyState, StoreError> {
@@ -304,6 +371,11 @@ impl Store {
     }
 }
 
+/// What the store keeps of a join token: its SHA-256, lowercase hex.
+pub fn join_token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     // Encoding plain structs of strings and integers into a Vec cannot fail.
     rmp_serde::to_vec_named(value).expect("msgpack encoding of a store record")
@@ -344,11 +416,66 @@ mod tests {
             assert!(Store::create(&path, &init()).is_err());
         }
         let s = Store::open(&path).unwrap();
-        assert_eq!(s.join_token().unwrap(), "jt");
+        assert_eq!(s.join_token_sha256().unwrap(), join_token_hash("jt"));
         assert_eq!(s.next_issuer().unwrap(), 7);
         assert_eq!(s.guarantor_reserved_seq().unwrap(), 2048);
         assert_eq!(s.key_state().unwrap(), init().keys);
         assert_eq!(s.apps().unwrap().len(), 1);
+    }
+
+    const TOKEN: &str = "3f9c2a7d41e8b6055d0c9e1f7a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b";
+
+    #[test]
+    fn the_join_token_is_stored_as_its_sha256_only_in_an_owner_only_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = Store::path_in(dir.path());
+        let mut records = init();
+        records.join_token = TOKEN.into();
+        drop(Store::create(&path, &records).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+            "the clear join token is in the store file"
+        );
+        let s = Store::open(&path).unwrap();
+        let expected = hex::encode(Sha256::digest(TOKEN.as_bytes()));
+        assert_eq!(s.join_token_sha256().unwrap(), expected);
+        assert_eq!(join_token_hash(TOKEN), expected);
+    }
+
+    #[test]
+    fn a_clear_join_token_record_is_migrated_to_its_hash_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Store::path_in(dir.path());
+        {
+            // A store as older coordinators wrote it: the token in clear, no hash record.
+            let s = Store::create(&path, &init()).unwrap();
+            s.write(|meta, _| {
+                meta.remove(K_JOIN_TOKEN_SHA256)?;
+                meta.insert(K_LEGACY_JOIN_TOKEN, TOKEN.as_bytes())?;
+                Ok(())
+            })
+            .unwrap();
+            assert!(s.join_token_sha256().is_err());
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.join_token_sha256().unwrap(), join_token_hash(TOKEN));
+        assert!(matches!(
+            s.get_meta(K_LEGACY_JOIN_TOKEN),
+            Err(StoreError::MissingRecord { .. })
+        ));
+        drop(s);
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+            "the clear join token is still in the store file after migration"
+        );
+        // Opening again changes nothing.
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.join_token_sha256().unwrap(), join_token_hash(TOKEN));
     }
 
     #[test]

@@ -64,6 +64,17 @@ async fn join_is_accepted_or_rejected_with_a_reason() {
     let closed = bad.expect_closed().await;
     assert!(!closed.is_empty());
 
+    // The store keeps the token's SHA-256: the hash itself is no credential.
+    let mut hashed = h.connect().await;
+    let hash = coordinator::store::join_token_hash(&h.join_token());
+    hashed.send(&join_msg(&hash, "node-b", 4000, 8192)).await;
+    match hashed.next().await {
+        Ok(CoordinatorToWorker::JoinRejected(r)) => {
+            assert!(r.reason.contains("join token"), "{}", r.reason)
+        }
+        other => panic!("expected join_rejected for the hash, got {other:?}"),
+    }
+
     let mut old = h.connect().await;
     let mut join = join_msg(&h.join_token(), "node-c", 4000, 8192);
     if let WorkerToCoordinator::Join(j) = &mut join {

@@ -64,3 +64,50 @@ fn a_second_coordinator_on_the_same_data_dir_is_refused_clearly() {
         assert!(err.contains("cannot open store"), "{err}");
     });
 }
+
+/// A data dir as an older coordinator (or a careless copy) left it: loose modes and the join
+/// token in clear in the store. `coordinator::start` tightens the modes, migrates the record to
+/// its hash, and the workers' join token still joins.
+#[test]
+fn a_restart_tightens_loose_modes_and_migrates_a_clear_join_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = coordinator::datadir::DataDir::new(dir.path());
+    coordinator::datadir::init(&data, &[("demo".to_string(), Default::default())], 1).unwrap();
+    let token = std::fs::read_to_string(data.join_token()).unwrap();
+    {
+        const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("meta");
+        let db = redb::Database::open(data.store()).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.remove("join_token_sha256").unwrap();
+            meta.insert("join_token", token.as_bytes()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    std::fs::set_permissions(&data.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for path in data.secret_files() {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+
+    let (dir, accepted, _, _) = actix_rt::System::new().block_on(phase(dir));
+    assert!(accepted.issuer > 0, "the join token still joins");
+    let data = coordinator::datadir::DataDir::new(dir.path());
+    assert_eq!(mode(&data.root), 0o700);
+    for path in data.secret_files() {
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+    let store = coordinator::store::Store::open(&data.store()).unwrap();
+    assert_eq!(
+        store.join_token_sha256().unwrap(),
+        coordinator::store::join_token_hash(&token)
+    );
+    drop(store);
+    let bytes = std::fs::read(data.store()).unwrap();
+    assert!(
+        !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+        "the clear token is gone from the store file"
+    );
+}

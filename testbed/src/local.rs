@@ -227,6 +227,11 @@ impl LocalCluster {
                     &args.memory_mib.to_string(),
                 ])
                 .args(["--app-listen", "127.0.0.1:0"])
+                // Each worker its own state dir (the default is per node id under
+                // /var/lib/hybrid-worker, shared by every local cluster on the machine, and a
+                // worker kills the containers recorded in its state dir at start).
+                .arg("--state-dir")
+                .arg(data_dir.join(format!("{name}-state")))
                 .stdout(Stdio::piped())
                 .stderr(std::fs::File::create(&log)?)
                 .spawn()

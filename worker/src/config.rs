@@ -1,6 +1,7 @@
 //! The worker's typed configuration: command-line flags (with `env`), an optional TOML file with
 //! the same keys (flags win), and defaults.
 
+use crate::exec::user::{RunAs, resolve_container_user};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -19,7 +20,9 @@ pub struct RunArgs {
     /// File holding the cluster's join token.
     #[arg(long, env = "WORKER_JOIN_TOKEN_FILE")]
     pub join_token_file: Option<PathBuf>,
-    /// The join token itself (instead of --join-token-file).
+    /// The join token itself (instead of --join-token-file). A command-line value is visible to
+    /// every local user, containers included, in the process list: prefer the file (0600) or
+    /// the environment variable.
     #[arg(long, env = "WORKER_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
     /// This node's name, unique in the cluster [default: the host name].
@@ -43,9 +46,25 @@ pub struct RunArgs {
     /// Also serve the application protocol on this Unix socket.
     #[arg(long, env = "WORKER_APP_SOCKET")]
     pub app_socket: Option<PathBuf>,
-    /// Where container stdout/stderr files go [default: discarded].
+    /// Where container stdout/stderr files go (created 0700, files 0600) [default: discarded].
     #[arg(long, env = "WORKER_LOG_DIR")]
     pub container_log_dir: Option<PathBuf>,
+    /// User containers run as: a user name, a uid, or uid:gid [default: the `nobody` user, or
+    /// 65534:65534 when there is none]. Only a worker running as root can switch users; any
+    /// other worker runs containers as its own uid (and logs that once at start).
+    #[arg(long, env = "WORKER_CONTAINER_USER")]
+    pub container_user: Option<String>,
+    /// Allow containers to run as root (uid 0). Without it the worker refuses to start when
+    /// they would (container_user root or 0).
+    #[arg(long, env = "WORKER_ALLOW_ROOT_CONTAINERS", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(default)]
+    pub allow_root_containers: Option<bool>,
+    /// Where the worker records its running containers (dir 0700, locked: one worker per dir),
+    /// so that after a crash the restarted worker kills what its previous incarnation left
+    /// running [default: /var/lib/hybrid-worker/NODE_ID as root, else
+    /// $XDG_STATE_HOME/hybrid-worker/NODE_ID or ~/.local/state/hybrid-worker/NODE_ID].
+    #[arg(long, env = "WORKER_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Runtime assumed for containers without an estimate, for the queue-delay estimate [default: 10000].
     #[arg(long, env = "WORKER_DEFAULT_RUNTIME_ESTIMATE_MS")]
     pub default_runtime_estimate_ms: Option<u64>,
@@ -71,6 +90,8 @@ pub struct WorkerConfig {
     pub coordinator: String,
     pub ca_cert: PathBuf,
     pub join_token: String,
+    /// Where the join token was read from, if from a file (its mode is checked at start).
+    pub join_token_file: Option<PathBuf>,
     pub node_id: String,
     pub rack: String,
     pub cpu_millis: u64,
@@ -79,6 +100,11 @@ pub struct WorkerConfig {
     pub app_advertise: Option<String>,
     pub app_socket: Option<PathBuf>,
     pub container_log_dir: Option<PathBuf>,
+    /// The identity containers should run as (see [`crate::exec::user`]).
+    pub container_user: RunAs,
+    pub allow_root_containers: bool,
+    /// The state dir (see `--state-dir`).
+    pub state_dir: PathBuf,
     pub default_runtime_estimate_ms: u64,
     pub fifo_queue: bool,
     pub max_queue_length: usize,
@@ -114,6 +140,9 @@ impl RunArgs {
                 app_advertise,
                 app_socket,
                 container_log_dir,
+                container_user,
+                allow_root_containers,
+                state_dir,
                 default_runtime_estimate_ms,
                 fifo_queue,
                 max_queue_length,
@@ -126,9 +155,10 @@ impl RunArgs {
         let Some(ca_cert) = self.ca_cert else {
             bail!("--ca-cert PATH (the cluster CA) is required")
         };
-        let join_token = match (self.join_token, self.join_token_file) {
+        let join_token_file = self.join_token_file.filter(|_| self.join_token.is_none());
+        let join_token = match (self.join_token, &join_token_file) {
             (Some(t), _) => t,
-            (None, Some(path)) => read_token(&path)?,
+            (None, Some(path)) => read_token(path)?,
             (None, None) => {
                 bail!("a join token is required: --join-token-file PATH or --join-token")
             }
@@ -154,10 +184,16 @@ impl RunArgs {
                 "--cpu-millis and --memory-mib must be positive (got {cpu_millis} and {memory_mib})"
             );
         }
+        let container_user = resolve_container_user(self.container_user.as_deref())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let state_dir = self
+            .state_dir
+            .unwrap_or_else(|| default_state_dir(&node_id));
         Ok(WorkerConfig {
             coordinator,
             ca_cert,
             join_token,
+            join_token_file,
             node_id,
             rack: self.rack.unwrap_or_else(|| "default-rack".to_string()),
             cpu_millis,
@@ -168,12 +204,51 @@ impl RunArgs {
             app_advertise: self.app_advertise,
             app_socket: self.app_socket,
             container_log_dir: self.container_log_dir,
+            container_user,
+            allow_root_containers: self.allow_root_containers.unwrap_or(false),
+            state_dir,
             default_runtime_estimate_ms: self.default_runtime_estimate_ms.unwrap_or(10_000),
             fifo_queue: self.fifo_queue.unwrap_or(false),
             max_queue_length: self.max_queue_length.unwrap_or(10_000),
             seed: self.seed,
         })
     }
+}
+
+/// The default state dir of node `node_id` (see `--state-dir`); the node id is reduced to
+/// `[A-Za-z0-9._-]` so it is one path component.
+pub fn default_state_dir(node_id: &str) -> PathBuf {
+    let mut name: String = node_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if name.starts_with('.') {
+        name.insert(0, '_');
+    }
+    let env_dir = |var: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let base = if crate::exec::user::effective_uid() == 0 {
+        PathBuf::from("/var/lib/hybrid-worker")
+    } else if let Some(state) = env_dir("XDG_STATE_HOME") {
+        state.join("hybrid-worker")
+    } else if let Some(home) = env_dir("HOME") {
+        home.join(".local/state/hybrid-worker")
+    } else {
+        std::env::temp_dir().join(format!(
+            "hybrid-worker-{}",
+            crate::exec::user::effective_uid()
+        ))
+    };
+    base.join(name)
 }
 
 fn read_token(path: &Path) -> anyhow::Result<String> {

@@ -18,6 +18,7 @@ use scheduler_core::{NodeId, Resources};
 use shared::{Shared, wall_now};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// A running worker (inside an actix System).
@@ -40,8 +41,49 @@ impl WorkerHandle {
 
 /// Start a worker and wait until it has joined the cluster. Must run inside an actix System.
 pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
+    let identity = exec::user::decide(
+        config.container_user.clone(),
+        config.allow_root_containers,
+        exec::user::effective_uid(),
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    match &identity {
+        exec::user::Identity::Switch(run_as) => tracing::info!(
+            user = %run_as.name,
+            uid = run_as.uid,
+            gid = run_as.gid,
+            "containers run as this user"
+        ),
+        exec::user::Identity::SameAsWorker { uid, wanted } => tracing::warn!(
+            uid,
+            container_user = %wanted.name,
+            "the worker is not root and cannot switch users: containers run as the worker's own uid, \
+             so they can read whatever the worker can (run the worker as root to isolate them)"
+        ),
+    }
+    warn_if_readable_by_others(&config);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = link::client_config(&config.ca_cert)?;
+    // Before anything is offered: kill what a crashed previous incarnation left running.
+    let state = Arc::new(
+        exec::state::StateDir::open(&config.state_dir)
+            .with_context(|| "opening the worker state dir (--state-dir)".to_string())?,
+    );
+    let reaping = Arc::clone(&state);
+    let report = tokio::task::spawn_blocking(move || reaping.reap_leftovers())
+        .await
+        .context("reaping leftover containers")??;
+    if report != exec::state::ReapReport::default() {
+        tracing::warn!(
+            records = report.records,
+            containers_killed = report.containers_killed,
+            processes_killed = report.processes_killed,
+            cgroups_removed = report.cgroups_removed,
+            cgroups_left = report.cgroups_left,
+            state_dir = %config.state_dir.display(),
+            "reaped what a previous worker left behind"
+        );
+    }
     let listener = tokio::net::TcpListener::bind(config.app_listen)
         .await
         .with_context(|| format!("binding the app endpoint on {}", config.app_listen))?;
@@ -71,6 +113,8 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
     node_config.max_queue_length = config.max_queue_length;
     let executor = Rc::new(exec::Executor::detect(exec::ExecutorConfig {
         log_dir: config.container_log_dir.clone(),
+        run_as: identity.run_as(),
+        state: Some(state),
         ..Default::default()
     }));
     tracing::info!(
@@ -131,4 +175,22 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         node,
         scheduler,
     })
+}
+
+/// Containers must not read the worker's secrets: warn when the join token file could be read
+/// by users other than the worker's (the file is the operator's, so it is not changed here).
+fn warn_if_readable_by_others(config: &WorkerConfig) {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(path) = &config.join_token_file else {
+        return;
+    };
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o044 != 0
+    {
+        tracing::warn!(
+            file = %path.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the join token file is readable by group or others: make it 0600 so containers cannot read it"
+        );
+    }
 }

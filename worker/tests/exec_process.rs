@@ -517,3 +517,78 @@ async fn works_inside_an_actix_system() {
         ExitOutcome::KilledForMemory { limit_mib: 32, .. }
     ));
 }
+
+/// A container switched to an unprivileged user (a worker running as root) still joins its
+/// cgroup, is still killed for memory as a tree, and really runs as that user.
+#[tokio::test]
+async fn an_unprivileged_container_keeps_its_cgroup_and_limits() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: switching container users needs root");
+        return;
+    }
+    let nobody = worker::exec::user::resolve_container_user(None).expect("default user");
+    for (index, enforcement) in [
+        Enforcement::RlimitAndMonitor,
+        detected().enforcement().clone(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let executor = Executor::with_enforcement(
+            enforcement,
+            ExecutorConfig {
+                run_as: Some(nobody.clone()),
+                ..config()
+            },
+        )
+        .expect("enforcement works here");
+        let id = 700 + index as u64 * 10;
+        // The leader checks its identity, then becomes `sleep` (so it stays in the cgroup).
+        let script = format!(
+            "test \"$(id -u):$(id -g)\" = {}:{} || exit 3; exec sleep 1000",
+            nobody.uid, nobody.gid
+        );
+        let mut who = executor
+            .launch(id, &sh(&script), limits(64))
+            .await
+            .expect("launch");
+        let leader = who.pid();
+        poll_until("the identity check passed", || {
+            comm(leader) == "sleep" || is_dead(leader)
+        })
+        .await;
+        assert_eq!(
+            comm(leader),
+            "sleep",
+            "{:?}: not running as {nobody:?}",
+            executor.enforcement()
+        );
+        if let Some(dir) = container_cgroup(&executor, id) {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            assert!(
+                procs.lines().any(|l| l.trim() == leader.to_string()),
+                "leader {leader} not in {}: {procs:?}",
+                dir.display()
+            );
+        }
+        who.kill_tree().expect("kill");
+        assert_eq!(
+            wait_bounded(&mut who).await,
+            ExitOutcome::Signaled { signal: 9 }
+        );
+        let mut hog = executor
+            .launch(id + 1, &sh(HOLD_100_MIB), limits(32))
+            .await
+            .expect("launch");
+        let leader = hog.pid();
+        match wait_bounded(&mut hog).await {
+            ExitOutcome::KilledForMemory { limit_mib, .. } => assert_eq!(limit_mib, 32),
+            other => panic!(
+                "{:?}: expected a memory kill, got {other:?}",
+                executor.enforcement()
+            ),
+        }
+        poll_until("the tree was killed", || live_tree(leader).is_empty()).await;
+    }
+}

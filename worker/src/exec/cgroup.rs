@@ -405,7 +405,7 @@ impl ContainerCgroup {
         Ok(())
     }
 
-    fn dirs(&self) -> Vec<&Path> {
+    pub(crate) fn dirs(&self) -> Vec<&Path> {
         match self {
             ContainerCgroup::V2 { dir } => vec![dir.as_path()],
             ContainerCgroup::V1 {
@@ -511,6 +511,18 @@ impl ContainerCgroup {
 
     fn remove_quietly(&self) {
         let _ = self.remove();
+    }
+}
+
+/// The root directories of an enforcement (none without cgroups).
+pub(crate) fn roots(enforcement: &Enforcement) -> Vec<PathBuf> {
+    match enforcement {
+        Enforcement::CgroupV2 { root } => vec![root.clone()],
+        Enforcement::CgroupV1 {
+            memory_root,
+            cpu_root,
+        } => vec![memory_root.clone(), cpu_root.clone()],
+        Enforcement::RlimitAndMonitor => vec![],
     }
 }
 

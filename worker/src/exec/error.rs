@@ -60,6 +60,10 @@ pub enum ExecError {
         #[source]
         source: io::Error,
     },
+    /// The container could not be recorded in the worker's state dir (it was killed: a crash
+    /// would have leaked it).
+    #[error("recording the container in the state dir failed: {0}")]
+    State(String),
     /// A blocking helper task of the executor panicked or was cancelled.
     #[error("executor background task failed: {0}")]
     Task(String),

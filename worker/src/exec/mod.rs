@@ -15,16 +15,23 @@
 //!   any processes it left behind are killed too: a container ends with its main process.
 //! - The container's environment is only the spec's variables plus `PATH` (defaulted to
 //!   [`DEFAULT_PATH`] when absent) and `CONTAINER_ID`; stdin is `/dev/null`, stdout and stderr
-//!   go to `container-<id>.stdout/.stderr` in [`ExecutorConfig::log_dir`] or to `/dev/null`.
+//!   go to `container-<id>.stdout/.stderr` in [`ExecutorConfig::log_dir`] (created 0700, files
+//!   0600, opened by the worker so the container needs no access to them) or to `/dev/null`.
+//! - Identity: with [`ExecutorConfig::run_as`] the child drops to that uid/gid/groups before
+//!   exec (after joining its cgroups and starting its session, which need the worker's
+//!   privileges), then enters its working directory as that user ([`user`]).
 
 mod cgroup;
 mod error;
 mod procfs;
 mod spawn;
+pub mod state;
+pub mod user;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -107,6 +114,11 @@ pub struct ExecutorConfig {
     pub monitor_interval: Duration,
     /// Where container stdout/stderr files go; `None` discards them.
     pub log_dir: Option<PathBuf>,
+    /// The identity containers switch to before exec; `None` keeps the worker's own.
+    pub run_as: Option<user::RunAs>,
+    /// Where running containers are recorded (so a restarted worker can kill what a crashed
+    /// one left running, [`state`]); `None` records nothing.
+    pub state: Option<Arc<state::StateDir>>,
 }
 
 impl Default for ExecutorConfig {
@@ -119,6 +131,8 @@ impl Default for ExecutorConfig {
             cgroup_name: format!("hybrid-worker-{}-{serial}", std::process::id()),
             monitor_interval: Duration::from_millis(100),
             log_dir: None,
+            run_as: None,
+            state: None,
         }
     }
 }
@@ -167,6 +181,7 @@ impl Executor {
                 Enforcement::RlimitAndMonitor
             }
         };
+        record_roots(&config, &enforcement);
         Executor {
             roots: Arc::new(CgroupRoots { enforcement }),
             config,
@@ -180,6 +195,7 @@ impl Executor {
         config: ExecutorConfig,
     ) -> Result<Executor, ExecError> {
         cgroup::prepare_root(&enforcement)?;
+        record_roots(&config, &enforcement);
         Ok(Executor {
             roots: Arc::new(CgroupRoots { enforcement }),
             config,
@@ -243,25 +259,37 @@ impl Executor {
             stderr,
         } = prepared;
 
-        let mut procs_fds = [-1; spawn::MAX_CGROUP_FDS];
-        for (slot, file) in procs_fds.iter_mut().zip(&cgroup_procs) {
+        let mut cgroup_procs_fds = [-1; spawn::MAX_CGROUP_FDS];
+        for (slot, file) in cgroup_procs_fds.iter_mut().zip(&cgroup_procs) {
             *slot = file.as_raw_fd();
         }
+        let Some(working_dir_c) = user::c_path(&working_dir) else {
+            if let Some(cgroup) = &cgroup {
+                let _ = cgroup.remove();
+            }
+            return Err(ExecError::WorkingDirMissing { path: working_dir });
+        };
+        let plan = spawn::ChildPlan {
+            cgroup_procs_fds,
+            identity: self.config.run_as.as_ref().map(user::ChildIdentity::from),
+            working_dir: working_dir_c,
+            working_dir_fallback: spec.working_dir.is_none() && self.config.run_as.is_some(),
+        };
         let mut command = tokio::process::Command::new(&program);
         command
             .arg0(&spec.command)
             .args(&spec.args)
             .env_clear()
             .envs(&env)
-            .current_dir(&working_dir)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .kill_on_drop(false);
-        // SAFETY: child_setup only makes async-signal-safe calls (write, setsid, setrlimit) on
-        // values copied into the closure, and does not allocate.
+        // SAFETY: child_setup only makes async-signal-safe calls (write, setsid, setrlimit,
+        // setgroups, setgid, setuid, chdir) on values prepared before the fork and moved into
+        // the closure, and does not allocate.
         unsafe {
-            command.pre_exec(move || spawn::child_setup(&procs_fds));
+            command.pre_exec(move || spawn::child_setup(&plan));
         }
         let spawned = command.spawn();
         drop(cgroup_procs);
@@ -282,29 +310,86 @@ impl Executor {
                 "container {container_id}: spawned child has no pid"
             )));
         };
+        if let Some(state) = &self.config.state {
+            let record = state::ContainerRecord {
+                container_id,
+                pgid: pid,
+                // The start time is set at fork and kept across exec; a leader that already
+                // died leaves nothing to find by pid anyway.
+                start_time: state::start_time(pid).unwrap_or(0),
+                cgroups: cgroup
+                    .as_ref()
+                    .map(|c| c.dirs().into_iter().map(Path::to_path_buf).collect())
+                    .unwrap_or_default(),
+            };
+            if let Err(e) = state.record(&record) {
+                // A container a crash could leak is not started: kill it now.
+                let process =
+                    ContainerProcess::new(child, container_id, pid, cgroup, limits, self, None);
+                drop(process);
+                return Err(ExecError::State(e.to_string()));
+            }
+        }
+        Ok(ContainerProcess::new(
+            child,
+            container_id,
+            pid,
+            cgroup,
+            limits,
+            self,
+            self.config.state.clone(),
+        ))
+    }
+}
+
+/// Writes the executor's cgroup roots into the state dir (if any).
+fn record_roots(config: &ExecutorConfig, enforcement: &Enforcement) {
+    if let Some(state) = &config.state
+        && let Err(e) = state.set_cgroup_roots(&cgroup::roots(enforcement))
+    {
+        tracing::warn!(error = %e, "recording the cgroup roots in the state dir failed");
+    }
+}
+
+impl ContainerProcess {
+    fn new(
+        child: tokio::process::Child,
+        container_id: u64,
+        pid: u32,
+        cgroup: Option<ContainerCgroup>,
+        limits: ContainerLimits,
+        executor: &Executor,
+        state: Option<Arc<state::StateDir>>,
+    ) -> ContainerProcess {
         let tree = Arc::new(ContainerTree {
             container_id,
             leader: pid,
             cgroup,
             limits,
+            state,
             memory_kill: Mutex::new(None),
             leader_reaped: AtomicBool::new(false),
             cgroup_removed: AtomicBool::new(false),
-            _roots: Arc::clone(&self.roots),
+            _roots: Arc::clone(&executor.roots),
         });
         let monitor = tokio::spawn(monitor_memory(
             Arc::clone(&tree),
-            self.config.monitor_interval,
+            executor.config.monitor_interval,
         ));
-        tracing::debug!(container_id, pid, mode = self.roots.enforcement.name(), command = %spec.command, "container started");
-        Ok(ContainerProcess {
+        tracing::debug!(
+            container_id,
+            pid,
+            mode = executor.roots.enforcement.name(),
+            "container started"
+        );
+        ContainerProcess {
             child: Some(child),
             tree,
             monitor: Some(monitor),
             last_sample_at: Instant::now(),
             last_cpu_us: 0,
             outcome: None,
-        })
+        }
     }
 }
 
@@ -332,13 +417,23 @@ fn prepare(
     let program = spawn::resolve_command(command, search_path, &working_dir)?;
     let (stdout, stderr) = match log_dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|source| ExecError::Log {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+            // Logs may hold other containers' output: readable by the worker's user only.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| ExecError::Log {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
             let open = |suffix: &str| -> Result<Stdio, ExecError> {
                 let path = dir.join(format!("container-{container_id}.{suffix}"));
-                File::create(&path)
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&path)
                     .map(Stdio::from)
                     .map_err(|source| ExecError::Log { path, source })
             };
@@ -383,6 +478,8 @@ struct ContainerTree {
     /// signalled as a process group.
     leader_reaped: AtomicBool,
     cgroup_removed: AtomicBool,
+    /// Where the container is recorded; the record is removed once the container is reaped.
+    state: Option<Arc<state::StateDir>>,
     /// Keeps the roots alive until this container's cgroup has been removed.
     _roots: Arc<CgroupRoots>,
 }
@@ -525,6 +622,14 @@ impl ContainerTree {
         }
     }
 
+    /// After the leader was reaped and leftovers killed: the container no longer needs to be
+    /// found by a restarted worker.
+    fn forget(&self) {
+        if let Some(state) = &self.state {
+            state.forget(self.container_id);
+        }
+    }
+
     /// Removes the container's cgroup once its processes have finished exiting.
     async fn remove_cgroup(&self) {
         let Some(cgroup) = &self.cgroup else { return };
@@ -653,6 +758,7 @@ impl ContainerProcess {
             None => outcome_of(status),
         };
         self.tree.remove_cgroup().await;
+        self.tree.forget();
         self.outcome = Some(outcome);
         tracing::debug!(
             container_id = self.tree.container_id,
@@ -727,6 +833,7 @@ impl Drop for ContainerProcess {
                     let _ = child.wait().await;
                     tree.leader_reaped.store(true, Ordering::SeqCst);
                     tree.remove_cgroup().await;
+                    tree.forget();
                 });
             }
             Err(_) => {

@@ -24,6 +24,9 @@ pub(crate) struct ProcStat {
     pub cpu_ticks: u64,
     /// Resident set size in pages (the same quantity `/proc/<pid>/status` reports as VmRSS).
     pub rss_pages: u64,
+    /// When the process started, in clock ticks since boot (field 22): with the pid, it
+    /// identifies a process across pid reuse.
+    pub start_time: u64,
 }
 
 impl ProcStat {
@@ -52,6 +55,7 @@ pub(crate) fn parse_stat(content: &str) -> Option<ProcStat> {
         session: u32::try_from(field(6)?).ok()?,
         cpu_ticks,
         rss_pages: field(24)?,
+        start_time: field(22)?,
     })
 }
 
@@ -125,6 +129,7 @@ mod tests {
             session,
             cpu_ticks: 0,
             rss_pages: 0,
+            start_time: 0,
         }
     }
 
@@ -140,6 +145,7 @@ mod tests {
         assert_eq!(parsed.session, 4242);
         assert_eq!(parsed.cpu_ticks, 7 + 3 + 2 + 1);
         assert_eq!(parsed.rss_pages, 256);
+        assert_eq!(parsed.start_time, 12345);
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::os::unix::io::RawFd;
 use std::path::{Path, PathBuf};
 
 use super::error::ExecError;
+use super::user::{ChildIdentity, ROOT_DIR};
+use std::ffi::CString;
 
 /// PATH given to a container whose spec does not set one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -68,11 +70,15 @@ pub(crate) fn resolve_command(
         })
 }
 
-/// The working directory the child will use: the spec's (which must be an existing directory)
-/// or the worker's own.
+/// The working directory the child will use, made absolute: the spec's (which must be an
+/// existing directory) or the worker's own.
 pub(crate) fn resolve_working_dir(requested: Option<&Path>) -> Result<PathBuf, ExecError> {
     match requested {
-        Some(dir) if dir.is_dir() => Ok(dir.to_path_buf()),
+        Some(dir) if dir.is_dir() => {
+            std::fs::canonicalize(dir).map_err(|_| ExecError::WorkingDirMissing {
+                path: dir.to_path_buf(),
+            })
+        }
         Some(dir) => Err(ExecError::WorkingDirMissing {
             path: dir.to_path_buf(),
         }),
@@ -85,12 +91,28 @@ pub(crate) fn resolve_working_dir(requested: Option<&Path>) -> Result<PathBuf, E
 /// Most cgroup.procs files a child joins (v1 uses two hierarchies).
 pub(crate) const MAX_CGROUP_FDS: usize = 2;
 
+/// What the child does between fork and exec, prepared by the parent (the child only reads it).
+#[derive(Debug)]
+pub(crate) struct ChildPlan {
+    /// Pre-opened `cgroup.procs` files to join (`-1` for unused slots).
+    pub cgroup_procs_fds: [RawFd; MAX_CGROUP_FDS],
+    /// The identity to switch to; `None` keeps the worker's.
+    pub identity: Option<ChildIdentity>,
+    /// The container's working directory (absolute).
+    pub working_dir: CString,
+    /// Whether `/` may be used when `working_dir` cannot be entered (it was not requested by
+    /// the spec: it is the worker's own directory, which the container user may not reach).
+    pub working_dir_fallback: bool,
+}
+
 /// Runs in the child between fork and exec: join the container's cgroups (by writing "0", the
 /// calling process, into each pre-opened cgroup.procs), start a new session (so the container
-/// is its own process group and session, which is how its tree is found and killed), and
-/// disable core dumps. Only async-signal-safe calls; no allocation.
-pub(crate) fn child_setup(cgroup_procs_fds: &[RawFd; MAX_CGROUP_FDS]) -> io::Result<()> {
-    for &fd in cgroup_procs_fds.iter().filter(|fd| **fd >= 0) {
+/// is its own process group and session, which is how its tree is found and killed), disable
+/// core dumps, drop to the container identity (supplementary groups, gid, then uid: the order
+/// matters, each later call needs the privilege the earlier ones keep), and enter the working
+/// directory as that identity. Only async-signal-safe calls; no allocation.
+pub(crate) fn child_setup(plan: &ChildPlan) -> io::Result<()> {
+    for &fd in plan.cgroup_procs_fds.iter().filter(|fd| **fd >= 0) {
         // SAFETY: fd is a file descriptor the parent opened and keeps open until spawn returns;
         // the buffer is a static byte string.
         let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
@@ -109,6 +131,32 @@ pub(crate) fn child_setup(cgroup_procs_fds: &[RawFd; MAX_CGROUP_FDS]) -> io::Res
     };
     // SAFETY: the pointer refers to a live, initialised rlimit; failure is harmless and ignored.
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    if let Some(id) = &plan.identity {
+        // SAFETY: the pointer and length describe the live `groups` vector, which the parent
+        // built before forking; setgid/setuid take plain integers.
+        unsafe {
+            if libc::setgroups(id.groups.len(), id.groups.as_ptr()) == -1
+                || libc::setgid(id.gid) == -1
+                || libc::setuid(id.uid) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // Never exec with a way back to root (setuid from root sets all three uids, so
+            // this only fails as intended; checked anyway).
+            if id.uid != 0 && (libc::setuid(0) != -1 || libc::geteuid() != id.uid) {
+                return Err(io::Error::from_raw_os_error(libc::EPERM));
+            }
+        }
+    }
+    // SAFETY: both paths are NUL-terminated strings that outlive the calls.
+    unsafe {
+        if libc::chdir(plan.working_dir.as_ptr()) == -1 {
+            let error = io::Error::last_os_error();
+            if !plan.working_dir_fallback || libc::chdir(ROOT_DIR.as_ptr()) == -1 {
+                return Err(error);
+            }
+        }
+    }
     Ok(())
 }
 

@@ -67,6 +67,15 @@ impl Cluster {
     /// A coordinator with the given apps and one worker per node, started in order (each has
     /// joined when this returns).
     pub async fn start(apps: &[&str], nodes: &[NodeSpec]) -> Cluster {
+        Cluster::start_with(apps, nodes, |_| {}).await
+    }
+
+    /// Like [`Cluster::start`], with each worker's configuration adjusted by `adjust` first.
+    pub async fn start_with(
+        apps: &[&str],
+        nodes: &[NodeSpec],
+        adjust: impl Fn(&mut WorkerConfig),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = DataDir::new(dir.path());
         let now_ms = std::time::SystemTime::now()
@@ -103,10 +112,11 @@ impl Cluster {
 
         let mut workers = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
-            let handle = worker::start(WorkerConfig {
+            let mut config = WorkerConfig {
                 coordinator: server.quic_addr.to_string(),
                 ca_cert: data.ca_cert(),
                 join_token: join_token.clone(),
+                join_token_file: Some(data.join_token()),
                 node_id: n.name.to_string(),
                 rack: "rack-a".to_string(),
                 cpu_millis: n.cpu_millis,
@@ -115,13 +125,19 @@ impl Cluster {
                 app_advertise: None,
                 app_socket: None,
                 container_log_dir: None,
+                container_user: worker::exec::user::resolve_container_user(None)
+                    .expect("default container user"),
+                allow_root_containers: false,
+                state_dir: dir.path().join(format!("worker-state-{}", n.name)),
                 default_runtime_estimate_ms: 10_000,
                 fifo_queue: false,
                 max_queue_length: 10_000,
                 seed: Some(11 + i as u64),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
+            };
+            adjust(&mut config);
+            let handle = worker::start(config)
+                .await
+                .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
             workers.push(handle);
         }
         Cluster {
@@ -221,6 +237,70 @@ impl Cluster {
         }
         self.server.shutdown();
     }
+}
+
+/// Start the real `worker` binary as node `node_id` of `c` (in `cwd` if given); returns it and
+/// its app endpoint once it printed its joined line.
+pub async fn start_worker_binary(
+    c: &Cluster,
+    node_id: &str,
+    state_dir: &std::path::Path,
+    log: &std::path::Path,
+    cwd: Option<&std::path::Path>,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_worker"));
+    if let Some(cwd) = cwd {
+        command.current_dir(cwd);
+    }
+    let mut child = command
+        .arg("run")
+        .args(["--coordinator", &c.server.quic_addr.to_string()])
+        .arg("--ca-cert")
+        .arg(c.dir.path().join("ca.pem"))
+        .arg("--join-token-file")
+        .arg(c.dir.path().join("join-token"))
+        .args([
+            "--node-id",
+            node_id,
+            "--cpu-millis",
+            "2000",
+            "--memory-mib",
+            "2048",
+        ])
+        .args(["--app-listen", "127.0.0.1:0"])
+        .arg("--state-dir")
+        .arg(state_dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the worker binary");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(FAILURE_TIMEOUT, lines.next_line())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the worker did not join within {FAILURE_TIMEOUT:?}; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        })
+        .expect("read the worker's stdout")
+        .unwrap_or_else(|| {
+            panic!(
+                "the worker exited before joining; its log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        });
+    let joined: serde_json::Value = serde_json::from_str(&line).expect("a JSON ready line");
+    assert_eq!(joined["event"], "joined", "{line}");
+    let endpoint = joined["app_endpoint"]
+        .as_str()
+        .expect("app_endpoint")
+        .to_string();
+    (child, endpoint)
 }
 
 /// Wall-clock milliseconds since the Unix epoch (the clock workers check token expiry with).

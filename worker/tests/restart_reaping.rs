@@ -1,0 +1,183 @@
+//! A worker that crashes and restarts does not hand out capacity its previous incarnation's
+//! containers still use: the real `worker` binary starts a long container (two processes), is
+//! killed with SIGKILL (its containers survive it: they are their own sessions), and a new
+//! `worker` on the same state dir kills them and removes their cgroups before it joins.
+//!
+//! The coordinator is in-process (`coordinator::start`); the container processes are found
+//! independently of the worker's records, by a marker in their environment.
+
+mod common;
+
+use common::*;
+use scheduler_core::ContainerType;
+use scheduler_core::protocol::app::{AcceptedState, ContainerEventKind};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Live (not zombie) processes whose environment holds `marker`.
+fn marked_processes(marker: &str) -> Vec<u32> {
+    let needle = marker.as_bytes();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == needle))
+        })
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                let state = stat
+                    .rfind(')')
+                    .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_owned));
+                !matches!(state.as_deref(), Some("Z" | "X"))
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The cgroup directories of `pid` that a worker created (below a `hybrid-worker-*` root).
+fn worker_cgroups(pid: u32) -> Vec<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mounts: Vec<(String, PathBuf, String, Vec<String>)> = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let fields: Vec<&str> = before.split_whitespace().collect();
+            let mut tail = after.split_whitespace();
+            let fs = tail.next()?.to_string();
+            let opts = tail
+                .nth(1)
+                .unwrap_or("")
+                .split(',')
+                .map(str::to_owned)
+                .collect();
+            Some((
+                fields.get(3)?.to_string(),
+                PathBuf::from(fields.get(4)?),
+                fs,
+                opts,
+            ))
+        })
+        .collect();
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("/hybrid-worker-"))
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let hierarchy = parts.next()?;
+            let controllers: Vec<&str> = parts.next()?.split(',').collect();
+            let path = parts.next()?;
+            let (root, mount_point, _, _) = mounts.iter().find(|(_, _, fs, opts)| {
+                if hierarchy == "0" {
+                    fs == "cgroup2"
+                } else {
+                    fs == "cgroup" && controllers.iter().any(|c| opts.iter().any(|o| o == c))
+                }
+            })?;
+            let relative = path.strip_prefix(root.as_str()).unwrap_or(path);
+            Some(mount_point.join(relative.trim_start_matches('/')))
+        })
+        .filter(|dir| dir.is_dir())
+        .collect()
+}
+
+async fn poll(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
+    let mut pace = tokio::time::interval(Duration::from_millis(20));
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} did not happen within {FAILURE_TIMEOUT:?}"
+        );
+        pace.tick().await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_restarted_worker_kills_the_containers_its_crashed_predecessor_left_running() {
+    let c = Cluster::start(&["demo"], &[]).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let state_dir = tmp.path().join("state");
+    let (mut first, endpoint) = start_worker_binary(
+        &c,
+        "phoenix",
+        &state_dir,
+        &tmp.path().join("first.log"),
+        None,
+    )
+    .await;
+
+    let mut app = AppClient::login(endpoint.parse().expect("addr"), "demo", c.secret("demo")).await;
+    app.subscribe().await;
+    let token = app.grant(ask(ContainerType::Queueable, 500, 256)).await;
+    let id = token.body.container_id;
+    let marker = format!("REAP_TEST_MARKER={}-{}", std::process::id(), id.0);
+    let mut launch = sh("sleep 1000 & exec sleep 1000");
+    let (key, value) = marker.split_once('=').expect("k=v");
+    launch.env.insert(key.into(), value.into());
+    let accepted = app.start(&token, launch).await.expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Running);
+    app.event("running", |e| {
+        e.container_id == id && e.event == ContainerEventKind::Running
+    })
+    .await;
+    poll("both container processes run", || {
+        marked_processes(&marker).len() == 2
+    })
+    .await;
+    let leaked = marked_processes(&marker);
+    let cgroups = worker_cgroups(leaked[0]);
+    eprintln!("container processes {leaked:?}, cgroups {cgroups:?}");
+    let records = state_dir.join("containers");
+    assert_eq!(
+        std::fs::read_dir(&records).expect("records dir").count(),
+        1,
+        "the running container is recorded"
+    );
+
+    // The worker crashes: its container outlives it.
+    first.kill().await.expect("SIGKILL the first worker");
+    drop(app);
+    assert_eq!(
+        marked_processes(&marker),
+        leaked,
+        "a crashed worker's container keeps running (the case to handle)"
+    );
+
+    // Its successor on the same state dir kills it before joining.
+    let (mut second, _) = start_worker_binary(
+        &c,
+        "phoenix",
+        &state_dir,
+        &tmp.path().join("second.log"),
+        None,
+    )
+    .await;
+    poll("the leftover container processes are gone", || {
+        marked_processes(&marker).is_empty()
+    })
+    .await;
+    for dir in &cgroups {
+        assert!(
+            !dir.exists(),
+            "leftover cgroup {} was removed",
+            dir.display()
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&records).expect("records dir").count(),
+        0,
+        "the reaped container's record is gone"
+    );
+    let log = std::fs::read_to_string(tmp.path().join("second.log")).unwrap_or_default();
+    assert!(
+        log.contains("reaped what a previous worker left behind"),
+        "{log}"
+    );
+
+    second.kill().await.expect("stop the second worker");
+    c.server.shutdown();
+}
