@@ -17,7 +17,7 @@ use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use scheduler_core::coordinator::{
-    ContainerNotice, CoordinatorConfig, CoordinatorState, NoticeKind,
+    ContainerNotice, CoordinatorConfig, CoordinatorState, Joined, NoticeKind,
 };
 use scheduler_core::distributed::NodeDirectoryEntry;
 use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError, QueueableLoad};
@@ -31,7 +31,7 @@ use scheduler_core::protocol::cluster::{
 };
 use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, TokenBody};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources, Time};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
 
@@ -51,10 +51,6 @@ struct Session {
     apps_sent: u64,
     /// The issuer number of this session: GUARANTEED grants for the node carry it.
     issuer: u32,
-    /// Containers this session's join listed but the coordinator had reported lost: the worker
-    /// kills them on join. Until its heartbeats stop listing them they are not taken as running
-    /// (a heartbeat queued before the join answer may still carry them).
-    killing_lost: HashSet<ContainerId>,
 }
 
 /// A promotion waiting for the guarantor's booking or the hosting worker's answer.
@@ -90,9 +86,6 @@ pub struct CoordinatorActor {
     queueable_limits: HashMap<NodeId, Resources>,
     promotions: HashMap<u64, PendingPromotion>,
     next_promotion_id: u64,
-    /// Nodes declared lost whose containers were reported `lost` and that have not re-joined
-    /// since (persisted): on re-join the worker is told to kill what it still runs.
-    lost_nodes: BTreeSet<NodeId>,
 }
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
@@ -120,7 +113,8 @@ impl CoordinatorActor {
                 node_timeout: settings.node_timeout,
             },
             store.next_issuer()?,
-        );
+        )
+        .with_lost_nodes(store.lost_nodes()?);
         let keys = store.key_state()?;
         let signer = keys
             .guaranteed
@@ -136,7 +130,6 @@ impl CoordinatorActor {
             signer,
             state,
             join_token_sha256: store.join_token_sha256()?,
-            lost_nodes: store.lost_nodes()?,
             keys,
             apps: store.apps()?,
             apps_version: 1,
@@ -209,14 +202,6 @@ impl CoordinatorActor {
         }
         let now = self.clock.now();
         let node_id = j.node_id.clone();
-        // A node that was declared lost had its containers reported `lost` to their apps: lost
-        // means gone, so it kills whatever of them it still runs instead of re-adopting them.
-        let (containers, killing_lost): (Vec<ContainerStatus>, HashSet<ContainerId>) =
-            if self.lost_nodes.contains(&node_id) {
-                (Vec::new(), j.containers.iter().map(|c| c.id).collect())
-            } else {
-                (j.containers.clone(), HashSet::new())
-            };
         if let Some(old) = self.sessions.remove(&node_id) {
             info!(node = %node_id, "a new join replaces the node's previous session");
             self.session_nodes.remove(&old.session_id);
@@ -227,7 +212,12 @@ impl CoordinatorActor {
                 session_id: old.session_id,
             });
         }
-        let issuer = self.state.join(
+        // A node that was declared lost had its containers reported `lost` to their apps: lost
+        // means gone, so it kills whatever of them it still runs instead of re-adopting them.
+        let Joined {
+            issuer,
+            lost_containers,
+        } = self.state.join_with(
             now,
             NodeDirectoryEntry {
                 node_id: node_id.clone(),
@@ -235,18 +225,18 @@ impl CoordinatorActor {
                 capacity: j.capacity,
                 app_endpoint: j.app_endpoint.clone(),
             },
+            &j.containers,
         );
+        let containers: Vec<ContainerStatus> = if lost_containers.is_empty() {
+            j.containers.clone()
+        } else {
+            Vec::new()
+        };
         if let Err(e) = self.store.set_next_issuer(self.state.next_issuer()) {
             error!("cannot persist the issuer counter: {e}");
             self.state.remove_node(&node_id);
             return reject(format!("coordinator store failure: {e}"));
         }
-        self.state.heartbeat(
-            now,
-            &node_id,
-            Default::default(),
-            containers.iter().map(|c| c.id).collect(),
-        );
         self.node_containers
             .insert(node_id.clone(), containers.clone());
         self.guarantor().do_send(AddNode {
@@ -257,12 +247,15 @@ impl CoordinatorActor {
             containers,
             epoch: issuer,
         });
-        let mut lost_containers: Vec<ContainerId> = killing_lost.iter().copied().collect();
-        lost_containers.sort_unstable();
         if !lost_containers.is_empty() {
             warn!(node = %node_id, count = lost_containers.len(), "re-joined after being declared lost: its containers are killed");
         }
-        let view = self.state.view_for(0, &mut self.rng);
+        let top_k = self
+            .state
+            .round(now, self.settings.heartbeat_interval, &mut self.rng)
+            .top_k
+            .clone();
+        let view = self.state.view_with(0, top_k);
         let _ = msg.tx.send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
             protocol_version: CLUSTER_PROTOCOL_VERSION,
             issuer,
@@ -283,7 +276,6 @@ impl CoordinatorActor {
                 keys_sent: self.keys.ring.current.key_id,
                 apps_sent: self.apps_version,
                 issuer,
-                killing_lost,
             },
         );
         self.session_nodes.insert(msg.session_id, node_id.clone());
@@ -292,21 +284,9 @@ impl CoordinatorActor {
 
     fn heartbeat(&mut self, node_id: &NodeId, mut hb: Heartbeat) {
         let now = self.clock.now();
-        if let Some(session) = self.sessions.get_mut(node_id)
-            && !session.killing_lost.is_empty()
-        {
-            let killing = &session.killing_lost;
-            let before = hb.containers.len();
-            hb.containers.retain(|c| !killing.contains(&c.id));
-            hb.started.retain(|id| !killing.contains(id));
-            if hb.containers.len() == before {
-                // The worker has killed them: the node is whole again.
-                session.killing_lost.clear();
-                if self.lost_nodes.remove(node_id) {
-                    self.persist_lost_nodes();
-                }
-            }
-        }
+        self.state
+            .screen_report(node_id, &mut hb.containers, &mut hb.started);
+        self.persist_lost_nodes();
         let ids = hb.containers.iter().map(|c| c.id).collect();
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
@@ -345,15 +325,19 @@ impl CoordinatorActor {
                 finished: hb.finished,
             });
         }
-        let view = self.state.view_for(hb.directory_version, &mut self.rng);
-        let threshold = self.state.shedding_threshold_ms();
+        // Top-k and the threshold are aggregated once per round (O(nodes)), not per heartbeat.
+        let round = self
+            .state
+            .round(now, self.settings.heartbeat_interval, &mut self.rng);
+        let threshold = round.shedding_threshold_ms;
+        let top_k = round.top_k.clone();
+        let view = self.state.view_with(hb.directory_version, top_k);
         let notices = self.state.take_notices_for(node_id);
-        let limit = self.queueable_limits.get(node_id).copied().or_else(|| {
-            self.state
-                .nodes()
-                .find(|n| &n.node_id == node_id)
-                .map(|n| n.capacity)
-        });
+        let limit = self
+            .queueable_limits
+            .get(node_id)
+            .copied()
+            .or_else(|| self.state.node(node_id).map(|n| n.capacity));
         let key_id = self.keys.ring.current.key_id;
         let Some(session) = self.sessions.get_mut(node_id) else {
             return;
@@ -655,11 +639,9 @@ impl CoordinatorActor {
 
     /// A node is lost: notices to the issuers, bookings dropped, session closed.
     fn lose_node(&mut self, node_id: &NodeId, why: &str) {
-        let lost = self.state.remove_node(node_id);
+        let lost = self.state.declare_lost(node_id);
         warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
-        if self.lost_nodes.insert(node_id.clone()) {
-            self.persist_lost_nodes();
-        }
+        self.persist_lost_nodes();
         self.node_containers.remove(node_id);
         self.queueable_limits.remove(node_id);
         self.guarantor().do_send(RemoveNode {
@@ -685,8 +667,12 @@ impl CoordinatorActor {
         }
     }
 
-    fn persist_lost_nodes(&self) {
-        if let Err(e) = self.store.set_lost_nodes(&self.lost_nodes) {
+    /// Persist the lost-node set if it changed.
+    fn persist_lost_nodes(&mut self) {
+        let Some(lost) = self.state.take_lost_nodes_if_changed() else {
+            return;
+        };
+        if let Err(e) = self.store.set_lost_nodes(lost) {
             // Kept in memory: this incarnation still kills a lost node's containers on re-join.
             error!("cannot persist the lost nodes: {e}");
         }

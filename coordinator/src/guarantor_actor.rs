@@ -49,8 +49,6 @@ pub struct GuarantorActor {
     endpoints: HashMap<NodeId, String>,
     routes: HashMap<u64, AskRoute>,
     next_ask_key: u64,
-    /// Limits last sent to the coordinator, to send only changes.
-    limits_sent: HashMap<NodeId, Resources>,
 }
 
 impl GuarantorActor {
@@ -83,7 +81,6 @@ impl GuarantorActor {
             endpoints: HashMap::new(),
             routes: HashMap::new(),
             next_ask_key: 1,
-            limits_sent: HashMap::new(),
         })
     }
 
@@ -166,17 +163,10 @@ impl GuarantorActor {
         }
     }
 
+    /// Tell the coordinator the policing limits (Mercury §4.3) that changed: the core tracks
+    /// which nodes' bookings changed, so this is O(changes), not O(nodes) per event.
     fn report_limits(&mut self) {
-        let mut changed = Vec::new();
-        for node in self.core.nodes() {
-            let limit = node.free();
-            if self.limits_sent.get(&node.node_id) != Some(&limit) {
-                self.limits_sent.insert(node.node_id.clone(), limit);
-                changed.push((node.node_id.clone(), limit));
-            }
-        }
-        self.limits_sent
-            .retain(|id, _| self.core.node(id).is_some());
+        let changed = self.core.take_changed_limits();
         if !changed.is_empty() {
             self.coordinator.do_send(QueueableLimits(changed));
         }

@@ -141,6 +141,14 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
         "current directory is not resent"
     );
     assert_eq!(ack_b.queueable_limit, Resources::new(4000, 4096));
+    // Top-k and the threshold are aggregated once per round (one heartbeat interval, 1 s here),
+    // not per heartbeat: within the round of b's join the new estimates are not in yet.
+    assert!(
+        ack_b.view.top_k.iter().all(|l| l.queue_delay_ms == 0.0),
+        "{:?}",
+        ack_b.view.top_k
+    );
+    h.clock.advance(Duration::from_secs(1));
     a.send(&heartbeat(
         "node-a",
         first.view.directory_version,

@@ -3,11 +3,12 @@
 //! (mean + n·σ), and routing of container notices back to the scheduler that issued them.
 
 use crate::distributed::{ClusterView, NodeDirectoryEntry, NodeLoad};
+use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
 use crate::{ContainerId, NodeId, Time};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 /// How the shedding threshold is computed (Mercury §7.2.3 compares none, avg+σ, avg+2σ).
@@ -94,6 +95,22 @@ struct NodeEntry {
     last_seen: Time,
     /// Containers the node last reported holding.
     containers: Vec<ContainerId>,
+    /// Containers its join listed that had been reported lost: the node kills them, and until
+    /// its reports stop listing them they are not taken as running.
+    killing_lost: HashSet<ContainerId>,
+}
+
+/// What the coordinator aggregates once per round (Mercury §4.2: the top-k list, §4.3: the
+/// shedding threshold) from the nodes' latest estimates, and sends with every heartbeat answer
+/// until the next round. A round lasts one heartbeat interval, so each heartbeat costs O(k), not
+/// O(nodes) (the simulator runs the same aggregation once per round).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AggregateRound {
+    pub top_k: Vec<NodeLoad>,
+    pub shedding_threshold_ms: Option<f64>,
+    /// When it was computed, and at which directory version.
+    at: Option<Time>,
+    directory_version: u64,
 }
 
 /// The coordinator's aggregate view.
@@ -110,6 +127,22 @@ pub struct CoordinatorState {
     outbox: HashMap<u32, Vec<ContainerNotice>>,
     /// Issuer prefixes of the joined nodes' current sessions.
     live_issuers: HashSet<u32>,
+    round: AggregateRound,
+    /// Nodes declared lost (their containers reported `lost`) that have not re-joined and
+    /// reported without those containers since. Persisted by the caller
+    /// ([`CoordinatorState::take_lost_nodes_if_changed`]) so a restart does not forget them.
+    lost_nodes: BTreeSet<NodeId>,
+    lost_nodes_changed: bool,
+}
+
+/// A join's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Joined {
+    /// The id prefix of the node's new session (fresh at every join).
+    pub issuer: u32,
+    /// Containers the join listed that the node must kill: it had been declared lost, so they
+    /// were reported `lost` to their apps (lost means gone). Sorted.
+    pub lost_containers: Vec<ContainerId>,
 }
 
 impl CoordinatorState {
@@ -122,7 +155,130 @@ impl CoordinatorState {
             next_issuer: first_issuer.max(1),
             outbox: HashMap::new(),
             live_issuers: HashSet::new(),
+            round: AggregateRound::default(),
+            lost_nodes: BTreeSet::new(),
+            lost_nodes_changed: false,
         }
+    }
+
+    /// Resume with the nodes a previous incarnation declared lost (from the caller's store).
+    pub fn with_lost_nodes(mut self, lost: BTreeSet<NodeId>) -> CoordinatorState {
+        self.lost_nodes = lost;
+        self
+    }
+
+    /// Whether `node` was declared lost and has not come back whole since.
+    pub fn is_lost(&self, node: &NodeId) -> bool {
+        self.lost_nodes.contains(node)
+    }
+
+    /// The lost-node set, if it changed since the last call (for the caller to persist).
+    pub fn take_lost_nodes_if_changed(&mut self) -> Option<&BTreeSet<NodeId>> {
+        std::mem::take(&mut self.lost_nodes_changed).then_some(&self.lost_nodes)
+    }
+
+    /// A node joins with the containers it still holds. A node that had been declared lost must
+    /// kill all of them ([`Joined::lost_containers`]) and they are not adopted; otherwise they
+    /// are its containers as of now. Returns the session's issuer as [`CoordinatorState::join`].
+    pub fn join_with(
+        &mut self,
+        now: Time,
+        dir: NodeDirectoryEntry,
+        containers: &[ContainerStatus],
+    ) -> Joined {
+        let node = dir.node_id.clone();
+        let was_lost = self.lost_nodes.contains(&node);
+        let issuer = self.join(now, dir);
+        let entry = self.nodes.get_mut(&node).expect("just joined");
+        let mut lost_containers = Vec::new();
+        if was_lost {
+            lost_containers = containers.iter().map(|c| c.id).collect();
+            lost_containers.sort_unstable();
+            entry.killing_lost = lost_containers.iter().copied().collect();
+        } else {
+            entry.containers = containers.iter().map(|c| c.id).collect();
+        }
+        Joined {
+            issuer,
+            lost_containers,
+        }
+    }
+
+    /// Take out of a heartbeat's report the containers its node was told to kill at its join (a
+    /// heartbeat sent before the worker acted may still list them). Once a report lists none of
+    /// them the node is whole again and no longer counts as lost.
+    pub fn screen_report(
+        &mut self,
+        node: &NodeId,
+        containers: &mut Vec<ContainerStatus>,
+        started: &mut Vec<ContainerId>,
+    ) {
+        let Some(entry) = self.nodes.get_mut(node) else {
+            return;
+        };
+        if entry.killing_lost.is_empty() {
+            return;
+        }
+        let killing = &entry.killing_lost;
+        let before = containers.len();
+        containers.retain(|c| !killing.contains(&c.id));
+        started.retain(|id| !killing.contains(id));
+        if containers.len() == before {
+            entry.killing_lost.clear();
+            if self.lost_nodes.remove(node) {
+                self.lost_nodes_changed = true;
+            }
+        }
+    }
+
+    /// A silent node is lost: removed, its containers reported `Lost` to their issuers, and
+    /// remembered as lost until it re-joins and reports without them.
+    pub fn declare_lost(&mut self, node: &NodeId) -> Vec<ContainerId> {
+        if self.lost_nodes.insert(node.clone()) {
+            self.lost_nodes_changed = true;
+        }
+        self.remove_node(node)
+    }
+
+    /// The current round's aggregate: recomputed (O(nodes)) when the last one is `interval`
+    /// old or membership changed since, otherwise the cached one.
+    pub fn round<R: Rng + ?Sized>(
+        &mut self,
+        now: Time,
+        interval: Duration,
+        rng: &mut R,
+    ) -> &AggregateRound {
+        let fresh = self.round.at.is_some_and(|at| {
+            now.saturating_since(at) < interval
+                && self.round.directory_version == self.directory_version
+        });
+        if !fresh {
+            self.round = AggregateRound {
+                top_k: self.top_k(rng),
+                shedding_threshold_ms: self.shedding_threshold_ms(),
+                at: Some(now),
+                directory_version: self.directory_version,
+            };
+        }
+        &self.round
+    }
+
+    /// The view for a scheduler whose directory is at `known_version`, with this round's top-k.
+    pub fn view_with(&self, known_version: u64, top_k: Vec<NodeLoad>) -> ClusterView {
+        ClusterView {
+            directory_version: self.directory_version,
+            directory: if known_version == self.directory_version {
+                Vec::new()
+            } else {
+                self.nodes.values().map(|n| n.dir.clone()).collect()
+            },
+            top_k,
+        }
+    }
+
+    /// A joined node's directory entry (capacity, endpoint), by name in O(log n).
+    pub fn node(&self, node: &NodeId) -> Option<&NodeDirectoryEntry> {
+        self.nodes.get(node).map(|n| &n.dir)
     }
 
     pub fn config(&self) -> &CoordinatorConfig {
@@ -166,6 +322,7 @@ impl CoordinatorState {
                 load: QueueDelay::default(),
                 last_seen: now,
                 containers: Vec::new(),
+                killing_lost: HashSet::new(),
             },
         );
         if let Some(prev) = previous {
@@ -277,17 +434,10 @@ impl CoordinatorState {
             .collect()
     }
 
-    /// The view for a distributed scheduler whose directory is at `known_version`.
+    /// The view for a distributed scheduler whose directory is at `known_version`, with a
+    /// freshly computed top-k (O(nodes); the coordinator uses [`CoordinatorState::round`]).
     pub fn view_for<R: Rng + ?Sized>(&self, known_version: u64, rng: &mut R) -> ClusterView {
-        ClusterView {
-            directory_version: self.directory_version,
-            directory: if known_version == self.directory_version {
-                Vec::new()
-            } else {
-                self.nodes.values().map(|n| n.dir.clone()).collect()
-            },
-            top_k: self.top_k(rng),
-        }
+        self.view_with(known_version, self.top_k(rng))
     }
 
     /// Mercury §4.3: the targeted maximal queue delay, mean + n·σ of the nodes' R (population σ),
@@ -459,5 +609,111 @@ mod tests {
         assert_eq!(got, expected);
         c.config_mut().top_k = 100;
         assert_eq!(c.top_k(&mut StdRng::seed_from_u64(1)).len(), 60);
+    }
+
+    #[test]
+    fn the_aggregate_is_computed_once_per_round_or_when_membership_changes() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let mut rng = StdRng::seed_from_u64(5);
+        let second = Duration::from_secs(1);
+        c.join(Time::ZERO, dir("a"));
+        let load = |ms| QueueDelay {
+            tq_ms: ms,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        };
+        c.heartbeat(Time::ZERO, &NodeId::from("a"), load(500.0), vec![]);
+        let first = c.round(Time::ZERO, second, &mut rng).clone();
+        assert_eq!(first.top_k.len(), 1);
+        assert_eq!(first.top_k[0].queue_delay_ms, 500.0);
+        // Heartbeats within the round change the estimates but not the round's aggregate.
+        c.heartbeat(
+            Time::from_millis(300),
+            &NodeId::from("a"),
+            load(900.0),
+            vec![],
+        );
+        assert_eq!(c.round(Time::from_millis(999), second, &mut rng), &first);
+        // The next round sees them.
+        let next = c.round(Time::from_millis(1000), second, &mut rng).clone();
+        assert_eq!(next.top_k[0].queue_delay_ms, 900.0);
+        // A join is seen at once: a new node must not wait a round to be offered work.
+        c.join(Time::from_millis(1100), dir("b"));
+        let joined = c.round(Time::from_millis(1100), second, &mut rng).clone();
+        assert_eq!(joined.top_k.len(), 2);
+        assert_eq!(joined.top_k[0].node_id.as_str(), "b");
+        let view = c.view_with(0, joined.top_k.clone());
+        assert_eq!(view.directory.len(), 2);
+        assert!(
+            c.view_with(view.directory_version, vec![])
+                .directory
+                .is_empty()
+        );
+        assert_eq!(c.node(&NodeId::from("b")).unwrap().app_endpoint, "b:1");
+    }
+
+    fn status(id: ContainerId) -> ContainerStatus {
+        ContainerStatus {
+            id,
+            app_id: crate::AppId::from("app"),
+            container_type: crate::ContainerType::Guaranteed,
+            resources: Resources::new(100, 100),
+            placement: crate::node::Placement::Running,
+            version: 0,
+            job: None,
+        }
+    }
+
+    #[test]
+    fn a_node_declared_lost_must_kill_what_it_rejoins_with_until_it_reports_without_it() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let (x, y) = (ContainerId::new(0, 1), ContainerId::new(0, 2));
+        // A node that was never lost re-adopts what it reports.
+        let first = c.join_with(Time::ZERO, dir("a"), &[status(x)]);
+        assert!(first.lost_containers.is_empty());
+        assert!(c.take_lost_nodes_if_changed().is_none());
+        assert_eq!(c.declare_lost(&NodeId::from("a")), vec![x]);
+        assert_eq!(
+            c.take_lost_nodes_if_changed().cloned(),
+            Some([NodeId::from("a")].into())
+        );
+        // It comes back with x and y: both were reported lost (y started while it was cut off:
+        // nobody knew of it either), so both must go.
+        let back = c.join_with(Time::from_secs(20), dir("a"), &[status(y), status(x)]);
+        assert_eq!(back.lost_containers, vec![x, y]);
+        assert_ne!(back.issuer, first.issuer);
+        // A report queued before the worker acted still lists them: not taken as running.
+        let mut report = vec![status(x), status(y)];
+        let mut started = vec![y];
+        c.screen_report(&NodeId::from("a"), &mut report, &mut started);
+        assert!(report.is_empty() && started.is_empty());
+        assert!(c.is_lost(&NodeId::from("a")));
+        // Once it reports without them, it is whole again.
+        let z = ContainerId::new(back.issuer, 1);
+        let mut report = vec![status(z)];
+        c.screen_report(&NodeId::from("a"), &mut report, &mut vec![]);
+        assert_eq!(report.len(), 1);
+        assert!(!c.is_lost(&NodeId::from("a")));
+        assert_eq!(
+            c.take_lost_nodes_if_changed().cloned(),
+            Some(BTreeSet::new())
+        );
+        // A later re-join (a network blip) re-adopts again.
+        assert!(
+            c.join_with(Time::from_secs(30), dir("a"), &[status(z)])
+                .lost_containers
+                .is_empty()
+        );
+        // The lost set survives a restart through the caller's store.
+        c.declare_lost(&NodeId::from("a"));
+        let lost = c.take_lost_nodes_if_changed().cloned().unwrap();
+        let mut restarted =
+            CoordinatorState::new(CoordinatorConfig::default(), 99).with_lost_nodes(lost);
+        assert_eq!(
+            restarted
+                .join_with(Time::ZERO, dir("a"), &[status(z)])
+                .lost_containers,
+            vec![z]
+        );
     }
 }

@@ -32,6 +32,17 @@ pub struct GuarantorNode {
     /// [`crate::token::TokenBody::node_epoch`]).
     #[serde(default)]
     pub epoch: u32,
+    /// Its bookings changed since the policing limits were last taken (listed in
+    /// `Guarantor::limits_changed` once).
+    #[serde(skip)]
+    limit_changed: bool,
+}
+
+impl GuarantorNode {
+    /// Mark the node's policing limit changed; true the first time since the last take.
+    fn mark_limit_changed(&mut self) -> bool {
+        !std::mem::replace(&mut self.limit_changed, true)
+    }
 }
 
 impl GuarantorNode {
@@ -402,6 +413,9 @@ pub struct Guarantor {
     grants: HashMap<ContainerId, Grant>,
     pending: VecDeque<PendingAsk>,
     minter: ContainerIdMinter,
+    /// Nodes whose GUARANTEED bookings (and so policing limit) changed since the caller last
+    /// took them: the coordinator forwards only these, O(changes) rather than O(nodes).
+    limits_changed: Vec<NodeId>,
 }
 
 impl std::fmt::Debug for Guarantor {
@@ -429,6 +443,7 @@ impl Guarantor {
             grants: HashMap::new(),
             pending: VecDeque::new(),
             minter: ContainerIdMinter::resume(0, last_seq),
+            limits_changed: Default::default(),
         }
     }
 
@@ -487,7 +502,9 @@ impl Guarantor {
             .values()
             .filter(|g| g.node == node_id)
             .fold(Resources::ZERO, |acc, g| acc.saturating_add(&g.resources));
+        self.limits_changed.push(node_id.clone());
         self.nodes.insert(GuarantorNode {
+            limit_changed: true,
             node_id,
             rack,
             capacity,
@@ -764,6 +781,9 @@ impl Guarantor {
     ) -> GuaranteedPlacement {
         let node = self.nodes.get_mut(&node_id).expect("candidate node exists");
         node.guaranteed = node.guaranteed.saturating_add(&ask.resources);
+        if node.mark_limit_changed() {
+            self.limits_changed.push(node_id.clone());
+        }
         let epoch = node.epoch;
         let container_id = self.minter.next_id();
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
@@ -815,6 +835,9 @@ impl Guarantor {
         };
         if let Some(n) = self.nodes.get_mut(&g.node) {
             n.guaranteed = n.guaranteed.saturating_sub(&g.resources);
+            if n.mark_limit_changed() {
+                self.limits_changed.push(g.node.clone());
+            }
         }
         true
     }
@@ -897,6 +920,9 @@ impl Guarantor {
             });
         }
         node.guaranteed = node.guaranteed.saturating_add(&resources);
+        if node.mark_limit_changed() {
+            self.limits_changed.push(node_id.clone());
+        }
         self.grants.insert(
             id,
             Grant {
@@ -908,6 +934,23 @@ impl Guarantor {
             },
         );
         Ok(())
+    }
+
+    /// Policing limits of the nodes whose GUARANTEED bookings changed since the last call (joined
+    /// nodes only), in name order.
+    pub fn take_changed_limits(&mut self) -> Vec<(NodeId, Resources)> {
+        let mut changed: Vec<(NodeId, Resources)> = std::mem::take(&mut self.limits_changed)
+            .into_iter()
+            .filter_map(|id| {
+                let node = self.nodes.get_mut(&id)?;
+                if !std::mem::replace(&mut node.limit_changed, false) {
+                    return None; // listed twice (a re-join); reported once
+                }
+                Some((id, node.free()))
+            })
+            .collect();
+        changed.sort_by(|a, b| a.0.cmp(&b.0));
+        changed
     }
 
     /// Mercury §4.3 resource policing, first form: what a node may give QUEUEABLE work is what

@@ -352,3 +352,38 @@ fn heartbeat_driven_allocation_uses_only_the_heartbeating_node() {
     assert_eq!(g.schedule_on_node(0, &a).len(), 1);
     g.check_invariants().unwrap();
 }
+
+/// The guarantor reports the policing limits (Mercury §4.3) of exactly the nodes whose
+/// GUARANTEED bookings changed, so the coordinator forwards O(changes) per event.
+#[test]
+fn only_changed_policing_limits_are_reported() {
+    let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
+    g.add_node(NodeId::from("a"), "r".into(), Resources::new(1000, 1000));
+    g.add_node(NodeId::from("b"), "r".into(), Resources::new(2000, 2000));
+    let joined = g.take_changed_limits();
+    assert_eq!(
+        joined,
+        vec![
+            (NodeId::from("a"), Resources::new(1000, 1000)),
+            (NodeId::from("b"), Resources::new(2000, 2000))
+        ]
+    );
+    assert!(g.take_changed_limits().is_empty(), "taken once");
+    g.submit(g_ask(1, 600, 1)).unwrap();
+    let placed = g.schedule(0);
+    let on = placed[0].token_body.node_id.clone();
+    assert_eq!(
+        g.take_changed_limits(),
+        vec![(on.clone(), g.queueable_limit(&on).unwrap())]
+    );
+    g.on_finished(placed[0].token_body.container_id);
+    let freed = g.take_changed_limits();
+    assert_eq!(freed.len(), 1);
+    assert_eq!(freed[0].1, g.node(&on).unwrap().capacity);
+    // A removed node's change is not reported.
+    g.submit(g_ask(2, 600, 1)).unwrap();
+    let placed = g.schedule(0);
+    g.remove_node(&placed[0].token_body.node_id);
+    assert!(g.take_changed_limits().is_empty());
+    g.check_invariants().unwrap();
+}
