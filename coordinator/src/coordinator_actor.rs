@@ -22,6 +22,7 @@ use scheduler_core::coordinator::{
 use scheduler_core::distributed::NodeDirectoryEntry;
 use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError, QueueableLoad};
 use scheduler_core::node::ContainerStatus;
+use scheduler_core::promotion::{PromotionAction, Promotions};
 use scheduler_core::protocol::app::ErrorCode;
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, ApplyPromotion, CLUSTER_PROTOCOL_VERSION, ClusterSettings,
@@ -29,8 +30,8 @@ use scheduler_core::protocol::cluster::{
     PromoteContainer, PromoteResult, PromotionApplied, ReleaseContainer, Released, RequestFailed,
     StopContainerOnNode, WorkerToCoordinator,
 };
-use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, TokenBody};
-use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources, Time};
+use scheduler_core::token::{GuaranteedSigner, KeyRing};
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
@@ -53,16 +54,8 @@ struct Session {
     issuer: u32,
 }
 
-/// A promotion waiting for the guarantor's booking or the hosting worker's answer.
-struct PendingPromotion {
-    requester_tx: WorkerTx,
-    requester_correlation_id: u64,
-    container: ContainerStatus,
-    host: NodeId,
-    /// Set once booked and sent to the host.
-    token: Option<ContainerToken>,
-    started_at: Time,
-}
+/// Where a promotion's answer goes: the requesting worker's session and its correlation id.
+type Requester = (WorkerTx, u64);
 
 pub struct CoordinatorActor {
     settings: CoordinatorSettings,
@@ -84,8 +77,8 @@ pub struct CoordinatorActor {
     node_containers: HashMap<NodeId, Vec<ContainerStatus>>,
     /// Policing limits from the guarantor.
     queueable_limits: HashMap<NodeId, Resources>,
-    promotions: HashMap<u64, PendingPromotion>,
-    next_promotion_id: u64,
+    /// Promotions in flight (Mercury §3.4), a sans-IO state machine in scheduler-core.
+    promotions: Promotions<Requester>,
 }
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
@@ -126,6 +119,8 @@ impl CoordinatorActor {
                 key: "key_state".into(),
                 message,
             })?;
+        let promotions =
+            Promotions::new(settings.node_timeout, settings.token_ttl.as_millis() as u64);
         Ok(CoordinatorActor {
             signer,
             state,
@@ -142,8 +137,7 @@ impl CoordinatorActor {
             session_nodes: HashMap::new(),
             node_containers: HashMap::new(),
             queueable_limits: HashMap::new(),
-            promotions: HashMap::new(),
-            next_promotion_id: 1,
+            promotions,
         })
     }
 
@@ -404,192 +398,102 @@ impl CoordinatorActor {
     }
 
     /// A promotion asked through `requester`'s worker. The container is located by the
-    /// requester's own report when it hosts the container (fresher than any heartbeat), else
-    /// by the nodes' last heartbeats.
+    /// requester's own report when it hosts it (fresher than any heartbeat), else by the nodes'
+    /// last heartbeats; the promotion protocol itself is `scheduler_core::promotion`.
     fn promote(&mut self, requester: &NodeId, tx: WorkerTx, m: PromoteContainer) {
-        let reported_here = m
+        let located = m
             .local_status
-            .as_ref()
+            .clone()
             .filter(|s| s.id == m.container_id)
-            .map(|s| (requester, s));
-        let Some((host, status)) = reported_here.or_else(|| self.host_of(m.container_id)) else {
-            return Self::fail(
-                &tx,
-                m.correlation_id,
-                ErrorCode::UnknownContainer,
-                format!(
-                    "container {} is not reported by any node (not started yet, or gone)",
-                    m.container_id
-                ),
-            );
-        };
-        if status.app_id.as_str() != m.app_id {
-            return Self::fail(
-                &tx,
-                m.correlation_id,
-                ErrorCode::UnknownContainer,
-                format!(
-                    "container {} is not a container of app {}",
-                    m.container_id, m.app_id
-                ),
-            );
-        }
-        if status.container_type == ContainerType::Guaranteed {
-            return Self::fail(
-                &tx,
-                m.correlation_id,
-                ErrorCode::InvalidRequest,
-                format!("container {} is GUARANTEED already", m.container_id),
-            );
-        }
-        let (host, status) = (host.clone(), status.clone());
-        let promotion_id = self.next_promotion_id;
-        self.next_promotion_id += 1;
-        self.guarantor().do_send(BookPromotion {
-            promotion_id,
-            container_id: status.id,
-            node_id: host.clone(),
-            app_id: status.app_id.clone(),
-            resources: status.resources,
-        });
-        self.promotions.insert(
-            promotion_id,
-            PendingPromotion {
-                requester_tx: tx,
-                requester_correlation_id: m.correlation_id,
-                container: status,
-                host,
-                token: None,
-                started_at: self.clock.now(),
-            },
-        );
-    }
-
-    fn refuse_promotion(&mut self, promotion_id: u64, message: String, undo: bool) {
-        let Some(p) = self.promotions.remove(&promotion_id) else {
-            return;
-        };
-        if undo {
-            self.guarantor().do_send(UndoPromotion {
-                container_id: p.container.id,
+            .map(|s| (requester.clone(), s))
+            .or_else(|| {
+                self.host_of(m.container_id)
+                    .map(|(node, status)| (node.clone(), status.clone()))
             });
-        }
-        Self::fail(
-            &p.requester_tx,
-            p.requester_correlation_id,
-            ErrorCode::PromotionRefused,
-            message,
+        let actions = self.promotions.request(
+            self.clock.now(),
+            (tx, m.correlation_id),
+            &m.app_id,
+            m.container_id,
+            located,
         );
+        self.run_promotion(actions);
     }
 
-    fn promotion_booked(&mut self, promotion_id: u64, result: Result<(), GuarantorError>) {
-        if let Err(e) = result {
-            let code = if e.retryable() {
-                ErrorCode::PromotionRefused
-            } else {
-                ErrorCode::InvalidRequest
-            };
-            if let Some(p) = self.promotions.remove(&promotion_id) {
-                Self::fail(
-                    &p.requester_tx,
-                    p.requester_correlation_id,
-                    code,
-                    e.to_string(),
-                );
-            }
-            return;
-        }
-        let now_ms = self.clock.now_ms();
-        let ttl_ms = self.settings.token_ttl.as_millis() as u64;
-        let host_epoch = self
-            .promotions
-            .get(&promotion_id)
-            .and_then(|p| self.sessions.get(&p.host))
-            .map_or(0, |s| s.issuer);
-        let Some(p) = self.promotions.get_mut(&promotion_id) else {
-            // Cancelled meanwhile: the handler gave the booking back already.
-            return;
-        };
-        let c = &p.container;
-        let job = c.job.clone();
-        let body = TokenBody {
-            container_id: c.id,
-            node_id: p.host.clone(),
-            app_id: c.app_id.clone(),
-            resources: c.resources,
-            container_type: ContainerType::Guaranteed,
-            version: c.version.saturating_add(1),
-            job_id: job
-                .as_ref()
-                .map_or_else(|| JobId::new(""), |j| j.job_id.clone()),
-            job_submit_time_ms: job.as_ref().map_or(0, |j| j.job_submit_time_ms),
-            priority: job.as_ref().map_or(0, |j| j.priority),
-            runtime_estimate_ms: job.as_ref().and_then(|j| j.runtime_estimate_ms),
-            expires_at_ms: now_ms.saturating_add(ttl_ms),
-            key_id: 0,
-            node_epoch: host_epoch,
-        };
-        let token = match self.signer.sign(body) {
-            Ok(t) => t,
-            Err(e) => {
-                error!("cannot sign promoted token: {e}");
-                return self.refuse_promotion(promotion_id, format!("internal error: {e}"), true);
-            }
-        };
-        p.token = Some(token.clone());
-        let host = p.host.clone();
-        match self.sessions.get(&host) {
-            Some(s) => {
-                let _ =
-                    s.tx.send(CoordinatorToWorker::ApplyPromotion(ApplyPromotion {
-                        correlation_id: promotion_id,
+    /// Carry out what the promotion state machine decided.
+    fn run_promotion(&mut self, actions: Vec<PromotionAction<Requester>>) {
+        for action in actions {
+            match action {
+                PromotionAction::Book {
+                    promotion_id,
+                    container_id,
+                    node_id,
+                    app_id,
+                    resources,
+                } => self.guarantor().do_send(BookPromotion {
+                    promotion_id,
+                    container_id,
+                    node_id,
+                    app_id,
+                    resources,
+                }),
+                PromotionAction::Undo { container_id } => {
+                    self.guarantor().do_send(UndoPromotion { container_id })
+                }
+                PromotionAction::Apply {
+                    promotion_id,
+                    host,
+                    body,
+                } => {
+                    let sent = match (self.signer.sign(body), self.sessions.get(&host)) {
+                        (Ok(token), Some(s)) => {
+                            let _ =
+                                s.tx.send(CoordinatorToWorker::ApplyPromotion(ApplyPromotion {
+                                    correlation_id: promotion_id,
+                                    token: token.clone(),
+                                }));
+                            Ok(token)
+                        }
+                        (Err(e), _) => {
+                            error!("cannot sign promoted token: {e}");
+                            Err(format!("internal error: {e}"))
+                        }
+                        (_, None) => Err(format!("hosting node {host} is not connected")),
+                    };
+                    let next = self.promotions.sent(promotion_id, sent);
+                    self.run_promotion(next);
+                }
+                PromotionAction::Succeed {
+                    requester: (tx, correlation_id),
+                    token,
+                } => {
+                    let (id, host) = (token.body.container_id, token.body.node_id.clone());
+                    if let Some(cs) = self.node_containers.get_mut(&host)
+                        && let Some(c) = cs.iter_mut().find(|c| c.id == id)
+                    {
+                        c.container_type = ContainerType::Guaranteed;
+                        c.version = token.body.version;
+                    }
+                    info!(container = %id, node = %host, "container promoted to GUARANTEED");
+                    let _ = tx.send(CoordinatorToWorker::PromoteResult(PromoteResult {
+                        correlation_id,
                         token,
                     }));
+                }
+                PromotionAction::Fail {
+                    requester: (tx, correlation_id),
+                    code,
+                    message,
+                } => Self::fail(&tx, correlation_id, code, message),
             }
-            None => self.refuse_promotion(
-                promotion_id,
-                format!("hosting node {host} is not connected"),
-                true,
-            ),
         }
     }
 
     fn promotion_applied(&mut self, from: &NodeId, m: PromotionApplied) {
-        let Some(p) = self.promotions.get(&m.correlation_id) else {
-            debug!(
-                correlation_id = m.correlation_id,
-                "late promotion_applied ignored"
-            );
-            return;
-        };
-        if &p.host != from || p.token.is_none() {
-            warn!(node = %from, correlation_id = m.correlation_id, "promotion_applied from a node that was not asked");
-            return;
+        match self.promotions.applied(from, m.correlation_id, m.error) {
+            Ok(actions) => self.run_promotion(actions),
+            Err(why) => warn!(node = %from, "{why}"),
         }
-        if let Some(reason) = m.error {
-            return self.refuse_promotion(
-                m.correlation_id,
-                format!("hosting node {from} refused the promotion: {reason}"),
-                true,
-            );
-        }
-        let Some(p) = self.promotions.remove(&m.correlation_id) else {
-            return;
-        };
-        let token = p.token.expect("checked above");
-        if let Some(cs) = self.node_containers.get_mut(from)
-            && let Some(c) = cs.iter_mut().find(|c| c.id == p.container.id)
-        {
-            c.container_type = ContainerType::Guaranteed;
-            c.version = token.body.version;
-        }
-        info!(container = %p.container.id, node = %from, "container promoted to GUARANTEED");
-        let _ = p
-            .requester_tx
-            .send(CoordinatorToWorker::PromoteResult(PromoteResult {
-                correlation_id: p.requester_correlation_id,
-                token,
-            }));
     }
 
     fn release(&mut self, tx: WorkerTx, m: ReleaseContainer) {
@@ -656,15 +560,8 @@ impl CoordinatorActor {
                 CloseCode::NodeLost.close(&c, why);
             }
         }
-        let hosted: Vec<u64> = self
-            .promotions
-            .iter()
-            .filter(|(_, p)| &p.host == node_id)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in hosted {
-            self.refuse_promotion(id, format!("hosting node {node_id} was lost"), false);
-        }
+        let refused = self.promotions.host_lost(node_id);
+        self.run_promotion(refused);
     }
 
     /// Persist the lost-node set if it changed.
@@ -724,20 +621,8 @@ impl CoordinatorActor {
         self.guarantor().do_send(ExpireGrants {
             now_ms: now_ms.saturating_sub(GRANT_EXPIRY_GRACE_MS),
         });
-        let stale: Vec<u64> = self
-            .promotions
-            .iter()
-            .filter(|(_, p)| now.saturating_since(p.started_at) > self.settings.node_timeout)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in stale {
-            let booked = self.promotions.get(&id).is_some_and(|p| p.token.is_some());
-            self.refuse_promotion(
-                id,
-                "the hosting node did not answer the promotion in time".into(),
-                booked,
-            );
-        }
+        let stale = self.promotions.expire(now);
+        self.run_promotion(stale);
     }
 
     fn rotate_keys(&mut self, now_ms: u64) {
@@ -978,15 +863,15 @@ impl Handler<StopGrantOnNode> for CoordinatorActor {
 impl Handler<PromotionBooked> for CoordinatorActor {
     type Result = ();
     fn handle(&mut self, m: PromotionBooked, _: &mut Context<Self>) {
-        if m.result.is_ok() && !self.promotions.contains_key(&m.promotion_id) {
-            // The promotion was refused (timed out, host lost) while the booking was in flight:
-            // give the booking back, or the capacity stays booked for good.
-            self.guarantor().do_send(UndoPromotion {
-                container_id: m.container_id,
-            });
-            return;
-        }
-        self.promotion_booked(m.promotion_id, m.result);
+        let sessions = &self.sessions;
+        let actions = self.promotions.booked(
+            self.clock.now_ms(),
+            m.promotion_id,
+            m.container_id,
+            m.result.map_err(|e| (e.retryable(), e.to_string())),
+            |host| sessions.get(host).map_or(0, |s| s.issuer),
+        );
+        self.run_promotion(actions);
     }
 }
 

@@ -14,6 +14,7 @@ pub mod hybrid_gq;
 pub mod ids;
 pub mod liveness;
 pub mod node;
+pub mod promotion;
 pub mod protocol;
 pub mod queue_delay;
 pub mod quota;
