@@ -12,6 +12,7 @@ pub mod distributed;
 pub mod guarantor;
 pub mod hybrid_gq;
 pub mod ids;
+pub mod issued;
 pub mod liveness;
 pub mod node;
 pub mod promotion;

@@ -8,10 +8,11 @@ use crate::shared::{ConnTx, Settle, Shared, wall_now};
 use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
+use scheduler_core::coordinator::ContainerNotice;
 use scheduler_core::distributed::{
     ClusterView, DistributedScheduler, PlacementError, QueueableAsk,
 };
+use scheduler_core::issued::{IssuedAction, IssuedContainers};
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::{
     Ack, Allocate, Allocated, AppResponse, ContainerEvent, ContainerEventKind, ErrorCode,
@@ -23,7 +24,7 @@ use scheduler_core::protocol::cluster::{
 };
 use scheduler_core::token::KeyRing;
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -48,14 +49,10 @@ pub struct SchedulerActor {
     link: mpsc::UnboundedSender<WorkerToCoordinator>,
     next_correlation: u64,
     pending: HashMap<u64, Pending>,
-    /// Containers this worker granted (QUEUEABLE) or obtained for an app (GUARANTEED), by node:
-    /// when a node leaves the directory, all of them are lost, even those the node never
-    /// reported before it died.
-    issued_on: HashMap<NodeId, HashSet<ContainerId>>,
-    /// Grants the app released before any node reported them, with the app and the token's
-    /// expiry: if a node reports one started after all (the release raced the start), it is
-    /// stopped then.
-    released_unstarted: HashMap<ContainerId, (AppId, u64)>,
+    /// Containers this worker granted (QUEUEABLE) or obtained for an app (GUARANTEED), and the
+    /// rules applied to them (lost with their node, a release racing a start): sans-IO in
+    /// `scheduler_core::issued`.
+    issued: IssuedContainers,
 }
 
 impl SchedulerActor {
@@ -72,8 +69,7 @@ impl SchedulerActor {
             link,
             next_correlation: 1,
             pending: HashMap::new(),
-            issued_on: HashMap::new(),
-            released_unstarted: HashMap::new(),
+            issued: IssuedContainers::default(),
         }
     }
 
@@ -158,10 +154,7 @@ impl SchedulerActor {
             Ok(outcome) => {
                 let mut containers = Vec::with_capacity(outcome.placed.len());
                 for p in outcome.placed {
-                    self.issued_on
-                        .entry(p.node_id.clone())
-                        .or_default()
-                        .insert(p.container_id);
+                    self.issued.issued(&p.node_id, p.container_id);
                     match keys.sign(p.token_body) {
                         Ok(token) => containers.push(GrantedContainer {
                             container_id: p.container_id,
@@ -200,53 +193,37 @@ impl SchedulerActor {
         }
     }
 
-    fn on_notice(&mut self, n: ContainerNotice) {
-        match n.kind {
-            NoticeKind::Started => {
-                if let Some((app, _)) = self.released_unstarted.remove(&n.container_id) {
-                    // Released before it started: stop it now (nobody waits for the answer).
-                    let correlation_id = self.next_correlation;
-                    self.next_correlation += 1;
-                    let _ = self
-                        .link
-                        .send(WorkerToCoordinator::Release(ReleaseContainer {
-                            correlation_id,
-                            app_id: String::from(app),
-                            container_id: n.container_id,
-                        }));
-                } else {
-                    self.ds.quotas_mut().on_started(n.container_id);
-                }
+    /// Carry out what the issued-container rules decided.
+    fn act(&mut self, action: IssuedAction) {
+        match action {
+            IssuedAction::Stop { app, container_id } => {
+                // Released before it started: stop it now (nobody waits for the answer).
+                let correlation_id = self.next_correlation;
+                self.next_correlation += 1;
+                let _ = self
+                    .link
+                    .send(WorkerToCoordinator::Release(ReleaseContainer {
+                        correlation_id,
+                        app_id: String::from(app),
+                        container_id,
+                    }));
             }
-            NoticeKind::Finished => {
-                self.forget(n.container_id, &n.node_id);
-            }
-            NoticeKind::Lost => self.report_lost(n.container_id, &n.node_id),
-        }
-    }
-
-    fn forget(&mut self, id: ContainerId, node: &NodeId) -> Option<AppId> {
-        if let Some(set) = self.issued_on.get_mut(node) {
-            set.remove(&id);
-        }
-        self.ds.quotas_mut().on_finished(id).map(|(app, _)| app)
-    }
-
-    /// Tell the app (once) that its container died with its node.
-    fn report_lost(&mut self, id: ContainerId, node: &NodeId) {
-        if let Some(app) = self.forget(id, node) {
-            self.shared.notify(
+            IssuedAction::Lost {
+                app,
+                container_id,
+                node,
+            } => self.shared.notify(
                 &app,
                 ContainerEvent {
-                    container_id: id,
-                    node_id: node.clone(),
+                    container_id,
                     event: ContainerEventKind::Killed {
                         reason: KillReason::Lost,
                         message: format!("node {node} was lost"),
                     },
+                    node_id: node,
                     at_ms: wall_now().as_millis(),
                 },
-            );
+            ),
         }
     }
 
@@ -361,19 +338,15 @@ impl Handler<ReleaseRemote> for SchedulerActor {
         let id: ContainerId = req.container_id;
         // A grant of ours that no node reported yet: forget it here, and ask the coordinator in
         // case a node took it meanwhile ("unknown" then means nobody did).
+        let expires_at_ms = wall_now().as_millis() + self.ds.config().token_ttl_ms;
         let unstarted_grant =
-            self.ds.quotas().owner(id) == Some(&app) && self.ds.quotas().is_unstarted(id);
-        if unstarted_grant {
-            self.ds.quotas_mut().on_finished(id);
-            let expires_at_ms = wall_now().as_millis() + self.ds.config().token_ttl_ms;
-            self.released_unstarted
-                .insert(id, (app.clone(), expires_at_ms));
-            if !self.shared.connected.get() {
-                let _ = reply.send(AppResponse::Ack(Ack {
-                    request_id: req.request_id,
-                }));
-                return;
-            }
+            self.issued
+                .release_unstarted(self.ds.quotas_mut(), id, &app, expires_at_ms);
+        if unstarted_grant && !self.shared.connected.get() {
+            let _ = reply.send(AppResponse::Ack(Ack {
+                request_id: req.request_id,
+            }));
+            return;
         }
         let app_id = app.to_string();
         self.forward_with(
@@ -447,25 +420,16 @@ impl Handler<ViewUpdate> for SchedulerActor {
             .set(msg.view.directory_version);
         let membership_changed = !msg.view.directory.is_empty();
         self.ds.update_view(msg.view);
+        let mut actions = Vec::new();
         if membership_changed {
-            let present: HashSet<&NodeId> = self
+            let present: Vec<NodeId> = self
                 .ds
                 .view()
                 .directory
                 .iter()
-                .map(|n| &n.node_id)
+                .map(|n| n.node_id.clone())
                 .collect();
-            let gone: Vec<NodeId> = self
-                .issued_on
-                .keys()
-                .filter(|n| !present.contains(n))
-                .cloned()
-                .collect();
-            for node in gone {
-                for id in self.issued_on.remove(&node).unwrap_or_default() {
-                    self.report_lost(id, &node);
-                }
-            }
+            actions = self.issued.on_directory(self.ds.quotas_mut(), &present);
         }
         if let Some(k) = msg.keys {
             self.keys = Some(k);
@@ -473,21 +437,14 @@ impl Handler<ViewUpdate> for SchedulerActor {
         if let Some(apps) = msg.apps {
             self.shared.set_apps(apps);
         }
-        for n in msg.notices {
-            self.on_notice(n);
+        for n in &msg.notices {
+            actions.extend(self.issued.on_notice(self.ds.quotas_mut(), n));
         }
-        let now_ms = wall_now().as_millis();
-        self.released_unstarted
-            .retain(|_, (_, expires_at_ms)| *expires_at_ms > now_ms);
-        let expired = self.ds.quotas_mut().expire(now_ms);
-        if !expired.is_empty() {
-            for set in self.issued_on.values_mut() {
-                for id in &expired {
-                    set.remove(id);
-                }
-            }
-            self.issued_on.retain(|_, set| !set.is_empty());
+        for action in actions {
+            self.act(action);
         }
+        self.issued
+            .expire(self.ds.quotas_mut(), wall_now().as_millis());
     }
 }
 
@@ -513,10 +470,7 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                     return;
                 };
                 for c in &g.containers {
-                    self.issued_on
-                        .entry(c.node_id.clone())
-                        .or_default()
-                        .insert(c.container_id);
+                    self.issued.issued(&c.node_id, c.container_id);
                     self.ds.quotas_mut().on_granted(
                         c.container_id,
                         &p.app,
