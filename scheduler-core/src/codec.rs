@@ -87,6 +87,12 @@ impl FrameDecoder {
         self.limit
     }
 
+    /// Change the cap for the frames not yet returned (e.g. a small cap until a peer has
+    /// authenticated, the normal one after).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
     /// Append received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);

@@ -15,9 +15,9 @@ use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_fram
 use scheduler_core::node::NodeError;
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::app::{
-    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame,
-    MAX_CONTAINERS_PER_ALLOCATE, Welcome,
+    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame, Welcome,
 };
+use scheduler_core::protocol::limits::{HELLO_MAX_FRAME, validate_request};
 use scheduler_core::{AppId, NodeId};
 use std::rc::Rc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -106,7 +106,8 @@ impl Endpoint {
             app: None,
             conn,
         };
-        let mut decoder = FrameDecoder::new(APP_MAX_FRAME);
+        // A hello is small: until it is accepted, a frame may be at most HELLO_MAX_FRAME.
+        let mut decoder = FrameDecoder::new(HELLO_MAX_FRAME);
         let mut buf = vec![0u8; 64 * 1024];
         'read: loop {
             match reader.read(&mut buf).await {
@@ -129,10 +130,18 @@ impl Endpoint {
                         if session.handle_payload(&payload).await.is_break() {
                             break 'read;
                         }
+                        if session.app.is_some() {
+                            decoder.set_limit(APP_MAX_FRAME);
+                        }
                     }
                     Err(e @ CodecError::Oversized { .. }) => {
                         self.settle().await;
-                        session.send_error(None, ErrorCode::FrameTooLarge, e.to_string());
+                        let message = if session.app.is_none() {
+                            format!("{e} before the hello is accepted (a hello is small)")
+                        } else {
+                            e.to_string()
+                        };
+                        session.send_error(None, ErrorCode::FrameTooLarge, message);
                         break 'read;
                     }
                     Err(e) => {
@@ -244,6 +253,24 @@ impl Session<'_> {
                 };
             }
         };
+        // Every field's size bound (docs/protocol.md §10), before anything is stored or sent on.
+        if let Err(refusal) = validate_request(&request) {
+            let before_hello = self.app.is_none();
+            if before_hello && !matches!(request, AppRequest::Hello(_)) {
+                self.send_error(
+                    request.request_id(),
+                    ErrorCode::HelloRequired,
+                    "the first frame must be a hello",
+                );
+                return ControlFlow::Break(());
+            }
+            self.send(AppResponse::Error(refusal));
+            return if before_hello {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            };
+        }
         let Some(app) = self.app.clone() else {
             let AppRequest::Hello(hello) = request else {
                 self.send_error(
@@ -304,16 +331,6 @@ impl Session<'_> {
                     ErrorCode::InvalidRequest,
                     "hello was already accepted on this connection",
                 );
-            }
-            AppRequest::Allocate(req) if req.count > MAX_CONTAINERS_PER_ALLOCATE => {
-                self.send(error(
-                    req.request_id,
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "count {} is above the limit of {MAX_CONTAINERS_PER_ALLOCATE} containers per allocate (its answer must fit one frame); split the ask",
-                        req.count
-                    ),
-                ));
             }
             AppRequest::Allocate(req) => {
                 self.ep.scheduler.do_send(AllocateMsg {

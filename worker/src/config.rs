@@ -2,6 +2,7 @@
 //! the same keys (flags win), and defaults.
 
 use anyhow::{Context, bail};
+use scheduler_core::protocol::limits::MAX_CONTAINERS_PER_NODE;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -154,6 +155,12 @@ impl RunArgs {
                 "--cpu-millis and --memory-mib must be positive (got {cpu_millis} and {memory_mib})"
             );
         }
+        let max_queue_length = self.max_queue_length.unwrap_or(10_000);
+        if max_queue_length > MAX_CONTAINERS_PER_NODE {
+            bail!(
+                "--max-queue-length {max_queue_length} is above the most containers a node may hold ({MAX_CONTAINERS_PER_NODE})"
+            );
+        }
         Ok(WorkerConfig {
             coordinator,
             ca_cert,
@@ -170,7 +177,7 @@ impl RunArgs {
             container_log_dir: self.container_log_dir,
             default_runtime_estimate_ms: self.default_runtime_estimate_ms.unwrap_or(10_000),
             fifo_queue: self.fifo_queue.unwrap_or(false),
-            max_queue_length: self.max_queue_length.unwrap_or(10_000),
+            max_queue_length,
             seed: self.seed,
         })
     }

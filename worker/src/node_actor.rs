@@ -14,6 +14,7 @@ use scheduler_core::protocol::app::{
 use scheduler_core::protocol::cluster::{
     ApplyPromotion, Heartbeat, PromotionApplied, WorkerToCoordinator,
 };
+use scheduler_core::protocol::limits::check_node_room;
 use scheduler_core::token::{KeyRing, TokenVerifier};
 use scheduler_core::{AppId, ContainerId, JobId, KillReason, NodeId, Resources, Time};
 use std::collections::HashMap;
@@ -212,6 +213,17 @@ impl NodeActor {
                 req.request_id,
                 ErrorCode::InvalidRequest,
                 format!("start_container refused: container {id} is already on this node"),
+            );
+        }
+        // Bounded so a heartbeat listing every container fits the cluster frame.
+        let held = self.node.running_count()
+            + self.node.queued_count()
+            + self.node.waiting_guaranteed_count();
+        if let Err(message) = check_node_room(held) {
+            return error(
+                req.request_id,
+                ErrorCode::QuotaExceeded,
+                format!("start_container refused: {message}"),
             );
         }
         self.launch_specs.insert(id, launch);
