@@ -179,6 +179,7 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
         ErrorCode::PromotionRefused,
         ErrorCode::CoordinatorUnavailable,
         ErrorCode::Internal,
+        ErrorCode::TooManyConnections,
     ];
     codes
         .into_iter()
@@ -198,6 +199,7 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
                 ErrorCode::PromotionRefused => "promotion_refused",
                 ErrorCode::CoordinatorUnavailable => "coordinator_unavailable",
                 ErrorCode::Internal => "internal",
+                ErrorCode::TooManyConnections => "too_many_connections",
             };
             (c, name)
         })

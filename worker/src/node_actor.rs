@@ -4,7 +4,7 @@
 //! process tree, tell subscribed applications).
 
 use crate::exec::{self, ContainerLimits, ContainerProcess, Executor, ExitOutcome};
-use crate::shared::{ConnTx, Settle, Shared, wall_now};
+use crate::shared::{ConnTx, InFlight, Settle, Shared, wall_now};
 use actix::prelude::*;
 use scheduler_core::node::{ContainerSpec, NodeError, NodeEvent, NodeRuntime, Placement};
 use scheduler_core::protocol::app::{
@@ -401,6 +401,8 @@ pub struct StartMsg {
     pub app: AppId,
     pub req: StartContainer,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
 }
 
 impl Handler<StartMsg> for NodeActor {

@@ -4,7 +4,7 @@
 //! keeps quota counts from the coordinator's notices and tells apps about lost containers.
 
 use crate::node_actor::error;
-use crate::shared::{ConnTx, Settle, Shared, wall_now};
+use crate::shared::{ConnTx, InFlight, Settle, Shared, wall_now};
 use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -270,12 +270,16 @@ pub struct AllocateMsg {
     pub app: AppId,
     pub req: Allocate,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
 }
 
 impl Handler<AllocateMsg> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: AllocateMsg, _: &mut Context<Self>) {
-        let AllocateMsg { app, req, reply } = msg;
+        let AllocateMsg {
+            app, req, reply, ..
+        } = msg;
         match req.container_type {
             ContainerType::Queueable => {
                 let answer = self.allocate_queueable(app, &req);
@@ -320,6 +324,8 @@ pub struct PromoteMsg {
     pub app: AppId,
     pub req: Promote,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
     /// The container's status on this node, if it is here (see [`PromoteContainer::local_status`]).
     pub local_status: Option<ContainerStatus>,
 }
@@ -332,6 +338,7 @@ impl Handler<PromoteMsg> for SchedulerActor {
             req,
             reply,
             local_status,
+            ..
         } = msg;
         let app_id = app.to_string();
         self.forward(app, req.request_id, reply, move |correlation_id| {
@@ -352,12 +359,16 @@ pub struct ReleaseRemote {
     pub app: AppId,
     pub req: Release,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
 }
 
 impl Handler<ReleaseRemote> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: ReleaseRemote, _: &mut Context<Self>) {
-        let ReleaseRemote { app, req, reply } = msg;
+        let ReleaseRemote {
+            app, req, reply, ..
+        } = msg;
         let id: ContainerId = req.container_id;
         // A grant of ours that no node reported yet: forget it here, and ask the coordinator in
         // case a node took it meanwhile ("unknown" then means nobody did).

@@ -272,6 +272,9 @@ pub enum ErrorCode {
     PromotionRefused,
     CoordinatorUnavailable,
     Internal,
+    /// The worker refused the connection: it serves its maximum of connections, in all or
+    /// from the client's address. Sent instead of reading anything; the connection closes.
+    TooManyConnections,
 }
 
 impl ErrorCode {
@@ -283,6 +286,7 @@ impl ErrorCode {
                 | ErrorCode::PromotionRefused
                 | ErrorCode::CoordinatorUnavailable
                 | ErrorCode::Internal
+                | ErrorCode::TooManyConnections
         )
     }
 
@@ -295,6 +299,7 @@ impl ErrorCode {
                 | ErrorCode::HelloRequired
                 | ErrorCode::MalformedFrame
                 | ErrorCode::FrameTooLarge
+                | ErrorCode::TooManyConnections
         )
     }
 }
