@@ -93,6 +93,11 @@ impl FrameDecoder {
         self.limit = limit;
     }
 
+    /// The bytes received and not yet returned as payloads (a partial frame, its prefix first).
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Append received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);

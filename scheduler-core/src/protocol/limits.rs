@@ -237,6 +237,51 @@ pub fn check_node_room(containers: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Bytes of a cluster frame the coordinator buffers from a connection that has not proved it
+/// holds the join token: a join is small unless it lists the containers of a re-joining
+/// worker, and its `join_token` comes right after `type` and `protocol_version`.
+pub const JOIN_PREFIX_BYTES: usize = 4096;
+
+/// The `join_token` of a `join` frame whose payload starts with `prefix` (possibly cut in the
+/// middle of a later field), if the token is complete within it. Lets a server check the
+/// cluster secret before it accepts a large join (sans-IO; any field order is understood, but
+/// the token must come within the prefix).
+pub fn join_token_in_prefix(prefix: &[u8]) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct Seek<'a>(&'a mut Option<String>);
+    impl<'de> DeserializeSeed<'de> for Seek<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Seek<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a join frame (a map)")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "join_token" {
+                    *self.0 = Some(map.next_value::<String>()?);
+                    // Stop here: the rest may not have arrived (the decoder then reports a
+                    // length mismatch, which the caller ignores).
+                    return Ok(());
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+
+    let mut token = None;
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(prefix));
+    de.set_max_depth(crate::codec::MAX_NESTING_DEPTH);
+    let _ = Seek(&mut token).deserialize(&mut de);
+    token
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,6 +533,46 @@ mod tests {
             "largest status {status_bytes} B; worst heartbeat {hb_bytes} B = {:.1}% of the {CLUSTER_MAX_FRAME} B cluster frame",
             100.0 * hb_bytes as f64 / CLUSTER_MAX_FRAME as f64
         );
+    }
+
+    #[test]
+    fn the_join_token_is_read_from_the_start_of_a_large_join() {
+        let status = largest_status();
+        let join = crate::protocol::cluster::WorkerToCoordinator::Join(Join {
+            protocol_version: 1,
+            join_token: "secret-token".into(),
+            node_id: NodeId::from("n"),
+            rack: "r".into(),
+            capacity: Resources::new(1, 1),
+            app_endpoint: "e:1".into(),
+            containers: vec![status; 1000],
+        });
+        let payload = to_payload(&join).unwrap();
+        assert!(payload.len() > 100 * JOIN_PREFIX_BYTES);
+        assert_eq!(
+            join_token_in_prefix(&payload[..JOIN_PREFIX_BYTES]).as_deref(),
+            Some("secret-token")
+        );
+        assert_eq!(
+            join_token_in_prefix(&payload).as_deref(),
+            Some("secret-token")
+        );
+        // Cut inside the token, or no token at all: nothing.
+        let at = payload.windows(6).position(|w| w == b"secret").unwrap();
+        assert_eq!(join_token_in_prefix(&payload[..at + 3]), None);
+        assert_eq!(join_token_in_prefix(&[0xc1, 0xc1]), None);
+        #[derive(serde::Serialize)]
+        struct TokenLast {
+            containers: Vec<u8>,
+            join_token: &'static str,
+        }
+        let late = to_payload(&TokenLast {
+            containers: vec![0; 2 * JOIN_PREFIX_BYTES],
+            join_token: "t",
+        })
+        .unwrap();
+        assert_eq!(join_token_in_prefix(&late[..JOIN_PREFIX_BYTES]), None);
+        assert_eq!(join_token_in_prefix(&late).as_deref(), Some("t"));
     }
 
     #[test]
