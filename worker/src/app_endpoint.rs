@@ -10,7 +10,10 @@ use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};
 use crate::scheduler_actor::{
     AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, SchedulerActor,
 };
-use crate::shared::{AuthError, ConnState, ConnTx, InFlight, OutboundLimits, Settle, Shared};
+use crate::shared::{
+    AuthError, ConnState, ConnTx, GRANT_ANSWER_BYTES, InFlight, OTHER_ANSWER_BYTES, OutboundLimits,
+    Settle, Shared,
+};
 use actix::Addr;
 use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
 use scheduler_core::node::NodeError;
@@ -567,11 +570,12 @@ impl Session<'_> {
                 );
             }
             AppRequest::Allocate(req) => {
+                let answer_bytes = OTHER_ANSWER_BYTES + req.count as usize * GRANT_ANSWER_BYTES;
                 self.ep.scheduler.do_send(AllocateMsg {
                     app,
                     req,
                     reply: self.tx.clone(),
-                    in_flight: InFlight::new(&self.state),
+                    in_flight: InFlight::new(&self.state, answer_bytes),
                 });
             }
             AppRequest::Promote(req) => {
@@ -589,7 +593,7 @@ impl Session<'_> {
                     req,
                     reply: self.tx.clone(),
                     local_status,
-                    in_flight: InFlight::new(&self.state),
+                    in_flight: InFlight::new(&self.state, OTHER_ANSWER_BYTES),
                 });
             }
             AppRequest::StartContainer(req) => {
@@ -597,7 +601,7 @@ impl Session<'_> {
                     app,
                     req,
                     reply: self.tx.clone(),
-                    in_flight: InFlight::new(&self.state),
+                    in_flight: InFlight::new(&self.state, OTHER_ANSWER_BYTES),
                 });
             }
             AppRequest::Release(req) => {
@@ -617,7 +621,7 @@ impl Session<'_> {
                         app,
                         req,
                         reply: self.tx.clone(),
-                        in_flight: InFlight::new(&self.state),
+                        in_flight: InFlight::new(&self.state, OTHER_ANSWER_BYTES),
                     }),
                     Ok(Err(e)) => self.send(error(
                         req.request_id,

@@ -36,6 +36,8 @@ pub struct ConnState {
     /// The most `queued_bytes` has been.
     high_water: AtomicUsize,
     in_flight: AtomicUsize,
+    /// Estimated bytes of the answers of the requests in flight (see [`InFlight::new`]).
+    in_flight_bytes: AtomicUsize,
     /// The reader is waiting for room (backpressure) right now.
     paused: AtomicBool,
     /// Set once: the connection must end (outbound overflow, or its writer gave up).
@@ -51,6 +53,7 @@ impl ConnState {
             queued_bytes: AtomicUsize::new(0),
             high_water: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
+            in_flight_bytes: AtomicUsize::new(0),
             paused: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
@@ -82,10 +85,13 @@ impl ConnState {
         self.wake.notify_one();
     }
 
-    /// Whether the reader may hand over one more request now.
+    /// Whether the reader may hand over one more request now: fewer than `max_in_flight` are
+    /// at the actors, and the answers queued plus those expected from the requests in flight
+    /// stay under `pause_queued_bytes`.
     pub fn has_room(&self) -> bool {
         self.in_flight() < self.limits.max_in_flight
-            && self.queued_bytes() < self.limits.pause_queued_bytes
+            && self.queued_bytes() + self.in_flight_bytes.load(Ordering::Relaxed)
+                < self.limits.pause_queued_bytes
     }
 
     /// Wait (reader task only) until one more request may be handed over; false if the
@@ -135,22 +141,42 @@ pub struct ConnStats {
     pub closing: bool,
 }
 
-/// A request handed to an actor: counted in its connection's in-flight requests until the
-/// actor has handled it (drops the message).
+/// A request handed to an actor: counted in its connection's in-flight requests, with the
+/// estimated size of its answer, until the actor has handled it (drops the message; its
+/// answer is then queued and counted there).
 #[derive(Debug)]
-pub struct InFlight(Arc<ConnState>);
+pub struct InFlight {
+    state: Arc<ConnState>,
+    answer_bytes: usize,
+}
+
+/// Estimated bytes of one grant in an `allocated` answer (token, node, endpoint; ids at their
+/// bounds take a little more), and of any other answer.
+pub const GRANT_ANSWER_BYTES: usize = 1024;
+pub const OTHER_ANSWER_BYTES: usize = 256;
 
 impl InFlight {
-    pub fn new(state: &Arc<ConnState>) -> InFlight {
+    /// `answer_bytes`: the expected size of the request's answer, so that one large allocate
+    /// holds back the requests behind it as its answer would.
+    pub fn new(state: &Arc<ConnState>, answer_bytes: usize) -> InFlight {
         state.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(state.clone())
+        state
+            .in_flight_bytes
+            .fetch_add(answer_bytes, Ordering::Relaxed);
+        InFlight {
+            state: state.clone(),
+            answer_bytes,
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.wake.notify_one();
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .in_flight_bytes
+            .fetch_sub(self.answer_bytes, Ordering::Relaxed);
+        self.state.wake.notify_one();
     }
 }
 
@@ -400,13 +426,18 @@ mod tests {
                 max_queued_bytes: 4 << 20,
             },
         );
-        let a = InFlight::new(&state);
+        let a = InFlight::new(&state, 10);
         assert!(state.has_room());
-        let b = InFlight::new(&state);
+        let b = InFlight::new(&state, 10);
         assert!(!state.has_room(), "two requests in flight is the limit");
         drop(a);
         assert!(state.has_room());
         drop(b);
         assert_eq!(state.in_flight(), 0);
+        // One request whose answer is expected to fill the pause level holds back the next.
+        let big = InFlight::new(&state, 1 << 20);
+        assert!(!state.has_room());
+        drop(big);
+        assert!(state.has_room());
     }
 }
