@@ -165,3 +165,83 @@ async fn unjoined_connections_are_capped_per_source_and_in_all() {
     // Joined connections do not count.
     wait_for_unjoined(&h, 2).await;
 }
+
+/// Measurement, not a check (`cargo test -p coordinator --test pre_join -- --ignored
+/// --nocapture`): 24 connections that never join each announce a 16 MiB first frame and send
+/// junk; prints the coordinator binary's peak RSS. `MEASURE_COORDINATOR_BIN` picks another
+/// build (e.g. one from before the pre-join limits).
+#[actix_rt::test]
+#[ignore]
+async fn measure_outsider_connections_memory() {
+    let bin = std::env::var("MEASURE_COORDINATOR_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_coordinator").to_string());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap().to_string();
+    let mut child = std::process::Command::new(&bin)
+        .args(["run", "--data-dir", &data, "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let addr: std::net::SocketAddr = v["quic_addr"].as_str().unwrap().parse().unwrap();
+    let ca = coordinator::datadir::DataDir::new(dir.path()).ca_cert();
+    let rss = |key: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = rss("VmRSS:");
+    let mut tasks = Vec::new();
+    for _ in 0..24 {
+        let ca = ca.clone();
+        tasks.push(actix_rt::spawn(async move {
+            let Ok(mut w) =
+                TestWorker::try_connect_from(addr, &ca, "127.0.0.1".parse().unwrap()).await
+            else {
+                return 0usize;
+            };
+            let mut sent = 0;
+            let chunk = vec![0x90u8; 1 << 20];
+            if tokio::time::timeout(Duration::from_secs(10), async {
+                let _ = w
+                    .send_raw_checked(&(CLUSTER_MAX_FRAME as u32).to_be_bytes())
+                    .await;
+                for _ in 0..16 {
+                    if w.send_raw_checked(&chunk).await.is_err() {
+                        break;
+                    }
+                    sent += chunk.len();
+                }
+            })
+            .await
+            .is_err()
+            {
+                // Flow control held the rest back.
+            }
+            sent
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    let peak = rss("VmHWM:");
+    println!(
+        "{bin}: 24 unjoined connections sent {} MiB in all; coordinator RSS {} MiB before, peak {} MiB",
+        total >> 20,
+        before / 1024,
+        peak / 1024
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

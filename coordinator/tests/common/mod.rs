@@ -254,6 +254,11 @@ impl TestWorker {
         self.send.write_all(bytes).await.unwrap();
     }
 
+    /// Like [`TestWorker::send_raw`], but a closed stream is an error, not a panic.
+    pub async fn send_raw_checked(&mut self, bytes: &[u8]) -> Result<(), quinn::WriteError> {
+        self.send.write_all(bytes).await
+    }
+
     /// The next frame, or `Err(description)` once the stream or connection ended.
     pub async fn next(&mut self) -> Result<CoordinatorToWorker, String> {
         if let Some(m) = self.backlog.pop_front() {
