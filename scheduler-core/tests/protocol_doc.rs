@@ -276,7 +276,7 @@ fn limits_table_lists_every_bound_with_its_value() {
     use scheduler_core::protocol::limits::*;
     let doc = protocol_md();
     let table = section(&doc, "limits");
-    let bounds: [(&str, u64); 17] = [
+    let bounds: [(&str, u64); 18] = [
         ("APP_MAX_FRAME", APP_MAX_FRAME as u64),
         (
             "MAX_CONTAINERS_PER_ALLOCATE",
@@ -297,6 +297,10 @@ fn limits_table_lists_every_bound_with_its_value() {
         ("MAX_LAUNCH_BYTES", MAX_LAUNCH_BYTES as u64),
         ("MAX_SIGNATURE_BYTES", MAX_SIGNATURE_BYTES as u64),
         ("MAX_CONTAINERS_PER_NODE", MAX_CONTAINERS_PER_NODE as u64),
+        (
+            "MAX_WAITING_GUARANTEED_ASKS_PER_APP",
+            MAX_WAITING_GUARANTEED_ASKS_PER_APP as u64,
+        ),
     ];
     for (name, value) in bounds {
         let marker = format!("(`{name}`)");

@@ -21,8 +21,10 @@ use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, CancelAllocate, CoordinatorToWorker, PromoteContainer,
     ReleaseContainer, WorkerToCoordinator,
 };
+use scheduler_core::protocol::limits::MAX_WAITING_GUARANTEED_ASKS_PER_APP;
 use scheduler_core::token::KeyRing;
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use tokio::sync::mpsc;
@@ -38,6 +40,40 @@ struct Pending {
     unknown_is_success: bool,
     /// A GUARANTEED ask: cancelled at the coordinator if its connection closes while it waits.
     guaranteed_ask: bool,
+    /// Counts the ask in its app's waiting GUARANTEED asks on this worker until dropped.
+    _waiting: Option<WaitingAsk>,
+}
+
+/// GUARANTEED asks waiting at the coordinator, per app (bounded by
+/// [`MAX_WAITING_GUARANTEED_ASKS_PER_APP`]).
+type WaitingCounts = Rc<RefCell<HashMap<AppId, usize>>>;
+
+/// One waiting GUARANTEED ask of an app; uncounted when its [`Pending`] goes, however it goes.
+struct WaitingAsk {
+    counts: WaitingCounts,
+    app: AppId,
+}
+
+impl WaitingAsk {
+    fn new(counts: &WaitingCounts, app: &AppId) -> WaitingAsk {
+        *counts.borrow_mut().entry(app.clone()).or_default() += 1;
+        WaitingAsk {
+            counts: counts.clone(),
+            app: app.clone(),
+        }
+    }
+}
+
+impl Drop for WaitingAsk {
+    fn drop(&mut self) {
+        let mut counts = self.counts.borrow_mut();
+        if let Some(n) = counts.get_mut(&self.app) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.app);
+            }
+        }
+    }
 }
 
 pub struct SchedulerActor {
@@ -56,6 +92,7 @@ pub struct SchedulerActor {
     /// expiry: if a node reports one started after all (the release raced the start), it is
     /// stopped then.
     released_unstarted: HashMap<ContainerId, (AppId, u64)>,
+    waiting_guaranteed: WaitingCounts,
 }
 
 impl SchedulerActor {
@@ -74,6 +111,7 @@ impl SchedulerActor {
             pending: HashMap::new(),
             issued_on: HashMap::new(),
             released_unstarted: HashMap::new(),
+            waiting_guaranteed: WaitingCounts::default(),
         }
     }
 
@@ -129,6 +167,7 @@ impl SchedulerActor {
                 reply,
                 unknown_is_success,
                 guaranteed_ask: false,
+                _waiting: None,
             },
         );
         let _ = self.link.send(make(correlation_id));
@@ -294,8 +333,25 @@ impl Handler<AllocateMsg> for SchedulerActor {
                     ));
                     return;
                 }
+                let waiting = self
+                    .waiting_guaranteed
+                    .borrow()
+                    .get(&app)
+                    .copied()
+                    .unwrap_or(0);
+                if waiting >= MAX_WAITING_GUARANTEED_ASKS_PER_APP {
+                    let _ = reply.send(error(
+                        req.request_id,
+                        ErrorCode::QuotaExceeded,
+                        format!(
+                            "app {app} has {waiting} GUARANTEED asks waiting for capacity on this worker, the limit; retry when some are granted"
+                        ),
+                    ));
+                    return;
+                }
                 let request_id = req.request_id;
                 let app_id = app.to_string();
+                let counted = app.clone();
                 let correlation_id = self.next_correlation;
                 self.forward(app, request_id, reply, move |correlation_id| {
                     WorkerToCoordinator::AllocateGuaranteed(AllocateGuaranteed {
@@ -306,6 +362,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                 });
                 if let Some(p) = self.pending.get_mut(&correlation_id) {
                     p.guaranteed_ask = true;
+                    p._waiting = Some(WaitingAsk::new(&self.waiting_guaranteed, &counted));
                 }
             }
         }

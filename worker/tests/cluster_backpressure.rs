@@ -229,3 +229,76 @@ async fn pipelined_large_allocates_are_bounded_by_the_in_flight_window() {
     drop((rd, wr));
     c.stop().await;
 }
+
+/// GUARANTEED asks wait at the coordinator until capacity frees, with state at the worker and
+/// the guarantor for each: one app may have at most `MAX_WAITING_GUARANTEED_ASKS_PER_APP`
+/// (1 024) waiting through one worker; the next is `quota_exceeded` (retryable). Closing the
+/// connection cancels its asks and frees the count.
+#[actix_rt::test]
+async fn waiting_guaranteed_asks_are_capped_per_app() {
+    use scheduler_core::protocol::app::{ErrorCode, Release};
+    use scheduler_core::protocol::limits::MAX_WAITING_GUARANTEED_ASKS_PER_APP;
+    let c = Cluster::start(&["demo"], &[node("node-a", 1000, 1024)]).await;
+    let mut holder = c.client("node-a").await;
+    let held = holder
+        .grant(ask(ContainerType::Guaranteed, 1000, 1024))
+        .await;
+
+    let mut waiter = c.client("node-a").await;
+    for _ in 0..MAX_WAITING_GUARANTEED_ASKS_PER_APP {
+        let mut a = ask(ContainerType::Guaranteed, 1000, 1024);
+        a.request_id = waiter.new_request_id();
+        waiter.send(&AppRequest::Allocate(a)).await;
+    }
+    let e = waiter
+        .allocate(ask(ContainerType::Guaranteed, 1000, 1024))
+        .await
+        .expect_err("one ask over the cap");
+    assert_eq!(e.code, ErrorCode::QuotaExceeded, "{e:?}");
+    assert!(e.retryable);
+    assert!(
+        e.message
+            .contains("has 1024 GUARANTEED asks waiting for capacity on this worker"),
+        "{e:?}"
+    );
+    assert!(
+        waiter
+            .unread()
+            .iter()
+            .all(|r| !matches!(r, AppResponse::Allocated(_))),
+        "nothing was granted meanwhile"
+    );
+
+    // Closing the connection cancels its asks; the app may ask again, and is granted once
+    // the held capacity is released.
+    drop(waiter);
+    // Once the worker has forgotten the connection its cancels are on the cluster link, ahead
+    // of the next ask.
+    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
+    let mut pace = tokio::time::interval(Duration::from_millis(5));
+    while c.worker("node-a").shared.connection_stats().len() > 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the closed connection lingers"
+        );
+        pace.tick().await;
+    }
+    let mut again = c.client("node-a").await;
+    let mut a = ask(ContainerType::Guaranteed, 1000, 1024);
+    a.request_id = again.new_request_id();
+    let id = a.request_id;
+    again.send(&AppRequest::Allocate(a)).await;
+    let rid = holder.new_request_id();
+    holder
+        .send(&AppRequest::Release(Release {
+            request_id: rid,
+            container_id: held.body.container_id,
+        }))
+        .await;
+    assert!(matches!(holder.answer(rid).await, AppResponse::Ack(_)));
+    match again.answer(id).await {
+        AppResponse::Allocated(a) => assert_eq!(a.containers.len(), 1),
+        other => panic!("expected a grant after the release, got {other:?}"),
+    }
+    c.stop().await;
+}

@@ -48,6 +48,10 @@ pub const MAX_SIGNATURE_BYTES: usize = 128;
 /// ([`crate::codec::CLUSTER_MAX_FRAME`]; checked by `worst_case_heartbeat_fits_the_cluster_frame`).
 pub const MAX_CONTAINERS_PER_NODE: usize = 16_384;
 
+/// GUARANTEED asks of one app waiting for capacity at the coordinator through one worker;
+/// more are `quota_exceeded` (each waiting ask is state at the worker and the guarantor).
+pub const MAX_WAITING_GUARANTEED_ASKS_PER_APP: usize = 1024;
+
 fn refuse(request_id: Option<u64>, message: String) -> Result<(), ErrorFrame> {
     Err(ErrorFrame::new(
         request_id,
