@@ -775,3 +775,85 @@ async fn frames_before_the_hello_are_capped_small() {
     assert_still_serving(&c, &mut good, running).await;
     c.stop().await;
 }
+
+/// Valid frames with a few bytes changed (a fixed pseudo-random sequence): every one gets an
+/// answer or a closing error, the worker never stops serving, and the running container is
+/// untouched (issue 11: "a bad input always gets a clear error; no panic").
+#[actix_rt::test]
+async fn mutated_frames_are_answered_and_never_hurt_the_worker() {
+    use scheduler_core::protocol::app::{LaunchSpec, Release, StartContainer};
+    let (c, mut good, running) = serving_cluster().await;
+    let addr = c.worker("node-a").app_addr;
+    let secret = c.secret("demo").to_string();
+    let token = good.grant(ask(ContainerType::Queueable, 100, 64)).await;
+    let templates: Vec<Vec<u8>> = vec![
+        to_payload(&AppRequest::Allocate(ask(
+            ContainerType::Queueable,
+            100,
+            64,
+        )))
+        .unwrap(),
+        to_payload(&AppRequest::StartContainer(StartContainer {
+            request_id: 3,
+            token,
+            launch: LaunchSpec {
+                command: "/bin/true".into(),
+                args: vec!["x".into()],
+                env: [("K".to_string(), "V".to_string())].into(),
+                working_dir: None,
+            },
+        }))
+        .unwrap(),
+        to_payload(&AppRequest::Release(Release {
+            request_id: 4,
+            container_id: ContainerId::new(1, 1),
+        }))
+        .unwrap(),
+    ];
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        seed >> 33
+    };
+    let mut conn = AppClient::login(addr, "demo", &secret).await;
+    let mut closed = 0;
+    for i in 0..300u64 {
+        let mut payload = templates[(i % 3) as usize].clone();
+        for _ in 0..(1 + next() % 4) {
+            let at = next() as usize % payload.len();
+            payload[at] = next() as u8;
+        }
+        let mut frame = (payload.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&payload);
+        conn.send_bytes(&frame).await;
+        // A sentinel behind it: its ack means the mutated frame was dealt with.
+        let sentinel = u64::MAX - i;
+        conn.send(&AppRequest::Subscribe(Subscribe {
+            request_id: sentinel,
+        }))
+        .await;
+        loop {
+            match conn.next().await {
+                Some(AppResponse::Ack(a)) if a.request_id == sentinel => break,
+                Some(_) => continue,
+                None => {
+                    // A closing error (malformed_frame, ...) ended the connection: start over.
+                    closed += 1;
+                    conn = AppClient::login(addr, "demo", &secret).await;
+                    break;
+                }
+            }
+        }
+    }
+    assert!(closed < 300, "not every mutation closes the connection");
+    // A mutation that left the token intact may have started `/bin/true` (or a mangled
+    // command that fails to launch): let it end.
+    c.wait_for_node("node-a", "only the sleeper runs", |s| {
+        s.running == 1 && s.processes == 1
+    })
+    .await;
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}

@@ -579,6 +579,43 @@ mod tests {
         assert_eq!(join_token_in_prefix(&late).as_deref(), Some("t"));
     }
 
+    proptest::proptest! {
+        // A fixed seed: the same cases on every run.
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 512,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(11),
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// Whatever bytes arrive, decoding and validation answer (a value or an error); they
+        /// never panic. Mutations of a valid start_container reach deep into the structs.
+        #[test]
+        fn arbitrary_or_mutated_frames_never_panic(
+            junk in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            flips in proptest::collection::vec((0usize..4096, proptest::num::u8::ANY), 0..8),
+        ) {
+            let check = |bytes: &[u8]| {
+                if let Ok(req) = crate::codec::from_payload::<AppRequest>(bytes) {
+                    let _ = validate_request(&req);
+                }
+                let _ = join_token_in_prefix(bytes);
+            };
+            check(&junk);
+            let mut launch = LaunchSpec {
+                command: "/bin/true".into(),
+                ..LaunchSpec::default()
+            };
+            launch.args = vec!["a".into(), "b".into()];
+            launch.env.insert("K".into(), "V".into());
+            let mut bytes = to_payload(&start(launch, "job")).unwrap();
+            for (at, byte) in flips {
+                let i = at % bytes.len();
+                bytes[i] = byte;
+            }
+            check(&bytes);
+        }
+    }
+
     #[test]
     fn a_node_takes_containers_up_to_its_maximum() {
         assert!(check_node_room(MAX_CONTAINERS_PER_NODE - 1).is_ok());
