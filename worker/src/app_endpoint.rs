@@ -15,7 +15,9 @@ use crate::shared::{
     Settle, Shared,
 };
 use actix::Addr;
-use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
+use scheduler_core::codec::{
+    APP_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame, from_payload,
+};
 use scheduler_core::node::NodeError;
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::app::{
@@ -278,7 +280,8 @@ impl Endpoint {
         };
         // A hello is small: until it is accepted, a frame may be at most HELLO_MAX_FRAME.
         let mut decoder = FrameDecoder::new(HELLO_MAX_FRAME);
-        let mut buf = vec![0u8; 64 * 1024];
+        // Small until the hello is accepted: thousands of idle connections cost little.
+        let mut buf = vec![0u8; HELLO_MAX_FRAME + LENGTH_PREFIX];
         let hello_deadline = tokio::time::Instant::now() + self.limits.hello_timeout;
         'read: loop {
             let read = tokio::select! {
@@ -319,8 +322,9 @@ impl Endpoint {
                         if session.handle_payload(&payload).await.is_break() {
                             break 'read;
                         }
-                        if session.app.is_some() {
+                        if session.app.is_some() && decoder.limit() != APP_MAX_FRAME {
                             decoder.set_limit(APP_MAX_FRAME);
+                            buf.resize(64 * 1024, 0);
                         }
                     }
                     Err(e @ CodecError::Oversized { .. }) => {
