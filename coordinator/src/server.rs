@@ -101,6 +101,12 @@ pub async fn start(
     actix_rt::spawn(async move {
         let mut next_session = 1u64;
         while let Some(incoming) = accept.accept().await {
+            // The source address must be proven (a QUIC retry round trip) before it counts, so
+            // spoofed packets cannot use up another host's per-source allowance.
+            if !incoming.remote_address_validated() {
+                let _ = incoming.retry();
+                continue;
+            }
             // Counted (and capped) from before the handshake until the join is accepted.
             let Some(unjoined) = gate.admit(incoming.remote_address().ip()) else {
                 incoming.refuse();

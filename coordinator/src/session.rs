@@ -371,13 +371,14 @@ fn describe_bad_frame(e: &CodecError, payload: &[u8]) -> String {
     }
 }
 
-const KNOWN_TYPES: [&str; 6] = [
+const KNOWN_TYPES: [&str; 7] = [
     "join",
     "heartbeat",
     "allocate_guaranteed",
     "promote",
     "release",
     "promotion_applied",
+    "cancel_allocate",
 ];
 
 async fn write_frames(
