@@ -241,6 +241,51 @@ pub fn check_node_room(containers: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Container ids a heartbeat reports as started or finished, together. Ids beyond it wait for
+/// the next heartbeats (in order), so a heartbeat after a long outage with heavy churn still fits
+/// the cluster frame.
+pub const MAX_REPORTED_IDS_PER_HEARTBEAT: usize = 2 * MAX_CONTAINERS_PER_NODE;
+
+/// Starts and ends of containers not yet reported to the coordinator, in the order they
+/// happened; each heartbeat takes a bounded prefix ([`ReportLog::take_batch`]). A prefix never
+/// reports a container's end before its start.
+#[derive(Clone, Debug, Default)]
+pub struct ReportLog {
+    events: std::collections::VecDeque<(bool, crate::ContainerId)>,
+}
+
+impl ReportLog {
+    pub fn started(&mut self, id: crate::ContainerId) {
+        self.events.push_back((true, id));
+    }
+
+    pub fn finished(&mut self, id: crate::ContainerId) {
+        self.events.push_back((false, id));
+    }
+
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The oldest `max` events as (started, finished) lists; the rest stay for later.
+    pub fn take_batch(&mut self, max: usize) -> (Vec<crate::ContainerId>, Vec<crate::ContainerId>) {
+        let n = max.min(self.events.len());
+        let (mut started, mut finished) = (Vec::new(), Vec::new());
+        for (is_start, id) in self.events.drain(..n) {
+            if is_start {
+                started.push(id);
+            } else {
+                finished.push(id);
+            }
+        }
+        (started, finished)
+    }
+}
+
 /// Bytes of a cluster frame the coordinator buffers from a connection that has not proved it
 /// holds the join token: a join is small unless it lists the containers of a re-joining
 /// worker, and its `join_token` comes right after `type` and `protocol_version`.
@@ -497,8 +542,8 @@ mod tests {
     fn worst_case_heartbeat_fits_the_cluster_frame() {
         let status = largest_status();
         let status_bytes = to_payload(&status).unwrap().len();
-        // A heartbeat of a full node: every container at its largest, and (generously) as many
-        // started and as many finished ids as the node can hold, with the widest numbers.
+        // A heartbeat of a full node: every container at its largest, and the most started and
+        // finished ids one heartbeat reports, with the widest numbers.
         let hb = Heartbeat {
             node_id: NodeId::from("n".repeat(MAX_LOCALITY_NAME_BYTES).as_str()),
             directory_version: u64::MAX,
@@ -512,8 +557,8 @@ mod tests {
             allocated: Resources::new(u64::MAX, u64::MAX),
             usage: Some(Resources::new(u64::MAX, u64::MAX)),
             containers: vec![status.clone(); MAX_CONTAINERS_PER_NODE],
-            started: vec![ContainerId(u64::MAX); MAX_CONTAINERS_PER_NODE],
-            finished: vec![ContainerId(u64::MAX); MAX_CONTAINERS_PER_NODE],
+            started: vec![ContainerId(u64::MAX); MAX_REPORTED_IDS_PER_HEARTBEAT / 2],
+            finished: vec![ContainerId(u64::MAX); MAX_REPORTED_IDS_PER_HEARTBEAT / 2],
         };
         let hb_bytes = to_payload(&hb).unwrap().len();
         assert!(
@@ -614,6 +659,32 @@ mod tests {
             }
             check(&bytes);
         }
+    }
+
+    #[test]
+    fn started_and_finished_ids_are_reported_in_bounded_ordered_batches() {
+        let mut log = ReportLog::default();
+        for i in 0..5 {
+            log.started(ContainerId(i));
+            log.finished(ContainerId(i));
+        }
+        // 10 events, batches of 4: nothing lost, an end never before its start.
+        let mut seen_started = std::collections::HashSet::new();
+        let mut batches = 0;
+        while !log.is_empty() {
+            let (started, finished) = log.take_batch(4);
+            assert!(started.len() + finished.len() <= 4);
+            seen_started.extend(started.iter().copied());
+            for id in finished {
+                assert!(
+                    seen_started.contains(&id),
+                    "{id:?} ended before it was reported started"
+                );
+            }
+            batches += 1;
+        }
+        assert_eq!(batches, 3);
+        assert_eq!(seen_started.len(), 5);
     }
 
     #[test]
