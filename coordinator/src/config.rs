@@ -32,6 +32,13 @@ pub struct CoordinatorSettings {
     pub tick_interval: Duration,
     /// Seed of the RNG used for top-k tie breaks; drawn from the OS (and logged) if absent.
     pub seed: Option<u64>,
+    /// A connection that has not been answered a `join` by then (handshake, stream and join
+    /// frame included) is closed.
+    pub join_timeout: Duration,
+    /// Connections not joined yet, in all; more are refused before the QUIC handshake.
+    pub max_unjoined_connections: usize,
+    /// Connections not joined yet from one IP address; more are refused before the handshake.
+    pub max_unjoined_per_source: usize,
 }
 
 impl CoordinatorSettings {
@@ -49,6 +56,9 @@ impl CoordinatorSettings {
             key_rotation: Duration::from_secs(3600),
             tick_interval: Duration::from_millis(500),
             seed: None,
+            join_timeout: Duration::from_secs(10),
+            max_unjoined_connections: 256,
+            max_unjoined_per_source: 32,
         }
     }
 
@@ -84,6 +94,15 @@ impl CoordinatorSettings {
         if self.tick_interval.is_zero() {
             return bad("tick_interval_ms", "must be positive");
         }
+        if self.join_timeout.is_zero() {
+            return bad("join_timeout_ms", "must be positive");
+        }
+        if self.max_unjoined_connections == 0 || self.max_unjoined_per_source == 0 {
+            return bad(
+                "max_unjoined_connections",
+                "max_unjoined_connections and max_unjoined_per_source must be at least 1",
+            );
+        }
         if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
         }
@@ -106,6 +125,9 @@ pub struct FileConfig {
     pub key_rotation_ms: Option<u64>,
     pub tick_interval_ms: Option<u64>,
     pub seed: Option<u64>,
+    pub join_timeout_ms: Option<u64>,
+    pub max_unjoined_connections: Option<usize>,
+    pub max_unjoined_per_source: Option<usize>,
 }
 
 impl FileConfig {
@@ -136,6 +158,13 @@ impl FileConfig {
             key_rotation_ms: self.key_rotation_ms.or(lower.key_rotation_ms),
             tick_interval_ms: self.tick_interval_ms.or(lower.tick_interval_ms),
             seed: self.seed.or(lower.seed),
+            join_timeout_ms: self.join_timeout_ms.or(lower.join_timeout_ms),
+            max_unjoined_connections: self
+                .max_unjoined_connections
+                .or(lower.max_unjoined_connections),
+            max_unjoined_per_source: self
+                .max_unjoined_per_source
+                .or(lower.max_unjoined_per_source),
         }
     }
 
@@ -174,6 +203,15 @@ impl FileConfig {
             s.tick_interval = Duration::from_millis(v);
         }
         s.seed = self.seed;
+        if let Some(v) = self.join_timeout_ms {
+            s.join_timeout = Duration::from_millis(v);
+        }
+        if let Some(v) = self.max_unjoined_connections {
+            s.max_unjoined_connections = v;
+        }
+        if let Some(v) = self.max_unjoined_per_source {
+            s.max_unjoined_per_source = v;
+        }
         s.validate()?;
         Ok(s)
     }

@@ -369,8 +369,13 @@ pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitErro
     // Workers keep one long-lived stream; a worker that vanishes is detected by the node
     // timeout, the QUIC idle timeout only reclaims the connection.
     let mut transport = quinn::TransportConfig::default();
-    transport.max_concurrent_bidi_streams(4u32.into());
+    // One stream per worker: a peer cannot make quinn buffer data on streams nobody reads.
+    transport.max_concurrent_bidi_streams(1u32.into());
     transport.max_concurrent_uni_streams(0u32.into());
+    // What a peer may send ahead of the coordinator's reading, per stream and in all (quinn's
+    // connection-wide default is unlimited).
+    transport.stream_receive_window((1u32 << 20).into());
+    transport.receive_window((2u32 << 20).into());
     config.transport_config(Arc::new(transport));
     Ok(config)
 }

@@ -39,7 +39,7 @@ enum Command {
     },
     /// Serve the cluster protocol. Initialises DATA_DIR first if it is empty, then prints
     /// {"event":"listening","quic_addr":"IP:PORT"} on stdout.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Manage registered applications (with the coordinator stopped: the store is locked while
     /// it runs).
     App {
@@ -125,6 +125,15 @@ struct RunArgs {
     /// Seed of the top-k tie-break RNG [default: drawn from the OS and logged].
     #[arg(long, env = "COORDINATOR_SEED")]
     seed: Option<u64>,
+    /// Close a connection not joined within this many ms [default: 10000].
+    #[arg(long, env = "COORDINATOR_JOIN_TIMEOUT_MS")]
+    join_timeout_ms: Option<u64>,
+    /// Most connections not joined yet, in all [default: 256].
+    #[arg(long, env = "COORDINATOR_MAX_UNJOINED_CONNECTIONS")]
+    max_unjoined_connections: Option<usize>,
+    /// Most connections not joined yet from one IP address [default: 32].
+    #[arg(long, env = "COORDINATOR_MAX_UNJOINED_PER_SOURCE")]
+    max_unjoined_per_source: Option<usize>,
 }
 
 impl RunArgs {
@@ -145,6 +154,9 @@ impl RunArgs {
             key_rotation_ms: self.key_rotation_ms,
             tick_interval_ms: self.tick_interval_ms,
             seed: self.seed,
+            join_timeout_ms: self.join_timeout_ms,
+            max_unjoined_connections: self.max_unjoined_connections,
+            max_unjoined_per_source: self.max_unjoined_per_source,
         };
         Ok(flags.or(file).into_settings()?)
     }

@@ -6,7 +6,7 @@ use crate::config::CoordinatorSettings;
 use crate::coordinator_actor::{CoordinatorActor, SetGuarantor};
 use crate::datadir::{self, DataDir, InitError, InitReport};
 use crate::guarantor_actor::GuarantorActor;
-use crate::session::serve_connection;
+use crate::session::{JoinGate, serve_connection};
 use crate::store::{Store, StoreError};
 use actix::prelude::*;
 use std::net::SocketAddr;
@@ -37,6 +37,8 @@ pub struct CoordinatorServer {
     /// What initialisation printed, if this start initialised the data dir.
     pub initialised: Option<InitReport>,
     pub seed: u64,
+    /// Pre-join limits of the QUIC server (tests, diagnostics).
+    pub join_gate: Arc<JoinGate>,
     endpoint: quinn::Endpoint,
 }
 
@@ -73,6 +75,7 @@ pub async fn start(
     let (_, guaranteed_seeds) = datadir::key_state_with_guaranteed_keys(&store)?;
     let signer = scheduler_core::token::GuaranteedSigner::new(&guaranteed_seeds)
         .map_err(|e| StartError::Keys(e.to_string()))?;
+    let join_token_sha256 = store.join_token_sha256()?;
     let token_ttl_ms = settings.token_ttl.as_millis() as u64;
     let coordinator = CoordinatorActor::new(settings.clone(), store.clone(), clock.clone(), seed)?;
     let coordinator = coordinator.start();
@@ -94,10 +97,34 @@ pub async fn start(
     })?;
     let accept = endpoint.clone();
     let coord = coordinator.clone();
+    let gate = JoinGate::new(
+        join_token_sha256,
+        settings.join_timeout,
+        settings.max_unjoined_connections,
+        settings.max_unjoined_per_source,
+    );
+    let join_gate = gate.clone();
     actix_rt::spawn(async move {
         let mut next_session = 1u64;
         while let Some(incoming) = accept.accept().await {
-            actix_rt::spawn(serve_connection(incoming, coord.clone(), next_session));
+            // The source address must be proven (a QUIC retry round trip) before it counts, so
+            // spoofed packets cannot use up another host's per-source allowance.
+            if !incoming.remote_address_validated() {
+                let _ = incoming.retry();
+                continue;
+            }
+            // Counted (and capped) from before the handshake until the join is accepted.
+            let Some(unjoined) = gate.admit(incoming.remote_address().ip()) else {
+                incoming.refuse();
+                continue;
+            };
+            actix_rt::spawn(serve_connection(
+                incoming,
+                coord.clone(),
+                next_session,
+                gate.clone(),
+                unjoined,
+            ));
             next_session += 1;
         }
     });
@@ -108,6 +135,7 @@ pub async fn start(
         guarantor,
         initialised,
         seed,
+        join_gate,
         endpoint,
     })
 }

@@ -9,11 +9,15 @@ use crate::coordinator_actor::{
 };
 use actix::Addr;
 use scheduler_core::codec::{
-    CLUSTER_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload,
+    CLUSTER_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame, from_payload,
 };
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::cluster::{CoordinatorToWorker, JoinRejected, WorkerToCoordinator};
+use scheduler_core::protocol::limits::{JOIN_PREFIX_BYTES, join_token_in_prefix};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -48,24 +52,185 @@ impl CloseCode {
 /// closed anyway (so a `join_rejected` frame is delivered before the close).
 const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
-/// Serve one incoming connection until it ends.
+/// What a connection may cost before its `join` is accepted: a deadline, caps on such
+/// connections in all and per source address, and (with [`JOIN_PREFIX_BYTES`]) how much of a
+/// frame is buffered before the join token in it has been checked.
+pub struct JoinGate {
+    /// SHA-256 (hex) of the join token, as the store keeps it.
+    join_token_sha256: String,
+    timeout: Duration,
+    max_total: usize,
+    max_per_source: usize,
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
+    total: usize,
+    per_source: HashMap<IpAddr, usize>,
+    refused_since_log: u64,
+    last_log: Option<std::time::Instant>,
+}
+
+/// A connection counted as not joined until dropped or [`Unjoined::joined`].
+pub struct Unjoined {
+    gate: Arc<JoinGate>,
+    source: IpAddr,
+    counted: bool,
+}
+
+impl Unjoined {
+    /// The connection joined: it no longer counts against the pre-join caps.
+    pub fn joined(&mut self) {
+        if std::mem::take(&mut self.counted) {
+            let mut st = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.total -= 1;
+            if let Some(n) = st.per_source.get_mut(&self.source) {
+                *n -= 1;
+                if *n == 0 {
+                    st.per_source.remove(&self.source);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Unjoined {
+    fn drop(&mut self) {
+        self.joined();
+    }
+}
+
+impl JoinGate {
+    pub fn new(
+        join_token_sha256: String,
+        timeout: Duration,
+        max_total: usize,
+        max_per_source: usize,
+    ) -> Arc<JoinGate> {
+        Arc::new(JoinGate {
+            join_token_sha256,
+            timeout,
+            max_total,
+            max_per_source,
+            state: Mutex::default(),
+        })
+    }
+
+    /// Count a new connection from `source`, or refuse it (logged at most every 10 s).
+    pub fn admit(self: &Arc<Self>, source: IpAddr) -> Option<Unjoined> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let from_source = st.per_source.get(&source).copied().unwrap_or(0);
+        let refusal = if st.total >= self.max_total {
+            Some(format!(
+                "{} connections are not joined yet, the maximum (max_unjoined_connections)",
+                st.total
+            ))
+        } else if from_source >= self.max_per_source {
+            Some(format!(
+                "{source} has {from_source} connections not joined yet, the maximum (max_unjoined_per_source)"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            st.refused_since_log += 1;
+            let now = std::time::Instant::now();
+            if st
+                .last_log
+                .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
+            {
+                warn!(
+                    "refused {} QUIC connection(s) before the handshake since the last report: {why}",
+                    st.refused_since_log
+                );
+                st.refused_since_log = 0;
+                st.last_log = Some(now);
+            }
+            return None;
+        }
+        st.total += 1;
+        *st.per_source.entry(source).or_default() += 1;
+        Some(Unjoined {
+            gate: self.clone(),
+            source,
+            counted: true,
+        })
+    }
+
+    /// Connections not joined yet (tests, diagnostics).
+    pub fn unjoined(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).total
+    }
+
+    fn token_matches(&self, token: &str) -> bool {
+        // Hashes of equal length, compared in constant time.
+        let offered = crate::store::join_token_hash(token);
+        let (a, b) = (offered.as_bytes(), self.join_token_sha256.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+/// Before the join: is the frame being received acceptable so far? `Ok(true)` once a frame
+/// larger than [`JOIN_PREFIX_BYTES`] has shown the right join token in its first bytes (the
+/// rest may then be read), `Ok(false)` to keep reading, `Err` to reject.
+fn check_join_prefix(gate: &JoinGate, buffered: &[u8]) -> Result<bool, String> {
+    if buffered.len() < LENGTH_PREFIX {
+        return Ok(false);
+    }
+    let announced =
+        u32::from_be_bytes([buffered[0], buffered[1], buffered[2], buffered[3]]) as usize;
+    if announced <= JOIN_PREFIX_BYTES {
+        // Small: it is decoded whole and the coordinator checks it.
+        return Ok(false);
+    }
+    let body = &buffered[LENGTH_PREFIX..];
+    if body.len() < JOIN_PREFIX_BYTES {
+        return Ok(false);
+    }
+    match join_token_in_prefix(&body[..JOIN_PREFIX_BYTES]) {
+        Some(token) if gate.token_matches(&token) => Ok(true),
+        Some(_) => Err("bad join token: it does not match the cluster's join-token".into()),
+        None => Err(format!(
+            "a first frame of {announced} bytes must be a join carrying the join token within its first {JOIN_PREFIX_BYTES} bytes"
+        )),
+    }
+}
+
+/// Serve one incoming connection until it ends. `unjoined` counts it against the pre-join caps
+/// until its join is accepted.
 pub async fn serve_connection(
     incoming: quinn::Incoming,
     coordinator: Addr<CoordinatorActor>,
     session_id: SessionId,
+    gate: Arc<JoinGate>,
+    mut unjoined: Unjoined,
 ) {
-    let connection = match incoming.await {
-        Ok(c) => c,
-        Err(e) => {
+    let deadline = tokio::time::Instant::now() + gate.timeout;
+    let connection = match tokio::time::timeout_at(deadline, incoming).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             debug!("QUIC handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            debug!("QUIC handshake not done within the join timeout");
             return;
         }
     };
     let peer = connection.remote_address();
-    let (send, mut recv) = match connection.accept_bi().await {
-        Ok(s) => s,
-        Err(e) => {
+    let (send, mut recv) = match tokio::time::timeout_at(deadline, connection.accept_bi()).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
             debug!(%peer, "connection ended before opening a stream: {e}");
+            return;
+        }
+        Err(_) => {
+            info!(%peer, "no stream within the join timeout; closing");
+            CloseCode::ProtocolError.close(
+                &connection,
+                &format!("no join within {:?} of connecting", gate.timeout),
+            );
             return;
         }
     };
@@ -74,10 +239,46 @@ pub async fn serve_connection(
     let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
     let mut buf = vec![0u8; 64 * 1024];
     let mut joined: Option<String> = None;
+    // Before the join, a frame over JOIN_PREFIX_BYTES is read on only once its first bytes
+    // carried the join token.
+    let mut token_seen = false;
     let mut close: Option<(CloseCode, String)> = None;
     'read: loop {
-        match recv.read(&mut buf).await {
-            Ok(Some(n)) => decoder.push(&buf[..n]),
+        // Before the join token is known, buffer at most the length prefix + JOIN_PREFIX_BYTES.
+        let room = if joined.is_none() && !token_seen {
+            (LENGTH_PREFIX + JOIN_PREFIX_BYTES)
+                .saturating_sub(decoder.buffered().len())
+                .clamp(1, buf.len())
+        } else {
+            buf.len()
+        };
+        let read = if joined.is_none() {
+            tokio::select! {
+                r = recv.read(&mut buf[..room]) => r,
+                _ = tokio::time::sleep_until(deadline) => {
+                    close = Some((
+                        CloseCode::ProtocolError,
+                        format!("no join within {:?} of connecting", gate.timeout),
+                    ));
+                    break 'read;
+                }
+            }
+        } else {
+            recv.read(&mut buf).await
+        };
+        match read {
+            Ok(Some(n)) => {
+                decoder.push(&buf[..n]);
+                if joined.is_none() && !token_seen {
+                    match check_join_prefix(&gate, decoder.buffered()) {
+                        Ok(seen) => token_seen = seen,
+                        Err(reason) => {
+                            close = Some((CloseCode::ProtocolError, reason));
+                            break 'read;
+                        }
+                    }
+                }
+            }
             Ok(None) => {
                 if let Err(e) = decoder.finish() {
                     warn!(%peer, node = ?joined, "worker stream ended: {e}");
@@ -122,7 +323,8 @@ pub async fn serve_connection(
                     .await;
                 match outcome {
                     Ok(JoinOutcome::Accepted { node_id, .. }) => {
-                        joined = Some(String::from(node_id))
+                        joined = Some(String::from(node_id));
+                        unjoined.joined();
                     }
                     Ok(JoinOutcome::Rejected { reason }) => {
                         info!(%peer, "join rejected: {reason}");
@@ -172,13 +374,14 @@ fn describe_bad_frame(e: &CodecError, payload: &[u8]) -> String {
     }
 }
 
-const KNOWN_TYPES: [&str; 6] = [
+const KNOWN_TYPES: [&str; 7] = [
     "join",
     "heartbeat",
     "allocate_guaranteed",
     "promote",
     "release",
     "promotion_applied",
+    "cancel_allocate",
 ];
 
 async fn write_frames(

@@ -87,6 +87,17 @@ impl FrameDecoder {
         self.limit
     }
 
+    /// Change the cap for the frames not yet returned (e.g. a small cap until a peer has
+    /// authenticated, the normal one after).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
+    /// The bytes received and not yet returned as payloads (a partial frame, its prefix first).
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Append received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);

@@ -180,6 +180,7 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
         ErrorCode::GuaranteedCapacityExceeded,
         ErrorCode::CoordinatorUnavailable,
         ErrorCode::Internal,
+        ErrorCode::TooManyConnections,
     ];
     codes
         .into_iter()
@@ -200,6 +201,7 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
                 ErrorCode::GuaranteedCapacityExceeded => "guaranteed_capacity_exceeded",
                 ErrorCode::CoordinatorUnavailable => "coordinator_unavailable",
                 ErrorCode::Internal => "internal",
+                ErrorCode::TooManyConnections => "too_many_connections",
             };
             (c, name)
         })
@@ -253,6 +255,69 @@ fn error_code_table_matches_the_code() {
             closes,
             yes_no(code.closes_connection()),
             "closes-connection column of `{name}`"
+        );
+    }
+}
+
+/// `1048576` as the document writes numbers: groups of three digits separated by spaces.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[test]
+fn limits_table_lists_every_bound_with_its_value() {
+    use scheduler_core::protocol::app::MAX_CONTAINERS_PER_ALLOCATE;
+    use scheduler_core::protocol::limits::*;
+    let doc = protocol_md();
+    let table = section(&doc, "limits");
+    let bounds: [(&str, u64); 18] = [
+        ("APP_MAX_FRAME", APP_MAX_FRAME as u64),
+        (
+            "MAX_CONTAINERS_PER_ALLOCATE",
+            MAX_CONTAINERS_PER_ALLOCATE.into(),
+        ),
+        ("HELLO_MAX_FRAME", HELLO_MAX_FRAME as u64),
+        ("MAX_APP_ID_BYTES", MAX_APP_ID_BYTES as u64),
+        ("MAX_APP_SECRET_BYTES", MAX_APP_SECRET_BYTES as u64),
+        ("MAX_CLIENT_NAME_BYTES", MAX_CLIENT_NAME_BYTES as u64),
+        ("MAX_JOB_ID_BYTES", MAX_JOB_ID_BYTES as u64),
+        ("MAX_RUNTIME_ESTIMATE_MS", MAX_RUNTIME_ESTIMATE_MS),
+        ("MAX_LOCALITY_NAME_BYTES", MAX_LOCALITY_NAME_BYTES as u64),
+        ("MAX_LOCALITY_NAMES", MAX_LOCALITY_NAMES as u64),
+        ("MAX_PATH_BYTES", MAX_PATH_BYTES as u64),
+        ("MAX_ARGS", MAX_ARGS as u64),
+        ("MAX_ENV_VARS", MAX_ENV_VARS as u64),
+        ("MAX_ENV_NAME_BYTES", MAX_ENV_NAME_BYTES as u64),
+        ("MAX_LAUNCH_BYTES", MAX_LAUNCH_BYTES as u64),
+        ("MAX_SIGNATURE_BYTES", MAX_SIGNATURE_BYTES as u64),
+        ("MAX_CONTAINERS_PER_NODE", MAX_CONTAINERS_PER_NODE as u64),
+        (
+            "MAX_WAITING_GUARANTEED_ASKS_PER_APP",
+            MAX_WAITING_GUARANTEED_ASKS_PER_APP as u64,
+        ),
+    ];
+    for (name, value) in bounds {
+        let marker = format!("(`{name}`)");
+        let rows: Vec<&str> = table.lines().filter(|l| l.contains(&marker)).collect();
+        assert_eq!(
+            rows.len(),
+            1,
+            "docs/protocol.md §10 must have exactly one row set by `{name}`"
+        );
+        let cells: Vec<&str> = rows[0].split('|').map(str::trim).collect();
+        let want = grouped(value);
+        assert!(
+            cells.get(2).is_some_and(|v| v.contains(&want)),
+            "§10 row of `{name}` should give its value {want}: {}",
+            rows[0]
         );
     }
 }

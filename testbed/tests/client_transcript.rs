@@ -322,6 +322,7 @@ fn the_doc_error_table_matches_the_error_codes() {
         PromotionRefused,
         CoordinatorUnavailable,
         Internal,
+        TooManyConnections,
     ];
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     for code in all {

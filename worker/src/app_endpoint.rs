@@ -5,21 +5,32 @@
 //! is disconnected where the protocol says so); nothing it sends affects other connections or
 //! running containers.
 
+use crate::config::AppLimits;
 use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};
 use crate::scheduler_actor::{
     AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, SchedulerActor,
 };
-use crate::shared::{AuthError, ConnTx, Settle, Shared};
+use crate::shared::{
+    AuthError, ConnState, ConnTx, GRANT_ANSWER_BYTES, InFlight, OTHER_ANSWER_BYTES, OutboundLimits,
+    Settle, Shared,
+};
 use actix::Addr;
-use scheduler_core::codec::{APP_MAX_FRAME, CodecError, FrameDecoder, encode_frame, from_payload};
+use scheduler_core::codec::{
+    APP_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame, from_payload,
+};
 use scheduler_core::node::NodeError;
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::app::{
-    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame,
-    MAX_CONTAINERS_PER_ALLOCATE, Welcome,
+    APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame, Welcome,
 };
+use scheduler_core::protocol::limits::{HELLO_MAX_FRAME, validate_request};
 use scheduler_core::{AppId, NodeId};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
@@ -49,21 +60,152 @@ pub struct Endpoint {
     pub shared: Rc<Shared>,
     pub scheduler: Addr<SchedulerActor>,
     pub node: Addr<NodeActor>,
+    pub limits: AppLimits,
+    pub connections: Rc<ConnectionCount>,
+    pub refuse_log: Rc<RefuseLog>,
+}
+
+/// Open application connections, in all and per source address (TCP peers' IP; Unix-socket
+/// peers count in all only).
+#[derive(Default)]
+pub struct ConnectionCount {
+    total: Cell<usize>,
+    per_source: RefCell<HashMap<IpAddr, usize>>,
+}
+
+/// One admitted connection; releases its count when dropped.
+pub struct Admitted {
+    count: Rc<ConnectionCount>,
+    source: Option<IpAddr>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.count.total.set(self.count.total.get() - 1);
+        if let Some(ip) = self.source {
+            let mut map = self.count.per_source.borrow_mut();
+            if let Some(n) = map.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionCount {
+    /// Admit a connection from `source` under `limits`, or say which cap it hits.
+    pub fn admit(
+        self: &Rc<Self>,
+        source: Option<IpAddr>,
+        limits: &AppLimits,
+    ) -> Result<Admitted, String> {
+        if self.total.get() >= limits.max_connections {
+            return Err(format!(
+                "this worker serves its maximum of {} application connections; retry later",
+                limits.max_connections
+            ));
+        }
+        if let Some(ip) = source {
+            let mut map = self.per_source.borrow_mut();
+            let n = map.entry(ip).or_default();
+            if *n >= limits.max_connections_per_source {
+                return Err(format!(
+                    "{ip} already has the maximum of {} application connections to this worker; retry later",
+                    limits.max_connections_per_source
+                ));
+            }
+            *n += 1;
+        }
+        self.total.set(self.total.get() + 1);
+        Ok(Admitted {
+            count: self.clone(),
+            source,
+        })
+    }
+
+    pub fn total(&self) -> usize {
+        self.total.get()
+    }
+}
+
+/// Accept-loop failures (EMFILE, ENFILE, ENOMEM, ...) are retried with a backoff, and logged
+/// at most once per `LOG_EVERY` with a count of what was not logged.
+struct AcceptBackoff {
+    delay: Duration,
+    failures_since_log: u64,
+    last_log: Option<std::time::Instant>,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_secs(1);
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+
+    fn new() -> AcceptBackoff {
+        AcceptBackoff {
+            delay: Duration::ZERO,
+            failures_since_log: 0,
+            last_log: None,
+        }
+    }
+
+    /// An accept succeeded: the next failure starts from the first delay again.
+    fn succeeded(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+
+    /// An accept failed: log (rate-limited) and return how long to wait before the next.
+    fn failed(&mut self, e: &std::io::Error, what: &str) -> Duration {
+        self.failures_since_log += 1;
+        let now = std::time::Instant::now();
+        if self
+            .last_log
+            .is_none_or(|at| now.duration_since(at) >= Self::LOG_EVERY)
+        {
+            let out_of_fds = matches!(e.raw_os_error(), Some(24) | Some(23));
+            tracing::warn!(
+                "accepting {what} failed {} time(s) since the last report: {e}{}; retrying with backoff (up to {:?})",
+                self.failures_since_log,
+                if out_of_fds {
+                    " (out of file descriptors: raise `ulimit -n` or lower the connection caps)"
+                } else {
+                    ""
+                },
+                Self::MAX
+            );
+            self.failures_since_log = 0;
+            self.last_log = Some(now);
+        }
+        self.delay = (self.delay * 2).clamp(Self::FIRST, Self::MAX);
+        self.delay
+    }
 }
 
 impl Endpoint {
     /// Accept TCP connections forever.
     pub async fn serve_tcp(self, listener: tokio::net::TcpListener) {
+        let mut backoff = AcceptBackoff::new();
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    backoff.succeeded();
                     let _ = stream.set_nodelay(true);
                     debug!(%peer, "app connection");
-                    actix_rt::spawn(self.clone().serve(stream));
+                    match self.connections.admit(Some(peer.ip()), &self.limits) {
+                        Ok(admitted) => {
+                            actix_rt::spawn(self.clone().serve(stream, admitted));
+                        }
+                        Err(why) => {
+                            self.refuse_log.refused(&why);
+                            actix_rt::spawn(refuse(stream, why));
+                        }
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!("accepting an app connection failed: {e}");
-                    tokio::task::yield_now().await;
+                    let wait = backoff.failed(&e, "an app connection (TCP)");
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -71,14 +213,24 @@ impl Endpoint {
 
     /// Accept Unix-socket connections forever.
     pub async fn serve_unix(self, listener: tokio::net::UnixListener) {
+        let mut backoff = AcceptBackoff::new();
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
-                    actix_rt::spawn(self.clone().serve(stream));
+                    backoff.succeeded();
+                    match self.connections.admit(None, &self.limits) {
+                        Ok(admitted) => {
+                            actix_rt::spawn(self.clone().serve(stream, admitted));
+                        }
+                        Err(why) => {
+                            self.refuse_log.refused(&why);
+                            actix_rt::spawn(refuse(stream, why));
+                        }
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!("accepting an app connection failed: {e}");
-                    tokio::task::yield_now().await;
+                    let wait = backoff.failed(&e, "an app connection (Unix socket)");
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -94,22 +246,58 @@ impl Endpoint {
     }
 
     /// Serve one connection until it ends.
-    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(self, stream: S) {
+    pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(
+        self,
+        stream: S,
+        admitted: Admitted,
+    ) {
         let (mut reader, writer) = tokio::io::split(stream);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (close_tx, close_rx) = tokio::sync::oneshot::channel();
-        let writer_task = actix_rt::spawn(write_frames(writer, rx, close_rx));
         let conn = self.shared.new_connection_id();
+        let state = ConnState::new(
+            conn,
+            OutboundLimits {
+                max_in_flight: self.limits.max_in_flight,
+                pause_queued_bytes: self.limits.pause_queued_bytes,
+                max_queued_bytes: self.limits.max_queued_bytes,
+            },
+        );
+        self.shared.register_connection(state.clone());
+        let (tx, rx) = ConnTx::new(state.clone());
+        let (close_tx, close_rx) = tokio::sync::oneshot::channel();
+        let writer_task = actix_rt::spawn(write_frames(
+            writer,
+            rx,
+            close_rx,
+            state.clone(),
+            self.limits.write_stall_timeout,
+        ));
         let mut session = Session {
             ep: &self,
             tx: tx.clone(),
             app: None,
             conn,
+            state: state.clone(),
         };
-        let mut decoder = FrameDecoder::new(APP_MAX_FRAME);
-        let mut buf = vec![0u8; 64 * 1024];
+        // A hello is small: until it is accepted, a frame may be at most HELLO_MAX_FRAME.
+        let mut decoder = FrameDecoder::new(HELLO_MAX_FRAME);
+        // Small until the hello is accepted: thousands of idle connections cost little.
+        let mut buf = vec![0u8; HELLO_MAX_FRAME + LENGTH_PREFIX];
+        let hello_deadline = tokio::time::Instant::now() + self.limits.hello_timeout;
         'read: loop {
-            match reader.read(&mut buf).await {
+            let read = tokio::select! {
+                r = reader.read(&mut buf) => r,
+                _ = state.wait_for_closing() => break 'read,
+                _ = tokio::time::sleep_until(hello_deadline), if session.app.is_none() => {
+                    info!(conn, "app connection sent no hello within {:?}; closing", self.limits.hello_timeout);
+                    session.send_error(
+                        None,
+                        ErrorCode::HelloRequired,
+                        format!("no hello within {:?} of connecting", self.limits.hello_timeout),
+                    );
+                    break 'read;
+                }
+            };
+            match read {
                 Ok(0) => {
                     if let Err(e) = decoder.finish() {
                         info!(conn, "app connection ended mid-frame: {e}");
@@ -126,13 +314,27 @@ impl Endpoint {
                 match decoder.next_payload() {
                     Ok(None) => break,
                     Ok(Some(payload)) => {
+                        // Backpressure: no more than `max_in_flight` requests at the actors and
+                        // no more answers queued than `pause_queued_bytes` before reading on.
+                        if !state.has_room() && !state.wait_for_room().await {
+                            break 'read;
+                        }
                         if session.handle_payload(&payload).await.is_break() {
                             break 'read;
+                        }
+                        if session.app.is_some() && decoder.limit() != APP_MAX_FRAME {
+                            decoder.set_limit(APP_MAX_FRAME);
+                            buf.resize(64 * 1024, 0);
                         }
                     }
                     Err(e @ CodecError::Oversized { .. }) => {
                         self.settle().await;
-                        session.send_error(None, ErrorCode::FrameTooLarge, e.to_string());
+                        let message = if session.app.is_none() {
+                            format!("{e} before the hello is accepted (a hello is small)")
+                        } else {
+                            e.to_string()
+                        };
+                        session.send_error(None, ErrorCode::FrameTooLarge, message);
                         break 'read;
                     }
                     Err(e) => {
@@ -154,11 +356,58 @@ impl Endpoint {
             .await;
         drop(session);
         drop(tx);
-        // Actors may still hold this connection's sender (a pending GUARANTEED ask): close the
-        // writer explicitly once what is queued now has been sent.
-        let _ = close_tx.send(());
+        if state.is_closing() {
+            // The client does not read: nothing more can be delivered.
+            writer_task.abort();
+        } else {
+            // Actors may still hold this connection's sender (a pending GUARANTEED ask): close
+            // the writer explicitly once what is queued now has been sent.
+            let _ = close_tx.send(());
+        }
         let _ = writer_task.await;
+        self.shared.unregister_connection(conn);
+        drop(admitted);
     }
+}
+
+/// Refusals of connections over a cap, logged at most once per 10 s with a count.
+#[derive(Default)]
+pub struct RefuseLog {
+    since_log: Cell<u64>,
+    last_log: Cell<Option<std::time::Instant>>,
+}
+
+impl RefuseLog {
+    fn refused(&self, why: &str) {
+        self.since_log.set(self.since_log.get() + 1);
+        let now = std::time::Instant::now();
+        if self
+            .last_log
+            .get()
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
+        {
+            tracing::warn!(
+                "refused {} app connection(s) since the last report: {why}",
+                self.since_log.get()
+            );
+            self.since_log.set(0);
+            self.last_log.set(Some(now));
+        }
+    }
+}
+
+/// Tell a connection over a cap why, without reading from it, and close it. The write is one
+/// small frame into an empty socket buffer; it is not waited for longer than a second.
+async fn refuse<S: AsyncWrite + Unpin>(mut stream: S, why: String) {
+    let frame = encode_answer(
+        &AppResponse::Error(ErrorFrame::new(None, ErrorCode::TooManyConnections, why)),
+        HELLO_MAX_FRAME,
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(&frame).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 struct Session<'a> {
@@ -166,6 +415,7 @@ struct Session<'a> {
     tx: ConnTx,
     app: Option<AppId>,
     conn: u64,
+    state: Arc<ConnState>,
 }
 
 use std::ops::ControlFlow;
@@ -244,6 +494,24 @@ impl Session<'_> {
                 };
             }
         };
+        // Every field's size bound (docs/protocol.md §10), before anything is stored or sent on.
+        if let Err(refusal) = validate_request(&request) {
+            let before_hello = self.app.is_none();
+            if before_hello && !matches!(request, AppRequest::Hello(_)) {
+                self.send_error(
+                    request.request_id(),
+                    ErrorCode::HelloRequired,
+                    "the first frame must be a hello",
+                );
+                return ControlFlow::Break(());
+            }
+            self.send(AppResponse::Error(refusal));
+            return if before_hello {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            };
+        }
         let Some(app) = self.app.clone() else {
             let AppRequest::Hello(hello) = request else {
                 self.send_error(
@@ -305,21 +573,13 @@ impl Session<'_> {
                     "hello was already accepted on this connection",
                 );
             }
-            AppRequest::Allocate(req) if req.count > MAX_CONTAINERS_PER_ALLOCATE => {
-                self.send(error(
-                    req.request_id,
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "count {} is above the limit of {MAX_CONTAINERS_PER_ALLOCATE} containers per allocate (its answer must fit one frame); split the ask",
-                        req.count
-                    ),
-                ));
-            }
             AppRequest::Allocate(req) => {
+                let answer_bytes = OTHER_ANSWER_BYTES + req.count as usize * GRANT_ANSWER_BYTES;
                 self.ep.scheduler.do_send(AllocateMsg {
                     app,
                     req,
                     reply: self.tx.clone(),
+                    in_flight: InFlight::new(&self.state, answer_bytes),
                 });
             }
             AppRequest::Promote(req) => {
@@ -337,6 +597,7 @@ impl Session<'_> {
                     req,
                     reply: self.tx.clone(),
                     local_status,
+                    in_flight: InFlight::new(&self.state, OTHER_ANSWER_BYTES),
                 });
             }
             AppRequest::StartContainer(req) => {
@@ -344,6 +605,7 @@ impl Session<'_> {
                     app,
                     req,
                     reply: self.tx.clone(),
+                    in_flight: InFlight::new(&self.state, OTHER_ANSWER_BYTES),
                 });
             }
             AppRequest::Release(req) => {
@@ -363,6 +625,7 @@ impl Session<'_> {
                         app,
                         req,
                         reply: self.tx.clone(),
+                        in_flight: InFlight::new(&self.state, OTHER_ANSWER_BYTES),
                     }),
                     Ok(Err(e)) => self.send(error(
                         req.request_id,
@@ -412,7 +675,7 @@ impl Session<'_> {
 /// One answer as a frame. An answer that cannot be sent (over the frame cap, e.g. an `allocated`
 /// with thousands of grants) becomes an `internal` error frame for the same request: the app is
 /// told, never left waiting for an answer that was silently dropped.
-fn encode_answer(msg: &AppResponse, limit: usize) -> Vec<u8> {
+pub fn encode_answer(msg: &AppResponse, limit: usize) -> Vec<u8> {
     match encode_frame(msg, limit) {
         Ok(frame) => frame,
         Err(e) => {
@@ -429,8 +692,10 @@ fn encode_answer(msg: &AppResponse, limit: usize) -> Vec<u8> {
 
 async fn write_frames<W: AsyncWrite + Unpin>(
     mut writer: W,
-    mut rx: mpsc::UnboundedReceiver<AppResponse>,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
     mut close: tokio::sync::oneshot::Receiver<()>,
+    state: Arc<ConnState>,
+    stall_timeout: Duration,
 ) {
     let mut out = Vec::with_capacity(4096);
     let mut closing = false;
@@ -443,15 +708,36 @@ async fn write_frames<W: AsyncWrite + Unpin>(
             }
         };
         let Some(first) = first else { break };
-        out.clear();
         // Batch whatever is already queued into one write.
-        let mut next = Some(first);
-        while let Some(msg) = next {
-            out.extend_from_slice(&encode_answer(&msg, APP_MAX_FRAME));
-            next = rx.try_recv().ok();
+        out.clear();
+        out.extend_from_slice(&first);
+        // (When closing, everything: the loop ends after this write.)
+        while closing || out.len() < 256 * 1024 {
+            let Ok(next) = rx.try_recv() else { break };
+            out.extend_from_slice(&next);
         }
-        if writer.write_all(&out).await.is_err() || writer.flush().await.is_err() {
-            return;
+        match tokio::time::timeout(stall_timeout, async {
+            writer.write_all(&out).await?;
+            writer.flush().await
+        })
+        .await
+        {
+            Ok(Ok(())) => state.written(out.len()),
+            Ok(Err(e)) => {
+                debug!(conn = state.conn, "app connection write error: {e}");
+                state.close();
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    conn = state.conn,
+                    "closing app connection {}: the client has not read its answers for {stall_timeout:?} ({} bytes waiting)",
+                    state.conn,
+                    state.queued_bytes()
+                );
+                state.close();
+                return;
+            }
         }
     }
     let _ = writer.shutdown().await;

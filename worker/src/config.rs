@@ -3,9 +3,11 @@
 
 use crate::exec::user::{RunAs, resolve_container_user};
 use anyhow::{Context, bail};
+use scheduler_core::protocol::limits::MAX_CONTAINERS_PER_NODE;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// `worker run` flags. Every field is optional here so the TOML file can supply it.
 #[derive(Debug, Default, Clone, clap::Args, Deserialize)]
@@ -75,6 +77,24 @@ pub struct RunArgs {
     /// Bound on queued QUEUEABLE containers [default: 10000].
     #[arg(long, env = "WORKER_MAX_QUEUE_LENGTH")]
     pub max_queue_length: Option<usize>,
+    /// Close an app connection that sends no hello within this many ms [default: 10000].
+    #[arg(long, env = "WORKER_APP_HELLO_TIMEOUT_MS")]
+    pub app_hello_timeout_ms: Option<u64>,
+    /// Most application connections served at once [default: 4096].
+    #[arg(long, env = "WORKER_MAX_APP_CONNECTIONS")]
+    pub max_app_connections: Option<usize>,
+    /// Most application connections from one IP address at once [default: 1024].
+    #[arg(long, env = "WORKER_MAX_APP_CONNECTIONS_PER_SOURCE")]
+    pub max_app_connections_per_source: Option<usize>,
+    /// Requests of one connection handed to the scheduler and node before it is read on [default: 128].
+    #[arg(long, env = "WORKER_APP_MAX_IN_FLIGHT")]
+    pub app_max_in_flight: Option<usize>,
+    /// Bytes of answers and events queued for one connection above which it is closed [default: 16777216].
+    #[arg(long, env = "WORKER_APP_MAX_QUEUED_BYTES")]
+    pub app_max_queued_bytes: Option<usize>,
+    /// Close a connection whose client has not read its answers for this many ms [default: 30000].
+    #[arg(long, env = "WORKER_APP_WRITE_STALL_TIMEOUT_MS")]
+    pub app_write_stall_timeout_ms: Option<u64>,
     /// Seed of the placement RNG [default: drawn from the OS and logged].
     #[arg(long, env = "WORKER_SEED")]
     pub seed: Option<u64>,
@@ -109,6 +129,41 @@ pub struct WorkerConfig {
     pub fifo_queue: bool,
     pub max_queue_length: usize,
     pub seed: Option<u64>,
+    pub app_limits: AppLimits,
+}
+
+/// Bounds on application connections (docs/protocol.md §10, docs/reliability.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppLimits {
+    /// A connection that has not sent its hello by then gets `hello_required` and is closed.
+    pub hello_timeout: Duration,
+    /// Connections served at once; more get `too_many_connections` and are closed.
+    pub max_connections: usize,
+    /// Connections from one IP address at once (TCP; the Unix socket counts in the total only).
+    pub max_connections_per_source: usize,
+    /// Requests of one connection at the actors at once: the connection is not read further
+    /// until one is handled.
+    pub max_in_flight: usize,
+    /// Queued answer/event bytes above which the connection is not read further.
+    pub pause_queued_bytes: usize,
+    /// Queued answer/event bytes above which the connection is closed (the client does not read).
+    pub max_queued_bytes: usize,
+    /// A write the client does not take within this long closes the connection.
+    pub write_stall_timeout: Duration,
+}
+
+impl Default for AppLimits {
+    fn default() -> Self {
+        AppLimits {
+            hello_timeout: Duration::from_secs(10),
+            max_connections: 4096,
+            max_connections_per_source: 1024,
+            max_in_flight: 128,
+            pause_queued_bytes: 1 << 20,
+            max_queued_bytes: 16 << 20,
+            write_stall_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 macro_rules! merge {
@@ -146,6 +201,12 @@ impl RunArgs {
                 default_runtime_estimate_ms,
                 fifo_queue,
                 max_queue_length,
+                app_hello_timeout_ms,
+                max_app_connections,
+                max_app_connections_per_source,
+                app_max_in_flight,
+                app_max_queued_bytes,
+                app_write_stall_timeout_ms,
                 seed
             );
         }
@@ -189,6 +250,49 @@ impl RunArgs {
         let state_dir = self
             .state_dir
             .unwrap_or_else(|| default_state_dir(&node_id));
+        let max_queue_length = self.max_queue_length.unwrap_or(10_000);
+        if max_queue_length > MAX_CONTAINERS_PER_NODE {
+            bail!(
+                "--max-queue-length {max_queue_length} is above the most containers a node may hold ({MAX_CONTAINERS_PER_NODE})"
+            );
+        }
+        let defaults = AppLimits::default();
+        let app_limits = AppLimits {
+            hello_timeout: self
+                .app_hello_timeout_ms
+                .map_or(defaults.hello_timeout, Duration::from_millis),
+            max_connections: self.max_app_connections.unwrap_or(defaults.max_connections),
+            max_connections_per_source: self
+                .max_app_connections_per_source
+                .unwrap_or(defaults.max_connections_per_source),
+            max_in_flight: self.app_max_in_flight.unwrap_or(defaults.max_in_flight),
+            pause_queued_bytes: defaults.pause_queued_bytes,
+            max_queued_bytes: self
+                .app_max_queued_bytes
+                .unwrap_or(defaults.max_queued_bytes),
+            write_stall_timeout: self
+                .app_write_stall_timeout_ms
+                .map_or(defaults.write_stall_timeout, Duration::from_millis),
+        };
+        if app_limits.max_connections == 0
+            || app_limits.max_connections_per_source == 0
+            || app_limits.max_in_flight == 0
+            || app_limits.hello_timeout.is_zero()
+            || app_limits.write_stall_timeout.is_zero()
+        {
+            bail!("app connection limits and timeouts must be positive: {app_limits:?}");
+        }
+        // An answer is at most one frame: the queue must hold at least a few.
+        let min_queued = 4 * scheduler_core::codec::APP_MAX_FRAME;
+        if app_limits.max_queued_bytes < min_queued {
+            bail!("--app-max-queued-bytes must be at least {min_queued} (four frames)");
+        }
+        let app_limits = AppLimits {
+            pause_queued_bytes: app_limits
+                .pause_queued_bytes
+                .min(app_limits.max_queued_bytes / 4),
+            ..app_limits
+        };
         Ok(WorkerConfig {
             coordinator,
             ca_cert,
@@ -209,8 +313,9 @@ impl RunArgs {
             state_dir,
             default_runtime_estimate_ms: self.default_runtime_estimate_ms.unwrap_or(10_000),
             fifo_queue: self.fifo_queue.unwrap_or(false),
-            max_queue_length: self.max_queue_length.unwrap_or(10_000),
+            max_queue_length,
             seed: self.seed,
+            app_limits,
         })
     }
 }

@@ -30,6 +30,8 @@ pub struct WorkerHandle {
     pub app_endpoint: String,
     pub node: Addr<node_actor::NodeActor>,
     pub scheduler: Addr<scheduler_actor::SchedulerActor>,
+    /// State shared by the actors and connection tasks (tests, diagnostics).
+    pub shared: std::rc::Rc<shared::Shared>,
 }
 
 impl WorkerHandle {
@@ -139,6 +141,9 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         shared: shared.clone(),
         scheduler: scheduler.clone(),
         node: node.clone(),
+        limits: config.app_limits,
+        connections: Default::default(),
+        refuse_log: Default::default(),
     };
     actix_rt::spawn(endpoint.clone().serve_tcp(listener));
     if let Some(unix) = unix {
@@ -157,7 +162,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
     let link = link::Link {
         identity,
         client,
-        shared,
+        shared: shared.clone(),
         scheduler: scheduler.clone(),
         node: node.clone(),
         outbox: link_rx,
@@ -174,6 +179,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         app_endpoint,
         node,
         scheduler,
+        shared,
     })
 }
 

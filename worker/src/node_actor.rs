@@ -4,7 +4,7 @@
 //! process tree, tell subscribed applications).
 
 use crate::exec::{self, ContainerLimits, ContainerProcess, Executor, ExitOutcome};
-use crate::shared::{ConnTx, Settle, Shared, wall_now};
+use crate::shared::{ConnTx, InFlight, Settle, Shared, wall_now};
 use actix::prelude::*;
 use scheduler_core::node::{ContainerSpec, NodeError, NodeEvent, NodeRuntime, Placement};
 use scheduler_core::protocol::app::{
@@ -13,6 +13,9 @@ use scheduler_core::protocol::app::{
 };
 use scheduler_core::protocol::cluster::{
     ApplyPromotion, Heartbeat, PromotionApplied, WorkerToCoordinator,
+};
+use scheduler_core::protocol::limits::{
+    MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
 };
 use scheduler_core::token::{KeyRing, PublicKeyRing, TokenVerifier};
 use scheduler_core::{AppId, ContainerId, JobId, KillReason, NodeId, Resources, Time};
@@ -40,8 +43,8 @@ pub struct NodeActor {
     owners: HashMap<ContainerId, AppId>,
     processes: HashMap<ContainerId, mpsc::UnboundedSender<ProcCmd>>,
     usage: HashMap<ContainerId, exec::UsageSample>,
-    started_since: Vec<ContainerId>,
-    finished_since: Vec<ContainerId>,
+    /// Starts and ends not yet reported; each heartbeat reports a bounded prefix.
+    reports: ReportLog,
     heartbeat: Option<(SpawnHandle, Duration)>,
 }
 
@@ -64,8 +67,7 @@ impl NodeActor {
             owners: HashMap::new(),
             processes: HashMap::new(),
             usage: HashMap::new(),
-            started_since: Vec::new(),
-            finished_since: Vec::new(),
+            reports: ReportLog::default(),
             heartbeat: None,
         }
     }
@@ -108,13 +110,13 @@ impl NodeActor {
                         let _ = tx.send(ProcCmd::Kill);
                     }
                     self.launch_specs.remove(&id);
-                    self.finished_since.push(id);
+                    self.reports.finished(id);
                     info!(container = %id, %reason, "container killed: {message}");
                     self.event(id, ContainerEventKind::Killed { reason, message });
                     self.owners.remove(&id);
                 }
                 NodeEvent::Finished { id, exit_code } => {
-                    self.finished_since.push(id);
+                    self.reports.finished(id);
                     self.event(id, ContainerEventKind::Completed { exit_code });
                     self.owners.remove(&id);
                 }
@@ -155,6 +157,7 @@ impl NodeActor {
                 acc.saturating_add(&Resources::new(s.cpu_millis, s.memory_mib))
             }))
         };
+        let (started, finished) = self.reports.take_batch(MAX_REPORTED_IDS_PER_HEARTBEAT);
         let hb = Heartbeat {
             node_id: self.node_id.clone(),
             directory_version: self.shared.directory_version.get(),
@@ -164,8 +167,8 @@ impl NodeActor {
             allocated: self.node.allocated(),
             usage,
             containers: self.node.statuses(),
-            started: std::mem::take(&mut self.started_since),
-            finished: std::mem::take(&mut self.finished_since),
+            started,
+            finished,
         };
         let _ = self.link.send(WorkerToCoordinator::Heartbeat(hb));
     }
@@ -214,6 +217,17 @@ impl NodeActor {
                 format!("start_container refused: container {id} is already on this node"),
             );
         }
+        // Bounded so a heartbeat listing every container fits the cluster frame.
+        let held = self.node.running_count()
+            + self.node.queued_count()
+            + self.node.waiting_guaranteed_count();
+        if let Err(message) = check_node_room(held) {
+            return error(
+                req.request_id,
+                ErrorCode::QuotaExceeded,
+                format!("start_container refused: {message}"),
+            );
+        }
         self.launch_specs.insert(id, launch);
         self.owners.insert(id, app.clone());
         match self.node.submit(now, spec) {
@@ -222,7 +236,7 @@ impl NodeActor {
                 let _ = self
                     .verifier
                     .check_and_consume(token, &app, now.as_millis());
-                self.started_since.push(id);
+                self.reports.started(id);
                 let state = match self.node.placement(id) {
                     Some(Placement::Running) => AcceptedState::Running,
                     _ => AcceptedState::Queued,
@@ -392,6 +406,8 @@ pub struct StartMsg {
     pub app: AppId,
     pub req: StartContainer,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
 }
 
 impl Handler<StartMsg> for NodeActor {

@@ -4,7 +4,7 @@
 //! keeps quota counts from the coordinator's notices and tells apps about lost containers.
 
 use crate::node_actor::error;
-use crate::shared::{ConnTx, Settle, Shared, wall_now};
+use crate::shared::{ConnTx, InFlight, Settle, Shared, wall_now};
 use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -22,8 +22,10 @@ use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, CancelAllocate, CoordinatorToWorker, PromoteContainer,
     ReleaseContainer, WorkerToCoordinator,
 };
+use scheduler_core::protocol::limits::MAX_WAITING_GUARANTEED_ASKS_PER_APP;
 use scheduler_core::token::KeyRing;
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use tokio::sync::mpsc;
@@ -39,6 +41,40 @@ struct Pending {
     unknown_is_success: bool,
     /// A GUARANTEED ask: cancelled at the coordinator if its connection closes while it waits.
     guaranteed_ask: bool,
+    /// Counts the ask in its app's waiting GUARANTEED asks on this worker until dropped.
+    _waiting: Option<WaitingAsk>,
+}
+
+/// GUARANTEED asks waiting at the coordinator, per app (bounded by
+/// [`MAX_WAITING_GUARANTEED_ASKS_PER_APP`]).
+type WaitingCounts = Rc<RefCell<HashMap<AppId, usize>>>;
+
+/// One waiting GUARANTEED ask of an app; uncounted when its [`Pending`] goes, however it goes.
+struct WaitingAsk {
+    counts: WaitingCounts,
+    app: AppId,
+}
+
+impl WaitingAsk {
+    fn new(counts: &WaitingCounts, app: &AppId) -> WaitingAsk {
+        *counts.borrow_mut().entry(app.clone()).or_default() += 1;
+        WaitingAsk {
+            counts: counts.clone(),
+            app: app.clone(),
+        }
+    }
+}
+
+impl Drop for WaitingAsk {
+    fn drop(&mut self) {
+        let mut counts = self.counts.borrow_mut();
+        if let Some(n) = counts.get_mut(&self.app) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.app);
+            }
+        }
+    }
 }
 
 pub struct SchedulerActor {
@@ -53,6 +89,7 @@ pub struct SchedulerActor {
     /// rules applied to them (lost with their node, a release racing a start): sans-IO in
     /// `scheduler_core::issued`.
     issued: IssuedContainers,
+    waiting_guaranteed: WaitingCounts,
 }
 
 impl SchedulerActor {
@@ -70,6 +107,7 @@ impl SchedulerActor {
             next_correlation: 1,
             pending: HashMap::new(),
             issued: IssuedContainers::default(),
+            waiting_guaranteed: WaitingCounts::default(),
         }
     }
 
@@ -125,6 +163,7 @@ impl SchedulerActor {
                 reply,
                 unknown_is_success,
                 guaranteed_ask: false,
+                _waiting: None,
             },
         );
         let _ = self.link.send(make(correlation_id));
@@ -247,12 +286,16 @@ pub struct AllocateMsg {
     pub app: AppId,
     pub req: Allocate,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
 }
 
 impl Handler<AllocateMsg> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: AllocateMsg, _: &mut Context<Self>) {
-        let AllocateMsg { app, req, reply } = msg;
+        let AllocateMsg {
+            app, req, reply, ..
+        } = msg;
         match req.container_type {
             ContainerType::Queueable => {
                 let answer = self.allocate_queueable(app, &req);
@@ -267,8 +310,25 @@ impl Handler<AllocateMsg> for SchedulerActor {
                     ));
                     return;
                 }
+                let waiting = self
+                    .waiting_guaranteed
+                    .borrow()
+                    .get(&app)
+                    .copied()
+                    .unwrap_or(0);
+                if waiting >= MAX_WAITING_GUARANTEED_ASKS_PER_APP {
+                    let _ = reply.send(error(
+                        req.request_id,
+                        ErrorCode::QuotaExceeded,
+                        format!(
+                            "app {app} has {waiting} GUARANTEED asks waiting for capacity on this worker, the limit; retry when some are granted"
+                        ),
+                    ));
+                    return;
+                }
                 let request_id = req.request_id;
                 let app_id = app.to_string();
+                let counted = app.clone();
                 let correlation_id = self.next_correlation;
                 self.forward(app, request_id, reply, move |correlation_id| {
                     WorkerToCoordinator::AllocateGuaranteed(AllocateGuaranteed {
@@ -279,6 +339,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                 });
                 if let Some(p) = self.pending.get_mut(&correlation_id) {
                     p.guaranteed_ask = true;
+                    p._waiting = Some(WaitingAsk::new(&self.waiting_guaranteed, &counted));
                 }
             }
         }
@@ -297,6 +358,8 @@ pub struct PromoteMsg {
     pub app: AppId,
     pub req: Promote,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
     /// The container's status on this node, if it is here (see [`PromoteContainer::local_status`]).
     pub local_status: Option<ContainerStatus>,
 }
@@ -309,6 +372,7 @@ impl Handler<PromoteMsg> for SchedulerActor {
             req,
             reply,
             local_status,
+            ..
         } = msg;
         let app_id = app.to_string();
         self.forward(app, req.request_id, reply, move |correlation_id| {
@@ -329,12 +393,16 @@ pub struct ReleaseRemote {
     pub app: AppId,
     pub req: Release,
     pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
 }
 
 impl Handler<ReleaseRemote> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: ReleaseRemote, _: &mut Context<Self>) {
-        let ReleaseRemote { app, req, reply } = msg;
+        let ReleaseRemote {
+            app, req, reply, ..
+        } = msg;
         let id: ContainerId = req.container_id;
         // A grant of ours that no node reported yet: forget it here, and ask the coordinator in
         // case a node took it meanwhile ("unknown" then means nobody did).

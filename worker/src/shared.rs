@@ -2,6 +2,7 @@
 //! (so `Rc`/`RefCell`, never borrowed across an `.await`): the app registry and the event
 //! subscriptions of application connections.
 
+use scheduler_core::codec::APP_MAX_FRAME;
 use scheduler_core::protocol::app::{AppResponse, ContainerEvent};
 use scheduler_core::protocol::cluster::AppRecord;
 use scheduler_core::quota::QueueableQuota;
@@ -9,10 +10,231 @@ use scheduler_core::{AppId, Time};
 use sha2::{Digest, Sha256};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::sync::mpsc;
 
-/// Frames to one application connection, in order.
-pub type ConnTx = mpsc::UnboundedSender<AppResponse>;
+/// Bounds on what one application connection may hold in the worker (see `AppLimits`).
+#[derive(Clone, Copy, Debug)]
+pub struct OutboundLimits {
+    /// Requests handed to the actors and not yet handled; the connection is not read further
+    /// while this many are in flight.
+    pub max_in_flight: usize,
+    /// Encoded answers and events waiting for the client to read them: reading pauses above
+    /// `pause_queued_bytes`, and the connection is closed above `max_queued_bytes`.
+    pub pause_queued_bytes: usize,
+    pub max_queued_bytes: usize,
+}
+
+/// Per-connection counters shared by the connection's reader, its writer, the actors holding
+/// its [`ConnTx`] and its [`InFlight`] guards. Only the reader task waits on `wake`.
+#[derive(Debug)]
+pub struct ConnState {
+    pub conn: u64,
+    pub limits: OutboundLimits,
+    queued_bytes: AtomicUsize,
+    /// The most `queued_bytes` has been.
+    high_water: AtomicUsize,
+    in_flight: AtomicUsize,
+    /// Estimated bytes of the answers of the requests in flight (see [`InFlight::new`]).
+    in_flight_bytes: AtomicUsize,
+    /// The reader is waiting for room (backpressure) right now.
+    paused: AtomicBool,
+    /// Set once: the connection must end (outbound overflow, or its writer gave up).
+    closing: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl ConnState {
+    pub fn new(conn: u64, limits: OutboundLimits) -> Arc<ConnState> {
+        Arc::new(ConnState {
+            conn,
+            limits,
+            queued_bytes: AtomicUsize::new(0),
+            high_water: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            in_flight_bytes: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Mark the connection for closing; true the first time.
+    pub fn close(&self) -> bool {
+        let first = !self.closing.swap(true, Ordering::Relaxed);
+        self.wake.notify_one();
+        first
+    }
+
+    /// The writer sent `bytes` to the client.
+    pub fn written(&self, bytes: usize) {
+        self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Whether the reader may hand over one more request now: fewer than `max_in_flight` are
+    /// at the actors, and the answers queued plus those expected from the requests in flight
+    /// stay under `pause_queued_bytes`.
+    pub fn has_room(&self) -> bool {
+        self.in_flight() < self.limits.max_in_flight
+            && self.queued_bytes() + self.in_flight_bytes.load(Ordering::Relaxed)
+                < self.limits.pause_queued_bytes
+    }
+
+    /// Wait (reader task only) until one more request may be handed over; false if the
+    /// connection is closing instead.
+    pub async fn wait_for_room(&self) -> bool {
+        self.paused.store(true, Ordering::Relaxed);
+        let room = loop {
+            if self.is_closing() {
+                break false;
+            }
+            if self.has_room() {
+                break true;
+            }
+            self.wake.notified().await;
+        };
+        self.paused.store(false, Ordering::Relaxed);
+        room
+    }
+
+    pub fn stats(&self) -> ConnStats {
+        ConnStats {
+            conn: self.conn,
+            queued_bytes: self.queued_bytes(),
+            high_water_bytes: self.high_water.load(Ordering::Relaxed),
+            in_flight: self.in_flight(),
+            paused: self.paused.load(Ordering::Relaxed),
+            closing: self.is_closing(),
+        }
+    }
+
+    /// Wait (reader task only) until the connection must close.
+    pub async fn wait_for_closing(&self) {
+        while !self.is_closing() {
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// What a connection holds in the worker (tests, diagnostics).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnStats {
+    pub conn: u64,
+    pub queued_bytes: usize,
+    pub high_water_bytes: usize,
+    pub in_flight: usize,
+    pub paused: bool,
+    pub closing: bool,
+}
+
+/// A request handed to an actor: counted in its connection's in-flight requests, with the
+/// estimated size of its answer, until the actor has handled it (drops the message; its
+/// answer is then queued and counted there).
+#[derive(Debug)]
+pub struct InFlight {
+    state: Arc<ConnState>,
+    answer_bytes: usize,
+}
+
+/// Estimated bytes of one grant in an `allocated` answer (token, node, endpoint; ids at their
+/// bounds take a little more), and of any other answer.
+pub const GRANT_ANSWER_BYTES: usize = 1024;
+pub const OTHER_ANSWER_BYTES: usize = 256;
+
+impl InFlight {
+    /// `answer_bytes`: the expected size of the request's answer, so that one large allocate
+    /// holds back the requests behind it as its answer would.
+    pub fn new(state: &Arc<ConnState>, answer_bytes: usize) -> InFlight {
+        state.in_flight.fetch_add(1, Ordering::Relaxed);
+        state
+            .in_flight_bytes
+            .fetch_add(answer_bytes, Ordering::Relaxed);
+        InFlight {
+            state: state.clone(),
+            answer_bytes,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .in_flight_bytes
+            .fetch_sub(self.answer_bytes, Ordering::Relaxed);
+        self.state.wake.notify_one();
+    }
+}
+
+/// The connection is gone or was closed for not reading its answers.
+#[derive(Debug)]
+pub struct Disconnected;
+
+/// Frames to one application connection, in order: encoded here (so the queue is counted in
+/// bytes), written by the connection's writer task.
+#[derive(Clone, Debug)]
+pub struct ConnTx {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    state: Arc<ConnState>,
+}
+
+impl ConnTx {
+    pub fn new(state: Arc<ConnState>) -> (ConnTx, mpsc::UnboundedReceiver<Vec<u8>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (ConnTx { tx, state }, rx)
+    }
+
+    pub fn state(&self) -> &Arc<ConnState> {
+        &self.state
+    }
+
+    /// Queue one frame. A connection whose queue would exceed `max_queued_bytes` is closed
+    /// (with one log line) instead: its client has not read its answers for long.
+    pub fn send(&self, msg: AppResponse) -> Result<(), Disconnected> {
+        if self.state.is_closing() {
+            return Err(Disconnected);
+        }
+        let frame = crate::app_endpoint::encode_answer(&msg, APP_MAX_FRAME);
+        let queued = self.state.queued_bytes() + frame.len();
+        if queued > self.state.limits.max_queued_bytes {
+            if self.state.close() {
+                tracing::warn!(
+                    conn = self.state.conn,
+                    "closing app connection {}: {queued} bytes of answers and events would be queued for it, over the limit of {} bytes (the client does not read its answers)",
+                    self.state.conn,
+                    self.state.limits.max_queued_bytes
+                );
+            }
+            return Err(Disconnected);
+        }
+        let now = self
+            .state
+            .queued_bytes
+            .fetch_add(frame.len(), Ordering::Relaxed)
+            + frame.len();
+        self.state.high_water.fetch_max(now, Ordering::Relaxed);
+        self.tx.send(frame).map_err(|_| Disconnected)
+    }
+
+    /// Whether both send to the same connection.
+    pub fn same_channel(&self, other: &ConnTx) -> bool {
+        self.tx.same_channel(&other.tx)
+    }
+}
 
 /// Wall-clock time as the core wants it.
 pub fn wall_now() -> Time {
@@ -31,6 +253,8 @@ pub struct Shared {
     /// Whether the cluster link is joined right now.
     pub connected: Cell<bool>,
     next_conn: Cell<u64>,
+    /// Open application connections.
+    connections: RefCell<HashMap<u64, Arc<ConnState>>>,
 }
 
 /// A no-op message: once an actor has answered it, every message queued to that actor before
@@ -92,6 +316,26 @@ impl Shared {
         id
     }
 
+    pub fn register_connection(&self, state: Arc<ConnState>) {
+        self.connections.borrow_mut().insert(state.conn, state);
+    }
+
+    pub fn unregister_connection(&self, conn: u64) {
+        self.connections.borrow_mut().remove(&conn);
+    }
+
+    /// Every open application connection's counters, by connection id.
+    pub fn connection_stats(&self) -> Vec<ConnStats> {
+        let mut all: Vec<ConnStats> = self
+            .connections
+            .borrow()
+            .values()
+            .map(|c| c.stats())
+            .collect();
+        all.sort_by_key(|c| c.conn);
+        all
+    }
+
     pub fn subscribe(&self, app: AppId, conn: u64, tx: ConnTx) {
         let mut subs = self.subscribers.borrow_mut();
         let list = subs.entry(app).or_default();
@@ -112,7 +356,88 @@ impl Shared {
     pub fn notify(&self, app: &AppId, event: ContainerEvent) {
         let mut subs = self.subscribers.borrow_mut();
         if let Some(list) = subs.get_mut(app) {
+            // A connection that is gone, or closed for not reading, loses its subscription.
             list.retain(|(_, tx)| tx.send(AppResponse::Event(event.clone())).is_ok());
+            if list.is_empty() {
+                subs.remove(app);
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scheduler_core::protocol::app::{ContainerEvent, ContainerEventKind};
+    use scheduler_core::{ContainerId, NodeId};
+
+    fn event(i: u64) -> AppResponse {
+        AppResponse::Event(ContainerEvent {
+            container_id: ContainerId(i),
+            node_id: NodeId::from("n"),
+            event: ContainerEventKind::Running,
+            at_ms: i,
+        })
+    }
+
+    /// Events for a subscriber that does not read are bounded like answers: once the queue
+    /// would pass `max_queued_bytes` the connection is marked closing, nothing more is queued,
+    /// and `Shared::notify` drops the subscription.
+    #[test]
+    fn events_for_a_subscriber_that_does_not_read_are_bounded() {
+        let limits = OutboundLimits {
+            max_in_flight: 8,
+            pause_queued_bytes: 1024,
+            max_queued_bytes: 4096,
+        };
+        let state = ConnState::new(1, limits);
+        let (tx, _rx) = ConnTx::new(state.clone());
+        let shared = Shared::default();
+        let app = AppId::from("demo");
+        shared.subscribe(app.clone(), 1, tx.clone());
+        let mut sent = 0u64;
+        for i in 0..10_000 {
+            if let AppResponse::Event(e) = event(i) {
+                shared.notify(&app, e);
+            }
+            if state.is_closing() {
+                break;
+            }
+            sent += 1;
+        }
+        assert!(state.is_closing(), "the queue limit closes the connection");
+        assert!(state.queued_bytes() <= 4096, "{:?}", state.stats());
+        assert!(sent < 200, "{sent} events queued");
+        assert!(!state.has_room());
+        assert!(tx.send(event(0)).is_err(), "nothing more is queued");
+        assert!(
+            shared.subscribers.borrow().is_empty(),
+            "the subscription of the closed connection is dropped"
+        );
+    }
+
+    #[test]
+    fn in_flight_guards_count_until_dropped() {
+        let state = ConnState::new(
+            1,
+            OutboundLimits {
+                max_in_flight: 2,
+                pause_queued_bytes: 1 << 20,
+                max_queued_bytes: 4 << 20,
+            },
+        );
+        let a = InFlight::new(&state, 10);
+        assert!(state.has_room());
+        let b = InFlight::new(&state, 10);
+        assert!(!state.has_room(), "two requests in flight is the limit");
+        drop(a);
+        assert!(state.has_room());
+        drop(b);
+        assert_eq!(state.in_flight(), 0);
+        // One request whose answer is expected to fill the pause level holds back the next.
+        let big = InFlight::new(&state, 1 << 20);
+        assert!(!state.has_room());
+        drop(big);
+        assert!(state.has_room());
     }
 }

@@ -637,3 +637,223 @@ async fn a_request_id_that_is_not_an_unsigned_integer_is_an_invalid_request() {
     assert_still_serving(&c, &mut good, running).await;
     c.stop().await;
 }
+
+/// Issue 11: a 900 kB job id was granted, signed into the token and reported in every
+/// heartbeat (19 such containers outgrew the cluster frame and the node was lost for good).
+/// Every field has a bound now; a field over it is `invalid_request` naming the field and the
+/// bound, and the connection stays usable.
+#[actix_rt::test]
+async fn fields_over_their_bound_get_invalid_request_naming_field_and_bound() {
+    use scheduler_core::protocol::limits::{MAX_JOB_ID_BYTES, MAX_PATH_BYTES};
+    let (c, mut good, running) = serving_cluster().await;
+    let mut conn = c.client("node-a").await;
+
+    let mut huge = ask(ContainerType::Queueable, 100, 64);
+    huge.job_id = "j".repeat(900_000);
+    let e = conn
+        .allocate(huge)
+        .await
+        .expect_err("900 kB job id refused");
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        e.request_id,
+        &format!("`job_id` is 900000 bytes; the limit is {MAX_JOB_ID_BYTES} bytes"),
+    );
+    for t in [ContainerType::Queueable, ContainerType::Guaranteed] {
+        let mut long = ask(t, 100, 64);
+        long.job_id = "j".repeat(MAX_JOB_ID_BYTES + 1);
+        let e = conn
+            .allocate(long)
+            .await
+            .expect_err("job id over the bound");
+        assert!(e.message.contains("`job_id`"), "{t:?}: {e:?}");
+    }
+    let mut at_bound = ask(ContainerType::Queueable, 100, 64);
+    at_bound.job_id = "j".repeat(MAX_JOB_ID_BYTES);
+    let token = conn.grant(at_bound).await;
+
+    // Launch specs: an over-long command, a NUL in an argument.
+    let mut long_command = sh("exit 0");
+    long_command.command = "x".repeat(MAX_PATH_BYTES + 1);
+    let e = conn
+        .start(&token, long_command)
+        .await
+        .expect_err("long command");
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        e.request_id,
+        &format!("`launch.command` is 4097 bytes; the limit is {MAX_PATH_BYTES} bytes"),
+    );
+    let e = conn
+        .start(&token, sh("exit 0\0"))
+        .await
+        .expect_err("NUL in an argument");
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        e.request_id,
+        "`launch.args[]` contains a NUL byte",
+    );
+    // The token was not consumed by the refusals.
+    conn.start(&token, sh("exit 0"))
+        .await
+        .expect("the refused starts left the token usable");
+
+    // Before the hello, a hello with an over-long field is refused and closes.
+    let mut pre = AppClient::connect(c.worker("node-a").app_addr).await;
+    pre.send(&hello(APP_PROTOCOL_VERSION, &"a".repeat(200), "s"))
+        .await;
+    let e = pre.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::InvalidRequest,
+        None,
+        "`app_id` is 200 bytes; the limit is 128 bytes",
+    );
+
+    c.wait_for_node("node-a", "the exit-0 container finished", |s| {
+        s.running == 1 && s.processes == 1
+    })
+    .await;
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+/// Before the hello is accepted a frame may be at most `HELLO_MAX_FRAME` (4 KiB): an
+/// unauthenticated client cannot make the worker buffer a 1 MiB frame per connection. The same
+/// frame is fine after the hello.
+#[actix_rt::test]
+async fn frames_before_the_hello_are_capped_small() {
+    use scheduler_core::protocol::limits::HELLO_MAX_FRAME;
+    let (c, mut good, running) = serving_cluster().await;
+    let addr = c.worker("node-a").app_addr;
+
+    // A hello padded to exactly the cap is welcomed (unknown fields are ignored).
+    #[derive(Serialize)]
+    struct PaddedHello {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        protocol_version: u32,
+        app_id: &'static str,
+        app_secret: String,
+        pad: String,
+    }
+    let mut hello = PaddedHello {
+        kind: "hello",
+        protocol_version: APP_PROTOCOL_VERSION,
+        app_id: "demo",
+        app_secret: c.secret("demo").to_string(),
+        pad: String::new(),
+    };
+    let size = to_payload(&hello).unwrap().len();
+    hello.pad = "x".repeat(HELLO_MAX_FRAME - size - 2);
+    assert_eq!(to_payload(&hello).unwrap().len(), HELLO_MAX_FRAME);
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_value(&hello).await;
+    assert!(matches!(conn.next().await, Some(AppResponse::Welcome(_))));
+    // After the welcome the normal cap applies.
+    conn.send(&AppRequest::Subscribe(Subscribe { request_id: 5 }))
+        .await;
+    assert!(matches!(conn.answer(5).await, AppResponse::Ack(_)));
+
+    // One byte more before the hello: refused on the length prefix alone.
+    let mut conn = AppClient::connect(addr).await;
+    conn.send_bytes(&((HELLO_MAX_FRAME as u32 + 1).to_be_bytes()))
+        .await;
+    let e = conn.error_then_close().await;
+    assert_error(
+        &e,
+        ErrorCode::FrameTooLarge,
+        None,
+        &format!(
+            "frame of {} bytes exceeds the limit of {HELLO_MAX_FRAME} bytes before the hello is accepted",
+            HELLO_MAX_FRAME + 1
+        ),
+    );
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}
+
+/// Valid frames with a few bytes changed (a fixed pseudo-random sequence): every one gets an
+/// answer or a closing error, the worker never stops serving, and the running container is
+/// untouched (issue 11: "a bad input always gets a clear error; no panic").
+#[actix_rt::test]
+async fn mutated_frames_are_answered_and_never_hurt_the_worker() {
+    use scheduler_core::protocol::app::{LaunchSpec, Release, StartContainer};
+    let (c, mut good, running) = serving_cluster().await;
+    let addr = c.worker("node-a").app_addr;
+    let secret = c.secret("demo").to_string();
+    let token = good.grant(ask(ContainerType::Queueable, 100, 64)).await;
+    let templates: Vec<Vec<u8>> = vec![
+        to_payload(&AppRequest::Allocate(ask(
+            ContainerType::Queueable,
+            100,
+            64,
+        )))
+        .unwrap(),
+        to_payload(&AppRequest::StartContainer(StartContainer {
+            request_id: 3,
+            token,
+            launch: LaunchSpec {
+                command: "/bin/true".into(),
+                args: vec!["x".into()],
+                env: [("K".to_string(), "V".to_string())].into(),
+                working_dir: None,
+            },
+        }))
+        .unwrap(),
+        to_payload(&AppRequest::Release(Release {
+            request_id: 4,
+            container_id: ContainerId::new(1, 1),
+        }))
+        .unwrap(),
+    ];
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        seed >> 33
+    };
+    let mut conn = AppClient::login(addr, "demo", &secret).await;
+    let mut closed = 0;
+    for i in 0..300u64 {
+        let mut payload = templates[(i % 3) as usize].clone();
+        for _ in 0..(1 + next() % 4) {
+            let at = next() as usize % payload.len();
+            payload[at] = next() as u8;
+        }
+        let mut frame = (payload.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&payload);
+        conn.send_bytes(&frame).await;
+        // A sentinel behind it: its ack means the mutated frame was dealt with.
+        let sentinel = u64::MAX - i;
+        conn.send(&AppRequest::Subscribe(Subscribe {
+            request_id: sentinel,
+        }))
+        .await;
+        loop {
+            match conn.next().await {
+                Some(AppResponse::Ack(a)) if a.request_id == sentinel => break,
+                Some(_) => continue,
+                None => {
+                    // A closing error (malformed_frame, ...) ended the connection: start over.
+                    closed += 1;
+                    conn = AppClient::login(addr, "demo", &secret).await;
+                    break;
+                }
+            }
+        }
+    }
+    assert!(closed < 300, "not every mutation closes the connection");
+    // A mutation that left the token intact may have started `/bin/true` (or a mangled
+    // command that fails to launch): let it end.
+    c.wait_for_node("node-a", "only the sleeper runs", |s| {
+        s.running == 1 && s.processes == 1
+    })
+    .await;
+    assert_still_serving(&c, &mut good, running).await;
+    c.stop().await;
+}

@@ -58,10 +58,29 @@ impl Harness {
     }
 
     pub async fn start_in(dir: tempfile::TempDir) -> Harness {
+        Harness::start_in_with(dir, |_| {}).await
+    }
+
+    /// [`Harness::start`] with settings changed by `change`.
+    pub async fn start_with(change: impl FnOnce(&mut CoordinatorSettings)) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        coordinator::datadir::init(
+            &DataDir::new(dir.path()),
+            &[("demo".to_string(), Default::default())],
+            1_700_000_000_000,
+        )
+        .unwrap();
+        Harness::start_in_with(dir, change).await
+    }
+
+    pub async fn start_in_with(
+        dir: tempfile::TempDir,
+        change: impl FnOnce(&mut CoordinatorSettings),
+    ) -> Harness {
         let clock = Clock::manual(Time::from_millis(1_700_000_000_000));
-        let server = start(test_settings(dir.path()), clock.clone())
-            .await
-            .unwrap();
+        let mut settings = test_settings(dir.path());
+        change(&mut settings);
+        let server = start(settings, clock.clone()).await.unwrap();
         Harness { dir, clock, server }
     }
 
@@ -185,6 +204,17 @@ pub struct TestWorker {
 
 impl TestWorker {
     pub async fn connect(addr: SocketAddr, ca_pem: &Path) -> TestWorker {
+        TestWorker::try_connect_from(addr, ca_pem, "127.0.0.1".parse().unwrap())
+            .await
+            .expect("TLS handshake with the pinned CA")
+    }
+
+    /// Connect from the loopback address `local`; the handshake's error if it fails.
+    pub async fn try_connect_from(
+        addr: SocketAddr,
+        ca_pem: &Path,
+        local: std::net::IpAddr,
+    ) -> Result<TestWorker, quinn::ConnectionError> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(ca_pem).unwrap() {
             roots.add(cert.unwrap()).unwrap();
@@ -196,22 +226,23 @@ impl TestWorker {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-        let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let mut endpoint = quinn::Endpoint::client(SocketAddr::new(local, 0)).unwrap();
         endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-        let connection = endpoint
-            .connect(addr, SERVER_NAME)
-            .unwrap()
-            .await
-            .expect("TLS handshake with the pinned CA");
+        let connection = tokio::time::timeout(
+            FAILURE_TIMEOUT,
+            endpoint.connect(addr, SERVER_NAME).unwrap(),
+        )
+        .await
+        .expect("handshake ends within the failure timeout")?;
         let (send, recv) = connection.open_bi().await.unwrap();
-        TestWorker {
+        Ok(TestWorker {
             connection,
             send,
             recv,
             decoder: FrameDecoder::new(CLUSTER_MAX_FRAME),
             backlog: VecDeque::new(),
             _endpoint: endpoint,
-        }
+        })
     }
 
     pub async fn send(&mut self, msg: &WorkerToCoordinator) {
@@ -221,6 +252,11 @@ impl TestWorker {
 
     pub async fn send_raw(&mut self, bytes: &[u8]) {
         self.send.write_all(bytes).await.unwrap();
+    }
+
+    /// Like [`TestWorker::send_raw`], but a closed stream is an error, not a panic.
+    pub async fn send_raw_checked(&mut self, bytes: &[u8]) -> Result<(), quinn::WriteError> {
+        self.send.write_all(bytes).await
     }
 
     /// The next frame, or `Err(description)` once the stream or connection ended.

@@ -273,6 +273,9 @@ pub enum ErrorCode {
     GuaranteedCapacityExceeded,
     CoordinatorUnavailable,
     Internal,
+    /// The worker refused the connection: it serves its maximum of connections, in all or
+    /// from the client's address. Sent instead of reading anything; the connection closes.
+    TooManyConnections,
 }
 
 impl ErrorCode {
@@ -285,6 +288,7 @@ impl ErrorCode {
                 | ErrorCode::GuaranteedCapacityExceeded
                 | ErrorCode::CoordinatorUnavailable
                 | ErrorCode::Internal
+                | ErrorCode::TooManyConnections
         )
     }
 
@@ -297,6 +301,7 @@ impl ErrorCode {
                 | ErrorCode::HelloRequired
                 | ErrorCode::MalformedFrame
                 | ErrorCode::FrameTooLarge
+                | ErrorCode::TooManyConnections
         )
     }
 }

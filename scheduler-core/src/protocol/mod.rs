@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod cluster;
+pub mod limits;
 
 use serde::Deserialize;
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use worker::WorkerHandle;
-use worker::config::WorkerConfig;
+use worker::config::{AppLimits, WorkerConfig};
 use worker::node_actor::{Inspect, NodeSnapshot};
 
 /// Guard against a hung test; reaching it is a failure, never a way to wait for something.
@@ -68,6 +68,15 @@ impl Cluster {
     /// joined when this returns).
     pub async fn start(apps: &[&str], nodes: &[NodeSpec]) -> Cluster {
         Cluster::start_with(apps, nodes, |_| {}).await
+    }
+
+    /// [`Cluster::start`] with the workers' app-connection limits set.
+    pub async fn start_with_limits(
+        apps: &[&str],
+        nodes: &[NodeSpec],
+        limits: AppLimits,
+    ) -> Cluster {
+        Cluster::start_with(apps, nodes, move |c| c.app_limits = limits).await
     }
 
     /// Like [`Cluster::start`], with each worker's configuration adjusted by `adjust` first.
@@ -133,6 +142,7 @@ impl Cluster {
                 fifo_queue: false,
                 max_queue_length: 10_000,
                 seed: Some(11 + i as u64),
+                app_limits: AppLimits::default(),
             };
             adjust(&mut config);
             let handle = worker::start(config)
@@ -453,6 +463,27 @@ impl AppClient {
         let stream = TcpStream::connect(addr)
             .await
             .unwrap_or_else(|e| panic!("connect to the app endpoint {addr}: {e}"));
+        stream.set_nodelay(true).expect("nodelay");
+        AppClient {
+            stream,
+            decoder: FrameDecoder::new(APP_MAX_FRAME),
+            backlog: VecDeque::new(),
+            next_request: 1,
+            eof: false,
+        }
+    }
+
+    /// Connect from the loopback address `local` (127.0.0.0/8 all works on Linux), to look
+    /// like another source host.
+    pub async fn connect_from(addr: SocketAddr, local: std::net::Ipv4Addr) -> AppClient {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::new(local.into(), 0))
+            .unwrap_or_else(|e| panic!("bind {local}: {e}"));
+        let stream = socket
+            .connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("connect from {local} to {addr}: {e}"));
         stream.set_nodelay(true).expect("nodelay");
         AppClient {
             stream,
