@@ -319,13 +319,21 @@ impl CoordinatorActor {
                 finished: hb.finished,
             });
         }
-        // Top-k and the threshold are aggregated once per round (O(nodes)), not per heartbeat.
-        let round = self
+        // At most one entry per registered app (a worker cannot grow the coordinator's state).
+        let mut issued = hb.issued;
+        issued.truncate(self.apps.len());
+        self.state.report_issued(node_id, issued);
+        // Top-k, the threshold and the per-app totals are aggregated once per round (O(nodes)),
+        // not per heartbeat.
+        let mut round = self
             .state
-            .round(now, self.settings.heartbeat_interval, &mut self.rng);
+            .round(now, self.settings.heartbeat_interval, &mut self.rng)
+            .clone();
         let threshold = round.shedding_threshold_ms;
-        let top_k = round.top_k.clone();
-        let view = self.state.view_with(hb.directory_version, top_k);
+        let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, &round);
+        let view = self
+            .state
+            .view_with(hb.directory_version, std::mem::take(&mut round.top_k));
         let notices = self.state.take_notices_for(node_id);
         let limit = self
             .queueable_limits
@@ -351,6 +359,7 @@ impl CoordinatorActor {
                 keys,
                 guaranteed_keys,
                 apps,
+                outstanding_elsewhere,
             }));
     }
 

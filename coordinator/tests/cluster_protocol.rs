@@ -658,3 +658,41 @@ async fn a_rejoining_node_gets_its_running_guaranteed_containers_rebooked() {
         .invariants
         .unwrap();
 }
+
+/// Quotas hold cluster-wide (Mercury §4.1): each worker reports what its scheduler has
+/// outstanding per app, and each learns, once per round, what all the others hold.
+#[actix_rt::test]
+async fn each_worker_learns_what_the_others_hold_per_app() {
+    let h = Harness::start().await;
+    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+    let (mut b, _) = h.join("node-b", 2000, 2048).await;
+    let mut hb = heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]);
+    if let WorkerToCoordinator::Heartbeat(x) = &mut hb {
+        x.issued = vec![scheduler_core::quota::AppOutstanding {
+            app_id: scheduler_core::AppId::from("demo"),
+            queueable: 2,
+            guaranteed: 1,
+        }];
+    }
+    a.send(&hb).await;
+    assert!(
+        a.expect_ack().await.outstanding_elsewhere.is_empty(),
+        "nothing elsewhere"
+    );
+    // The next round sums the reports.
+    h.clock.advance(Duration::from_secs(1));
+    b.send(&heartbeat("node-b", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ack = b.expect_ack().await;
+    assert_eq!(
+        ack.outstanding_elsewhere,
+        vec![scheduler_core::quota::AppOutstanding {
+            app_id: scheduler_core::AppId::from("demo"),
+            queueable: 2,
+            guaranteed: 1,
+        }]
+    );
+    // A worker's own counts are not counted against it.
+    a.send(&hb).await;
+    assert!(a.expect_ack().await.outstanding_elsewhere.is_empty());
+}

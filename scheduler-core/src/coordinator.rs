@@ -5,6 +5,7 @@
 use crate::distributed::{ClusterView, NodeDirectoryEntry, NodeLoad};
 use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
+use crate::quota::AppOutstanding;
 use crate::{ContainerId, NodeId, Time};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
@@ -95,6 +96,8 @@ struct NodeEntry {
     last_seen: Time,
     /// Containers the node last reported holding.
     containers: Vec<ContainerId>,
+    /// What its scheduler last reported having issued, per app (for cluster-wide quotas).
+    issued: Vec<AppOutstanding>,
     /// Containers its join listed that had been reported lost: the node kills them, and until
     /// its reports stop listing them they are not taken as running.
     killing_lost: HashSet<ContainerId>,
@@ -108,6 +111,9 @@ struct NodeEntry {
 pub struct AggregateRound {
     pub top_k: Vec<NodeLoad>,
     pub shedding_threshold_ms: Option<f64>,
+    /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
+    /// cluster-wide): each issuer is sent these minus its own.
+    pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
     /// When it was computed, and at which directory version.
     at: Option<Time>,
     directory_version: u64,
@@ -253,9 +259,16 @@ impl CoordinatorState {
                 && self.round.directory_version == self.directory_version
         });
         if !fresh {
+            let mut outstanding_totals: BTreeMap<crate::AppId, (u32, u32)> = BTreeMap::new();
+            for a in self.nodes.values().flat_map(|n| &n.issued) {
+                let t = outstanding_totals.entry(a.app_id.clone()).or_default();
+                t.0 = t.0.saturating_add(a.queueable);
+                t.1 = t.1.saturating_add(a.guaranteed);
+            }
             self.round = AggregateRound {
                 top_k: self.top_k(rng),
                 shedding_threshold_ms: self.shedding_threshold_ms(),
+                outstanding_totals,
                 at: Some(now),
                 directory_version: self.directory_version,
             };
@@ -274,6 +287,42 @@ impl CoordinatorState {
             },
             top_k,
         }
+    }
+
+    /// What `node`'s scheduler has issued per app, as it reports with its heartbeats (the
+    /// caller bounds the list: one entry per registered app at most).
+    pub fn report_issued(&mut self, node: &NodeId, issued: Vec<AppOutstanding>) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.issued = issued;
+        }
+    }
+
+    /// What every other issuer holds per app, as of `round` (cluster-wide quotas): the round's
+    /// totals minus `node`'s own report. Only apps with something outstanding elsewhere.
+    pub fn outstanding_elsewhere(
+        &self,
+        node: &NodeId,
+        round: &AggregateRound,
+    ) -> Vec<AppOutstanding> {
+        let own = self
+            .nodes
+            .get(node)
+            .map(|n| n.issued.as_slice())
+            .unwrap_or(&[]);
+        round
+            .outstanding_totals
+            .iter()
+            .filter_map(|(app, &(q, g))| {
+                let mine = own.iter().find(|a| &a.app_id == app);
+                let queueable = q.saturating_sub(mine.map_or(0, |a| a.queueable));
+                let guaranteed = g.saturating_sub(mine.map_or(0, |a| a.guaranteed));
+                (queueable > 0 || guaranteed > 0).then(|| AppOutstanding {
+                    app_id: app.clone(),
+                    queueable,
+                    guaranteed,
+                })
+            })
+            .collect()
     }
 
     /// A joined node's directory entry (capacity, endpoint), by name in O(log n).
@@ -322,6 +371,7 @@ impl CoordinatorState {
                 load: QueueDelay::default(),
                 last_seen: now,
                 containers: Vec::new(),
+                issued: Vec::new(),
                 killing_lost: HashSet::new(),
             },
         );
@@ -714,6 +764,46 @@ mod tests {
                 .join_with(Time::ZERO, dir("a"), &[status(z)])
                 .lost_containers,
             vec![z]
+        );
+    }
+
+    #[test]
+    fn each_issuer_learns_what_the_others_hold_per_app_once_per_round() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let mut rng = StdRng::seed_from_u64(1);
+        let second = Duration::from_secs(1);
+        for n in ["a", "b", "c"] {
+            c.join(Time::ZERO, dir(n));
+        }
+        let counts = |app: &str, q, g| AppOutstanding {
+            app_id: crate::AppId::from(app),
+            queueable: q,
+            guaranteed: g,
+        };
+        c.report_issued(&NodeId::from("a"), vec![counts("x", 2, 1)]);
+        c.report_issued(
+            &NodeId::from("b"),
+            vec![counts("x", 3, 0), counts("y", 1, 0)],
+        );
+        let round = c.round(Time::from_secs(1), second, &mut rng).clone();
+        assert_eq!(
+            c.outstanding_elsewhere(&NodeId::from("a"), &round),
+            vec![counts("x", 3, 0), counts("y", 1, 0)]
+        );
+        assert_eq!(
+            c.outstanding_elsewhere(&NodeId::from("b"), &round),
+            vec![counts("x", 2, 1)]
+        );
+        assert_eq!(
+            c.outstanding_elsewhere(&NodeId::from("c"), &round),
+            vec![counts("x", 5, 1), counts("y", 1, 0)]
+        );
+        // A lost issuer's containers no longer count at the next round.
+        c.remove_node(&NodeId::from("b"));
+        let round = c.round(Time::from_secs(1), second, &mut rng).clone();
+        assert_eq!(
+            c.outstanding_elsewhere(&NodeId::from("c"), &round),
+            vec![counts("x", 2, 1)]
         );
     }
 }

@@ -2,6 +2,12 @@
 //! QUEUEABLE containers and a cap relative to the app's GUARANTEED containers. The tracker keeps
 //! exact counts from grant, start, finish and expiry notices, keyed by container id so that a
 //! duplicated or late notice can never push a count below zero (cf. YARN-10760).
+//!
+//! Quotas hold cluster-wide: every issuer reports its own counts per app with its heartbeats
+//! ([`QuotaTracker::outstanding_by_app`]), the coordinator sums them once per round and tells
+//! each issuer what the others hold ([`QuotaTracker::set_elsewhere`]), and admission counts both.
+//! The others' counts are at most one round old, so the cluster can exceed a quota only by what
+//! other issuers grant within one heartbeat round (each issuer alone never exceeds it).
 
 use crate::{AppId, ContainerId, ContainerType};
 use serde::{Deserialize, Serialize};
@@ -30,10 +36,20 @@ struct Tracked {
     pending_until_ms: Option<u64>,
 }
 
+/// One app's outstanding containers as counted by one issuer, or by all others (wire form).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppOutstanding {
+    pub app_id: AppId,
+    pub queueable: u32,
+    pub guaranteed: u32,
+}
+
 /// Outstanding-container counts per app, as seen by one issuer.
 #[derive(Clone, Debug, Default)]
 pub struct QuotaTracker {
     counts: HashMap<AppId, AppCounts>,
+    /// What the other issuers of the cluster hold, per app, as of the coordinator's last round.
+    elsewhere: HashMap<AppId, AppCounts>,
     containers: HashMap<ContainerId, Tracked>,
     pending_by_expiry: BTreeMap<u64, Vec<ContainerId>>,
 }
@@ -45,7 +61,11 @@ impl QuotaTracker {
 
     /// How many of `wanted` more QUEUEABLE containers `app` may get under `quota` now.
     pub fn admissible(&self, app: &AppId, quota: &QueueableQuota, wanted: u32) -> u32 {
-        let c = self.counts.get(app).cloned().unwrap_or_default();
+        let mut c = self.counts.get(app).cloned().unwrap_or_default();
+        if let Some(e) = self.elsewhere.get(app) {
+            c.queueable = c.queueable.saturating_add(e.queueable);
+            c.guaranteed = c.guaranteed.saturating_add(e.guaranteed);
+        }
         let mut allowed = wanted;
         if let Some(max) = quota.max_queueable {
             allowed = allowed.min(max.saturating_sub(c.queueable));
@@ -55,6 +75,39 @@ impl QuotaTracker {
             allowed = allowed.min(cap.saturating_sub(c.queueable));
         }
         allowed
+    }
+
+    /// This issuer's own counts, per app with anything outstanding, in app order (reported to
+    /// the coordinator with each heartbeat; bounded by the app registry).
+    pub fn outstanding_by_app(&self) -> Vec<AppOutstanding> {
+        let mut out: Vec<AppOutstanding> = self
+            .counts
+            .iter()
+            .filter(|(_, c)| c.queueable > 0 || c.guaranteed > 0)
+            .map(|(app, c)| AppOutstanding {
+                app_id: app.clone(),
+                queueable: c.queueable,
+                guaranteed: c.guaranteed,
+            })
+            .collect();
+        out.sort_by(|a, b| a.app_id.cmp(&b.app_id));
+        out
+    }
+
+    /// What the other issuers hold (from the coordinator), replacing the previous report.
+    pub fn set_elsewhere(&mut self, elsewhere: Vec<AppOutstanding>) {
+        self.elsewhere = elsewhere
+            .into_iter()
+            .map(|a| {
+                (
+                    a.app_id,
+                    AppCounts {
+                        queueable: a.queueable,
+                        guaranteed: a.guaranteed,
+                    },
+                )
+            })
+            .collect();
     }
 
     pub fn outstanding(&self, app: &AppId, container_type: ContainerType) -> u32 {
@@ -256,5 +309,47 @@ mod tests {
         assert_eq!(t.outstanding(&app, ContainerType::Guaranteed), 1);
         assert_eq!(t.outstanding(&app, ContainerType::Queueable), 0);
         t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn other_issuers_counts_take_their_share_of_the_quota() {
+        let app = AppId::from("a");
+        let quota = QueueableQuota {
+            max_queueable: Some(5),
+            max_queueable_per_guaranteed: None,
+        };
+        let mut here = QuotaTracker::new();
+        here.on_granted(ContainerId::new(1, 1), &app, ContainerType::Queueable, 100);
+        assert_eq!(here.admissible(&app, &quota, 10), 4);
+        assert_eq!(
+            here.outstanding_by_app(),
+            vec![AppOutstanding {
+                app_id: app.clone(),
+                queueable: 1,
+                guaranteed: 0
+            }]
+        );
+        // Other workers hold 3 of the app's QUEUEABLE containers: one more fits here.
+        here.set_elsewhere(vec![AppOutstanding {
+            app_id: app.clone(),
+            queueable: 3,
+            guaranteed: 0,
+        }]);
+        assert_eq!(here.admissible(&app, &quota, 10), 1);
+        // GUARANTEED containers elsewhere count for the relative cap too.
+        let relative = QueueableQuota {
+            max_queueable: None,
+            max_queueable_per_guaranteed: Some(1.0),
+        };
+        assert_eq!(here.admissible(&app, &relative, 10), 0);
+        here.set_elsewhere(vec![AppOutstanding {
+            app_id: app.clone(),
+            queueable: 0,
+            guaranteed: 4,
+        }]);
+        assert_eq!(here.admissible(&app, &relative, 10), 3);
+        // Own counts only are reported, and nothing for apps with nothing outstanding.
+        here.on_finished(ContainerId::new(1, 1));
+        assert!(here.outstanding_by_app().is_empty());
     }
 }

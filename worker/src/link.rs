@@ -311,6 +311,7 @@ impl Link {
                     notices: ack.notices,
                     keys: ack.keys,
                     apps: ack.apps,
+                    outstanding_elsewhere: ack.outstanding_elsewhere,
                 });
             }
             CoordinatorToWorker::ApplyPromotion(p) => self.node.do_send(ApplyPromotionMsg(p)),

@@ -169,6 +169,7 @@ impl NodeActor {
             containers: self.node.statuses(),
             started,
             finished,
+            issued: self.shared.issued_counts.borrow().clone(),
         };
         let _ = self.link.send(WorkerToCoordinator::Heartbeat(hb));
     }

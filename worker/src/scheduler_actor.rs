@@ -232,6 +232,13 @@ impl SchedulerActor {
         }
     }
 
+    /// Publish this scheduler's per-app counts for the next heartbeat (cluster-wide quotas).
+    fn publish_counts(&self) {
+        let mut counts = self.ds.quotas().outstanding_by_app();
+        counts.truncate(scheduler_core::protocol::limits::MAX_ISSUED_APPS_PER_HEARTBEAT);
+        *self.shared.issued_counts.borrow_mut() = counts;
+    }
+
     /// Carry out what the issued-container rules decided.
     fn act(&mut self, action: IssuedAction) {
         match action {
@@ -300,6 +307,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
             ContainerType::Queueable => {
                 let answer = self.allocate_queueable(app, &req);
                 let _ = reply.send(answer);
+                self.publish_counts();
             }
             ContainerType::Guaranteed => {
                 if req.count == 0 || req.resources.is_zero() {
@@ -478,6 +486,8 @@ pub struct ViewUpdate {
     pub notices: Vec<ContainerNotice>,
     pub keys: Option<KeyRing>,
     pub apps: Option<Vec<AppRecord>>,
+    /// What the other workers' schedulers hold per app (cluster-wide quotas).
+    pub outstanding_elsewhere: Vec<scheduler_core::quota::AppOutstanding>,
 }
 
 impl Handler<ViewUpdate> for SchedulerActor {
@@ -513,6 +523,10 @@ impl Handler<ViewUpdate> for SchedulerActor {
         }
         self.issued
             .expire(self.ds.quotas_mut(), wall_now().as_millis());
+        self.ds
+            .quotas_mut()
+            .set_elsewhere(msg.outstanding_elsewhere);
+        self.publish_counts();
     }
 }
 
@@ -588,6 +602,7 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
             }
             other => warn!("unexpected frame for the scheduler actor: {other:?}"),
         }
+        self.publish_counts();
     }
 }
 

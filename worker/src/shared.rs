@@ -255,6 +255,9 @@ pub struct Shared {
     next_conn: Cell<u64>,
     /// Open application connections.
     connections: RefCell<HashMap<u64, Arc<ConnState>>>,
+    /// What this worker's scheduler has outstanding per app, published by the scheduler actor
+    /// and reported with every heartbeat (quotas hold cluster-wide).
+    pub issued_counts: RefCell<Vec<scheduler_core::quota::AppOutstanding>>,
 }
 
 /// A no-op message: once an actor has answered it, every message queued to that actor before

@@ -154,6 +154,7 @@ pub fn heartbeat(
         containers,
         started,
         finished,
+        issued: vec![],
     })
 }
 

@@ -8,7 +8,7 @@ use crate::distributed::ClusterView;
 use crate::node::ContainerStatus;
 use crate::protocol::app::{Allocate, ErrorCode, GrantedContainer};
 use crate::queue_delay::QueueDelay;
-use crate::quota::QueueableQuota;
+use crate::quota::{AppOutstanding, QueueableQuota};
 use crate::token::{ContainerToken, KeyRing, PublicKeyRing};
 use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -64,6 +64,10 @@ pub struct Heartbeat {
     pub started: Vec<ContainerId>,
     /// Containers gone since the last heartbeat.
     pub finished: Vec<ContainerId>,
+    /// What this worker's scheduler has outstanding per app (QUEUEABLE it granted, GUARANTEED
+    /// it obtained), so quotas hold cluster-wide. At most one entry per registered app.
+    #[serde(default)]
+    pub issued: Vec<AppOutstanding>,
 }
 
 /// A GUARANTEED ask forwarded to the guarantor.
@@ -187,6 +191,10 @@ pub struct HeartbeatAck {
     pub guaranteed_keys: Option<PublicKeyRing>,
     /// New app registry after a change.
     pub apps: Option<Vec<AppRecord>>,
+    /// What all other workers' schedulers have outstanding per app, as of the coordinator's
+    /// last round (quotas hold cluster-wide).
+    #[serde(default)]
+    pub outstanding_elsewhere: Vec<AppOutstanding>,
 }
 
 /// GUARANTEED grants for a forwarded ask (possibly several frames; last has `remaining == 0`).

@@ -246,6 +246,10 @@ pub fn check_node_room(containers: usize) -> Result<(), String> {
 /// the cluster frame.
 pub const MAX_REPORTED_IDS_PER_HEARTBEAT: usize = 2 * MAX_CONTAINERS_PER_NODE;
 
+/// Apps whose outstanding counts one heartbeat reports for cluster-wide quotas (in app order);
+/// the coordinator also keeps at most one entry per registered app.
+pub const MAX_ISSUED_APPS_PER_HEARTBEAT: usize = 1024;
+
 /// Starts and ends of containers not yet reported to the coordinator, in the order they
 /// happened; each heartbeat takes a bounded prefix ([`ReportLog::take_batch`]). A prefix never
 /// reports a container's end before its start.
@@ -560,6 +564,14 @@ mod tests {
             containers: vec![status.clone(); MAX_CONTAINERS_PER_NODE],
             started: vec![ContainerId(u64::MAX); MAX_REPORTED_IDS_PER_HEARTBEAT / 2],
             finished: vec![ContainerId(u64::MAX); MAX_REPORTED_IDS_PER_HEARTBEAT / 2],
+            issued: vec![
+                crate::quota::AppOutstanding {
+                    app_id: AppId::from("a".repeat(MAX_APP_ID_BYTES).as_str()),
+                    queueable: u32::MAX,
+                    guaranteed: u32::MAX,
+                };
+                MAX_ISSUED_APPS_PER_HEARTBEAT
+            ],
         };
         let hb_bytes = to_payload(&hb).unwrap().len();
         assert!(
