@@ -37,8 +37,17 @@ const FORMAT_UNSEALED: u32 = 1;
 /// Bytes of SHA-256 appended to every value.
 pub const CHECKSUM_LEN: usize = 4;
 
-/// What to do about a damaged store; part of every damage error.
-pub const REMEDY: &str = "stop the coordinator, run `coordinator check --data-dir DIR` for a full report, and restore store.redb from a backup (or re-initialise the data dir)";
+/// What to do about a damaged store at `path`; part of every damage error.
+pub fn remedy(path: &Path) -> String {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    format!(
+        "run `coordinator check --data-dir {}` (with the coordinator stopped) for a full report, and restore store.redb from a backup (or re-initialise the data dir)",
+        dir.display()
+    )
+}
 
 const K_FORMAT: &str = "format_version";
 /// The join token in clear, as stores written before the hash record had it; migrated to
@@ -74,13 +83,16 @@ pub enum StoreError {
     Locked { path: PathBuf },
     #[error("cannot open store {path}: {message}")]
     Open { path: PathBuf, message: String },
-    #[error("store {path} is damaged: {message}; {REMEDY}")]
+    #[error("store {path} is damaged: {message}; {}", remedy(path))]
     Damaged { path: PathBuf, message: String },
     #[error("store {path}: {message}")]
     Io { path: PathBuf, message: String },
     #[error("store {path} is not initialised: record {key:?} is missing")]
     MissingRecord { path: PathBuf, key: String },
-    #[error("store {path}: record {key:?} is corrupted: {message}; {REMEDY}")]
+    #[error(
+        "store {path}: record {key:?} is corrupted: {message}; {}",
+        remedy(path)
+    )]
     Corrupted {
         path: PathBuf,
         key: String,
