@@ -25,8 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create a data dir: cluster CA, server certificate (DNS name hybrid-coordinator), join
-    /// token, store and apps. Prints {"ca_cert", "join_token", "apps": [{"app_id", "app_secret"}]}
+    /// Create a data dir: cluster CA (10 years), server certificate (1 year, DNS name
+    /// hybrid-coordinator), join token, store and apps. Prints {"ca_cert", "join_token", "apps": [{"app_id", "app_secret"}]}
     /// and writes the same JSON to DIR/cluster.json (owner-readable only).
     Init {
         #[arg(long, env = "COORDINATOR_DATA_DIR")]
@@ -48,8 +48,9 @@ enum Command {
         #[command(subcommand)]
         command: AppCommand,
     },
-    /// Verify a data dir without changing it: files present and owner-only where secret,
-    /// certificates parse, chain to the CA for the name hybrid-coordinator and do not expire
+    /// Verify a data dir without changing it; exit 1 on any problem.
+    ///
+    /// Checks: files present and owner-only where secret, certificates parse, chain to the CA for the name hybrid-coordinator and do not expire
     /// within 30 days (warning), private keys match, the store passes redb's integrity check and
     /// every record's checksum and decoding, the join-token file matches the store's hash.
     /// Prints one line per finding (or JSON with --json); exits 1 on any problem, 0 otherwise
@@ -63,8 +64,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Issue a new server certificate and key (server.pem, server.key) under the data dir's CA.
-    /// Workers pin the CA, so nothing else changes. The running coordinator keeps serving the
+    /// Issue a new server certificate under the same CA (picked up at the coordinator's next
+    /// start).
+    ///
+    /// Replaces server.pem and server.key, signed by the data dir's CA. Workers pin the CA, so nothing else changes. The running coordinator keeps serving the
     /// old certificate until its next start (restart it to switch); works while it runs.
     /// Prints {"server_cert", "not_after"}.
     RotateServerCert {
@@ -74,8 +77,9 @@ enum Command {
         #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..))]
         validity_days: u32,
     },
-    /// Replace the join token: writes a new random token to DIR/join-token (0600), its SHA-256
-    /// to the store and the token to cluster.json. Run it with the coordinator stopped (the
+    /// Replace the join token (with the coordinator stopped).
+    ///
+    /// Writes a new random token to DIR/join-token (0600), its SHA-256 to the store and the token to cluster.json. Run it with the coordinator stopped (the
     /// store is locked while it runs; the command then refuses, naming the lock). Workers need
     /// the new token to join or re-join: give it to them before restarting the coordinator.
     /// Prints {"join_token_file", "join_token"}.
