@@ -426,6 +426,7 @@ fn check_join_token(dir: &DataDir, stored_hash: Option<String>, f: &mut Findings
 mod tests {
     use super::*;
     use crate::datadir::{self, DataDir};
+    use crate::store::CHECKSUM_LEN;
     use std::os::unix::fs::PermissionsExt;
 
     const DAY: Duration = Duration::from_secs(86_400);
@@ -638,6 +639,64 @@ mod tests {
                 .iter()
                 .any(|(s, d)| s == "ca.pem" && d.starts_with("cluster CA expired at")),
             "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_store_without_checksums_is_a_warning_and_its_records_are_still_checked() {
+        let (_tmp, dir) = data_dir();
+        // Rewrite the store as a version-1 coordinator left it: values without checksums.
+        {
+            use redb::{ReadableTable, TableDefinition};
+            let db = redb::Database::open(dir.store()).unwrap();
+            let txn = db.begin_write().unwrap();
+            for name in [crate::store::META_TABLE, crate::store::APPS_TABLE] {
+                let mut table = txn
+                    .open_table(TableDefinition::<&str, &[u8]>::new(name))
+                    .unwrap();
+                let rows: Vec<(String, Vec<u8>)> = table
+                    .iter()
+                    .unwrap()
+                    .map(|r| {
+                        let (k, v) = r.unwrap();
+                        let v = v.value();
+                        (k.value().to_string(), v[..v.len() - CHECKSUM_LEN].to_vec())
+                    })
+                    .collect();
+                for (k, v) in rows {
+                    let v = if k == "format_version" {
+                        1u32.to_be_bytes().to_vec()
+                    } else {
+                        v
+                    };
+                    table.insert(k.as_str(), v.as_slice()).unwrap();
+                }
+            }
+            txn.commit().unwrap();
+        }
+        let report = check(&dir, SystemTime::now());
+        assert!(report.ok, "{}", report.to_text());
+        let store = report.about("store.redb");
+        assert!(
+            store.iter().any(|f| f.severity == Severity::Warning
+                && f.detail
+                    .starts_with("format version 1: records have no checksums yet")),
+            "{store:?}"
+        );
+        assert!(
+            store
+                .iter()
+                .any(|f| f.detail == "7 record(s), every checksum and decoding correct"),
+            "{store:?}"
+        );
+        // The next open migrates it, and then it passes without warning.
+        drop(Store::open(&dir.store()).unwrap());
+        let report = check(&dir, SystemTime::now());
+        assert_eq!(
+            (report.problems, report.warnings),
+            (0, 0),
+            "{}",
+            report.to_text()
         );
     }
 

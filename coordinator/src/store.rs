@@ -1229,11 +1229,14 @@ mod tests {
         s.set_next_issuer(9).unwrap();
         // No clean shutdown: redb must recover on the next open, which is not damage.
         std::mem::forget(s);
-        // The forgotten handle still holds the flock of this process's descriptor; a second
-        // open in the same process conflicts, so release it through a fresh descriptor is not
-        // possible: copy the file instead, as a crashed process would have left it.
+        // The forgotten handle still holds the file's flock, so open a copy: the file as a
+        // crashed process leaves it.
         let copy = dir.path().join("copy.redb");
         std::fs::copy(&path, &copy).unwrap();
+        // redb's header marks it as needing recovery (god byte after the 9-byte magic number,
+        // RECOVERY_REQUIRED = 2 in redb 2.6's header.rs): this is the unclean case.
+        let header = std::fs::read(&copy).unwrap();
+        assert_ne!(header[9] & 2, 0, "the copy is not marked for recovery");
         let s = Store::open(&copy).unwrap();
         assert_eq!(s.next_issuer().unwrap(), 9);
         assert_eq!(s.apps().unwrap().len(), 2);
