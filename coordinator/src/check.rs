@@ -726,6 +726,35 @@ mod tests {
     }
 
     #[test]
+    fn a_server_certificate_never_outlives_its_ca() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = DataDir::new(tmp.path().join("data"));
+        let validity = datadir::CertValidity {
+            ca_days: 10,
+            server_days: 365,
+        };
+        datadir::init_with(&dir, &[], validity, 1).unwrap();
+        let now = SystemTime::now();
+        let rotated = datadir::rotate_server_cert(&dir, 365, now).unwrap();
+        let expiry = |path: &Path| {
+            let pem = std::fs::read(path).unwrap();
+            let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+            pem.parse_x509().unwrap().validity().not_after.timestamp()
+        };
+        assert_eq!(expiry(&dir.server_cert()), expiry(&dir.ca_cert()));
+        assert_eq!(
+            rfc3339(expiry(&dir.ca_cert())),
+            rotated.not_after,
+            "the printed expiry is the clamped one"
+        );
+        // Once the CA has expired, rotation refuses and says what it takes.
+        let err = datadir::rotate_server_cert(&dir, 365, now + 11 * DAY)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a new CA needs a new data dir"), "{err}");
+    }
+
+    #[test]
     fn a_rotated_join_token_is_in_the_file_the_store_and_cluster_json() {
         let (_tmp, dir) = data_dir();
         let old = std::fs::read_to_string(dir.join_token()).unwrap();

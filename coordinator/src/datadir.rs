@@ -256,21 +256,36 @@ fn validity_window(
     Ok((from, until))
 }
 
-/// A new server certificate (DNS name [`SERVER_NAME`]) and its key, signed by `ca`.
+/// A new server certificate (DNS name [`SERVER_NAME`]) and its key, signed by `ca`, valid for
+/// `days` but never past the CA (`ca_not_after`: workers would reject it then anyway); returns
+/// its expiry too.
 fn issue_server_cert(
     ca: &rcgen::Issuer<'_, KeyPair>,
+    ca_not_after: time::OffsetDateTime,
     days: u32,
     issued: std::time::SystemTime,
-) -> Result<(rcgen::Certificate, KeyPair), InitError> {
+) -> Result<(rcgen::Certificate, KeyPair, time::OffsetDateTime), InitError> {
     let cert_err = |e: rcgen::Error| InitError::Certificate(e.to_string());
     let mut params = CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(cert_err)?;
     params
         .distinguished_name
         .push(DnType::CommonName, SERVER_NAME);
     (params.not_before, params.not_after) = validity_window(issued, days)?;
+    if params.not_after > ca_not_after {
+        tracing::warn!(
+            ca_not_after = %ca_not_after,
+            "the server certificate would outlive the CA: it expires with the CA"
+        );
+        params.not_after = ca_not_after;
+    }
+    if params.not_after <= params.not_before {
+        return Err(InitError::Certificate(format!(
+            "the CA expired at {ca_not_after}: a new CA needs a new data dir (and ca.pem on every worker)"
+        )));
+    }
     let key = KeyPair::generate().map_err(cert_err)?;
     let cert = params.signed_by(&key, ca).map_err(cert_err)?;
-    Ok((cert, key))
+    Ok((cert, key, params.not_after))
 }
 
 /// Write `contents` to `path` through a temporary file in the same directory and a rename, so
@@ -323,10 +338,20 @@ pub fn rotate_server_cert(
     };
     let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(tls(dir.ca_key()))?;
     let ca = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(tls(dir.ca_cert()))?;
-    let (cert, key) = issue_server_cert(&ca, days, issued)?;
+    let ca_not_after = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes())
+        .map_err(|e| e.to_string())
+        .and_then(|(_, pem)| {
+            let cert = pem.parse_x509().map_err(|e| e.to_string())?;
+            time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp())
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|message| InitError::Tls {
+            path: dir.ca_cert(),
+            message,
+        })?;
+    let (cert, key, not_after) = issue_server_cert(&ca, ca_not_after, days, issued)?;
     replace_file(&dir.server_key(), key.serialize_pem().as_bytes(), true)?;
     replace_file(&dir.server_cert(), cert.pem().as_bytes(), false)?;
-    let (_, not_after) = validity_window(issued, days)?;
     Ok(RotatedServerCert {
         server_cert: dir.server_cert(),
         not_after: not_after
@@ -422,8 +447,10 @@ pub fn init_with(
     let ca_key = KeyPair::generate().map_err(cert_err)?;
     let ca_cert = ca_params.self_signed(&ca_key).map_err(cert_err)?;
     let ca_key_pem = ca_key.serialize_pem();
+    let ca_not_after = ca_params.not_after;
     let ca_issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let (server_cert, server_key) = issue_server_cert(&ca_issuer, validity.server_days, issued)?;
+    let (server_cert, server_key, _) =
+        issue_server_cert(&ca_issuer, ca_not_after, validity.server_days, issued)?;
 
     let join_token = hex::encode(os_random::<32>()?);
     write_file(&dir.ca_cert(), ca_cert.pem().as_bytes(), false)?;
