@@ -411,19 +411,22 @@ impl Store {
             db,
             path: path.to_path_buf(),
         };
-        let format = guard(path, "reading it", || store.format_version())?;
         // Records first, so damage inside a record is reported with its key; then redb's own
         // check of the whole file.
-        let checked = guard(path, "reading it", || store.verify_records(format));
+        let checked = guard(path, "reading it", || {
+            let format = store.format_version()?;
+            store.verify_records(format)?;
+            Ok(format)
+        });
         let bytes = std::fs::read(path).map_err(|e| store.io(e))?;
         let integrity = integrity_of_copy(path, &bytes);
-        match (checked, integrity) {
+        let format = match (checked, integrity) {
             // A record whose checksum fails names its key; redb's verdict on the file is the
             // clearer report of anything else (a panic while reading is a symptom of it).
             (Err(e @ StoreError::Corrupted { .. }), _) => return Err(e),
             (_, Err(e)) | (Err(e), Ok(())) => return Err(e),
-            (Ok(()), Ok(())) => {}
-        }
+            (Ok(format), Ok(())) => format,
+        };
         if format == FORMAT_UNSEALED {
             let count = guard(path, "migrating it", || store.migrate_to_checksums())?;
             tracing::warn!(
@@ -1187,14 +1190,16 @@ mod tests {
         let path = Store::path_in(dir.path());
         store_with_apps(&path);
         let clean = std::fs::read(&path).unwrap();
-        // The page holding the apps, then the file's header page.
+        // The page holding the apps, the one holding the meta records (format version first),
+        // then the file's header page.
         let app_page = find(&clean, "b".repeat(64).as_bytes()) / 4096 * 4096;
+        let meta_page = find(&clean, b"guarantor_reserved_seq") / 4096 * 4096;
+        assert_ne!(app_page, meta_page);
+        let failed_check = "the database failed its integrity check: DB corrupted: Primary is \
+                            corrupted despite 2-phase commit";
         for (page, expected) in [
-            (
-                app_page,
-                "the database failed its integrity check: DB corrupted: Primary is corrupted \
-                 despite 2-phase commit",
-            ),
+            (app_page, failed_check),
+            (meta_page, failed_check),
             (0, "it is not a readable redb database (invalid data)"),
         ] {
             let mut bytes = clean.clone();
