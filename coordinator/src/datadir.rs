@@ -212,10 +212,202 @@ pub fn is_initialised(dir: &DataDir) -> bool {
     dir.store().exists()
 }
 
-/// Create CA, server certificate, join token, store and apps in `dir` (created if absent).
+/// How long new certificates are valid, from their issue on the system clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CertValidity {
+    /// The cluster CA (workers pin it: renewing it means redistributing `ca.pem`).
+    pub ca_days: u32,
+    /// The server certificate (`coordinator rotate-server-cert` renews it under the same CA).
+    pub server_days: u32,
+}
+
+/// 10 years for the CA, 1 year for the server certificate.
+impl Default for CertValidity {
+    fn default() -> Self {
+        CertValidity {
+            ca_days: 3650,
+            server_days: 365,
+        }
+    }
+}
+
+/// Certificates start one hour before their issue, so hosts whose clocks lag a little accept
+/// them at once.
+const CERT_BACKDATE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+fn unix_secs(t: std::time::SystemTime) -> i64 {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_secs() as i64,
+        Err(e) => -(e.duration().as_secs() as i64),
+    }
+}
+
+/// `[issued - 1 h, issued + days]`.
+fn validity_window(
+    issued: std::time::SystemTime,
+    days: u32,
+) -> Result<(time::OffsetDateTime, time::OffsetDateTime), InitError> {
+    let bad = |e: time::error::ComponentRange| InitError::Certificate(e.to_string());
+    let from = time::OffsetDateTime::from_unix_timestamp(unix_secs(issued - CERT_BACKDATE))
+        .map_err(bad)?;
+    let until =
+        time::OffsetDateTime::from_unix_timestamp(unix_secs(issued) + i64::from(days) * 86_400)
+            .map_err(bad)?;
+    Ok((from, until))
+}
+
+/// A new server certificate (DNS name [`SERVER_NAME`]) and its key, signed by `ca`, valid for
+/// `days` but never past the CA (`ca_not_after`: workers would reject it then anyway); returns
+/// its expiry too.
+fn issue_server_cert(
+    ca: &rcgen::Issuer<'_, KeyPair>,
+    ca_not_after: time::OffsetDateTime,
+    days: u32,
+    issued: std::time::SystemTime,
+) -> Result<(rcgen::Certificate, KeyPair, time::OffsetDateTime), InitError> {
+    let cert_err = |e: rcgen::Error| InitError::Certificate(e.to_string());
+    let mut params = CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(cert_err)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, SERVER_NAME);
+    (params.not_before, params.not_after) = validity_window(issued, days)?;
+    if params.not_after > ca_not_after {
+        tracing::warn!(
+            ca_not_after = %ca_not_after,
+            "the server certificate would outlive the CA: it expires with the CA"
+        );
+        params.not_after = ca_not_after;
+    }
+    if params.not_after <= params.not_before {
+        return Err(InitError::Certificate(format!(
+            "the CA expired at {ca_not_after}: a new CA needs a new data dir (and ca.pem on every worker)"
+        )));
+    }
+    let key = KeyPair::generate().map_err(cert_err)?;
+    let cert = params.signed_by(&key, ca).map_err(cert_err)?;
+    Ok((cert, key, params.not_after))
+}
+
+/// Write `contents` to `path` through a temporary file in the same directory and a rename, so
+/// a reader sees the old file or the new one, never half of one. `secret`: mode 0600, else 0644.
+pub fn replace_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), InitError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.new"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    f.write_all(contents).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// What `coordinator rotate-server-cert` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RotatedServerCert {
+    pub server_cert: PathBuf,
+    /// RFC 3339.
+    pub not_after: String,
+}
+
+/// Issue a new server certificate and key under the data dir's CA (`ca.pem`, `ca.key`) and
+/// replace `server.pem`/`server.key` (each atomically, key first). Workers pin the CA, so they
+/// accept the new certificate; a running coordinator keeps serving the old one until its next
+/// start. Does not touch the store, so it also works while the coordinator runs.
+pub fn rotate_server_cert(
+    dir: &DataDir,
+    days: u32,
+    issued: std::time::SystemTime,
+) -> Result<RotatedServerCert, InitError> {
+    let read = |path: PathBuf| std::fs::read_to_string(&path).map_err(io_err(&path));
+    let ca_pem = read(dir.ca_cert())?;
+    let ca_key_pem = read(dir.ca_key())?;
+    let tls = |path: PathBuf| {
+        move |e: rcgen::Error| InitError::Tls {
+            path,
+            message: e.to_string(),
+        }
+    };
+    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(tls(dir.ca_key()))?;
+    let ca = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(tls(dir.ca_cert()))?;
+    let ca_not_after = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes())
+        .map_err(|e| e.to_string())
+        .and_then(|(_, pem)| {
+            let cert = pem.parse_x509().map_err(|e| e.to_string())?;
+            time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp())
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|message| InitError::Tls {
+            path: dir.ca_cert(),
+            message,
+        })?;
+    let (cert, key, not_after) = issue_server_cert(&ca, ca_not_after, days, issued)?;
+    replace_file(&dir.server_key(), key.serialize_pem().as_bytes(), true)?;
+    replace_file(&dir.server_cert(), cert.pem().as_bytes(), false)?;
+    Ok(RotatedServerCert {
+        server_cert: dir.server_cert(),
+        not_after: not_after
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default(),
+    })
+}
+
+/// What `coordinator rotate-join-token` did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RotatedJoinToken {
+    pub join_token_file: PathBuf,
+    pub join_token: String,
+}
+
+/// Replace the join token: a new random token in `join-token` (0600), its hash in the store and
+/// in `cluster.json`'s `join_token` when that file exists. Needs the store, so not while the
+/// coordinator runs ([`StoreError::Locked`] names the lock). The store is written first: if the
+/// file write then fails, rerunning the command makes them agree again.
+pub fn rotate_join_token(dir: &DataDir) -> Result<RotatedJoinToken, InitError> {
+    let store = Store::open(&dir.store())?;
+    let token = hex::encode(os_random::<32>()?);
+    store.set_join_token(&token)?;
+    drop(store);
+    replace_file(&dir.join_token(), token.as_bytes(), true)?;
+    let cluster = dir.cluster_json();
+    if let Ok(bytes) = std::fs::read(&cluster)
+        && let Ok(mut json) = serde_json::from_slice::<serde_json::Value>(&bytes)
+        && let Some(field) = json.get_mut("join_token")
+    {
+        *field = serde_json::Value::String(token.clone());
+        let text = serde_json::to_vec_pretty(&json).expect("JSON value");
+        replace_file(&cluster, &text, true)?;
+    }
+    Ok(RotatedJoinToken {
+        join_token_file: dir.join_token(),
+        join_token: token,
+    })
+}
+
+/// Create CA, server certificate, join token, store and apps in `dir` (created if absent),
+/// with the default [`CertValidity`].
 pub fn init(
     dir: &DataDir,
     apps: &[(String, QueueableQuota)],
+    now_ms: u64,
+) -> Result<InitReport, InitError> {
+    init_with(dir, apps, CertValidity::default(), now_ms)
+}
+
+/// [`init`] with chosen certificate validities. Certificates are dated by the system clock;
+/// `now_ms` (the coordinator's clock) dates the token keys.
+pub fn init_with(
+    dir: &DataDir,
+    apps: &[(String, QueueableQuota)],
+    validity: CertValidity,
     now_ms: u64,
 ) -> Result<InitReport, InitError> {
     if is_initialised(dir) {
@@ -250,27 +442,19 @@ pub fn init(
         .push(DnType::CommonName, "hybrid-scheduler cluster CA");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca_params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    ca_params.not_after = rcgen::date_time_ymd(4000, 1, 1);
+    let issued = std::time::SystemTime::now();
+    (ca_params.not_before, ca_params.not_after) = validity_window(issued, validity.ca_days)?;
     let ca_key = KeyPair::generate().map_err(cert_err)?;
     let ca_cert = ca_params.self_signed(&ca_key).map_err(cert_err)?;
-    let ca_issuer = rcgen::Issuer::new(ca_params, &ca_key);
-
-    let mut server_params =
-        CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(cert_err)?;
-    server_params
-        .distinguished_name
-        .push(DnType::CommonName, SERVER_NAME);
-    server_params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    server_params.not_after = rcgen::date_time_ymd(4000, 1, 1);
-    let server_key = KeyPair::generate().map_err(cert_err)?;
-    let server_cert = server_params
-        .signed_by(&server_key, &ca_issuer)
-        .map_err(cert_err)?;
+    let ca_key_pem = ca_key.serialize_pem();
+    let ca_not_after = ca_params.not_after;
+    let ca_issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let (server_cert, server_key, _) =
+        issue_server_cert(&ca_issuer, ca_not_after, validity.server_days, issued)?;
 
     let join_token = hex::encode(os_random::<32>()?);
     write_file(&dir.ca_cert(), ca_cert.pem().as_bytes(), false)?;
-    write_file(&dir.ca_key(), ca_key.serialize_pem().as_bytes(), true)?;
+    write_file(&dir.ca_key(), ca_key_pem.as_bytes(), true)?;
     write_file(&dir.server_cert(), server_cert.pem().as_bytes(), false)?;
     write_file(
         &dir.server_key(),

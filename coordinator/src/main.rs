@@ -25,8 +25,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create a data dir: cluster CA, server certificate (DNS name hybrid-coordinator), join
-    /// token, store and apps. Prints {"ca_cert", "join_token", "apps": [{"app_id", "app_secret"}]}
+    /// Create a data dir: cluster CA (10 years), server certificate (1 year, DNS name
+    /// hybrid-coordinator), join token, store and apps. Prints {"ca_cert", "join_token", "apps": [{"app_id", "app_secret"}]}
     /// and writes the same JSON to DIR/cluster.json (owner-readable only).
     Init {
         #[arg(long, env = "COORDINATOR_DATA_DIR")]
@@ -36,6 +36,8 @@ enum Command {
         apps: Vec<String>,
         #[command(flatten)]
         quota: QuotaArgs,
+        #[command(flatten)]
+        validity: ValidityArgs,
     },
     /// Serve the cluster protocol. Initialises DATA_DIR first if it is empty, then prints
     /// {"event":"listening","quic_addr":"IP:PORT"} on stdout.
@@ -46,6 +48,56 @@ enum Command {
         #[command(subcommand)]
         command: AppCommand,
     },
+    /// Verify a data dir without changing it; exit 1 on any problem.
+    ///
+    /// Checks: files present and owner-only where secret, certificates parse, chain to the CA for the name hybrid-coordinator and do not expire
+    /// within 30 days (warning), private keys match, the store passes redb's integrity check and
+    /// every record's checksum and decoding, the join-token file matches the store's hash.
+    /// Prints one line per finding (or JSON with --json); exits 1 on any problem, 0 otherwise
+    /// (warnings included). Reads the store only while the coordinator is stopped (it holds the
+    /// store's lock): a locked store is reported as a problem.
+    Check {
+        #[arg(long, env = "COORDINATOR_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Print the report as one JSON object: {"data_dir", "ok", "problems", "warnings",
+        /// "findings": [{"subject", "severity": "ok"|"warning"|"problem", "detail"}]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Issue a new server certificate under the same CA (picked up at the coordinator's next
+    /// start).
+    ///
+    /// Replaces server.pem and server.key, signed by the data dir's CA. Workers pin the CA, so nothing else changes. The running coordinator keeps serving the
+    /// old certificate until its next start (restart it to switch); works while it runs.
+    /// Prints {"server_cert", "not_after"}.
+    RotateServerCert {
+        #[arg(long, env = "COORDINATOR_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Validity of the new certificate in days.
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..))]
+        validity_days: u32,
+    },
+    /// Replace the join token (with the coordinator stopped).
+    ///
+    /// Writes a new random token to DIR/join-token (0600), its SHA-256 to the store and the token to cluster.json. Run it with the coordinator stopped (the
+    /// store is locked while it runs; the command then refuses, naming the lock). Workers need
+    /// the new token to join or re-join: give it to them before restarting the coordinator.
+    /// Prints {"join_token_file", "join_token"}.
+    RotateJoinToken {
+        #[arg(long, env = "COORDINATOR_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+}
+
+/// Validity of the certificates `init` creates.
+#[derive(Args, Clone, Copy)]
+struct ValidityArgs {
+    /// Validity of the cluster CA in days (workers pin it; renewing it means a new data dir).
+    #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..))]
+    ca_validity_days: u32,
+    /// Validity of the server certificate in days (`rotate-server-cert` renews it).
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..))]
+    server_cert_validity_days: u32,
 }
 
 #[derive(Subcommand)]
@@ -175,11 +227,21 @@ fn main() -> anyhow::Result<()> {
             data_dir,
             apps,
             quota,
+            validity,
         } => {
             let quota = quota.quota()?;
             let apps: Vec<_> = apps.into_iter().map(|a| (a, quota)).collect();
-            let report = datadir::init(&DataDir::new(&data_dir), &apps, Clock::System.now_ms())
-                .with_context(|| format!("initialising {}", data_dir.display()))?;
+            let validity = datadir::CertValidity {
+                ca_days: validity.ca_validity_days,
+                server_days: validity.server_cert_validity_days,
+            };
+            let report = datadir::init_with(
+                &DataDir::new(&data_dir),
+                &apps,
+                validity,
+                Clock::System.now_ms(),
+            )
+            .with_context(|| format!("initialising {}", data_dir.display()))?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
@@ -196,6 +258,39 @@ fn main() -> anyhow::Result<()> {
             let store = Store::open(&dir.store())?;
             let app = datadir::add_app(&store, &app_id, quota.quota()?)?;
             println!("{}", serde_json::to_string(&app)?);
+            Ok(())
+        }
+        Command::Check { data_dir, json } => {
+            let report =
+                coordinator::check::check(&DataDir::new(&data_dir), std::time::SystemTime::now());
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.to_text());
+            }
+            std::process::exit(if report.ok { 0 } else { 1 });
+        }
+        Command::RotateServerCert {
+            data_dir,
+            validity_days,
+        } => {
+            let rotated = datadir::rotate_server_cert(
+                &DataDir::new(&data_dir),
+                validity_days,
+                std::time::SystemTime::now(),
+            )
+            .with_context(|| {
+                format!("rotating the server certificate in {}", data_dir.display())
+            })?;
+            println!("{}", serde_json::to_string(&rotated)?);
+            Ok(())
+        }
+        Command::RotateJoinToken { data_dir } => {
+            let dir = DataDir::new(&data_dir);
+            datadir::secure(&dir)?;
+            let rotated = datadir::rotate_join_token(&dir)
+                .with_context(|| format!("rotating the join token in {}", data_dir.display()))?;
+            println!("{}", serde_json::to_string(&rotated)?);
             Ok(())
         }
         Command::Run(args) => {

@@ -82,7 +82,8 @@ fn a_restart_tightens_loose_modes_and_migrates_a_clear_join_token() {
         {
             let mut meta = txn.open_table(META).unwrap();
             meta.remove("join_token_sha256").unwrap();
-            meta.insert("join_token", token.as_bytes()).unwrap();
+            let sealed = coordinator::store::seal("meta", "join_token", token.as_bytes());
+            meta.insert("join_token", sealed.as_slice()).unwrap();
         }
         txn.commit().unwrap();
     }

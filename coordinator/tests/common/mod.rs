@@ -246,6 +246,16 @@ impl TestWorker {
         })
     }
 
+    /// The DER of the certificate the coordinator presented.
+    #[allow(dead_code)]
+    pub fn peer_certificate(&self) -> Vec<u8> {
+        let identity = self.connection.peer_identity().expect("TLS peer identity");
+        let chain = identity
+            .downcast::<Vec<CertificateDer<'static>>>()
+            .expect("rustls certificate chain");
+        chain[0].to_vec()
+    }
+
     pub async fn send(&mut self, msg: &WorkerToCoordinator) {
         let bytes = encode_frame(msg, CLUSTER_MAX_FRAME).unwrap();
         self.send.write_all(&bytes).await.unwrap();
