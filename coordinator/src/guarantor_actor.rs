@@ -239,11 +239,16 @@ pub struct AddNode {
 impl Handler<AddNode> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, msg: AddNode, _: &mut Context<Self>) {
-        let void = self
-            .core
-            .join_node(msg.node_id.clone(), msg.rack, msg.capacity, msg.epoch);
+        let reported: Vec<ContainerId> = msg.containers.iter().map(|c| c.id).collect();
+        let void = self.core.join_node(
+            msg.node_id.clone(),
+            msg.rack,
+            msg.capacity,
+            msg.epoch,
+            Some(&reported),
+        );
         if !void.is_empty() {
-            info!(node = %msg.node_id, count = void.len(), "unstarted GUARANTEED grants of the node's previous session are void");
+            info!(node = %msg.node_id, count = void.len(), "GUARANTEED bookings freed at the node's join: grants of its previous session, or containers it no longer holds");
         }
         self.endpoints.insert(msg.node_id.clone(), msg.endpoint);
         for c in msg

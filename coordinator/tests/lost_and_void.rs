@@ -212,3 +212,39 @@ async fn a_rejoin_voids_the_unstarted_grants_of_the_nodes_earlier_session() {
     }
     drop(a);
 }
+
+/// A worker that crashed and restarted (its predecessor's containers killed at start) re-joins
+/// before it was declared lost, holding nothing: the guarantor must not keep booking the
+/// GUARANTEED containers it no longer runs; one that re-joins still holding them keeps them.
+#[actix_rt::test]
+async fn a_rejoin_frees_the_bookings_of_guaranteed_containers_the_node_no_longer_holds() {
+    let h = Harness::start().await;
+    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+    a.send(&allocate_guaranteed(1, "demo", 1500, 1500, 1)).await;
+    let id = match a
+        .expect("grant", |m| {
+            matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::GuaranteedAllocated(g) => g.containers[0].container_id,
+        _ => unreachable!(),
+    };
+    let held = vec![running(id, ContainerType::Guaranteed, 1500, 1500)];
+    a.send(&heartbeat("node-a", 0, 0.0, held.clone(), vec![id], vec![]))
+        .await;
+    a.expect_ack().await;
+    // A network blip: the same worker re-joins still running it; the booking stays.
+    let (mut a2, _) = rejoin(&h, "node-a", held).await;
+    a2.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a2.expect_ack().await;
+    assert_eq!(booked(&h, "node-a").await, Resources::new(1500, 1500));
+    // The worker crashed and restarted with nothing: the booking goes.
+    let (mut a3, _) = rejoin(&h, "node-a", vec![]).await;
+    a3.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a3.expect_ack().await;
+    assert_eq!(booked(&h, "node-a").await, Resources::ZERO);
+    drop((a, a2));
+}

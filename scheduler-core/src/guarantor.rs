@@ -474,26 +474,38 @@ impl Guarantor {
     /// Add or re-add a node under session 0 (tests and the simulator, where sessions do not
     /// change). See [`Guarantor::join_node`].
     pub fn add_node(&mut self, node_id: NodeId, rack: String, capacity: Resources) {
-        self.join_node(node_id, rack, capacity, 0);
+        self.join_node(node_id, rack, capacity, 0, None);
     }
 
-    /// A node joined (or re-joined) under session `epoch`. Started GUARANTEED containers known
-    /// on it stay booked (a re-join after a network blip must not double-book); unstarted grants
-    /// made for another session of the node are void (the node refuses their tokens), so their
-    /// bookings are freed and returned. The node's capacity is updated.
+    /// A node joined (or re-joined) under session `epoch`, holding the containers in `reported`
+    /// (when it says). Started GUARANTEED containers it still holds stay booked (a re-join after
+    /// a network blip must not double-book); started ones it no longer holds (its worker
+    /// restarted and killed them) are freed, and so are unstarted grants made for another
+    /// session of the node (the node refuses their tokens). Returns the freed ones. The node's
+    /// capacity is updated.
     pub fn join_node(
         &mut self,
         node_id: NodeId,
         rack: String,
         capacity: Resources,
         epoch: u32,
+        reported: Option<&[ContainerId]>,
     ) -> Vec<ContainerId> {
-        let void: Vec<ContainerId> = self
+        let held: Option<std::collections::HashSet<ContainerId>> =
+            reported.map(|r| r.iter().copied().collect());
+        let mut void: Vec<ContainerId> = self
             .grants
             .iter()
-            .filter(|(_, g)| g.node == node_id && g.pending_until_ms.is_some() && g.epoch != epoch)
+            .filter(|(id, g)| {
+                g.node == node_id
+                    && match g.pending_until_ms {
+                        Some(_) => g.epoch != epoch,
+                        None => held.as_ref().is_some_and(|h| !h.contains(id)),
+                    }
+            })
             .map(|(id, _)| *id)
             .collect();
+        void.sort_unstable();
         for id in &void {
             self.grants.remove(id);
         }
