@@ -75,6 +75,9 @@ pub struct CoordinatorActor {
     session_nodes: HashMap<SessionId, NodeId>,
     /// What each node last reported holding (to find a container's host).
     node_containers: HashMap<NodeId, Vec<ContainerStatus>>,
+    /// Which node last reported each container (an index over `node_containers`, so finding a
+    /// container's host for a promotion or a release is O(1), not a scan of every node).
+    container_hosts: HashMap<ContainerId, NodeId>,
     /// Policing limits from the guarantor.
     queueable_limits: HashMap<NodeId, Resources>,
     /// Promotions in flight (Mercury §3.4), a sans-IO state machine in scheduler-core.
@@ -136,6 +139,7 @@ impl CoordinatorActor {
             sessions: HashMap::new(),
             session_nodes: HashMap::new(),
             node_containers: HashMap::new(),
+            container_hosts: HashMap::new(),
             queueable_limits: HashMap::new(),
             promotions,
         })
@@ -231,8 +235,7 @@ impl CoordinatorActor {
             self.state.remove_node(&node_id);
             return reject(format!("coordinator store failure: {e}"));
         }
-        self.node_containers
-            .insert(node_id.clone(), containers.clone());
+        self.set_node_containers(&node_id, containers.clone());
         self.guarantor().do_send(AddNode {
             node_id: node_id.clone(),
             rack: j.rack.clone(),
@@ -289,7 +292,7 @@ impl CoordinatorActor {
             node_id: node_id.clone(),
             load: QueueableLoad::from_statuses(&hb.containers),
         });
-        self.node_containers.insert(node_id.clone(), hb.containers);
+        self.set_node_containers(node_id, hb.containers);
         let mut guarantor_started = Vec::new();
         for id in hb.started {
             if id.issuer() == 0 {
@@ -401,9 +404,31 @@ impl CoordinatorActor {
     }
 
     fn host_of(&self, id: ContainerId) -> Option<(&NodeId, &ContainerStatus)> {
-        self.node_containers
+        let node = self.container_hosts.get(&id)?;
+        let status = self
+            .node_containers
+            .get(node)?
             .iter()
-            .find_map(|(node, cs)| cs.iter().find(|c| c.id == id).map(|c| (node, c)))
+            .find(|c| c.id == id)?;
+        Some((node, status))
+    }
+
+    /// What `node` holds now (its join or latest heartbeat), with the host index kept in step:
+    /// O(containers on the node), the size of the report itself.
+    fn set_node_containers(&mut self, node: &NodeId, containers: Vec<ContainerStatus>) {
+        self.forget_node_containers(node);
+        for c in &containers {
+            self.container_hosts.insert(c.id, node.clone());
+        }
+        self.node_containers.insert(node.clone(), containers);
+    }
+
+    fn forget_node_containers(&mut self, node: &NodeId) {
+        for c in self.node_containers.remove(node).unwrap_or_default() {
+            if self.container_hosts.get(&c.id) == Some(node) {
+                self.container_hosts.remove(&c.id);
+            }
+        }
     }
 
     /// A promotion asked through `requester`'s worker. The container is located by the
@@ -555,7 +580,7 @@ impl CoordinatorActor {
         let lost = self.state.declare_lost(node_id);
         warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
         self.persist_lost_nodes();
-        self.node_containers.remove(node_id);
+        self.forget_node_containers(node_id);
         self.queueable_limits.remove(node_id);
         self.guarantor().do_send(RemoveNode {
             node_id: node_id.clone(),
