@@ -20,6 +20,7 @@ pub mod protocol;
 pub mod queue_delay;
 pub mod quota;
 pub mod resources;
+pub mod shaper;
 pub mod time;
 pub mod token;
 
