@@ -7,6 +7,7 @@
 pub mod client;
 pub mod demo;
 pub mod experiment;
+pub mod fuzz;
 pub mod load;
 pub mod local;
 pub mod sim;
