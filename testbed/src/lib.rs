@@ -10,6 +10,7 @@ pub mod experiment;
 pub mod fuzz;
 pub mod load;
 pub mod local;
+pub mod partition;
 pub mod sim;
 pub mod task;
 pub mod traces;

@@ -33,6 +33,10 @@ enum Command {
     /// Fuzz a decoder or a worker's app endpoint with seeded structure-aware random frames;
     /// report cases/s, memory growth and any failure with the seed that reproduces it.
     Fuzz(testbed::fuzz::FuzzArgs),
+    /// Network-partition check (docker-compose test): `--phase before` holds a GUARANTEED
+    /// container on the victim until it is reported lost; `--phase after` checks the re-joined
+    /// victim's whole capacity can be granted and started again.
+    PartitionCheck(testbed::partition::PartitionArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +50,6 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => testbed::demo::run(&args),
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),
         Command::Fuzz(args) => testbed::fuzz::run(&args),
+        Command::PartitionCheck(args) => testbed::partition::run(&args),
     }
 }
