@@ -229,11 +229,29 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic with a non-string payload".to_string())
 }
 
+thread_local! {
+    /// Set while this thread runs a fuzz case: its panics are expected and reported per case.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A panic hook that stays silent for fuzz cases and hands every other panic to the hook that
+/// was there before (installed once per process, so parallel tests keep their panic messages).
+fn install_quiet_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+}
+
 fn fuzz_decoder(args: &FuzzArgs, protocol: Protocol) -> Report {
     let mut report = empty_report(args);
-    // Panics are caught and reported per case; keep the default hook from printing each one.
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    // Panics are caught and reported per case; keep the hook from printing each one.
+    install_quiet_hook();
     let warmup = (args.cases / 20).min(20_000);
     let start = Instant::now();
     let mut outcomes = Outcomes::default();
@@ -243,9 +261,12 @@ fn fuzz_decoder(args: &FuzzArgs, protocol: Protocol) -> Report {
             report.rss_baseline_kib = rss_kib(None);
         }
         let mut rng = Rng::for_case(args.seed, case);
-        match catch_unwind(AssertUnwindSafe(|| {
+        QUIET.with(|q| q.set(true));
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
             decoder_case(&mut rng, protocol, &mut outcomes)
-        })) {
+        }));
+        QUIET.with(|q| q.set(false));
+        match outcome {
             Ok(Ok(())) => {}
             Ok(Err(msg)) => report.failure(args, case, msg),
             Err(p) => report.failure(args, case, format!("panic: {}", panic_message(&*p))),
@@ -255,7 +276,6 @@ fn fuzz_decoder(args: &FuzzArgs, protocol: Protocol) -> Report {
             report.max_rss_growth_kib = report.max_rss_growth_kib.max(growth);
         }
     }
-    std::panic::set_hook(hook);
     if args.cases <= warmup || report.rss_baseline_kib == 0 {
         report.rss_baseline_kib = rss_kib(None);
     }
@@ -428,6 +448,16 @@ fn check<T: DeserializeOwned + Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panic_inside_a_case_is_caught_and_the_hook_stays_quiet_only_for_cases() {
+        install_quiet_hook();
+        QUIET.with(|q| q.set(true));
+        let r = catch_unwind(|| panic!("boom in a case"));
+        QUIET.with(|q| q.set(false));
+        let p = r.unwrap_err();
+        assert_eq!(panic_message(&*p), "boom in a case");
+    }
 
     #[test]
     fn a_failing_case_is_reported_with_the_command_that_replays_it() {
