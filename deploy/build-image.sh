@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the `hybrid-scheduler:local` Docker image FROM scratch: the release binaries, the shared
+# Build the `hybrid-scheduler:local` Docker image (or $IMAGE) FROM scratch: the release binaries, the shared
 # libraries they link (read off `ldd`), a static busybox (a shell for launch specs and health
 # checks) and tini as PID 1 (reaps orphaned container processes). No image is pulled: this machine
 # kind has no registry.
@@ -51,5 +51,6 @@ ENV PATH=/usr/local/bin:/bin RUST_LOG=info
 ENTRYPOINT ["/bin/tini", "--"]
 DOCKERFILE
 
-docker build -q -t hybrid-scheduler:local "$ctx"
-echo "built hybrid-scheduler:local" >&2
+image="${IMAGE:-hybrid-scheduler:local}"
+docker build -q -t "$image" "$ctx"
+echo "built $image" >&2

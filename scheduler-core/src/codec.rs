@@ -36,9 +36,13 @@ pub fn to_payload<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 /// deeper than a handful of levels; the cap keeps a hostile frame from costing deep recursion.
 pub const MAX_NESTING_DEPTH: usize = 32;
 
-/// Decode a msgpack payload: exactly one value, nested at most [`MAX_NESTING_DEPTH`] deep.
-/// Bytes after the value are `Malformed` (a frame carries one message, docs/protocol.md).
+/// Decode a msgpack payload: exactly one map with string keys, nested at most
+/// [`MAX_NESTING_DEPTH`] deep. Bytes after the value, a payload that is not a map, and a map key
+/// that is not a string are `Malformed` (a frame carries one message of named fields,
+/// docs/protocol.md): rmp-serde would take an integer key as a struct's field index and an
+/// array as a struct's fields in order, so without the check such frames decoded positionally.
 pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
+    check_named_fields(payload).map_err(CodecError::Malformed)?;
     let mut deserializer = rmp_serde::Deserializer::new(std::io::Cursor::new(payload));
     deserializer.set_max_depth(MAX_NESTING_DEPTH);
     let value =
@@ -51,6 +55,109 @@ pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError
         )));
     }
     Ok(value)
+}
+
+/// The payload is a map, and every map in it (at any depth) has string keys only. Walks the
+/// msgpack bytes without allocating; stops at the first problem, including a value that is cut
+/// short or nested deeper than [`MAX_NESTING_DEPTH`] (reported as such, as the decoder would).
+fn check_named_fields(payload: &[u8]) -> Result<(), String> {
+    match payload.first() {
+        Some(0x80..=0x8f | 0xde | 0xdf) => {}
+        Some(m) => {
+            return Err(format!(
+                "the payload is not a msgpack map (marker 0x{m:02x}); a frame carries one map of named fields"
+            ));
+        }
+        None => return Err("empty payload".into()),
+    }
+    let mut pos = 0;
+    skip_value(payload, &mut pos, 0)
+}
+
+fn read_be(b: &[u8], pos: &mut usize, n: usize) -> Result<usize, String> {
+    let bytes = b
+        .get(*pos..*pos + n)
+        .ok_or_else(|| "the payload ends in the middle of a value".to_string())?;
+    *pos += n;
+    Ok(bytes.iter().fold(0usize, |acc, &x| (acc << 8) | x as usize))
+}
+
+fn skip_bytes(b: &[u8], pos: &mut usize, n: usize) -> Result<(), String> {
+    if b.len().saturating_sub(*pos) < n {
+        return Err("the payload ends in the middle of a value".into());
+    }
+    *pos += n;
+    Ok(())
+}
+
+fn is_str_marker(m: u8) -> bool {
+    matches!(m, 0xa0..=0xbf | 0xd9 | 0xda | 0xdb)
+}
+
+fn skip_value(b: &[u8], pos: &mut usize, depth: usize) -> Result<(), String> {
+    let m = read_be(b, pos, 1)? as u8;
+    let (entries, is_map) = match m {
+        0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => return Ok(()),
+        0x80..=0x8f => ((m & 0x0f) as usize, true),
+        0x90..=0x9f => ((m & 0x0f) as usize, false),
+        0xa0..=0xbf => return skip_bytes(b, pos, (m & 0x1f) as usize),
+        0xc4 | 0xd9 => {
+            let n = read_be(b, pos, 1)?;
+            return skip_bytes(b, pos, n);
+        }
+        0xc5 | 0xda => {
+            let n = read_be(b, pos, 2)?;
+            return skip_bytes(b, pos, n);
+        }
+        0xc6 | 0xdb => {
+            let n = read_be(b, pos, 4)?;
+            return skip_bytes(b, pos, n);
+        }
+        0xc7..=0xc9 => {
+            let width = match m {
+                0xc7 => 1,
+                0xc8 => 2,
+                _ => 4,
+            };
+            let n = read_be(b, pos, width)?;
+            return skip_bytes(b, pos, n + 1);
+        }
+        0xca | 0xce | 0xd2 => return skip_bytes(b, pos, 4),
+        0xcb | 0xcf | 0xd3 => return skip_bytes(b, pos, 8),
+        0xcc | 0xd0 => return skip_bytes(b, pos, 1),
+        0xcd | 0xd1 => return skip_bytes(b, pos, 2),
+        0xd4 => return skip_bytes(b, pos, 2),
+        0xd5 => return skip_bytes(b, pos, 3),
+        0xd6 => return skip_bytes(b, pos, 5),
+        0xd7 => return skip_bytes(b, pos, 9),
+        0xd8 => return skip_bytes(b, pos, 17),
+        0xdc => (read_be(b, pos, 2)?, false),
+        0xdd => (read_be(b, pos, 4)?, false),
+        0xde => (read_be(b, pos, 2)?, true),
+        0xdf => (read_be(b, pos, 4)?, true),
+        0xc1 => return Err("0xc1 is not a msgpack marker".into()),
+    };
+    if depth >= MAX_NESTING_DEPTH {
+        return Err(format!(
+            "arrays and maps nested deeper than {MAX_NESTING_DEPTH} levels"
+        ));
+    }
+    // Every entry takes at least one byte, so a count that lies ends at the payload's end.
+    for _ in 0..entries {
+        if is_map {
+            let key = *b
+                .get(*pos)
+                .ok_or_else(|| "the payload ends in the middle of a map".to_string())?;
+            if !is_str_marker(key) {
+                return Err(format!(
+                    "a map key is not a string (marker 0x{key:02x}); fields are named, never positional"
+                ));
+            }
+            skip_value(b, pos, depth + 1)?;
+        }
+        skip_value(b, pos, depth + 1)?;
+    }
+    Ok(())
 }
 
 /// Encode a message as one length-prefixed frame, refusing to produce one over `limit`.
@@ -179,9 +286,10 @@ mod tests {
 
     #[test]
     fn nesting_deeper_than_the_cap_is_malformed() {
-        // Arrays of one element nested ever deeper, decoded as a dynamic value.
+        // A map holding arrays of one element nested ever deeper, decoded as a dynamic value.
         let nested = |depth: usize| {
-            let mut bytes = vec![0x91; depth];
+            let mut bytes = vec![0x81, 0xa1, b'k'];
+            bytes.extend(vec![0x91; depth - 1]);
             bytes.push(0xc0);
             bytes
         };
@@ -291,6 +399,53 @@ mod tests {
                 buffered: 6,
                 expected: 13
             })
+        );
+    }
+
+    /// Found by `testbed fuzz --target app-decoder --seed 1` (case 21298): rmp-serde takes an
+    /// integer map key as a struct's field *index*, so a map with a key `1` set the second field
+    /// of whatever type decoded it. The app endpoint decodes each frame twice (its envelope, then
+    /// the request) and the two disagreed on which field such a key was.
+    #[test]
+    fn integer_map_keys_are_malformed_not_positional_fields() {
+        use crate::protocol::app::AppRequest;
+        // {"type": "release", "request_id": 5, 1: 42}
+        let mut payload = vec![0x83, 0xa4];
+        payload.extend_from_slice(b"type");
+        payload.push(0xa7);
+        payload.extend_from_slice(b"release");
+        payload.push(0xaa);
+        payload.extend_from_slice(b"request_id");
+        payload.extend_from_slice(&[0x05, 0x01, 0x2a]);
+        let err = from_payload::<AppRequest>(&payload).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Malformed(m) if m.contains("not a string")),
+            "{err:?}"
+        );
+        // The same map with the key spelled out is a release of container 42.
+        let mut named = payload[..payload.len() - 2].to_vec();
+        named[0] = 0x83;
+        named.push(0xac);
+        named.extend_from_slice(b"container_id");
+        named.push(0x2a);
+        assert!(matches!(
+            from_payload::<AppRequest>(&named),
+            Ok(AppRequest::Release(r)) if r.container_id.0 == 42
+        ));
+    }
+
+    /// A payload is one msgpack *map* (docs/protocol.md §2): serde's internally tagged enums
+    /// also took an array, its first element as the `type` (`["release", 5, 42]` was a release).
+    #[test]
+    fn a_payload_that_is_not_a_map_is_malformed() {
+        use crate::protocol::app::AppRequest;
+        let mut payload = vec![0x93, 0xa7];
+        payload.extend_from_slice(b"release");
+        payload.extend_from_slice(&[0x05, 0x2a]);
+        let err = from_payload::<AppRequest>(&payload).unwrap_err();
+        assert!(
+            matches!(&err, CodecError::Malformed(m) if m.contains("map")),
+            "{err:?}"
         );
     }
 }

@@ -7,8 +7,10 @@
 pub mod client;
 pub mod demo;
 pub mod experiment;
+pub mod fuzz;
 pub mod load;
 pub mod local;
+pub mod partition;
 pub mod sim;
 pub mod task;
 pub mod traces;

@@ -364,6 +364,14 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The process id of one child by name (to read its `/proc/PID/status`).
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, child, _)| child.id())
+    }
+
     /// Send a signal to one child by name (fault tests: SIGSTOP/SIGCONT pause and resume it).
     pub fn signal(&mut self, name: &str, signal: libc::c_int) -> anyhow::Result<()> {
         let (_, child, _) = self

@@ -30,6 +30,13 @@ enum Command {
     /// Node-loss check (docker-compose test): start long containers on every worker, print READY,
     /// wait until the victim's containers are reported lost, and check new asks avoid it.
     NodeLossCheck(testbed::demo::NodeLossArgs),
+    /// Fuzz a decoder or a worker's app endpoint with seeded structure-aware random frames;
+    /// report cases/s, memory growth and any failure with the seed that reproduces it.
+    Fuzz(testbed::fuzz::FuzzArgs),
+    /// Network-partition check (docker-compose test): `--phase before` holds a GUARANTEED
+    /// container on the victim until it is reported lost; `--phase after` checks the re-joined
+    /// victim's whole capacity can be granted and started again.
+    PartitionCheck(testbed::partition::PartitionArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Load(args) => testbed::load::run(&args),
         Command::Demo(args) => testbed::demo::run(&args),
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),
+        Command::Fuzz(args) => testbed::fuzz::run(&args),
+        Command::PartitionCheck(args) => testbed::partition::run(&args),
     }
 }
