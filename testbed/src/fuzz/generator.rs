@@ -667,6 +667,14 @@ fn public_ring(rng: &mut Rng) -> PublicKeyRing {
     }
 }
 
+fn outstanding(rng: &mut Rng) -> scheduler_core::quota::AppOutstanding {
+    scheduler_core::quota::AppOutstanding {
+        app_id: AppId::new(rng.word()),
+        queueable: rng.below(1000) as u32,
+        guaranteed: rng.below(1000) as u32,
+    }
+}
+
 fn app_record(rng: &mut Rng) -> cluster::AppRecord {
     cluster::AppRecord {
         app_id: rng.word(),
@@ -706,6 +714,7 @@ pub fn worker_to_coordinator(rng: &mut Rng) -> WorkerToCoordinator {
             containers: (0..rng.below(3)).map(|_| status(rng)).collect(),
             started: (0..rng.below(3)).map(|_| cid(rng)).collect(),
             finished: (0..rng.below(3)).map(|_| cid(rng)).collect(),
+            issued: (0..rng.below(3)).map(|_| outstanding(rng)).collect(),
         }),
         2 => WorkerToCoordinator::AllocateGuaranteed(cluster::AllocateGuaranteed {
             correlation_id: corr,
@@ -770,6 +779,7 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
             apps: rng
                 .chance(1, 3)
                 .then(|| (0..rng.below(3)).map(|_| app_record(rng)).collect()),
+            outstanding_elsewhere: (0..rng.below(3)).map(|_| outstanding(rng)).collect(),
         }),
         3 => CoordinatorToWorker::GuaranteedAllocated(cluster::GuaranteedAllocated {
             correlation_id: corr,
