@@ -35,17 +35,6 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info};
 
-/// Frame types of the app protocol (to tell "unknown type" from "bad fields of a known type").
-const KNOWN_TYPES: &[&str] = &[
-    "hello",
-    "allocate",
-    "release",
-    "promote",
-    "start_container",
-    "stop_container",
-    "subscribe",
-];
-
 /// Just the `type` of a frame (to tell a bad `request_id` from a frame that is no request).
 #[derive(serde::Deserialize)]
 struct TypeTag {
@@ -465,7 +454,7 @@ impl Session<'_> {
         let request: AppRequest = match from_payload(payload) {
             Ok(r) => r,
             Err(e) => {
-                if KNOWN_TYPES.contains(&envelope.kind.as_str()) {
+                if scheduler_core::protocol::app::REQUEST_TYPES.contains(&envelope.kind.as_str()) {
                     self.send_error(
                         envelope.request_id,
                         ErrorCode::InvalidRequest,
@@ -484,7 +473,7 @@ impl Session<'_> {
                     format!(
                         "unknown message type {:?}; known types: {}",
                         envelope.kind,
-                        KNOWN_TYPES.join(", ")
+                        scheduler_core::protocol::app::REQUEST_TYPES.join(", ")
                     ),
                 );
                 return if self.app.is_none() {

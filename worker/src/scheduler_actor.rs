@@ -125,16 +125,22 @@ impl SchedulerActor {
     /// pending request and are dropped.
     fn release_orphaned_grants(&mut self, containers: &[GrantedContainer]) {
         for c in containers {
-            let correlation_id = self.next_correlation;
-            self.next_correlation += 1;
-            let _ = self
-                .link
-                .send(WorkerToCoordinator::Release(ReleaseContainer {
-                    correlation_id,
-                    app_id: c.token.body.app_id.to_string(),
-                    container_id: c.container_id,
-                }));
+            self.release_unanswered(c.token.body.app_id.to_string(), c.container_id);
         }
+    }
+
+    /// Ask the coordinator to release a container; nobody waits for the answer (it matches no
+    /// pending request and is dropped).
+    fn release_unanswered(&mut self, app_id: String, container_id: ContainerId) {
+        let correlation_id = self.next_correlation;
+        self.next_correlation += 1;
+        let _ = self
+            .link
+            .send(WorkerToCoordinator::Release(ReleaseContainer {
+                correlation_id,
+                app_id,
+                container_id,
+            }));
     }
 
     fn forward_with(
@@ -243,16 +249,8 @@ impl SchedulerActor {
     fn act(&mut self, action: IssuedAction) {
         match action {
             IssuedAction::Stop { app, container_id } => {
-                // Released before it started: stop it now (nobody waits for the answer).
-                let correlation_id = self.next_correlation;
-                self.next_correlation += 1;
-                let _ = self
-                    .link
-                    .send(WorkerToCoordinator::Release(ReleaseContainer {
-                        correlation_id,
-                        app_id: String::from(app),
-                        container_id,
-                    }));
+                // Released before it started: stop it now.
+                self.release_unanswered(String::from(app), container_id)
             }
             IssuedAction::Lost {
                 app,

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use scheduler_core::protocol::app::{AppRequest, AppResponse, ErrorCode, Release};
+use scheduler_core::protocol::app::{AppResponse, ErrorCode};
 use scheduler_core::{ContainerId, ContainerType, Resources};
 
 /// A container id no issuer of the cluster uses (for tokens the tests sign themselves).
@@ -110,15 +110,8 @@ async fn a_released_guaranteed_grant_cannot_be_started_afterwards() {
         .grant(ask_on(ContainerType::Guaranteed, 1000, 256, "node-a"))
         .await;
     let id = token.body.container_id;
-    let release_id = via_b.new_request_id();
-    via_b
-        .send(&AppRequest::Release(Release {
-            request_id: release_id,
-            container_id: id,
-        }))
-        .await;
     assert!(
-        matches!(via_b.answer(release_id).await, AppResponse::Ack(_)),
+        matches!(via_b.release(id).await, AppResponse::Ack(_)),
         "release acknowledged"
     );
     // The revocation reaches node-a on the coordinator's stream (no heartbeat needed).
@@ -152,15 +145,8 @@ async fn a_guaranteed_container_released_through_another_worker_right_after_it_s
     on_a.start(&token, sh("exec sleep 30"))
         .await
         .expect("grant starts");
-    let release_id = via_b.new_request_id();
-    via_b
-        .send(&AppRequest::Release(Release {
-            request_id: release_id,
-            container_id: id,
-        }))
-        .await;
     assert!(
-        matches!(via_b.answer(release_id).await, AppResponse::Ack(_)),
+        matches!(via_b.release(id).await, AppResponse::Ack(_)),
         "release acknowledged"
     );
     c.wait_for_node("node-a", "the released container stopped", |s| {

@@ -147,6 +147,18 @@ pub enum AppResponse {
     Error(ErrorFrame),
 }
 
+/// The `type` tags of the requests an app may send (to tell "unknown type" from "bad fields of a
+/// known type").
+pub const REQUEST_TYPES: &[&str] = &[
+    "hello",
+    "allocate",
+    "release",
+    "promote",
+    "start_container",
+    "stop_container",
+    "subscribe",
+];
+
 impl AppResponse {
     /// The request this frame answers (`None` for `welcome`, events and connection errors).
     pub fn request_id(&self) -> Option<u64> {

@@ -480,18 +480,6 @@ fn expect_ack(request: &str, answer: AppResponse) -> Result<Ack, ClientError> {
     }
 }
 
-/// The request an answer names (`welcome` and `event` name none).
-fn answered_request(msg: &AppResponse) -> Option<u64> {
-    match msg {
-        AppResponse::Welcome(_) | AppResponse::Event(_) => None,
-        AppResponse::Allocated(a) => Some(a.request_id),
-        AppResponse::Promoted(p) => Some(p.request_id),
-        AppResponse::ContainerAccepted(c) => Some(c.request_id),
-        AppResponse::Ack(a) => Some(a.request_id),
-        AppResponse::Error(e) => e.request_id,
-    }
-}
-
 /// Send queued frames, batching whatever is already queued into one write. Ends when every
 /// client handle is gone (then half-closes, so the worker ends the connection) or on a write
 /// error (then fails every waiting request).
@@ -539,7 +527,7 @@ async fn read_frames<S: AsyncRead>(
                         closing = Some(ClientError::Server(e));
                     }
                 }
-                Ok(Some(msg)) => match answered_request(&msg) {
+                Ok(Some(msg)) => match AppResponse::request_id(&msg) {
                     Some(id) => shared.dispatch(id, msg),
                     None => {
                         tracing::warn!(endpoint = %shared.endpoint, "unexpected frame: {msg:?}")

@@ -12,7 +12,7 @@ use scheduler_core::codec::{APP_MAX_FRAME, FrameDecoder, encode_frame};
 use scheduler_core::protocol::app::{
     APP_PROTOCOL_VERSION, AcceptedState, Allocate, Allocated, AppRequest, AppResponse,
     ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorFrame, Hello, LaunchSpec, Locality,
-    Promote, Promoted, StartContainer, Subscribe, Welcome,
+    Promote, Promoted, Release, StartContainer, Subscribe, Welcome,
 };
 use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, PublicKeyRing, TokenBody};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
@@ -707,6 +707,17 @@ impl AppClient {
             AppResponse::Error(e) => Err(e),
             other => panic!("unexpected answer to start_container: {other:?}"),
         }
+    }
+
+    /// Release a container (any node's); the answer (`ack` or an error).
+    pub async fn release(&mut self, container_id: ContainerId) -> AppResponse {
+        let id = self.new_request_id();
+        self.send(&AppRequest::Release(Release {
+            request_id: id,
+            container_id,
+        }))
+        .await;
+        self.answer(id).await
     }
 
     pub async fn promote(&mut self, container_id: ContainerId) -> Result<Promoted, ErrorFrame> {
