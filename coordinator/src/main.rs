@@ -46,6 +46,29 @@ enum Command {
         #[command(subcommand)]
         command: AppCommand,
     },
+    /// Issue a TLS server certificate for a worker's app endpoint, signed by the cluster CA of
+    /// DATA_DIR: writes OUT_DIR/app-cert.pem and OUT_DIR/app-key.pem (0600; give them to
+    /// `worker run --app-tls-cert --app-tls-key`). Applications verify the worker with the
+    /// cluster ca.pem. Prints {"cert","key","ca_cert"}.
+    IssueAppCert(IssueAppCertArgs),
+}
+
+#[derive(Args)]
+struct IssueAppCertArgs {
+    #[arg(long, env = "COORDINATOR_DATA_DIR")]
+    data_dir: PathBuf,
+    /// The worker's node id (the certificate's common name).
+    #[arg(long)]
+    node_id: String,
+    /// A DNS name applications connect to (repeatable; a subject alternative name).
+    #[arg(long = "dns", value_name = "NAME")]
+    dns: Vec<String>,
+    /// An IP address applications connect to (repeatable; a subject alternative name).
+    #[arg(long = "ip", value_name = "ADDR")]
+    ips: Vec<std::net::IpAddr>,
+    /// Where the certificate and key go (created 0700 if absent; existing files are kept).
+    #[arg(long)]
+    out_dir: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -196,6 +219,17 @@ fn main() -> anyhow::Result<()> {
             let store = Store::open(&dir.store())?;
             let app = datadir::add_app(&store, &app_id, quota.quota()?)?;
             println!("{}", serde_json::to_string(&app)?);
+            Ok(())
+        }
+        Command::IssueAppCert(a) => {
+            let issued = coordinator::app_cert::issue_app_cert(
+                &DataDir::new(&a.data_dir),
+                &a.node_id,
+                &a.dns,
+                &a.ips,
+                &a.out_dir,
+            )?;
+            println!("{}", serde_json::to_string(&issued)?);
             Ok(())
         }
         Command::Run(args) => {
