@@ -84,6 +84,9 @@ pub fn issue_app_cert(
     params.distinguished_name.push(DnType::CommonName, node_id);
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    // Strict verifiers (Python 3.13's default context, `openssl verify -x509_strict`) require
+    // the authority key identifier.
+    params.use_authority_key_identifier_extension = true;
     // As the coordinator's server certificate: valid until the CA is replaced; a node's
     // certificate is withdrawn by replacing the CA (or the worker's files).
     params.not_before = rcgen::date_time_ymd(2024, 1, 1);
@@ -194,6 +197,31 @@ mod tests {
                 .is_err(),
             "a name not in the SAN is refused"
         );
+        // The authority key identifier names the CA's key (strict verifiers need it).
+        use x509_parser::prelude::{FromDer, ParsedExtension, X509Certificate};
+        let ca_der = CertificateDer::from_pem_file(dir.ca_cert()).unwrap();
+        let (_, ca) = X509Certificate::from_der(&ca_der).unwrap();
+        let ski = ca
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
+                _ => None,
+            })
+            .expect("the CA has a subject key identifier");
+        let (_, cert) = X509Certificate::from_der(&leaf).unwrap();
+        let aki = cert
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::AuthorityKeyIdentifier(a) => {
+                    a.key_identifier.as_ref().map(|k| k.0.to_vec())
+                }
+                _ => None,
+            })
+            .expect("the certificate has an authority key identifier");
+        assert_eq!(aki, ski);
+
         // No silent overwrite; no names at all is refused.
         assert!(matches!(
             issue_app_cert(&dir, "node-a", &["x".into()], &[], &out),

@@ -211,6 +211,64 @@ impl Endpoint {
         }
     }
 
+    /// Accept TLS-over-TCP connections forever. The connection is counted from the TCP accept;
+    /// an admitted one must finish its handshake within the hello timeout, a refused one gets
+    /// its `too_many_connections` over TLS within a second, or is just closed. A failed
+    /// handshake (a plaintext client, an untrusting client, garbage) closes that connection
+    /// only.
+    pub async fn serve_tls(
+        self,
+        listener: tokio::net::TcpListener,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) {
+        let mut backoff = AcceptBackoff::new();
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    backoff.succeeded();
+                    let _ = stream.set_nodelay(true);
+                    debug!(%peer, "app connection (TLS)");
+                    let admitted = self.connections.admit(Some(peer.ip()), &self.limits);
+                    if let Err(why) = &admitted {
+                        self.refuse_log.refused(why);
+                    }
+                    let handshake_limit = match admitted {
+                        Ok(_) => self.limits.hello_timeout,
+                        Err(_) => Duration::from_secs(1),
+                    };
+                    let ep = self.clone();
+                    let acceptor = acceptor.clone();
+                    actix_rt::spawn(async move {
+                        let tls = match tokio::time::timeout(
+                            handshake_limit,
+                            acceptor.accept(stream),
+                        )
+                        .await
+                        {
+                            Ok(Ok(tls)) => tls,
+                            Ok(Err(e)) => {
+                                info!(%peer, "app connection: TLS handshake failed: {e}");
+                                return;
+                            }
+                            Err(_) => {
+                                info!(%peer, "app connection: no TLS handshake within {handshake_limit:?}; closed");
+                                return;
+                            }
+                        };
+                        match admitted {
+                            Ok(admitted) => ep.serve(tls, admitted).await,
+                            Err(why) => refuse(tls, why).await,
+                        }
+                    });
+                }
+                Err(e) => {
+                    let wait = backoff.failed(&e, "an app connection (TLS)");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
     /// Accept Unix-socket connections forever.
     pub async fn serve_unix(self, listener: tokio::net::UnixListener) {
         let mut backoff = AcceptBackoff::new();
@@ -741,6 +799,52 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         }
     }
     let _ = writer.shutdown().await;
+}
+
+/// The TLS acceptor of the app endpoint from a PEM certificate chain and key (TLS 1.2 and 1.3,
+/// ring). Warns when the key file can be read by group or others.
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use anyhow::Context;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::os::unix::fs::PermissionsExt;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .with_context(|| format!("reading the app TLS certificate {}", cert.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!(
+            "the app TLS certificate file {} holds no certificate",
+            cert.display()
+        );
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading the app TLS key {}", key.display()))?;
+    if let Ok(meta) = std::fs::metadata(key)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            file = %key.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the app TLS key is readable by group or others: make it 0600"
+        );
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, private)
+        .with_context(|| {
+            format!(
+                "the app TLS key {} does not fit the certificate {}",
+                key.display(),
+                cert.display()
+            )
+        })?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 #[cfg(test)]
