@@ -240,13 +240,20 @@ pub fn advertised_endpoint(
     }
 }
 
-/// Bind the app Unix socket: a stale socket at the path is replaced (any other file is an
-/// error, never deleted); then its mode and group are set.
+/// Bind the app Unix socket: a stale socket at the path is replaced (a live one, or any other
+/// file, is an error and left alone); then its mode and group are set.
 fn bind_app_socket(socket: &config::AppSocket) -> anyhow::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let path = &socket.path;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
+            // A socket someone still accepts on is another worker's, not a stale one.
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                anyhow::bail!(
+                    "--app-socket {} is served by another process (another worker?): refusing to take it over",
+                    path.display()
+                );
+            }
             std::fs::remove_file(path)
                 .with_context(|| format!("removing the stale app socket {}", path.display()))?;
         }

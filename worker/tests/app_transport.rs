@@ -160,7 +160,7 @@ async fn tls_endpoint_serves_clients_trusting_the_cluster_ca_and_refuses_others_
 }
 
 #[actix_rt::test]
-async fn unix_socket_endpoint_is_created_0660_and_advertised_as_unix_url() {
+async fn unix_socket_endpoint_is_created_0660_advertised_as_unix_url_and_never_taken_over() {
     let sock_dir = tempfile::tempdir().expect("tempdir");
     let path = sock_dir.path().join("app.sock");
     let for_config = path.clone();
@@ -181,6 +181,43 @@ async fn unix_socket_endpoint_is_created_0660_and_advertised_as_unix_url() {
         .expect("connect");
     let answer = hello_over(stream, c.secret("demo")).await;
     assert!(matches!(answer, Ok(AppResponse::Welcome(_))), "{answer:?}");
+
+    // A second worker on the same path does not take over the live socket, and a path that
+    // is not a socket is never deleted.
+    let mut second = c.workers[0].app_socket.clone().map(AppSocket::new);
+    let second_config = |socket: Option<AppSocket>| {
+        let mut a = RunArgs {
+            coordinator: Some("127.0.0.1:9".into()),
+            ca_cert: Some(coordinator::datadir::DataDir::new(c.dir.path()).ca_cert()),
+            join_token: Some("t".into()),
+            node_id: Some("node-b".into()),
+            state_dir: Some(sock_dir.path().join("state-b")),
+            ..Default::default()
+        }
+        .resolve()
+        .expect("config");
+        a.app_socket = socket;
+        a
+    };
+    let e = match worker::start(second_config(second.take())).await {
+        Ok(_) => panic!("a second worker took over a live socket"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("served by another process"), "{e}");
+    assert!(
+        std::fs::metadata(&path)
+            .expect("still there")
+            .file_type()
+            .is_socket()
+    );
+    let file = sock_dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").expect("write");
+    let e = match worker::start(second_config(Some(AppSocket::new(file.clone())))).await {
+        Ok(_) => panic!("a worker replaced a regular file"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("is not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&file).expect("kept"), "keep me");
     c.stop().await;
 }
 
