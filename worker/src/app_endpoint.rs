@@ -1,9 +1,9 @@
-//! The application endpoint: TCP and (optionally) a Unix socket speaking the app protocol
-//! (`docs/protocol.md`). Each connection is a task on the actors' arbiter: it decodes frames,
-//! checks the hello, hands requests to the actors with the connection's outbound channel, and a
-//! writer task sends answers and events in order. A bad client gets a clear error frame (and
-//! is disconnected where the protocol says so); nothing it sends affects other connections or
-//! running containers.
+//! The application endpoint: a Unix socket, TLS over TCP and/or (explicitly) plaintext TCP,
+//! each speaking the app protocol (`docs/protocol.md`, §1 for the transports). Each connection
+//! is a task on the actors' arbiter: it decodes frames, checks the hello, hands requests to the
+//! actors with the connection's outbound channel, and a writer task sends answers and events in
+//! order. A bad client gets a clear error frame (and is disconnected where the protocol says so);
+//! nothing it sends affects other connections or running containers.
 
 use crate::config::AppLimits;
 use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};

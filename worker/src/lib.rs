@@ -1,6 +1,6 @@
 //! The worker: one per node. Runs the distributed-scheduler actor and the node-runtime actor
-//! (Mercury §3–§4) on one actix arbiter, the application endpoint (TCP and Unix socket), and the
-//! QUIC link to the coordinator. All policy lives in `scheduler-core`.
+//! (Mercury §3–§4) on one actix arbiter, the application endpoint (Unix socket, TLS or
+//! plaintext TCP), and the QUIC link to the coordinator. All policy lives in `scheduler-core`.
 
 pub mod app_endpoint;
 pub mod config;
