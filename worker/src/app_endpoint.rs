@@ -63,6 +63,8 @@ pub struct Endpoint {
     pub limits: AppLimits,
     pub connections: Rc<ConnectionCount>,
     pub refuse_log: Rc<RefuseLog>,
+    /// Failed TLS handshakes, logged like refusals (a scan must not flood the log).
+    pub handshake_log: Rc<RefuseLog>,
 }
 
 /// Open application connections, in all and per source address (TCP peers' IP; Unix-socket
@@ -247,11 +249,15 @@ impl Endpoint {
                         {
                             Ok(Ok(tls)) => tls,
                             Ok(Err(e)) => {
-                                info!(%peer, "app connection: TLS handshake failed: {e}");
+                                debug!(%peer, "app connection: TLS handshake failed: {e}");
+                                ep.handshake_log.handshake_failed(&format!("{peer}: {e}"));
                                 return;
                             }
                             Err(_) => {
-                                info!(%peer, "app connection: no TLS handshake within {handshake_limit:?}; closed");
+                                debug!(%peer, "app connection: no TLS handshake within {handshake_limit:?}");
+                                ep.handshake_log.handshake_failed(&format!(
+                                    "{peer}: no handshake within {handshake_limit:?}"
+                                ));
                                 return;
                             }
                         };
@@ -437,6 +443,22 @@ pub struct RefuseLog {
 
 impl RefuseLog {
     fn refused(&self, why: &str) {
+        if let Some(n) = self.count() {
+            tracing::warn!("refused {n} app connection(s) since the last report: {why}");
+        }
+    }
+
+    /// A TLS handshake on the app endpoint failed (untrusting or plaintext client, scan).
+    fn handshake_failed(&self, last: &str) {
+        if let Some(n) = self.count() {
+            tracing::info!(
+                "{n} app connection(s) failed their TLS handshake since the last report; the last: {last}"
+            );
+        }
+    }
+
+    /// Count one; the count to report if a report is due (at most once per 10 s).
+    fn count(&self) -> Option<u64> {
         self.since_log.set(self.since_log.get() + 1);
         let now = std::time::Instant::now();
         if self
@@ -444,12 +466,12 @@ impl RefuseLog {
             .get()
             .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
         {
-            tracing::warn!(
-                "refused {} app connection(s) since the last report: {why}",
-                self.since_log.get()
-            );
+            let n = self.since_log.get();
             self.since_log.set(0);
             self.last_log.set(Some(now));
+            Some(n)
+        } else {
+            None
         }
     }
 }

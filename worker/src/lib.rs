@@ -164,6 +164,7 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         limits: config.app_limits,
         connections: Default::default(),
         refuse_log: Default::default(),
+        handshake_log: Default::default(),
     };
     match tcp {
         Some((listener, Some(acceptor))) => {
