@@ -8,11 +8,14 @@ use common::*;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use scheduler_core::codec::{APP_MAX_FRAME, FrameDecoder, encode_frame};
-use scheduler_core::protocol::app::{APP_PROTOCOL_VERSION, AppRequest, AppResponse, Hello};
+use scheduler_core::protocol::app::{
+    APP_PROTOCOL_VERSION, AppRequest, AppResponse, ErrorCode, Hello,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use worker::config::{AppSocket, AppTcp, RunArgs};
+use worker::config::{AppLimits, AppSocket, AppTcp, RunArgs};
 
 /// Issue node `node`'s app certificate under the cluster CA next to `ca_cert` (the data dir).
 fn issue_cert(ca_cert: &Path, node: &str) -> (PathBuf, PathBuf) {
@@ -156,6 +159,86 @@ async fn tls_endpoint_serves_clients_trusting_the_cluster_ca_and_refuses_others_
         .expect("TLS handshake after the refusals");
     let answer = hello_over(tls, &secret).await;
     assert!(matches!(answer, Ok(AppResponse::Welcome(_))), "{answer:?}");
+    c.stop().await;
+}
+
+/// The first frame the worker sends on `stream`, without sending anything.
+async fn first_frame<S: AsyncRead + Unpin>(mut stream: S) -> Option<AppResponse> {
+    let mut decoder = FrameDecoder::new(APP_MAX_FRAME);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        if let Some(answer) = decoder.next_message::<AppResponse>().expect("a frame") {
+            return Some(answer);
+        }
+        let n = tokio::time::timeout(FAILURE_TIMEOUT, stream.read(&mut buf))
+            .await
+            .expect("a frame or a close in time")
+            .ok()?;
+        if n == 0 {
+            return None;
+        }
+        decoder.push(&buf[..n]);
+    }
+}
+
+#[actix_rt::test]
+async fn tls_handshakes_are_bounded_by_the_hello_timeout_and_the_caps_answer_over_tls() {
+    let limits = AppLimits {
+        hello_timeout: Duration::from_millis(200),
+        max_connections: 1,
+        ..AppLimits::default()
+    };
+    let c = Cluster::start_with(&["demo"], &[node("node-a", 2000, 2048)], move |w| {
+        let (cert, key) = issue_cert(&w.ca_cert, "node-a");
+        w.app_tcp = Some(AppTcp::tls(
+            "127.0.0.1:0".parse().expect("literal"),
+            cert,
+            key,
+        ));
+        w.app_limits = limits;
+    })
+    .await;
+    let addr = c.worker("node-a").app_addr.expect("a TCP listener");
+    let ca = coordinator::datadir::DataDir::new(c.dir.path()).ca_cert();
+
+    // Connected, never starting a handshake: closed at the deadline, not kept for ever.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut back = Vec::new();
+    let read = tokio::time::timeout(FAILURE_TIMEOUT, silent.read_to_end(&mut back))
+        .await
+        .expect("the worker closes a connection that never handshakes");
+    assert!(read.is_ok() && back.is_empty(), "{read:?} {back:?}");
+
+    // One connection allowed: the second completes its handshake and is told why over TLS.
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut first = connector(&ca)
+        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+        .await
+        .expect("handshake");
+    let hello = AppRequest::Hello(Hello {
+        protocol_version: APP_PROTOCOL_VERSION,
+        app_id: "demo".into(),
+        app_secret: c.secret("demo").into(),
+        client_name: None,
+    });
+    first
+        .write_all(&encode_frame(&hello, APP_MAX_FRAME).expect("encode"))
+        .await
+        .expect("hello");
+    assert!(matches!(
+        first_frame(&mut first).await,
+        Some(AppResponse::Welcome(_))
+    ));
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let second = connector(&ca)
+        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+        .await
+        .expect("handshake over the cap");
+    match first_frame(second).await {
+        Some(AppResponse::Error(e)) => assert_eq!(e.code, ErrorCode::TooManyConnections, "{e:?}"),
+        other => panic!("expected too_many_connections, got {other:?}"),
+    }
+    drop(first);
     c.stop().await;
 }
 
