@@ -3,6 +3,7 @@
 //! node timeouts, key rotation, promotion) and guarantor actor (central GUARANTEED placement),
 //! over a redb store. Policies live in `scheduler_core`; this crate decodes, calls and sends.
 
+pub mod app_cert;
 pub mod check;
 pub mod clock;
 pub mod config;

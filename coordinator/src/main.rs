@@ -87,6 +87,11 @@ enum Command {
         #[arg(long, env = "COORDINATOR_DATA_DIR")]
         data_dir: PathBuf,
     },
+    /// Issue a TLS server certificate for a worker's app endpoint, signed by the cluster CA of
+    /// DATA_DIR: writes OUT_DIR/app-cert.pem and OUT_DIR/app-key.pem (0600; give them to
+    /// `worker run --app-tls-cert --app-tls-key`). Applications verify the worker with the
+    /// cluster ca.pem. Prints {"cert","key","ca_cert"}.
+    IssueAppCert(IssueAppCertArgs),
 }
 
 /// Validity of the certificates `init` creates.
@@ -98,6 +103,24 @@ struct ValidityArgs {
     /// Validity of the server certificate in days (`rotate-server-cert` renews it).
     #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..))]
     server_cert_validity_days: u32,
+}
+
+#[derive(Args)]
+struct IssueAppCertArgs {
+    #[arg(long, env = "COORDINATOR_DATA_DIR")]
+    data_dir: PathBuf,
+    /// The worker's node id (the certificate's common name).
+    #[arg(long)]
+    node_id: String,
+    /// A DNS name applications connect to (repeatable; a subject alternative name).
+    #[arg(long = "dns", value_name = "NAME")]
+    dns: Vec<String>,
+    /// An IP address applications connect to (repeatable; a subject alternative name).
+    #[arg(long = "ip", value_name = "ADDR")]
+    ips: Vec<std::net::IpAddr>,
+    /// Where the certificate and key go (created 0700 if absent; existing files are kept).
+    #[arg(long)]
+    out_dir: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -291,6 +314,17 @@ fn main() -> anyhow::Result<()> {
             let rotated = datadir::rotate_join_token(&dir)
                 .with_context(|| format!("rotating the join token in {}", data_dir.display()))?;
             println!("{}", serde_json::to_string(&rotated)?);
+            Ok(())
+        }
+        Command::IssueAppCert(a) => {
+            let issued = coordinator::app_cert::issue_app_cert(
+                &DataDir::new(&a.data_dir),
+                &a.node_id,
+                &a.dns,
+                &a.ips,
+                &a.out_dir,
+            )?;
+            println!("{}", serde_json::to_string(&issued)?);
             Ok(())
         }
         Command::Run(args) => {

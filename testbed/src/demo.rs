@@ -134,6 +134,7 @@ async fn demo_workload(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Resul
     );
     let load = LoadArgs {
         endpoint: endpoint.clone(),
+        ca_cert: Some(cluster.ca_cert.clone()),
         app_id: Some(cluster.app_id.clone()),
         app_secret: Some(cluster.app_secret.clone()),
         credentials_file: None,
@@ -163,7 +164,11 @@ async fn demo_workload(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Resul
         cluster.workers[0].node_id
     );
     let node = cluster.workers[0].node_id.clone();
-    let (pool, mut events) = ClientPool::new(&cluster.app_id, &cluster.app_secret);
+    let (pool, mut events) = ClientPool::with_options(
+        &cluster.app_id,
+        &cluster.app_secret,
+        cluster.client_options()?,
+    );
     let client = pool.get(&endpoint).await?;
     let long = task_launch(60_000)?;
     // Four QUEUEABLE containers of 500 millicores fill the 2-core node; a fifth queues.
@@ -275,8 +280,12 @@ async fn demo_workload(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Resul
 /// Options of `testbed node-loss-check`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NodeLossArgs {
+    /// App endpoint of a worker (tls://, tcp:// or unix://, as `testbed load --endpoint`).
     #[arg(long)]
     pub endpoint: String,
+    /// The cluster CA certificate for tls:// endpoints.
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
     #[arg(long)]
     pub credentials_file: PathBuf,
     /// Node id of the worker that will be killed.
@@ -313,7 +322,8 @@ async fn node_loss(args: &NodeLossArgs) -> anyhow::Result<serde_json::Value> {
             .to_string(),
     );
     let limit = Duration::from_millis(args.timeout_ms);
-    let (pool, mut events) = ClientPool::new(&app_id, &secret);
+    let options = crate::client::ConnectOptions::from_ca_cert(args.ca_cert.as_deref())?;
+    let (pool, mut events) = ClientPool::with_options(&app_id, &secret, options);
     let client: std::sync::Arc<AppClient> = pool.get(&args.endpoint).await?;
     let long = task_launch(args.timeout_ms * 2)?;
     let mut on_victim: HashSet<ContainerId> = HashSet::new();

@@ -3,7 +3,7 @@
 //! policy (Mercury §5), re-asks QUEUEABLE containers that were shed, preempted or lost, and
 //! reports counts and client-side latency percentiles.
 
-use crate::client::{AppClient, ClientPool};
+use crate::client::{AppClient, ClientPool, ConnectOptions};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
@@ -30,9 +30,13 @@ pub enum LoadType {
 /// Options of `testbed load`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadArgs {
-    /// App endpoint of the local worker (host:port or a Unix socket path).
+    /// App endpoint of the local worker: tls://HOST:PORT (needs --ca-cert), unix:///PATH, or
+    /// plaintext tcp://HOST:PORT (a bare HOST:PORT is plaintext too).
     #[arg(long)]
     pub endpoint: String,
+    /// The cluster CA certificate (ca.pem) that tls:// workers' certificates must chain to.
+    #[arg(long)]
+    pub ca_cert: Option<PathBuf>,
     #[arg(long, required_unless_present = "credentials_file")]
     pub app_id: Option<String>,
     #[arg(long, required_unless_present = "credentials_file")]
@@ -227,7 +231,8 @@ pub async fn run_load(args: &LoadArgs) -> anyhow::Result<LoadReport> {
             std::env::current_exe().context("locating the testbed executable for `testbed task`")?
         }
     };
-    let (pool, mut events) = ClientPool::new(&app_id, &secret);
+    let options = ConnectOptions::from_ca_cert(args.ca_cert.as_deref())?;
+    let (pool, mut events) = ClientPool::with_options(&app_id, &secret, options);
     let pool = Arc::new(pool);
     let local = pool
         .get(&args.endpoint)

@@ -10,6 +10,19 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// How the workers of `testbed local` serve applications (docs/protocol.md §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AppTransport {
+    /// TLS on loopback TCP, with a certificate per worker issued under the cluster CA at start
+    /// (`coordinator issue-app-cert`); clients verify with the cluster ca.pem.
+    #[default]
+    Tls,
+    /// Plaintext on loopback TCP (`worker run --app-plaintext-tcp`).
+    PlaintextTcp,
+    /// A Unix socket per worker in the data dir (no TCP listener).
+    Unix,
+}
+
 /// Options of `testbed local`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LocalArgs {
@@ -37,6 +50,9 @@ pub struct LocalArgs {
     /// Give up if a process has not printed its ready line after this many seconds.
     #[arg(long, default_value_t = 60)]
     pub ready_timeout_s: u64,
+    /// How workers serve applications.
+    #[arg(long, value_enum, default_value_t = AppTransport::Tls)]
+    pub app_transport: AppTransport,
 }
 
 impl Default for LocalArgs {
@@ -50,6 +66,7 @@ impl Default for LocalArgs {
             node_timeout_ms: 3000,
             shedding: "avg+sigma".into(),
             ready_timeout_s: 60,
+            app_transport: AppTransport::Tls,
         }
     }
 }
@@ -58,6 +75,7 @@ impl Default for LocalArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct LocalWorker {
     pub node_id: String,
+    /// As the worker advertises it: `tls://127.0.0.1:PORT`, `tcp://...` or `unix:///...`.
     pub app_endpoint: String,
 }
 
@@ -68,6 +86,8 @@ pub struct LocalCluster {
     pub app_id: String,
     pub app_secret: String,
     pub data_dir: PathBuf,
+    /// The cluster CA (`tls://` workers' certificates chain to it).
+    pub ca_cert: PathBuf,
     children: Vec<(String, Child, PathBuf)>,
     temp_dir: Option<tempfile::TempDir>,
 }
@@ -198,6 +218,7 @@ impl LocalCluster {
             app_id,
             app_secret,
             data_dir: data_dir.clone(),
+            ca_cert: coord_dir.join("ca.pem"),
             children: vec![],
             temp_dir: temp,
         };
@@ -207,7 +228,8 @@ impl LocalCluster {
         for i in 1..=args.workers {
             let name = format!("worker-{i}");
             let log = data_dir.join(format!("{name}.log"));
-            let mut child = child_command(&worker_bin)
+            let mut command = child_command(&worker_bin);
+            command
                 .arg("run")
                 .args(["--coordinator", &cluster.coordinator])
                 .arg("--ca-cert")
@@ -225,8 +247,27 @@ impl LocalCluster {
                     &args.cpu_millis.to_string(),
                     "--memory-mib",
                     &args.memory_mib.to_string(),
-                ])
-                .args(["--app-listen", "127.0.0.1:0"])
+                ]);
+            match args.app_transport {
+                AppTransport::Tls => {
+                    let (cert, key) =
+                        issue_app_cert(&coordinator_bin, &coord_dir, &data_dir, &name)?;
+                    command
+                        .args(["--app-listen", "127.0.0.1:0", "--app-tls-cert"])
+                        .arg(cert)
+                        .arg("--app-tls-key")
+                        .arg(key);
+                }
+                AppTransport::PlaintextTcp => {
+                    command.args(["--app-listen", "127.0.0.1:0", "--app-plaintext-tcp"]);
+                }
+                AppTransport::Unix => {
+                    command
+                        .arg("--app-socket")
+                        .arg(data_dir.join(format!("{name}.sock")));
+                }
+            }
+            let mut child = command
                 // Each worker its own state dir (the default is per node id under
                 // /var/lib/hybrid-worker, shared by every local cluster on the machine, and a
                 // worker kills the containers recorded in its state dir at start).
@@ -342,10 +383,18 @@ impl LocalCluster {
             .unwrap_or_default()
     }
 
+    /// Client options that trust the cluster CA (for `tls://` workers).
+    pub fn client_options(
+        &self,
+    ) -> Result<crate::client::ConnectOptions, crate::client::ClientError> {
+        crate::client::ConnectOptions::with_ca_cert(&self.ca_cert)
+    }
+
     /// The JSON line `testbed local` prints.
     pub fn summary_json(&self) -> serde_json::Value {
         serde_json::json!({
             "coordinator": self.coordinator,
+            "ca_cert": self.ca_cert,
             "workers": self.workers,
             "app_id": self.app_id,
             "app_secret": self.app_secret,
@@ -436,6 +485,37 @@ impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The TLS certificate and key of worker `name`'s app endpoint (for 127.0.0.1 and localhost),
+/// issued with `coordinator issue-app-cert` into `DATA_DIR/NAME-tls/` unless already there (a
+/// reused data dir).
+fn issue_app_cert(
+    coordinator_bin: &Path,
+    coord_dir: &Path,
+    data_dir: &Path,
+    name: &str,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let out_dir = data_dir.join(format!("{name}-tls"));
+    let (cert, key) = (out_dir.join("app-cert.pem"), out_dir.join("app-key.pem"));
+    if cert.exists() && key.exists() {
+        return Ok((cert, key));
+    }
+    let out = Command::new(coordinator_bin)
+        .args(["issue-app-cert", "--data-dir"])
+        .arg(coord_dir)
+        .args(["--node-id", name, "--ip", "127.0.0.1", "--dns", "localhost"])
+        .arg("--out-dir")
+        .arg(&out_dir)
+        .output()
+        .context("running coordinator issue-app-cert")?;
+    if !out.status.success() {
+        bail!(
+            "coordinator issue-app-cert for {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok((cert, key))
 }
 
 fn tail(path: &Path, lines: usize) -> String {

@@ -175,6 +175,7 @@ fn load(local: &Local, kind: &str, containers: usize) -> serde_json::Value {
     let (app_id, secret) = local.credentials();
     let out = Command::new(testbed())
         .args(["load", "--endpoint", &local.endpoint(0)])
+        .args(["--ca-cert", local.summary["ca_cert"].as_str().unwrap()])
         .args(["--app-id", &app_id, "--app-secret", &secret])
         .args(["--containers", &containers.to_string(), "--type", kind])
         .args(["--policy", "50%-Q", "--concurrency", "4"])
@@ -209,15 +210,18 @@ fn local_prints_one_line_load_runs_every_type_and_sigterm_stops_every_process() 
     assert!(s["coordinator"].as_str().unwrap().starts_with("127.0.0.1:"));
     let workers = s["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 2);
+    // TLS by default, named with its scheme; `testbed load` below verifies it with ca_cert.
     for (i, w) in workers.iter().enumerate() {
         assert_eq!(w["node_id"], format!("worker-{}", i + 1));
         assert!(
             w["app_endpoint"]
                 .as_str()
                 .unwrap()
-                .starts_with("127.0.0.1:")
+                .starts_with("tls://127.0.0.1:"),
+            "{w}"
         );
     }
+    assert!(Path::new(s["ca_cert"].as_str().unwrap()).is_file(), "{s}");
     assert!(!s["app_id"].as_str().unwrap().is_empty());
     assert!(!s["app_secret"].as_str().unwrap().is_empty());
     let children = children_of(local.pid);

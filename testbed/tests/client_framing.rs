@@ -552,6 +552,19 @@ async fn unix_socket_endpoints_work() {
         Endpoint::parse("127.0.0.1:7500"),
         Endpoint::Tcp("127.0.0.1:7500".into())
     );
+    // The schemes workers advertise (docs/protocol.md §1).
+    assert_eq!(
+        Endpoint::parse(&format!("unix://{endpoint}")),
+        Endpoint::Unix(path.clone())
+    );
+    assert_eq!(
+        Endpoint::parse("tcp://127.0.0.1:7500"),
+        Endpoint::Tcp("127.0.0.1:7500".into())
+    );
+    assert_eq!(
+        Endpoint::parse("tls://w1.example:7500"),
+        Endpoint::Tls("w1.example:7500".into())
+    );
     let server = async {
         let mut c = FakeConn::new(l.accept().await.unwrap().0);
         c.accept_hello("node-u").await;

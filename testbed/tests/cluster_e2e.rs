@@ -36,6 +36,7 @@ fn cluster(workers: usize) -> LocalCluster {
 fn load_args(c: &LocalCluster, load_type: LoadType, containers: usize) -> LoadArgs {
     LoadArgs {
         endpoint: c.workers[0].app_endpoint.clone(),
+        ca_cert: Some(c.ca_cert.clone()),
         app_id: Some(c.app_id.clone()),
         app_secret: Some(c.app_secret.clone()),
         credentials_file: None,
@@ -106,7 +107,8 @@ async fn every_container_type_runs_to_completion_on_a_three_process_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_node_is_reported_to_the_app_and_new_asks_avoid_it() {
     let mut c = cluster(3);
-    let (pool, mut events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let (pool, mut events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let local = pool.get(&c.workers[0].app_endpoint).await.unwrap();
     let long = LaunchSpec {
         command: task_program().display().to_string(),
@@ -192,15 +194,21 @@ async fn lost_node_is_reported_to_the_app_and_new_asks_avoid_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_clients_get_clear_errors_and_others_keep_being_served() {
     let c = cluster(1);
-    let (pool, _events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let (pool, _events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let good = pool.get(&c.workers[0].app_endpoint).await.unwrap();
     // Wrong secret.
     let (tx, _rx) = mpsc::unbounded_channel();
-    let err =
-        testbed::client::AppClient::connect(&c.workers[0].app_endpoint, &c.app_id, "wrong", tx)
-            .await
-            .err()
-            .expect("refused");
+    let err = testbed::client::AppClient::connect_with(
+        &c.workers[0].app_endpoint,
+        &c.client_options().unwrap(),
+        &c.app_id,
+        "wrong",
+        tx,
+    )
+    .await
+    .err()
+    .expect("refused");
     assert_eq!(
         err.server().map(|e| e.code),
         Some(ErrorCode::BadCredentials)

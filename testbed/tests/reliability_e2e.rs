@@ -43,7 +43,8 @@ async fn a_paused_coordinator_is_noticed_within_a_few_heartbeats_and_rejoined_af
         ..LocalArgs::default()
     })
     .expect("local cluster starts (are the coordinator and worker binaries built? cargo test --workspace builds them)");
-    let (pool, _events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let (pool, _events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
 
     let granted = tokio::time::timeout(GUARD, client.allocate(guaranteed_ask()))
@@ -192,7 +193,8 @@ async fn a_worker_paused_past_the_node_timeout_kills_its_containers_when_it_resu
         ..LocalArgs::default()
     })
     .expect("local cluster starts");
-    let (pool, mut events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let (pool, mut events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let home = pool.get(&c.workers[0].app_endpoint).await.unwrap();
     let target = c.workers[1].node_id.clone();
     let granted = tokio::time::timeout(GUARD, home.allocate(guaranteed_ask_of(500, Some(&target))))
@@ -260,7 +262,8 @@ async fn a_coordinator_restart_voids_outstanding_grants_instead_of_granting_thei
         ..LocalArgs::default()
     };
     let mut c = LocalCluster::start(&args).expect("local cluster starts");
-    let (pool, _events) = ClientPool::new(&c.app_id, &c.app_secret);
+    let (pool, _events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
     let before = tokio::time::timeout(GUARD, client.allocate(guaranteed_ask_of(1500, None)))
         .await

@@ -1,9 +1,9 @@
-//! The application endpoint: TCP and (optionally) a Unix socket speaking the app protocol
-//! (`docs/protocol.md`). Each connection is a task on the actors' arbiter: it decodes frames,
-//! checks the hello, hands requests to the actors with the connection's outbound channel, and a
-//! writer task sends answers and events in order. A bad client gets a clear error frame (and
-//! is disconnected where the protocol says so); nothing it sends affects other connections or
-//! running containers.
+//! The application endpoint: a Unix socket, TLS over TCP and/or (explicitly) plaintext TCP,
+//! each speaking the app protocol (`docs/protocol.md`, §1 for the transports). Each connection
+//! is a task on the actors' arbiter: it decodes frames, checks the hello, hands requests to the
+//! actors with the connection's outbound channel, and a writer task sends answers and events in
+//! order. A bad client gets a clear error frame (and is disconnected where the protocol says so);
+//! nothing it sends affects other connections or running containers.
 
 use crate::config::AppLimits;
 use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};
@@ -52,6 +52,8 @@ pub struct Endpoint {
     pub limits: AppLimits,
     pub connections: Rc<ConnectionCount>,
     pub refuse_log: Rc<RefuseLog>,
+    /// Failed TLS handshakes, logged like refusals (a scan must not flood the log).
+    pub handshake_log: Rc<RefuseLog>,
 }
 
 /// Open application connections, in all and per source address (TCP peers' IP; Unix-socket
@@ -194,6 +196,68 @@ impl Endpoint {
                 }
                 Err(e) => {
                     let wait = backoff.failed(&e, "an app connection (TCP)");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// Accept TLS-over-TCP connections forever. The connection is counted from the TCP accept;
+    /// an admitted one must finish its handshake within the hello timeout, a refused one gets
+    /// its `too_many_connections` over TLS within a second, or is just closed. A failed
+    /// handshake (a plaintext client, an untrusting client, garbage) closes that connection
+    /// only.
+    pub async fn serve_tls(
+        self,
+        listener: tokio::net::TcpListener,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) {
+        let mut backoff = AcceptBackoff::new();
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    backoff.succeeded();
+                    let _ = stream.set_nodelay(true);
+                    debug!(%peer, "app connection (TLS)");
+                    let admitted = self.connections.admit(Some(peer.ip()), &self.limits);
+                    if let Err(why) = &admitted {
+                        self.refuse_log.refused(why);
+                    }
+                    let handshake_limit = match admitted {
+                        Ok(_) => self.limits.hello_timeout,
+                        Err(_) => Duration::from_secs(1),
+                    };
+                    let ep = self.clone();
+                    let acceptor = acceptor.clone();
+                    actix_rt::spawn(async move {
+                        let tls = match tokio::time::timeout(
+                            handshake_limit,
+                            acceptor.accept(stream),
+                        )
+                        .await
+                        {
+                            Ok(Ok(tls)) => tls,
+                            Ok(Err(e)) => {
+                                debug!(%peer, "app connection: TLS handshake failed: {e}");
+                                ep.handshake_log.handshake_failed(&format!("{peer}: {e}"));
+                                return;
+                            }
+                            Err(_) => {
+                                debug!(%peer, "app connection: no TLS handshake within {handshake_limit:?}");
+                                ep.handshake_log.handshake_failed(&format!(
+                                    "{peer}: no handshake within {handshake_limit:?}"
+                                ));
+                                return;
+                            }
+                        };
+                        match admitted {
+                            Ok(admitted) => ep.serve(tls, admitted).await,
+                            Err(why) => refuse(tls, why).await,
+                        }
+                    });
+                }
+                Err(e) => {
+                    let wait = backoff.failed(&e, "an app connection (TLS)");
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -368,6 +432,22 @@ pub struct RefuseLog {
 
 impl RefuseLog {
     fn refused(&self, why: &str) {
+        if let Some(n) = self.count() {
+            tracing::warn!("refused {n} app connection(s) since the last report: {why}");
+        }
+    }
+
+    /// A TLS handshake on the app endpoint failed (untrusting or plaintext client, scan).
+    fn handshake_failed(&self, last: &str) {
+        if let Some(n) = self.count() {
+            tracing::info!(
+                "{n} app connection(s) failed their TLS handshake since the last report; the last: {last}"
+            );
+        }
+    }
+
+    /// Count one; the count to report if a report is due (at most once per 10 s).
+    fn count(&self) -> Option<u64> {
         self.since_log.set(self.since_log.get() + 1);
         let now = std::time::Instant::now();
         if self
@@ -375,12 +455,12 @@ impl RefuseLog {
             .get()
             .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
         {
-            tracing::warn!(
-                "refused {} app connection(s) since the last report: {why}",
-                self.since_log.get()
-            );
+            let n = self.since_log.get();
             self.since_log.set(0);
             self.last_log.set(Some(now));
+            Some(n)
+        } else {
+            None
         }
     }
 }
@@ -730,6 +810,52 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         }
     }
     let _ = writer.shutdown().await;
+}
+
+/// The TLS acceptor of the app endpoint from a PEM certificate chain and key (TLS 1.2 and 1.3,
+/// ring). Warns when the key file can be read by group or others.
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use anyhow::Context;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::os::unix::fs::PermissionsExt;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .with_context(|| format!("reading the app TLS certificate {}", cert.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!(
+            "the app TLS certificate file {} holds no certificate",
+            cert.display()
+        );
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading the app TLS key {}", key.display()))?;
+    if let Ok(meta) = std::fs::metadata(key)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            file = %key.display(),
+            mode = format!("{:o}", meta.permissions().mode() & 0o777),
+            "the app TLS key is readable by group or others: make it 0600"
+        );
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, private)
+        .with_context(|| {
+            format!(
+                "the app TLS key {} does not fit the certificate {}",
+                key.display(),
+                cert.display()
+            )
+        })?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 #[cfg(test)]

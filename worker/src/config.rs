@@ -39,15 +39,39 @@ pub struct RunArgs {
     /// Memory given to containers, in MiB [default: 80% of this machine's memory].
     #[arg(long, env = "WORKER_MEMORY_MIB")]
     pub memory_mib: Option<u64>,
-    /// Address of the application endpoint (TCP) [default: 127.0.0.1:7500].
-    #[arg(long, env = "WORKER_APP_LISTEN")]
+    /// Serve applications over TCP on this address. Needs TLS (--app-tls-cert FILE
+    /// --app-tls-key FILE) or an explicit --app-plaintext-tcp [default: no TCP listener; only
+    /// the Unix socket, see --app-socket].
+    #[arg(long, env = "WORKER_APP_LISTEN", value_name = "ADDR")]
     pub app_listen: Option<SocketAddr>,
-    /// Endpoint other workers' grants name for this node [default: the bound listen address].
+    /// TLS certificate (PEM chain) of the TCP app endpoint, issued under the cluster CA
+    /// (`coordinator issue-app-cert`); applications verify it with the cluster ca.pem.
+    #[arg(long, env = "WORKER_APP_TLS_CERT", value_name = "FILE")]
+    pub app_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --app-tls-cert.
+    #[arg(long, env = "WORKER_APP_TLS_KEY", value_name = "FILE")]
+    pub app_tls_key: Option<PathBuf>,
+    /// Serve --app-listen in plaintext (no TLS): app secrets and tokens cross the network in
+    /// clear text. Only for loopback or a trusted network; never the default.
+    #[arg(long, env = "WORKER_APP_PLAINTEXT_TCP", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(default)]
+    pub app_plaintext_tcp: Option<bool>,
+    /// Endpoint other workers' grants name for this node, `HOST:PORT` (the worker adds its
+    /// scheme, tls:// or tcp://) or a full `SCHEME://...` [default: the bound TCP address, or
+    /// the Unix socket when there is no TCP listener].
     #[arg(long, env = "WORKER_APP_ADVERTISE")]
     pub app_advertise: Option<String>,
-    /// Also serve the application protocol on this Unix socket.
-    #[arg(long, env = "WORKER_APP_SOCKET")]
+    /// Serve applications on this Unix socket [default: STATE_DIR/app.sock when --app-listen
+    /// is not given; none otherwise].
+    #[arg(long, env = "WORKER_APP_SOCKET", value_name = "PATH")]
     pub app_socket: Option<PathBuf>,
+    /// Permissions of the Unix socket, octal [default: 660]: the worker's user and group may
+    /// connect.
+    #[arg(long, env = "WORKER_APP_SOCKET_MODE", value_name = "OCTAL")]
+    pub app_socket_mode: Option<String>,
+    /// Group owning the Unix socket (a name or a gid) [default: the worker's group].
+    #[arg(long, env = "WORKER_APP_SOCKET_GROUP", value_name = "GROUP")]
+    pub app_socket_group: Option<String>,
     /// Where container stdout/stderr files go (created 0700, files 0600) [default: discarded].
     #[arg(long, env = "WORKER_LOG_DIR")]
     pub container_log_dir: Option<PathBuf>,
@@ -116,9 +140,11 @@ pub struct WorkerConfig {
     pub rack: String,
     pub cpu_millis: u64,
     pub memory_mib: u64,
-    pub app_listen: SocketAddr,
+    /// The TCP app endpoint, if any.
+    pub app_tcp: Option<AppTcp>,
     pub app_advertise: Option<String>,
-    pub app_socket: Option<PathBuf>,
+    /// The Unix-socket app endpoint, if any (at least one of the two is set).
+    pub app_socket: Option<AppSocket>,
     pub container_log_dir: Option<PathBuf>,
     /// The identity containers should run as (see [`crate::exec::user`]).
     pub container_user: RunAs,
@@ -130,6 +156,134 @@ pub struct WorkerConfig {
     pub max_queue_length: usize,
     pub seed: Option<u64>,
     pub app_limits: AppLimits,
+}
+
+/// The TCP app endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppTcp {
+    pub listen: SocketAddr,
+    /// `None`: plaintext, chosen explicitly with `--app-plaintext-tcp`.
+    pub tls: Option<AppTls>,
+}
+
+impl AppTcp {
+    /// TLS with the given files.
+    pub fn tls(listen: SocketAddr, cert: PathBuf, key: PathBuf) -> AppTcp {
+        AppTcp {
+            listen,
+            tls: Some(AppTls { cert, key }),
+        }
+    }
+    /// Plaintext (the explicit choice).
+    pub fn plaintext(listen: SocketAddr) -> AppTcp {
+        AppTcp { listen, tls: None }
+    }
+    /// The scheme of the advertised endpoint (docs/protocol.md §1).
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "tls" } else { "tcp" }
+    }
+}
+
+/// Certificate chain and key of the TLS app endpoint (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The Unix-socket app endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppSocket {
+    pub path: PathBuf,
+    /// Permission bits set on the socket after binding.
+    pub mode: u32,
+    /// Group set on the socket after binding (`None`: the worker's).
+    pub gid: Option<u32>,
+}
+
+impl AppSocket {
+    /// A socket at `path` with the default mode 0660 and the worker's group.
+    pub fn new(path: impl Into<PathBuf>) -> AppSocket {
+        AppSocket {
+            path: path.into(),
+            mode: 0o660,
+            gid: None,
+        }
+    }
+}
+
+/// The flags that choose the app transport, checked together: TCP needs TLS or the explicit
+/// plaintext flag; with no TCP the Unix socket is the default (`default_socket`).
+pub fn resolve_app_transport(
+    listen: Option<SocketAddr>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    plaintext: bool,
+    socket: Option<PathBuf>,
+    default_socket: PathBuf,
+) -> anyhow::Result<(Option<AppTcp>, PathBuf, bool)> {
+    let tcp = match (listen, tls_cert, tls_key) {
+        (None, None, None) => {
+            if plaintext {
+                bail!("--app-plaintext-tcp needs --app-listen ADDR (the TCP address to serve)");
+            }
+            None
+        }
+        (None, _, _) => bail!(
+            "--app-tls-cert and --app-tls-key need --app-listen ADDR (the TCP address to serve with TLS)"
+        ),
+        (Some(addr), Some(cert), Some(key)) => {
+            if plaintext {
+                bail!(
+                    "--app-plaintext-tcp contradicts --app-tls-cert/--app-tls-key: choose TLS or plaintext for --app-listen {addr}"
+                );
+            }
+            Some(AppTcp::tls(addr, cert, key))
+        }
+        (Some(addr), Some(_), None) | (Some(addr), None, Some(_)) => bail!(
+            "--app-listen {addr} with TLS needs both --app-tls-cert FILE and --app-tls-key FILE"
+        ),
+        (Some(addr), None, None) => {
+            if !plaintext {
+                bail!(
+                    "--app-listen {addr} would serve applications in plaintext: give --app-tls-cert FILE --app-tls-key FILE \
+                     (a certificate from `coordinator issue-app-cert`), or --app-plaintext-tcp to choose plaintext explicitly, \
+                     or drop --app-listen and use the Unix socket (--app-socket PATH)"
+                );
+            }
+            Some(AppTcp::plaintext(addr))
+        }
+    };
+    let explicit_socket = socket.is_some();
+    let socket = socket.unwrap_or(default_socket);
+    Ok((tcp, socket, explicit_socket))
+}
+
+/// A group name or numeric gid.
+fn resolve_group(group: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).context("--app-socket-group has a NUL byte")?;
+    // SAFETY: `libc::group` is plain data (integers and pointers); all zeros is a valid value.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; `buf` outlives the use of `grp`'s strings,
+    // and only `gr_gid` (a plain integer) is read.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    if rc != 0 || out.is_null() {
+        bail!("--app-socket-group {group:?}: no such group");
+    }
+    Ok(grp.gr_gid)
 }
 
 /// Bounds on application connections (docs/protocol.md §10, docs/reliability.md).
@@ -192,8 +346,13 @@ impl RunArgs {
                 cpu_millis,
                 memory_mib,
                 app_listen,
+                app_tls_cert,
+                app_tls_key,
+                app_plaintext_tcp,
                 app_advertise,
                 app_socket,
+                app_socket_mode,
+                app_socket_group,
                 container_log_dir,
                 container_user,
                 allow_root_containers,
@@ -250,6 +409,39 @@ impl RunArgs {
         let state_dir = self
             .state_dir
             .unwrap_or_else(|| default_state_dir(&node_id));
+        let (app_tcp, socket_path, explicit_socket) = resolve_app_transport(
+            self.app_listen,
+            self.app_tls_cert,
+            self.app_tls_key,
+            self.app_plaintext_tcp.unwrap_or(false),
+            self.app_socket,
+            state_dir.join("app.sock"),
+        )?;
+        let app_socket = if explicit_socket || app_tcp.is_none() {
+            let mode = match &self.app_socket_mode {
+                Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                    .ok()
+                    .filter(|m| *m <= 0o777)
+                    .with_context(|| {
+                        format!("--app-socket-mode {m:?} is not octal permission bits like 660")
+                    })?,
+                None => 0o660,
+            };
+            let gid = match &self.app_socket_group {
+                Some(g) => Some(resolve_group(g)?),
+                None => None,
+            };
+            Some(AppSocket {
+                path: socket_path,
+                mode,
+                gid,
+            })
+        } else {
+            if self.app_socket_mode.is_some() || self.app_socket_group.is_some() {
+                bail!("--app-socket-mode and --app-socket-group need --app-socket PATH");
+            }
+            None
+        };
         let max_queue_length = self.max_queue_length.unwrap_or(10_000);
         if max_queue_length > MAX_CONTAINERS_PER_NODE {
             bail!(
@@ -302,11 +494,9 @@ impl RunArgs {
             rack: self.rack.unwrap_or_else(|| "default-rack".to_string()),
             cpu_millis,
             memory_mib,
-            app_listen: self
-                .app_listen
-                .unwrap_or_else(|| "127.0.0.1:7500".parse().expect("valid literal")),
+            app_tcp,
             app_advertise: self.app_advertise,
-            app_socket: self.app_socket,
+            app_socket,
             container_log_dir: self.container_log_dir,
             container_user,
             allow_root_containers: self.allow_root_containers.unwrap_or(false),

@@ -1,6 +1,6 @@
 //! The worker: one per node. Runs the distributed-scheduler actor and the node-runtime actor
-//! (Mercury §3–§4) on one actix arbiter, the application endpoint (TCP and Unix socket), and the
-//! QUIC link to the coordinator. All policy lives in `scheduler-core`.
+//! (Mercury §3–§4) on one actix arbiter, the application endpoint (Unix socket, TLS or
+//! plaintext TCP), and the QUIC link to the coordinator. All policy lives in `scheduler-core`.
 
 pub mod app_endpoint;
 pub mod config;
@@ -24,9 +24,11 @@ use tokio::sync::mpsc;
 /// A running worker (inside an actix System).
 pub struct WorkerHandle {
     pub node_id: NodeId,
-    /// Bound TCP address of the app endpoint.
-    pub app_addr: SocketAddr,
-    /// The endpoint advertised in grants.
+    /// Bound TCP address of the app endpoint (TLS or plaintext), if it has one.
+    pub app_addr: Option<SocketAddr>,
+    /// The Unix socket of the app endpoint, if it has one.
+    pub app_socket: Option<std::path::PathBuf>,
+    /// The endpoint advertised in grants, with its scheme (`tls://`, `tcp://`, `unix://`).
     pub app_endpoint: String,
     pub node: Addr<node_actor::NodeActor>,
     pub scheduler: Addr<scheduler_actor::SchedulerActor>,
@@ -86,24 +88,42 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
             "reaped what a previous worker left behind"
         );
     }
-    let listener = tokio::net::TcpListener::bind(config.app_listen)
-        .await
-        .with_context(|| format!("binding the app endpoint on {}", config.app_listen))?;
-    let app_addr = listener.local_addr()?;
-    let app_endpoint = config
-        .app_advertise
-        .clone()
-        .unwrap_or_else(|| app_addr.to_string());
-    let unix = match &config.app_socket {
-        Some(path) => {
-            let _ = std::fs::remove_file(path);
-            Some(
-                tokio::net::UnixListener::bind(path)
-                    .with_context(|| format!("binding the app Unix socket {}", path.display()))?,
-            )
+    // The app endpoints: TCP (TLS, or plaintext chosen explicitly) and/or the Unix socket.
+    let tcp = match &config.app_tcp {
+        Some(tcp) => {
+            let acceptor = match &tcp.tls {
+                Some(tls) => Some(app_endpoint::tls_acceptor(&tls.cert, &tls.key)?),
+                None => None,
+            };
+            let listener = tokio::net::TcpListener::bind(tcp.listen)
+                .await
+                .with_context(|| format!("binding the app endpoint on {}", tcp.listen))?;
+            Some((listener, acceptor))
         }
         None => None,
     };
+    let app_addr = match &tcp {
+        Some((listener, _)) => Some(listener.local_addr()?),
+        None => None,
+    };
+    let unix = match &config.app_socket {
+        Some(socket) => Some(bind_app_socket(socket)?),
+        None => None,
+    };
+    let app_endpoint = advertised_endpoint(
+        config.app_advertise.as_deref(),
+        config.app_tcp.as_ref(),
+        app_addr,
+        config.app_socket.as_ref(),
+    )?;
+    match &config.app_tcp {
+        Some(tcp) if tcp.tls.is_none() => tracing::warn!(
+            addr = ?app_addr,
+            "the app endpoint serves plaintext TCP (--app-plaintext-tcp): app secrets and tokens cross the network in clear text"
+        ),
+        _ => {}
+    }
+    tracing::info!(advertised = %app_endpoint, socket = ?config.app_socket.as_ref().map(|s| &s.path), "app endpoint ready");
     let seed = config.seed.unwrap_or_else(rand::random);
     tracing::info!(seed, "placement RNG seeded");
 
@@ -144,8 +164,17 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         limits: config.app_limits,
         connections: Default::default(),
         refuse_log: Default::default(),
+        handshake_log: Default::default(),
     };
-    actix_rt::spawn(endpoint.clone().serve_tcp(listener));
+    match tcp {
+        Some((listener, Some(acceptor))) => {
+            actix_rt::spawn(endpoint.clone().serve_tls(listener, acceptor));
+        }
+        Some((listener, None)) => {
+            actix_rt::spawn(endpoint.clone().serve_tcp(listener));
+        }
+        None => {}
+    }
     if let Some(unix) = unix {
         actix_rt::spawn(endpoint.serve_unix(unix));
     }
@@ -176,11 +205,74 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
     Ok(WorkerHandle {
         node_id,
         app_addr,
+        app_socket: config.app_socket.as_ref().map(|s| s.path.clone()),
         app_endpoint,
         node,
         scheduler,
         shared,
     })
+}
+
+/// The endpoint grants name for this node (docs/protocol.md §1): `--app-advertise` verbatim if
+/// it has a scheme, else with the TCP endpoint's scheme; without it the bound TCP address
+/// (`tls://` or `tcp://`), or `unix://` and the socket's absolute path when there is no TCP.
+pub fn advertised_endpoint(
+    advertise: Option<&str>,
+    tcp: Option<&config::AppTcp>,
+    bound: Option<SocketAddr>,
+    socket: Option<&config::AppSocket>,
+) -> anyhow::Result<String> {
+    match (advertise, tcp, bound) {
+        (Some(a), _, _) if a.contains("://") => Ok(a.to_string()),
+        (Some(a), Some(tcp), _) => Ok(format!("{}://{a}", tcp.scheme())),
+        (None, Some(tcp), Some(addr)) => Ok(format!("{}://{addr}", tcp.scheme())),
+        (Some(a), None, _) => anyhow::bail!(
+            "--app-advertise {a:?} names no scheme and there is no TCP endpoint (--app-listen) to take it from: write it as SCHEME://..."
+        ),
+        (None, _, _) => {
+            let socket = socket.context("the worker has no app endpoint")?;
+            let path = std::path::absolute(&socket.path)
+                .with_context(|| format!("resolving {}", socket.path.display()))?;
+            let path = path
+                .to_str()
+                .with_context(|| format!("the app socket path {} is not UTF-8", path.display()))?;
+            Ok(format!("unix://{path}"))
+        }
+    }
+}
+
+/// Bind the app Unix socket: a stale socket at the path is replaced (a live one, or any other
+/// file, is an error and left alone); then its mode and group are set.
+fn bind_app_socket(socket: &config::AppSocket) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let path = &socket.path;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            // A socket someone still accepts on is another worker's, not a stale one.
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                anyhow::bail!(
+                    "--app-socket {} is served by another process (another worker?): refusing to take it over",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the stale app socket {}", path.display()))?;
+        }
+        Ok(_) => anyhow::bail!(
+            "--app-socket {} exists and is not a socket: refusing to replace it",
+            path.display()
+        ),
+        Err(_) => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the app Unix socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(socket.mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    if let Some(gid) = socket.gid {
+        std::os::unix::fs::chown(path, None, Some(gid))
+            .with_context(|| format!("setting the group of {} to {gid}", path.display()))?;
+    }
+    Ok(listener)
 }
 
 /// Containers must not read the worker's secrets: warn when the join token file could be read

@@ -17,7 +17,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Join the cluster and serve applications until SIGINT/SIGTERM (containers are killed then).
-    /// Prints {"event":"joined","node_id":"...","app_endpoint":"HOST:PORT"} once joined.
+    /// Prints {"event":"joined","node_id":"...","app_endpoint":"SCHEME://..."} once joined
+    /// (tls://HOST:PORT, tcp://HOST:PORT or unix:///PATH: the endpoint grants name).
     Run(worker::config::RunArgs),
 }
 

@@ -83,7 +83,7 @@ fn flood_bytes() -> Vec<u8> {
 async fn a_client_that_sends_without_reading_is_slowed() {
     let limits = AppLimits::default();
     let c = Cluster::start_with_limits(&["demo"], &[NODE_A], limits).await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
     let mut good = c.client("node-a").await;
     let flood = logged_in(addr, c.secret("demo")).await;
     let (flood_read, mut flood_write) = flood.into_split();
@@ -125,7 +125,7 @@ async fn a_client_that_does_not_read_for_long_is_disconnected() {
         ..AppLimits::default()
     };
     let c = Cluster::start_with_limits(&["demo"], &[NODE_A], limits).await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
     let mut good = c.client("node-a").await;
     let flood = logged_in(addr, c.secret("demo")).await;
     let (flood_read, mut flood_write) = flood.into_split();
@@ -164,7 +164,7 @@ async fn a_client_that_does_not_read_for_long_is_disconnected() {
 async fn pipelined_large_allocates_are_bounded_by_the_in_flight_window() {
     let limits = AppLimits::default();
     let c = Cluster::start_with_limits(&["demo"], &[NODE_A], limits).await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
     let flood = logged_in(addr, c.secret("demo")).await;
     let (mut rd, mut wr) = flood.into_split();
     let asks = 100u64;

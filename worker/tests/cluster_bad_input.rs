@@ -62,7 +62,7 @@ struct Frobnicate {
 #[actix_rt::test]
 async fn hello_errors_are_named_then_the_connection_closes() {
     let (c, mut good, running) = serving_cluster().await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
     let secret = c.secret("demo").to_string();
 
     let mut conn = AppClient::connect(addr).await;
@@ -177,7 +177,7 @@ async fn hello_errors_are_named_then_the_connection_closes() {
 #[actix_rt::test]
 async fn malformed_msgpack_gets_malformed_frame_then_close() {
     let (c, mut good, running) = serving_cluster().await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
 
     // 0xc1 is never valid msgpack.
     let mut conn = c.client("node-a").await;
@@ -282,7 +282,7 @@ async fn frames_up_to_the_limit_are_read_and_larger_ones_refused_before_their_bo
     assert_still_serving(&c, &mut good, running).await;
 
     // The largest length a prefix can announce, before any hello.
-    let mut conn = AppClient::connect(c.worker("node-a").app_addr).await;
+    let mut conn = AppClient::connect(c.worker("node-a").tcp_addr()).await;
     conn.send_bytes(&u32::MAX.to_be_bytes()).await;
     let e = conn.error_then_close().await;
     assert_error(
@@ -298,7 +298,7 @@ async fn frames_up_to_the_limit_are_read_and_larger_ones_refused_before_their_bo
 #[actix_rt::test]
 async fn truncated_frames_end_only_their_own_connection() {
     let (c, mut good, running) = serving_cluster().await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
 
     // A frame announced as 50 bytes, 10 sent, then end of stream: nothing to answer.
     let mut conn = c.client("node-a").await;
@@ -626,7 +626,7 @@ async fn a_request_id_that_is_not_an_unsigned_integer_is_an_invalid_request() {
     conn.subscribe().await;
 
     // Before the hello, it still ends the connection.
-    let mut conn = AppClient::connect(c.worker("node-a").app_addr).await;
+    let mut conn = AppClient::connect(c.worker("node-a").tcp_addr()).await;
     conn.send_value(&TextId {
         kind: "hello",
         request_id: "abc",
@@ -702,7 +702,7 @@ async fn fields_over_their_bound_get_invalid_request_naming_field_and_bound() {
         .expect("the refused starts left the token usable");
 
     // Before the hello, a hello with an over-long field is refused and closes.
-    let mut pre = AppClient::connect(c.worker("node-a").app_addr).await;
+    let mut pre = AppClient::connect(c.worker("node-a").tcp_addr()).await;
     pre.send(&hello(APP_PROTOCOL_VERSION, &"a".repeat(200), "s"))
         .await;
     let e = pre.error_then_close().await;
@@ -728,7 +728,7 @@ async fn fields_over_their_bound_get_invalid_request_naming_field_and_bound() {
 async fn frames_before_the_hello_are_capped_small() {
     use scheduler_core::protocol::limits::HELLO_MAX_FRAME;
     let (c, mut good, running) = serving_cluster().await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
 
     // A hello padded to exactly the cap is welcomed (unknown fields are ignored).
     #[derive(Serialize)]
@@ -783,7 +783,7 @@ async fn frames_before_the_hello_are_capped_small() {
 async fn mutated_frames_are_answered_and_never_hurt_the_worker() {
     use scheduler_core::protocol::app::{LaunchSpec, Release, StartContainer};
     let (c, mut good, running) = serving_cluster().await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
     let secret = c.secret("demo").to_string();
     let token = good.grant(ask(ContainerType::Queueable, 100, 64)).await;
     let templates: Vec<Vec<u8>> = vec![

@@ -39,7 +39,7 @@ async fn a_client_that_sends_no_hello_is_closed_at_the_hello_deadline() {
         ..AppLimits::default()
     };
     let c = Cluster::start_with_limits(&["demo"], &[NODE_A], limits).await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
 
     // Silent.
     let mut silent = AppClient::connect(addr).await;
@@ -68,7 +68,7 @@ async fn connections_over_the_caps_get_too_many_connections() {
         ..AppLimits::default()
     };
     let c = Cluster::start_with_limits(&["demo"], &[NODE_A], limits).await;
-    let addr = c.worker("node-a").app_addr;
+    let addr = c.worker("node-a").tcp_addr();
     let secret = c.secret("demo").to_string();
     let one = Ipv4Addr::new(127, 0, 0, 1);
     let two = Ipv4Addr::new(127, 0, 0, 2);
@@ -133,7 +133,7 @@ async fn running_out_of_file_descriptors_backs_off_and_logs_little() {
         .arg(data.ca_cert())
         .args(["--join-token", join_token.trim(), "--node-id", "fd-node"])
         .args(["--cpu-millis", "1000", "--memory-mib", "512"])
-        .args(["--app-listen", "127.0.0.1:0"])
+        .args(["--app-listen", "127.0.0.1:0", "--app-plaintext-tcp"])
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -170,7 +170,8 @@ async fn running_out_of_file_descriptors_backs_off_and_logs_little() {
     let line: serde_json::Value = serde_json::from_str(&joined).expect("joined JSON");
     let addr: std::net::SocketAddr = line["app_endpoint"]
         .as_str()
-        .expect("app_endpoint")
+        .and_then(|e| e.strip_prefix("tcp://"))
+        .expect("app_endpoint tcp://HOST:PORT")
         .parse()
         .expect("address");
 

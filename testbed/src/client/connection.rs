@@ -16,20 +16,30 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 
-/// Where a worker's app endpoint is.
+/// Where a worker's app endpoint is, and over which transport (docs/protocol.md §1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
-    /// `host:port`.
+    /// Plaintext TCP, `host:port` (`tcp://host:port`, or a bare `host:port`).
     Tcp(String),
-    /// A Unix socket path.
+    /// TLS over TCP, `host:port` (`tls://host:port`); the worker's certificate must chain to
+    /// the cluster CA of [`ConnectOptions`] and name `host`.
+    Tls(String),
+    /// A Unix socket path (`unix:///path`, `unix:PATH`, or a path starting with `/` or `.`).
     Unix(PathBuf),
 }
 
 impl Endpoint {
-    /// `unix:PATH`, or anything starting with `/` or `.`, is a Unix socket; the rest is
-    /// `host:port`.
+    /// `tls://HOST:PORT`, `tcp://HOST:PORT`, `unix:///PATH` (also `unix:PATH`, or anything
+    /// starting with `/` or `.`) as advertised by workers; a bare `HOST:PORT` is plaintext TCP
+    /// (what workers advertised before transports had schemes).
     pub fn parse(endpoint: &str) -> Endpoint {
-        if let Some(path) = endpoint.strip_prefix("unix:") {
+        if let Some(addr) = endpoint.strip_prefix("tls://") {
+            Endpoint::Tls(addr.to_string())
+        } else if let Some(addr) = endpoint.strip_prefix("tcp://") {
+            Endpoint::Tcp(addr.to_string())
+        } else if let Some(path) = endpoint.strip_prefix("unix://") {
+            Endpoint::Unix(PathBuf::from(path))
+        } else if let Some(path) = endpoint.strip_prefix("unix:") {
             Endpoint::Unix(PathBuf::from(path))
         } else if endpoint.starts_with('/') || endpoint.starts_with('.') {
             Endpoint::Unix(PathBuf::from(endpoint))
@@ -37,6 +47,76 @@ impl Endpoint {
             Endpoint::Tcp(endpoint.to_string())
         }
     }
+}
+
+/// How to connect: the trust for `tls://` endpoints. The default has none, so a `tls://`
+/// endpoint fails to connect with an error that asks for the cluster CA.
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl ConnectOptions {
+    /// Trust only the CA certificate(s) in the PEM file `ca_pem` (the cluster `ca.pem`) for
+    /// `tls://` endpoints.
+    pub fn with_ca_cert(ca_pem: &std::path::Path) -> Result<ConnectOptions, ClientError> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let bad = |message: String| ClientError::Connect {
+            endpoint: format!("(CA file {})", ca_pem.display()),
+            message,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_pem)
+            .map_err(|e| bad(format!("reading the CA certificate: {e}")))?
+        {
+            let cert = cert.map_err(|e| bad(format!("parsing the CA certificate: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| bad(format!("the CA certificate is not usable: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(bad("the file holds no certificate".into()));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(ConnectOptions {
+            tls: Some(Arc::new(config)),
+        })
+    }
+
+    /// [`ConnectOptions::with_ca_cert`] when a CA file is given, else the default.
+    pub fn from_ca_cert(ca_pem: Option<&std::path::Path>) -> Result<ConnectOptions, ClientError> {
+        match ca_pem {
+            Some(p) => ConnectOptions::with_ca_cert(p),
+            None => Ok(ConnectOptions::default()),
+        }
+    }
+}
+
+/// The host of `host:port` or `[v6]:port`, as a TLS server name.
+fn server_name(addr: &str) -> Option<rustls::pki_types::ServerName<'static>> {
+    let host = match addr.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() => host,
+        _ => addr,
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    rustls::pki_types::ServerName::try_from(host.to_string()).ok()
 }
 
 /// Bytes read per `read` call.
@@ -158,12 +238,30 @@ pub struct AppClient {
 }
 
 impl AppClient {
-    /// Connect to `endpoint` (`host:port`, or a Unix socket path: `unix:PATH` or a path
-    /// starting with `/` or `.`), say `hello`, wait for `welcome`, and from then on deliver
-    /// this connection's `event` frames to `events` (events arrive only after
+    /// Connect to `endpoint` (see [`Endpoint::parse`]) with no TLS trust: `tls://`
+    /// endpoints need [`AppClient::connect_with`]. Says `hello`, waits for `welcome`, and from
+    /// then on delivers this connection's `event` frames to `events` (events arrive only after
     /// [`AppClient::subscribe`]).
     pub async fn connect(
         endpoint: &str,
+        app_id: &str,
+        app_secret: &str,
+        events: mpsc::UnboundedSender<ContainerEvent>,
+    ) -> Result<AppClient, ClientError> {
+        Self::connect_with(
+            endpoint,
+            &ConnectOptions::default(),
+            app_id,
+            app_secret,
+            events,
+        )
+        .await
+    }
+
+    /// [`AppClient::connect`] with `options` (the cluster CA for `tls://` endpoints).
+    pub async fn connect_with(
+        endpoint: &str,
+        options: &ConnectOptions,
         app_id: &str,
         app_secret: &str,
         events: mpsc::UnboundedSender<ContainerEvent>,
@@ -182,6 +280,32 @@ impl AppClient {
                 // Requests are small and latency-sensitive.
                 s.set_nodelay(true).map_err(fail)?;
                 Self::over(s, endpoint, app_id, app_secret, events).await
+            }
+            Endpoint::Tls(addr) => {
+                let Some(config) = &options.tls else {
+                    return Err(ClientError::Connect {
+                        endpoint: endpoint.to_string(),
+                        message: "a tls:// endpoint needs the cluster CA certificate to verify \
+                                  the worker (--ca-cert / ConnectOptions::with_ca_cert)"
+                            .into(),
+                    });
+                };
+                let Some(name) = server_name(&addr) else {
+                    return Err(ClientError::Connect {
+                        endpoint: endpoint.to_string(),
+                        message: format!("{addr:?} is not HOST:PORT"),
+                    });
+                };
+                let s = tokio::net::TcpStream::connect(&addr).await.map_err(fail)?;
+                s.set_nodelay(true).map_err(fail)?;
+                let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name, s)
+                    .await
+                    .map_err(|e| ClientError::Connect {
+                        endpoint: endpoint.to_string(),
+                        message: format!("TLS handshake: {e}"),
+                    })?;
+                Self::over(tls, endpoint, app_id, app_secret, events).await
             }
         }
     }
@@ -215,6 +339,7 @@ impl AppClient {
             .map_err(|e| closed(format!("sending hello: {e}")))?;
         let mut decoder = FrameDecoder::new(APP_MAX_FRAME);
         let mut buf = vec![0u8; READ_CHUNK];
+        let mut seen_bytes = false;
         let welcome = loop {
             if let Some(msg) = decoder.next_message::<AppResponse>()? {
                 match msg {
@@ -234,6 +359,15 @@ impl AppClient {
                     "the worker closed the connection before welcome".into(),
                 ));
             }
+            // A TLS record (handshake 0x16 or alert 0x15, version 3.x) where a frame's length
+            // should be: no frame starts so (its length would be over the cap).
+            if !seen_bytes && n >= 2 && matches!(buf[0], 0x15 | 0x16) && buf[1] == 0x03 {
+                return Err(closed(
+                    "the endpoint speaks TLS: connect with tls://HOST:PORT and the cluster CA"
+                        .into(),
+                ));
+            }
+            seen_bytes = true;
             decoder.push(&buf[..n]);
         };
         let shared = Arc::new(Shared {

@@ -1,7 +1,8 @@
 //! An async client of the application protocol (`docs/protocol.md`).
 //!
-//! - [`AppClient`]: one authenticated connection to one worker (TCP `host:port` or a Unix
-//!   socket path). Many requests may be in flight at once: a reader task matches every answer
+//! - [`AppClient`]: one authenticated connection to one worker over TLS (`tls://host:port`,
+//!   verified with the cluster CA given in [`ConnectOptions`]), a Unix socket (`unix:///path`)
+//!   or plaintext TCP (`tcp://host:port` or a bare `host:port`). Many requests may be in flight at once: a reader task matches every answer
 //!   to its request by `request_id` (single answers through a oneshot channel; the several
 //!   `allocated` frames of a GUARANTEED ask through a per-request channel until
 //!   `remaining == 0`) and forwards `event` frames to a channel the caller owns.
@@ -16,6 +17,6 @@ mod connection;
 mod error;
 mod pool;
 
-pub use connection::{AppClient, Endpoint};
+pub use connection::{AppClient, ConnectOptions, Endpoint};
 pub use error::ClientError;
 pub use pool::ClientPool;

@@ -1,6 +1,6 @@
 //! One subscribed connection per worker endpoint.
 
-use super::{AppClient, ClientError};
+use super::{AppClient, ClientError, ConnectOptions};
 use scheduler_core::protocol::app::{
     ContainerAccepted, ContainerEvent, GrantedContainer, LaunchSpec,
 };
@@ -18,20 +18,32 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<AppClient>>>>;
 pub struct ClientPool {
     app_id: String,
     app_secret: String,
+    options: ConnectOptions,
     events: mpsc::UnboundedSender<ContainerEvent>,
     slots: Mutex<HashMap<String, Slot>>,
 }
 
 impl ClientPool {
-    /// A pool for one application, and the channel all its connections' events arrive on.
+    /// A pool for one application with no TLS trust (`tls://` endpoints fail; see
+    /// [`ClientPool::with_options`]), and the channel all its connections' events arrive on.
     pub fn new(
         app_id: &str,
         app_secret: &str,
+    ) -> (ClientPool, mpsc::UnboundedReceiver<ContainerEvent>) {
+        Self::with_options(app_id, app_secret, ConnectOptions::default())
+    }
+
+    /// A pool whose connections use `options` (the cluster CA for `tls://` endpoints).
+    pub fn with_options(
+        app_id: &str,
+        app_secret: &str,
+        options: ConnectOptions,
     ) -> (ClientPool, mpsc::UnboundedReceiver<ContainerEvent>) {
         let (events, rx) = mpsc::unbounded_channel();
         let pool = ClientPool {
             app_id: app_id.to_string(),
             app_secret: app_secret.to_string(),
+            options,
             events,
             slots: Mutex::default(),
         };
@@ -53,8 +65,9 @@ impl ClientPool {
             return Ok(client.clone());
         }
         let client = Arc::new(
-            AppClient::connect(
+            AppClient::connect_with(
                 endpoint,
+                &self.options,
                 &self.app_id,
                 &self.app_secret,
                 self.events.clone(),

@@ -37,6 +37,8 @@ pub(super) fn fuzz_endpoint(args: &FuzzArgs) -> anyhow::Result<Report> {
         heartbeat_interval_ms: 250,
         node_timeout_ms: 5000,
         data_dir: None,
+        // Raw frames go to the endpoint as bytes: plaintext TCP, chosen explicitly.
+        app_transport: crate::local::AppTransport::PlaintextTcp,
         ..LocalArgs::default()
     })
     .context("starting a coordinator and a worker (are their binaries built next to testbed? cargo build -p coordinator -p worker)")?;
@@ -56,7 +58,10 @@ pub(super) fn fuzz_endpoint(args: &FuzzArgs) -> anyhow::Result<Report> {
 
 async fn drive(args: &FuzzArgs, cluster: &LocalCluster) -> anyhow::Result<Report> {
     let mut report = empty_report(args);
-    let endpoint = cluster.workers[0].app_endpoint.clone();
+    let endpoint = match crate::client::Endpoint::parse(&cluster.workers[0].app_endpoint) {
+        crate::client::Endpoint::Tcp(addr) => addr,
+        other => anyhow::bail!("the fuzzer needs a plaintext TCP endpoint, got {other:?}"),
+    };
     let pid = cluster.pid("worker-1").context("the worker's pid")?;
     let creds = Arc::new((cluster.app_id.clone(), cluster.app_secret.clone()));
     let next = Arc::new(AtomicU64::new(0));

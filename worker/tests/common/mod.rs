@@ -130,7 +130,10 @@ impl Cluster {
                 rack: "rack-a".to_string(),
                 cpu_millis: n.cpu_millis,
                 memory_mib: n.memory_mib,
-                app_listen: "127.0.0.1:0".parse().expect("literal"),
+                // Plaintext: these tests write raw (and malformed) frames.
+                app_tcp: Some(worker::config::AppTcp::plaintext(
+                    "127.0.0.1:0".parse().expect("literal"),
+                )),
                 app_advertise: None,
                 app_socket: None,
                 container_log_dir: None,
@@ -194,7 +197,7 @@ impl Cluster {
 
     /// A client of `node` logged in as `app`.
     pub async fn client_as(&self, node: &str, app: &str) -> AppClient {
-        AppClient::login(self.worker(node).app_addr, app, self.secret(app)).await
+        AppClient::login(self.worker(node).tcp_addr(), app, self.secret(app)).await
     }
 
     /// A client of `node` logged in as `demo`.
@@ -249,6 +252,17 @@ impl Cluster {
     }
 }
 
+/// The plaintext TCP address of a worker started by [`Cluster::start`].
+pub trait TcpAddr {
+    fn tcp_addr(&self) -> SocketAddr;
+}
+
+impl TcpAddr for WorkerHandle {
+    fn tcp_addr(&self) -> SocketAddr {
+        self.app_addr.expect("the test workers serve plaintext TCP")
+    }
+}
+
 /// Start the real `worker` binary as node `node_id` of `c` (in `cwd` if given); returns it and
 /// its app endpoint once it printed its joined line.
 pub async fn start_worker_binary(
@@ -278,7 +292,7 @@ pub async fn start_worker_binary(
             "--memory-mib",
             "2048",
         ])
-        .args(["--app-listen", "127.0.0.1:0"])
+        .args(["--app-listen", "127.0.0.1:0", "--app-plaintext-tcp"])
         .arg("--state-dir")
         .arg(state_dir)
         .stdin(std::process::Stdio::null())
@@ -306,9 +320,11 @@ pub async fn start_worker_binary(
         });
     let joined: serde_json::Value = serde_json::from_str(&line).expect("a JSON ready line");
     assert_eq!(joined["event"], "joined", "{line}");
-    let endpoint = joined["app_endpoint"]
-        .as_str()
-        .expect("app_endpoint")
+    let endpoint = joined["app_endpoint"].as_str().expect("app_endpoint");
+    // The advertised endpoint names its transport.
+    let endpoint = endpoint
+        .strip_prefix("tcp://")
+        .unwrap_or_else(|| panic!("a plaintext endpoint is advertised as tcp://, got {endpoint}"))
         .to_string();
     (child, endpoint)
 }
