@@ -9,6 +9,7 @@ pub mod demo;
 pub mod experiment;
 pub mod load;
 pub mod local;
+pub mod plan;
 pub mod sim;
 pub mod task;
 pub mod traces;

@@ -116,6 +116,7 @@ pub enum Rejection {
 pub enum Algorithm {
     /// LowCost (§6.3), falling back to greedy when it finds nothing (YARN's
     /// `AlignedPlannerWithGreedy`).
+    #[serde(rename = "lowcost")]
     LowCost,
     /// The greedy agent alone (YARN's `GreedyReservationAgent`).
     Greedy,

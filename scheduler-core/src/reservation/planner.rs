@@ -185,6 +185,7 @@ pub fn plan_request(
     let mut out: Vec<Option<Vec<Part>>> = vec![None; n];
     // Span of everything allocated so far.
     let mut span: Option<(u32, u32)> = None;
+    let mut any_failures: Vec<String> = Vec::new();
     for &idx in &order {
         let stage = &req.stages[idx];
         // The stage's widest window: the job's, narrowed by the stages already placed for ORDER.
@@ -200,10 +201,7 @@ pub fn plan_request(
             (lo, hi) = by_demand_window(req, idx, lo, hi, allocate_left);
         }
         let Some(parts) = allocator.allocate(view, stage, lo, hi, &job) else {
-            if req.interpreter == Interpreter::Any {
-                continue;
-            }
-            return Err(Rejection::NoPlacement(format!(
+            let why = format!(
                 "stage {} ({} containers of {} in gangs of {} for {} ms) does not fit in [{}, {}) steps",
                 idx,
                 stage.stage.containers,
@@ -212,7 +210,12 @@ pub fn plan_request(
                 stage.stage.duration_ms,
                 lo,
                 hi
-            )));
+            );
+            if req.interpreter == Interpreter::Any {
+                any_failures.push(why);
+                continue;
+            }
+            return Err(Rejection::NoPlacement(why));
         };
         let s = parts.iter().map(|p| p.start).min().unwrap_or(lo);
         let e = parts.iter().map(|p| p.end).max().unwrap_or(lo);
@@ -243,9 +246,10 @@ pub fn plan_request(
         }
     }
     if span.is_none() {
-        return Err(Rejection::NoPlacement(
-            "no stage of the request fits in its window".into(),
-        ));
+        return Err(Rejection::NoPlacement(format!(
+            "no stage of the request fits: {}",
+            any_failures.join("; ")
+        )));
     }
     Ok(out)
 }
