@@ -106,6 +106,22 @@ pub struct PlanConfig {
     pub smoothness: u32,
 }
 
+impl PlanConfig {
+    /// The agenda for a set of periods: their least common multiple (§6.1 "LCM
+    /// representation"), or `None` when it overflows or a period is 0.
+    pub fn lcm_horizon(periods_ms: &[u64]) -> Option<u64> {
+        fn gcd(a: u64, b: u64) -> u64 {
+            if b == 0 { a } else { gcd(b, a % b) }
+        }
+        periods_ms.iter().try_fold(1u64, |acc, &p| {
+            if p == 0 {
+                return None;
+            }
+            (acc / gcd(acc, p)).checked_mul(p)
+        })
+    }
+}
+
 impl Default for PlanConfig {
     fn default() -> PlanConfig {
         PlanConfig {
@@ -178,8 +194,9 @@ pub struct ReplanReport {
     pub cancelled: Vec<String>,
 }
 
-/// The agenda.
-#[derive(Clone, Debug)]
+/// The agenda. Serializable so that the coordinator can store it (check the invariants after
+/// loading one).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Plan {
     config: PlanConfig,
     steps: u32,
@@ -1032,6 +1049,33 @@ mod tests {
         );
         assert!(p.get("a").is_some());
         p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn lcm_agenda_and_serde_round_trip() {
+        let h = 3_600_000;
+        assert_eq!(
+            PlanConfig::lcm_horizon(&[h, 4 * h, 6 * h, 24 * h]),
+            Some(24 * h)
+        );
+        assert_eq!(PlanConfig::lcm_horizon(&[58 * 60_000, h]), Some(29 * h));
+        assert_eq!(PlanConfig::lcm_horizon(&[0]), None);
+        let mut p = Plan::new(cfg(Algorithm::LowCost, 60), Resources::new(10_000, 10_240)).unwrap();
+        p.reserve(
+            "a",
+            def(
+                0,
+                20,
+                Interpreter::Order,
+                vec![st(4, 2, 5), st(2, 1, 3)],
+                Some(30),
+            ),
+        )
+        .unwrap();
+        let text = serde_json::to_string(&p).unwrap();
+        let back: Plan = serde_json::from_str(&text).unwrap();
+        back.check_invariants().unwrap();
+        assert_eq!(back.allocation("a"), p.allocation("a"));
     }
 
     /// A 10,000-node cluster, 1,000 recurring reservations on a 1,440-step day.

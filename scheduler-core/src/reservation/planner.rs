@@ -306,12 +306,12 @@ fn by_demand_window(
     if allocate_left {
         let latest_end = (i64::from(lo) + dur) as f64 + rest * ratio;
         // Rounded down to a step.
-        let latest_end = latest_end.floor().clamp(f64::from(lo), f64::from(hi)) as u32;
+        let latest_end = latest_end.floor().max(f64::from(lo)).min(f64::from(hi)) as u32;
         (lo, latest_end)
     } else {
         let early_start = (i64::from(hi) - dur) as f64 - rest * ratio;
         // Rounded up to a step.
-        let early_start = early_start.ceil().clamp(f64::from(lo), f64::from(hi)) as u32;
+        let early_start = early_start.ceil().max(f64::from(lo)).min(f64::from(hi)) as u32;
         (early_start, hi)
     }
 }
