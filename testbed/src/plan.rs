@@ -246,3 +246,45 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Greedy favouring early: the request starts at its arrival and spills over the capacity
+    /// left by the existing load.
+    #[test]
+    fn greedy_left() {
+        let text = r#"{"capacity": {"cpu_millis": 10000, "memory_mib": 10240}, "step_ms": 60000,
+          "horizon_ms": 3600000, "algorithm": "greedy", "allocate_left": true,
+          "existing": [{"start_ms": 60000, "end_ms": 120000, "cpu_millis": 6000, "memory_mib": 0}],
+          "operations": [{"op": "reserve", "id": "g", "arrival_ms": 0, "deadline_ms": 600000,
+            "interpreter": "all", "recurrence_ms": null,
+            "stages": [{"containers": 6, "gang": 1, "duration_ms": 120000,
+                        "size": {"cpu_millis": 1000, "memory_mib": 1024}}]}]}"#;
+        let (mut plan, input) = parse(text).unwrap();
+        let out = execute(&mut plan, &input);
+        plan.check_invariants().unwrap();
+        // [0,2) has 4 free at step 1 → 4 there; the constraining step is 1, so the next range
+        // is [2,4) → 2 there.
+        let iv = |s: u64, e: u64, n: u64| AllocationInterval {
+            start_ms: s * 60_000,
+            end_ms: e * 60_000,
+            cpu_millis: n * 1000,
+            memory_mib: n * 1024,
+        };
+        assert_eq!(
+            out.results[0].allocation.as_deref(),
+            Some(&[iv(0, 2, 4), iv(2, 4, 2)][..])
+        );
+    }
+
+    #[test]
+    fn existing_over_capacity_is_an_input_error() {
+        let text = r#"{"capacity": {"cpu_millis": 1000, "memory_mib": 1024}, "step_ms": 60000,
+          "algorithm": "lowcost", "existing": [{"start_ms": 0, "end_ms": 60000,
+          "cpu_millis": 2000, "memory_mib": 0}], "operations": []}"#;
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.starts_with("existing[0]"), "{err}");
+    }
+}

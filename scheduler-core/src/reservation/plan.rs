@@ -932,6 +932,25 @@ mod tests {
         // Offset [5,10) is busy in one instance, so all instances use [0,5).
         assert_eq!(a, vec![iv(0, 5, 4), iv(20, 25, 4), iv(40, 45, 4)]);
         p.check_invariants().unwrap();
+        // Cost, too, is the highest over the instances (§6.3): load 5 of 10 at offset [5,10) of
+        // the second instance leaves room, but [5,10) then costs more than [0,5), which holds
+        // the 4 of `daily` in every instance (2.5 against 2.0), so the gang of 2 goes to [0,5).
+        let mut q = Plan::new(cfg(Algorithm::LowCost, 60), Resources::new(10_000, 10_240)).unwrap();
+        q.add_fixed("half", 25 * MIN, 30 * MIN, Resources::new(5000, 5120))
+            .unwrap();
+        q.reserve(
+            "daily",
+            def(0, 5, Interpreter::All, vec![st(4, 4, 5)], Some(20)),
+        )
+        .unwrap();
+        let a = q
+            .reserve(
+                "more",
+                def(0, 10, Interpreter::All, vec![st(2, 2, 5)], Some(20)),
+            )
+            .unwrap();
+        assert_eq!(a, vec![iv(0, 5, 2), iv(20, 25, 2), iv(40, 45, 2)]);
+        q.check_invariants().unwrap();
         let e = p
             .reserve(
                 "bad",
