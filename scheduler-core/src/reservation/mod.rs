@@ -11,13 +11,15 @@
 //! * [`lowcost`] is LowCost (§6.3) as its authors built it in YARN (the aligned low-cost stage
 //!   allocator driven by the iterative planner), with the §7 alignment penalty; [`greedy`] is
 //!   YARN's greedy agent, the baseline and LowCost's fallback. [`planner`] is the iterative
-//!   planner both share (stage order, stage windows, ANY / ORDER / ORDER_NO_GAP rules).
+//!   planner both share (stage order, stage windows, ANY / ORDER / ORDER_NO_GAP rules); [`dra`]
+//!   stretches the current instance of a reservation whose job runs late (§7).
 //! * When capacity shrinks, [`plan::Plan::set_capacity`] replans: reservations that no longer fit
 //!   are placed again, and those that cannot be are cancelled, newest accepted first.
 //!
 //! All of it is sans-IO: times are plain milliseconds within the agenda, and nothing here reads a
 //! clock.
 
+pub mod dra;
 pub mod greedy;
 pub mod lowcost;
 pub mod plan;
