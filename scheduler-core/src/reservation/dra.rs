@@ -193,5 +193,16 @@ mod tests {
             Err(Rejection::NoPlacement(_))
         ));
         p.check_invariants().unwrap();
+        // Deleting the reservation deletes its stretches.
+        p.delete("other");
+        let s = p
+            .reprovision("job", 10 * MIN, Resources::new(6000, 6144), &Dra::default())
+            .unwrap()
+            .unwrap();
+        assert!(p.get(&s).is_some());
+        assert!(p.delete("job"));
+        assert!(p.get(&s).is_none());
+        assert!(p.load().runs().all(|r| r.2.is_zero()));
+        p.check_invariants().unwrap();
     }
 }

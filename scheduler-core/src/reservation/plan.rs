@@ -528,13 +528,29 @@ impl Plan {
         Ok(self.allocation(id).unwrap_or_default())
     }
 
-    /// Remove a reservation; false when there was none.
+    /// Remove a reservation, and the DRA stretches of its current instance
+    /// (`super::dra`); false when there was none.
     pub fn delete(&mut self, id: &str) -> bool {
         let Some(r) = self.reservations.remove(id) else {
             return false;
         };
         let mut load = self.load.to_dense();
         r.add_to(&mut load, false);
+        if r.definition.is_some() {
+            let prefix = format!("{id}/dra@");
+            let stretches: Vec<String> = self
+                .reservations
+                .range(prefix.clone()..)
+                .take_while(|(k, _)| k.starts_with(&prefix))
+                .filter(|(_, r)| r.definition.is_none())
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in stretches {
+                if let Some(s) = self.reservations.remove(&k) {
+                    s.add_to(&mut load, false);
+                }
+            }
+        }
         self.load = StepFn::from_dense(&load);
         true
     }
