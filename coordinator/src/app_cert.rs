@@ -51,6 +51,7 @@ pub fn issue_app_cert(
     dns: &[String],
     ips: &[IpAddr],
     out_dir: &Path,
+    validity_days: u32,
 ) -> Result<IssuedAppCert, IssueError> {
     if node_id.is_empty() || node_id.len() > 253 {
         return Err(IssueError::NodeId(node_id.to_string()));
@@ -87,10 +88,16 @@ pub fn issue_app_cert(
     // Strict verifiers (Python 3.13's default context, `openssl verify -x509_strict`) require
     // the authority key identifier.
     params.use_authority_key_identifier_extension = true;
-    // As the coordinator's server certificate: valid until the CA is replaced; a node's
-    // certificate is withdrawn by replacing the CA (or the worker's files).
-    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    params.not_after = rcgen::date_time_ymd(4000, 1, 1);
+    // A realistic validity, as the coordinator's server certificate: one year by default, never
+    // past the CA; renew by issuing again (the worker reads it at start).
+    let ca_not_after = crate::datadir::ca_not_after(data_dir, &ca_pem)
+        .map_err(|e| ca(&data_dir.ca_cert())(e.to_string()))?;
+    (params.not_before, params.not_after) = crate::datadir::validity_under_ca(
+        std::time::SystemTime::now(),
+        validity_days,
+        ca_not_after,
+    )
+    .map_err(|e| IssueError::Certificate(e.to_string()))?;
     let key = KeyPair::generate().map_err(cert_err)?;
     let cert = params.signed_by(&key, &issuer).map_err(cert_err)?;
 
@@ -154,6 +161,7 @@ mod tests {
             &["node-a.example".to_string()],
             &["127.0.0.1".parse().unwrap()],
             &out,
+            365,
         )
         .unwrap();
         for path in [&issued.cert, &issued.key] {
@@ -210,6 +218,13 @@ mod tests {
             })
             .expect("the CA has a subject key identifier");
         let (_, cert) = X509Certificate::from_der(&leaf).unwrap();
+        // A realistic validity: the 365 days asked for, not "until the CA is replaced".
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let lifetime_days = (cert.validity().not_after.timestamp() - now) / 86_400;
+        assert!((364..=365).contains(&lifetime_days), "{lifetime_days} days");
         let aki = cert
             .extensions()
             .iter()
@@ -224,11 +239,11 @@ mod tests {
 
         // No silent overwrite; no names at all is refused.
         assert!(matches!(
-            issue_app_cert(&dir, "node-a", &["x".into()], &[], &out),
+            issue_app_cert(&dir, "node-a", &["x".into()], &[], &out, 365),
             Err(IssueError::Exists { .. })
         ));
         assert!(matches!(
-            issue_app_cert(&dir, "node-a", &[], &[], &tmp.path().join("other")),
+            issue_app_cert(&dir, "node-a", &[], &[], &tmp.path().join("other"), 365),
             Err(IssueError::NoNames)
         ));
     }

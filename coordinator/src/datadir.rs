@@ -242,6 +242,38 @@ fn unix_secs(t: std::time::SystemTime) -> i64 {
     }
 }
 
+/// When the data dir's CA (`ca_pem`, read from `dir`) expires.
+pub(crate) fn ca_not_after(dir: &DataDir, ca_pem: &str) -> Result<time::OffsetDateTime, InitError> {
+    x509_parser::pem::parse_x509_pem(ca_pem.as_bytes())
+        .map_err(|e| e.to_string())
+        .and_then(|(_, pem)| {
+            let cert = pem.parse_x509().map_err(|e| e.to_string())?;
+            time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp())
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|message| InitError::Tls {
+            path: dir.ca_cert(),
+            message,
+        })
+}
+
+/// `[issued - 1 h, issued + days]`, never past `ca_not_after` (a certificate cannot outlive
+/// the CA that vouches for it); an error once the CA has expired.
+pub(crate) fn validity_under_ca(
+    issued: std::time::SystemTime,
+    days: u32,
+    ca_not_after: time::OffsetDateTime,
+) -> Result<(time::OffsetDateTime, time::OffsetDateTime), InitError> {
+    let (from, until) = validity_window(issued, days)?;
+    let until = until.min(ca_not_after);
+    if until <= from {
+        return Err(InitError::Certificate(format!(
+            "the CA expired at {ca_not_after}: a new CA needs a new data dir (and ca.pem on every worker)"
+        )));
+    }
+    Ok((from, until))
+}
+
 /// `[issued - 1 h, issued + days]`.
 fn validity_window(
     issued: std::time::SystemTime,
@@ -338,17 +370,7 @@ pub fn rotate_server_cert(
     };
     let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(tls(dir.ca_key()))?;
     let ca = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(tls(dir.ca_cert()))?;
-    let ca_not_after = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes())
-        .map_err(|e| e.to_string())
-        .and_then(|(_, pem)| {
-            let cert = pem.parse_x509().map_err(|e| e.to_string())?;
-            time::OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp())
-                .map_err(|e| e.to_string())
-        })
-        .map_err(|message| InitError::Tls {
-            path: dir.ca_cert(),
-            message,
-        })?;
+    let ca_not_after = ca_not_after(dir, &ca_pem)?;
     let (cert, key, not_after) = issue_server_cert(&ca, ca_not_after, days, issued)?;
     replace_file(&dir.server_key(), key.serialize_pem().as_bytes(), true)?;
     replace_file(&dir.server_cert(), cert.pem().as_bytes(), false)?;

@@ -121,6 +121,9 @@ struct IssueAppCertArgs {
     /// Where the certificate and key go (created 0700 if absent; existing files are kept).
     #[arg(long)]
     out_dir: PathBuf,
+    /// Validity in days (never past the CA's expiry); issue again to renew.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..))]
+    validity_days: u32,
 }
 
 #[derive(Subcommand)]
@@ -323,6 +326,7 @@ fn main() -> anyhow::Result<()> {
                 &a.dns,
                 &a.ips,
                 &a.out_dir,
+                a.validity_days,
             )?;
             println!("{}", serde_json::to_string(&issued)?);
             Ok(())

@@ -19,6 +19,7 @@ pub mod promotion;
 pub mod protocol;
 pub mod queue_delay;
 pub mod quota;
+pub mod reservation;
 pub mod resources;
 pub mod shaper;
 pub mod time;

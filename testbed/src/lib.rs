@@ -11,6 +11,7 @@ pub mod fuzz;
 pub mod load;
 pub mod local;
 pub mod partition;
+pub mod plan;
 pub mod sim;
 pub mod task;
 pub mod traces;

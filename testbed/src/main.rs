@@ -27,6 +27,8 @@ enum Command {
     Load(testbed::load::LoadArgs),
     /// The demo: a local cluster plus a mixed GUARANTEED/QUEUEABLE workload, explained.
     Demo(testbed::demo::DemoArgs),
+    /// Build a reservation plan (Morpheus LowCost or greedy) and place the requests of a JSON file.
+    Plan(testbed::plan::PlanArgs),
     /// Node-loss check (docker-compose test): start long containers on every worker, print READY,
     /// wait until the victim's containers are reported lost, and check new asks avoid it.
     NodeLossCheck(testbed::demo::NodeLossArgs),
@@ -48,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         Command::Local(args) => testbed::local::run(&args),
         Command::Load(args) => testbed::load::run(&args),
         Command::Demo(args) => testbed::demo::run(&args),
+        Command::Plan(args) => testbed::plan::run(&args),
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),
         Command::Fuzz(args) => testbed::fuzz::run(&args),
         Command::PartitionCheck(args) => testbed::partition::run(&args),

@@ -26,6 +26,7 @@ fn issue_cert(ca_cert: &Path, node: &str) -> (PathBuf, PathBuf) {
         &["localhost".to_string()],
         &["127.0.0.1".parse().expect("literal")],
         &data.root.join(format!("tls-{node}")),
+        365,
     )
     .expect("issue the app certificate");
     (issued.cert, issued.key)
