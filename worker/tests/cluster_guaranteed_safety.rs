@@ -96,10 +96,8 @@ async fn a_guaranteed_grant_of_an_earlier_session_of_the_node_is_void() {
     c.stop().await;
 }
 
-/// The app releases an unstarted GUARANTEED grant through a worker that is not the grant's node
-/// (the coordinator frees the booking); the token must not start the container afterwards.
-#[actix_rt::test]
-async fn a_released_guaranteed_grant_cannot_be_started_afterwards() {
+/// Two nodes; an app on node-b obtains a GUARANTEED grant of 1,000 millicores on node-a.
+async fn grant_on_a_through_b() -> (Cluster, AppClient, scheduler_core::token::ContainerToken) {
     let c = Cluster::start(
         &["demo"],
         &[node("node-a", 2000, 2048), node("node-b", 2000, 2048)],
@@ -109,6 +107,14 @@ async fn a_released_guaranteed_grant_cannot_be_started_afterwards() {
     let token = via_b
         .grant(ask_on(ContainerType::Guaranteed, 1000, 256, "node-a"))
         .await;
+    (c, via_b, token)
+}
+
+/// The app releases an unstarted GUARANTEED grant through a worker that is not the grant's node
+/// (the coordinator frees the booking); the token must not start the container afterwards.
+#[actix_rt::test]
+async fn a_released_guaranteed_grant_cannot_be_started_afterwards() {
+    let (c, mut via_b, token) = grant_on_a_through_b().await;
     let id = token.body.container_id;
     assert!(
         matches!(via_b.release(id).await, AppResponse::Ack(_)),
@@ -131,15 +137,7 @@ async fn a_released_guaranteed_grant_cannot_be_started_afterwards() {
 /// whatever the coordinator has heard from node-a's heartbeats: it must stop running.
 #[actix_rt::test]
 async fn a_guaranteed_container_released_through_another_worker_right_after_it_starts_stops() {
-    let c = Cluster::start(
-        &["demo"],
-        &[node("node-a", 2000, 2048), node("node-b", 2000, 2048)],
-    )
-    .await;
-    let mut via_b = c.client("node-b").await;
-    let token = via_b
-        .grant(ask_on(ContainerType::Guaranteed, 1000, 256, "node-a"))
-        .await;
+    let (c, mut via_b, token) = grant_on_a_through_b().await;
     let id = token.body.container_id;
     let mut on_a = c.client("node-a").await;
     on_a.start(&token, sh("exec sleep 30"))

@@ -810,15 +810,9 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
     }
 }
 
-/// Every `type` tag of both protocols, to swap one message's tag for another's.
-const TAGS: &[&str] = &[
-    "hello",
-    "allocate",
-    "release",
-    "promote",
-    "start_container",
-    "stop_container",
-    "subscribe",
+/// Every `type` tag of both protocols but the app's requests
+/// ([`scheduler_core::protocol::app::REQUEST_TYPES`]), to swap one message's tag for another's.
+const OTHER_TAGS: &[&str] = &[
     "welcome",
     "allocated",
     "promoted",
@@ -840,6 +834,16 @@ const TAGS: &[&str] = &[
     "request_failed",
     "apply_promotion",
 ];
+
+/// A tag of either protocol, request tags first (as one list: the same draw picks the same tag).
+fn any_tag(rng: &mut Rng) -> &'static str {
+    let requests = scheduler_core::protocol::app::REQUEST_TYPES;
+    let i = rng.index(requests.len() + OTHER_TAGS.len());
+    match requests.get(i) {
+        Some(t) => t,
+        None => OTHER_TAGS[i - requests.len()],
+    }
+}
 
 /// A valid message of `protocol` as a value tree (either direction).
 pub fn valid_message(rng: &mut Rng, protocol: Protocol, creds: Option<(&str, &str)>) -> Value {
@@ -883,7 +887,7 @@ pub fn random_value(rng: &mut Rng, depth: usize) -> Value {
                 .map(|_| (random_value(rng, depth + 1), random_value(rng, depth + 1)))
                 .collect(),
         ),
-        _ => Value::Str(TAGS[rng.index(TAGS.len())].as_bytes().to_vec()),
+        _ => Value::Str(any_tag(rng).as_bytes().to_vec()),
     }
 }
 
@@ -1010,12 +1014,12 @@ pub fn mutate_value(rng: &mut Rng, root: &mut Value) {
             if let Value::Str(s) = node {
                 // Other tag, invalid UTF-8, or empty.
                 *s = match rng.below(3) {
-                    0 => TAGS[rng.index(TAGS.len())].as_bytes().to_vec(),
+                    0 => any_tag(rng).as_bytes().to_vec(),
                     1 => vec![0xff, 0xfe, b'a'],
                     _ => Vec::new(),
                 };
             } else {
-                *node = Value::Str(TAGS[rng.index(TAGS.len())].as_bytes().to_vec());
+                *node = Value::Str(any_tag(rng).as_bytes().to_vec());
             }
         }
         9 => *node = Value::Raw(lying_header(rng)),
