@@ -3,7 +3,6 @@
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use coordinator::clock::Clock;
 use coordinator::config::FileConfig;
 use coordinator::datadir::{self, DataDir};
 use coordinator::store::Store;
@@ -265,7 +264,7 @@ fn main() -> anyhow::Result<()> {
                 &DataDir::new(&data_dir),
                 &apps,
                 validity,
-                Clock::System.now_ms(),
+                coordinator::clock::system().now_ms(),
             )
             .with_context(|| format!("initialising {}", data_dir.display()))?;
             println!("{}", serde_json::to_string(&report)?);
@@ -340,7 +339,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(settings: coordinator::CoordinatorSettings) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let server = coordinator::start(settings, Clock::System).await?;
+    let server = coordinator::start(settings, coordinator::clock::system()).await?;
     if let Some(report) = &server.initialised {
         tracing::info!(
             ca_cert = %report.ca_cert.display(),

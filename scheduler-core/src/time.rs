@@ -90,3 +90,62 @@ mod job_submit_time_tests {
         assert_eq!(clamp_job_submit_time_ms(0, 1_000), 0);
     }
 }
+
+/// The time source of the actors. The core takes `now` from its callers; the actors take it from
+/// a `Clock`: the wall clock in production (read by a function the binary provides: this crate
+/// never reads the OS clock itself), or a clock that moves only when told (tests, so node
+/// timeouts, token expiries and key rotations are exercised without sleeping).
+#[derive(Clone, Debug)]
+pub enum Clock {
+    /// The caller's wall clock (µs since the Unix epoch).
+    Wall(fn() -> Time),
+    /// A clock that moves only when told to.
+    Manual(std::sync::Arc<std::sync::atomic::AtomicU64>),
+}
+
+impl Clock {
+    /// A manual clock starting at `start`.
+    pub fn manual(start: Time) -> Clock {
+        Clock::Manual(std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+            start.as_micros(),
+        )))
+    }
+
+    pub fn now(&self) -> Time {
+        match self {
+            Clock::Wall(read) => read(),
+            Clock::Manual(t) => Time::from_micros(t.load(std::sync::atomic::Ordering::SeqCst)),
+        }
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.now().as_millis()
+    }
+
+    /// Move a manual clock forward; no effect on a wall clock.
+    pub fn advance(&self, by: std::time::Duration) {
+        if let Clock::Manual(t) = self {
+            t.fetch_add(
+                by.as_micros().min(u64::MAX as u128) as u64,
+                std::sync::atomic::Ordering::SeqCst,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told_and_a_wall_clock_reads_its_function() {
+        let c = Clock::manual(Time::from_millis(5));
+        let shared = c.clone();
+        assert_eq!(c.now_ms(), 5);
+        shared.advance(std::time::Duration::from_millis(10));
+        assert_eq!(c.now_ms(), 15, "clones share the time");
+        let wall = Clock::Wall(|| Time::from_secs(42));
+        wall.advance(std::time::Duration::from_secs(1));
+        assert_eq!(wall.now(), Time::from_secs(42));
+    }
+}

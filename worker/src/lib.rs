@@ -15,7 +15,7 @@ use anyhow::Context;
 use config::WorkerConfig;
 use scheduler_core::node::{NodeRuntime, NodeRuntimeConfig};
 use scheduler_core::{NodeId, Resources};
-use shared::{Shared, wall_now};
+use shared::Shared;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -45,6 +45,15 @@ impl WorkerHandle {
 
 /// Start a worker and wait until it has joined the cluster. Must run inside an actix System.
 pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
+    start_with_clock(config, shared::WorkerClock::default().0).await
+}
+
+/// [`start`] with the worker's time source given (tests drive token expiry and the node runtime's
+/// clock by hand with [`scheduler_core::time::Clock::manual`]).
+pub async fn start_with_clock(
+    config: WorkerConfig,
+    clock: scheduler_core::time::Clock,
+) -> anyhow::Result<WorkerHandle> {
     let identity = exec::user::decide(
         config.container_user.clone(),
         config.allow_root_containers,
@@ -144,11 +153,11 @@ pub async fn start(config: WorkerConfig) -> anyhow::Result<WorkerHandle> {
         "container executor ready"
     );
 
-    let shared = Rc::new(Shared::default());
+    let shared = Rc::new(Shared::with_clock(clock));
     let (link_tx, link_rx) = mpsc::unbounded_channel();
     let node = node_actor::NodeActor::new(
         node_id.clone(),
-        NodeRuntime::new(node_config, wall_now()),
+        NodeRuntime::new(node_config, shared.clock.now()),
         executor,
         shared.clone(),
         link_tx.clone(),

@@ -4,7 +4,7 @@
 //! process tree, tell subscribed applications).
 
 use crate::exec::{self, ContainerLimits, ContainerProcess, Executor, ExitOutcome};
-use crate::shared::{ConnTx, InFlight, Settle, Shared, wall_now};
+use crate::shared::{ConnTx, InFlight, Settle, Shared};
 use actix::prelude::*;
 use scheduler_core::node::{ContainerSpec, NodeError, NodeEvent, NodeRuntime, Placement};
 use scheduler_core::protocol::app::{
@@ -74,7 +74,7 @@ impl NodeActor {
 
     fn event(&self, id: ContainerId, kind: ContainerEventKind) {
         if let Some(app) = self.owners.get(&id) {
-            let at_ms = wall_now().as_millis();
+            let at_ms = self.shared.clock.now().as_millis();
             self.shared.notify(
                 app,
                 ContainerEvent {
@@ -149,7 +149,7 @@ impl NodeActor {
         if !self.shared.connected.get() {
             return;
         }
-        let now = wall_now();
+        let now = self.shared.clock.now();
         let usage = if self.usage.is_empty() {
             None
         } else {
@@ -175,7 +175,7 @@ impl NodeActor {
     }
 
     fn start_container(&mut self, app: AppId, req: StartContainer) -> AppResponse {
-        let now = wall_now();
+        let now = self.shared.clock.now();
         let token = &req.token;
         if let Err(e) = self.verifier.check(token, &app, now.as_millis()) {
             return error(
@@ -354,7 +354,7 @@ impl Handler<ProcessEnded> for NodeActor {
         if self.node.placement(id) != Some(Placement::Running) {
             return; // already killed by the runtime (preempted, released, shed, lost)
         }
-        let now = wall_now();
+        let now = self.shared.clock.now();
         let result = match msg.end {
             ProcessEnd::LaunchFailed(e) => {
                 self.node.on_failure(now, id, format!("launch failed: {e}"))
@@ -437,7 +437,8 @@ pub struct StopLocal {
 impl Handler<StopLocal> for NodeActor {
     type Result = Result<(), NodeError>;
     fn handle(&mut self, msg: StopLocal, ctx: &mut Context<Self>) -> Self::Result {
-        self.node.stop(wall_now(), msg.container_id, &msg.app)?;
+        self.node
+            .stop(self.shared.clock.now(), msg.container_id, &msg.app)?;
         self.flush(ctx);
         Ok(())
     }
@@ -487,7 +488,7 @@ impl Handler<NodeJoined> for NodeActor {
         self.verifier.set_keys(msg.keys);
         self.verifier.set_guaranteed_keys(msg.guaranteed_keys);
         self.verifier.set_node_epoch(msg.epoch);
-        let now = wall_now();
+        let now = self.shared.clock.now();
         for id in msg.lost_containers {
             // Killed before the first heartbeat of the session goes out, so the coordinator never
             // hears of them as running again.
@@ -536,7 +537,7 @@ pub struct NodeHints {
 impl Handler<NodeHints> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeHints, ctx: &mut Context<Self>) {
-        let now = wall_now();
+        let now = self.shared.clock.now();
         if let Some(keys) = msg.keys {
             self.verifier.set_keys(keys);
         }
@@ -582,7 +583,11 @@ impl Handler<ApplyPromotionMsg> for NodeActor {
                     ));
                 }
                 self.node
-                    .promote(wall_now(), token.body.container_id, token.body.version)
+                    .promote(
+                        self.shared.clock.now(),
+                        token.body.container_id,
+                        token.body.version,
+                    )
                     .map_err(|e| e.to_string())
             });
         self.flush(ctx);
@@ -608,7 +613,7 @@ pub struct StopOnBehalf {
 impl Handler<StopOnBehalf> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: StopOnBehalf, ctx: &mut Context<Self>) {
-        let now = wall_now();
+        let now = self.shared.clock.now();
         if let Some(until_ms) = msg.revoke_until_ms {
             // Revoke first: whether or not the container started meanwhile, its token must not
             // start it (again) after this.
@@ -630,8 +635,11 @@ pub struct KillAll;
 impl Handler<KillAll> for NodeActor {
     type Result = ();
     fn handle(&mut self, _: KillAll, ctx: &mut Context<Self>) {
-        self.node
-            .kill_all(wall_now(), KillReason::Lost, "the worker is shutting down");
+        self.node.kill_all(
+            self.shared.clock.now(),
+            KillReason::Lost,
+            "the worker is shutting down",
+        );
         self.flush(ctx);
     }
 }

@@ -4,7 +4,7 @@
 //! keeps quota counts from the coordinator's notices and tells apps about lost containers.
 
 use crate::node_actor::error;
-use crate::shared::{ConnTx, InFlight, Settle, Shared, wall_now};
+use crate::shared::{ConnTx, InFlight, Settle, Shared};
 use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -194,7 +194,7 @@ impl SchedulerActor {
             job_submit_time_ms: req.job_submit_time_ms,
         };
         let quota = self.shared.quota(&app);
-        let now_ms = wall_now().as_millis();
+        let now_ms = self.shared.clock.now().as_millis();
         match self.ds.place(now_ms, &ask, &quota, &mut self.rng) {
             Ok(outcome) => {
                 let mut containers = Vec::with_capacity(outcome.placed.len());
@@ -265,7 +265,7 @@ impl SchedulerActor {
                         message: format!("node {node} was lost"),
                     },
                     node_id: node,
-                    at_ms: wall_now().as_millis(),
+                    at_ms: self.shared.clock.now().as_millis(),
                 },
             ),
         }
@@ -412,7 +412,7 @@ impl Handler<ReleaseRemote> for SchedulerActor {
         let id: ContainerId = req.container_id;
         // A grant of ours that no node reported yet: forget it here, and ask the coordinator in
         // case a node took it meanwhile ("unknown" then means nobody did).
-        let expires_at_ms = wall_now().as_millis() + self.ds.config().token_ttl_ms;
+        let expires_at_ms = self.shared.clock.now().as_millis() + self.ds.config().token_ttl_ms;
         let unstarted_grant =
             self.issued
                 .release_unstarted(self.ds.quotas_mut(), id, &app, expires_at_ms);
@@ -520,7 +520,7 @@ impl Handler<ViewUpdate> for SchedulerActor {
             self.act(action);
         }
         self.issued
-            .expire(self.ds.quotas_mut(), wall_now().as_millis());
+            .expire(self.ds.quotas_mut(), self.shared.clock.now().as_millis());
         self.ds
             .quotas_mut()
             .set_elsewhere(msg.outstanding_elsewhere);

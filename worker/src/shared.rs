@@ -236,7 +236,24 @@ impl ConnTx {
     }
 }
 
-/// Wall-clock time as the core wants it.
+/// The worker's time source (token expiry, event times, the node runtime's `now`): the wall
+/// clock, unless a test injects a manual one ([`crate::start_with_clock`]).
+#[derive(Clone, Debug)]
+pub struct WorkerClock(pub scheduler_core::time::Clock);
+
+impl Default for WorkerClock {
+    fn default() -> Self {
+        WorkerClock(scheduler_core::time::Clock::Wall(wall_now))
+    }
+}
+
+impl WorkerClock {
+    pub fn now(&self) -> Time {
+        self.0.now()
+    }
+}
+
+/// Wall-clock time as the core wants it (the production clock's reading).
 pub fn wall_now() -> Time {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -246,6 +263,8 @@ pub fn wall_now() -> Time {
 
 #[derive(Default)]
 pub struct Shared {
+    /// The time source of this worker's actors.
+    pub clock: WorkerClock,
     apps: RefCell<HashMap<String, AppRecord>>,
     subscribers: RefCell<HashMap<AppId, Vec<(u64, ConnTx)>>>,
     /// Membership version of this worker's cluster view (sent in heartbeats).
@@ -273,6 +292,14 @@ pub enum AuthError {
 }
 
 impl Shared {
+    /// Shared state whose actors take their time from `clock`.
+    pub fn with_clock(clock: scheduler_core::time::Clock) -> Shared {
+        Shared {
+            clock: WorkerClock(clock),
+            ..Shared::default()
+        }
+    }
+
     pub fn set_apps(&self, apps: Vec<AppRecord>) {
         *self.apps.borrow_mut() = apps.into_iter().map(|a| (a.app_id.clone(), a)).collect();
     }

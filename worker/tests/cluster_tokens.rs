@@ -296,3 +296,34 @@ async fn a_genuine_token_for_more_than_the_node_has_is_refused() {
     assert_still_serving(&c, &mut good, "node-a", running, 1).await;
     c.stop().await;
 }
+
+/// The worker's clock is injected (as the coordinator's): a token is accepted until the worker's
+/// own clock passes its expiry, tested by moving a manual clock rather than waiting ten minutes.
+#[actix_rt::test]
+async fn a_token_expires_on_the_workers_own_clock() {
+    let clock = scheduler_core::time::Clock::manual(scheduler_core::Time::from_millis(wall_ms()));
+    let c = Cluster::start_with_clock(
+        &["demo"],
+        &[node("node-a", 2000, 2048)],
+        |_| {},
+        Some(clock.clone()),
+    )
+    .await;
+    let mut app = c.client("node-a").await;
+    let early = app
+        .grant(ask_on(ContainerType::Queueable, 100, 64, "node-a"))
+        .await;
+    let late = app
+        .grant(ask_on(ContainerType::Queueable, 100, 64, "node-a"))
+        .await;
+    // Issued by the worker's scheduler on the same clock: ten minutes of validity.
+    let ttl_ms = late.body.expires_at_ms - clock.now_ms();
+    assert!((1..=600_000).contains(&ttl_ms), "{ttl_ms}");
+    app.start(&early, sh("exit 0"))
+        .await
+        .expect("valid before its expiry");
+    clock.advance(std::time::Duration::from_millis(ttl_ms));
+    let e = app.start(&late, sh("exit 0")).await.unwrap_err();
+    assert_invalid_token(&e, "expired at");
+    c.stop().await;
+}

@@ -85,6 +85,17 @@ impl Cluster {
         nodes: &[NodeSpec],
         adjust: impl Fn(&mut WorkerConfig),
     ) -> Cluster {
+        Cluster::start_with_clock(apps, nodes, adjust, None).await
+    }
+
+    /// Like [`Cluster::start_with`], the workers taking their time from `worker_clock` (the
+    /// coordinator keeps the wall clock, so its node timeouts do not move with it).
+    pub async fn start_with_clock(
+        apps: &[&str],
+        nodes: &[NodeSpec],
+        adjust: impl Fn(&mut WorkerConfig),
+        worker_clock: Option<Clock>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = DataDir::new(dir.path());
         let now_ms = std::time::SystemTime::now()
@@ -114,7 +125,7 @@ impl Cluster {
         settings.seed = Some(7);
         settings.heartbeat_interval = HEARTBEAT;
         // Tokens are checked against the workers' wall clock, so the coordinator uses it too.
-        let server = coordinator::start(settings, Clock::System)
+        let server = coordinator::start(settings, coordinator::clock::system())
             .await
             .expect("coordinator starts");
         let join_token = std::fs::read_to_string(data.join_token()).expect("join token");
@@ -148,9 +159,11 @@ impl Cluster {
                 app_limits: AppLimits::default(),
             };
             adjust(&mut config);
-            let handle = worker::start(config)
-                .await
-                .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
+            let handle = match &worker_clock {
+                Some(clock) => worker::start_with_clock(config, clock.clone()).await,
+                None => worker::start(config).await,
+            }
+            .unwrap_or_else(|e| panic!("worker {} starts and joins: {e:#}", n.name));
             workers.push(handle);
         }
         Cluster {
