@@ -292,6 +292,23 @@ impl CoordinatorActor {
             node_id: node_id.clone(),
             load: QueueableLoad::from_statuses(&hb.containers),
         });
+        // The node's status of each GUARANTEED container it started: the guarantor books one its
+        // books do not hold (started in the window of a re-join), so they follow the node.
+        let started_here: Vec<ContainerStatus> = if hb.started.iter().any(|id| id.issuer() == 0) {
+            let started: std::collections::HashSet<ContainerId> = hb
+                .started
+                .iter()
+                .copied()
+                .filter(|id| id.issuer() == 0)
+                .collect();
+            hb.containers
+                .iter()
+                .filter(|c| started.contains(&c.id))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.set_node_containers(node_id, hb.containers);
         let mut guarantor_started = Vec::new();
         for id in hb.started {
@@ -318,7 +335,9 @@ impl CoordinatorActor {
             // Every finish goes to the guarantor too: promoted containers of any issuer hold
             // GUARANTEED bookings there (on_finished is idempotent for the others).
             self.guarantor().do_send(ContainerEvents {
+                node_id: node_id.clone(),
                 started: guarantor_started,
+                started_here,
                 finished: hb.finished,
             });
         }
@@ -604,8 +623,10 @@ impl CoordinatorActor {
             return;
         };
         if let Err(e) = self.store.set_lost_nodes(lost) {
-            // Kept in memory: this incarnation still kills a lost node's containers on re-join.
+            // Kept in memory (this incarnation still kills a lost node's containers on re-join)
+            // and saved again at the next heartbeat or loss, so a restart does not forget it.
             error!("cannot persist the lost nodes: {e}");
+            self.state.lost_nodes_not_saved();
         }
     }
 

@@ -163,6 +163,19 @@ impl GuarantorActor {
         }
     }
 
+    /// Book the GUARANTEED containers a node reports running that the books do not hold.
+    fn adopt(&mut self, node_id: &NodeId, containers: &[ContainerStatus]) {
+        for c in containers
+            .iter()
+            .filter(|c| c.container_type == ContainerType::Guaranteed)
+        {
+            if let Err(e) = self.core.adopt_running(node_id, c) {
+                warn!(node = %node_id, container = %c.id, "cannot book a GUARANTEED container the node reports: {e}");
+            }
+        }
+        self.report_limits();
+    }
+
     /// Tell the coordinator the policing limits (Mercury §4.3) that changed: the core tracks
     /// which nodes' bookings changed, so this is O(changes), not O(nodes) per event.
     fn report_limits(&mut self) {
@@ -251,23 +264,7 @@ impl Handler<AddNode> for GuarantorActor {
             info!(node = %msg.node_id, count = void.len(), "GUARANTEED bookings freed at the node's join: grants of its previous session, or containers it no longer holds");
         }
         self.endpoints.insert(msg.node_id.clone(), msg.endpoint);
-        for c in msg
-            .containers
-            .iter()
-            .filter(|c| c.container_type == ContainerType::Guaranteed)
-        {
-            if self.core.is_guaranteed(c.id) {
-                self.core.on_started(c.id);
-                continue;
-            }
-            // Booking a running GUARANTEED container is exactly a validated promotion.
-            if let Err(e) = self
-                .core
-                .promote(c.id, &msg.node_id, &c.app_id, c.resources)
-            {
-                warn!(node = %msg.node_id, container = %c.id, "cannot re-book reported GUARANTEED container: {e}");
-            }
-        }
+        self.adopt(&msg.node_id, &msg.containers);
         self.schedule();
     }
 }
@@ -289,11 +286,14 @@ impl Handler<RemoveNode> for GuarantorActor {
     }
 }
 
-/// Container starts (issuer 0 only) and ends reported by heartbeats.
+/// Container starts (issuer 0 only) and ends reported by a node's heartbeat; `started_here`
+/// holds the node's status of each started GUARANTEED container it still reports.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ContainerEvents {
+    pub node_id: NodeId,
     pub started: Vec<ContainerId>,
+    pub started_here: Vec<ContainerStatus>,
     pub finished: Vec<ContainerId>,
 }
 
@@ -303,6 +303,7 @@ impl Handler<ContainerEvents> for GuarantorActor {
         for id in msg.started {
             self.core.on_started(id);
         }
+        self.adopt(&msg.node_id, &msg.started_here);
         let mut freed = false;
         for id in msg.finished {
             freed |= self.core.on_finished(id);

@@ -685,6 +685,20 @@ impl Store {
         Ok(count)
     }
 
+    /// A stored value, checked against its checksum (a mismatch names the record).
+    fn unseal_stored(
+        &self,
+        table: &str,
+        key: &str,
+        stored: Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        stored
+            .map(|s| {
+                unseal(table, key, &s).map_err(|m| self.corrupted(&record_name(table, key), m))
+            })
+            .transpose()
+    }
+
     fn corrupted(&self, key: &str, message: String) -> StoreError {
         StoreError::Corrupted {
             path: self.path.clone(),
@@ -895,11 +909,7 @@ impl<'txn> Tx<'txn, '_> {
             .get(key)
             .map_err(|e| store.io(e))?
             .map(|v| v.value().to_vec());
-        stored
-            .map(|s| {
-                unseal(table, key, &s).map_err(|m| store.corrupted(&record_name(table, key), m))
-            })
-            .transpose()
+        store.unseal_stored(table, key, stored)
     }
 
     fn remove(&mut self, table: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -909,11 +919,7 @@ impl<'txn> Tx<'txn, '_> {
             .remove(key)
             .map_err(|e| store.io(e))?
             .map(|v| v.value().to_vec());
-        stored
-            .map(|s| {
-                unseal(table, key, &s).map_err(|m| store.corrupted(&record_name(table, key), m))
-            })
-            .transpose()
+        store.unseal_stored(table, key, stored)
     }
 }
 

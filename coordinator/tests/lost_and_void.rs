@@ -248,3 +248,23 @@ async fn a_rejoin_frees_the_bookings_of_guaranteed_containers_the_node_no_longer
     assert_eq!(booked(&h, "node-a").await, Resources::ZERO);
     drop((a, a2));
 }
+
+/// A GUARANTEED container the guarantor does not book (a grant of the node's previous session
+/// started in the window of its re-join) is booked as soon as a heartbeat reports it started, so
+/// the books never under-count what the node runs.
+#[actix_rt::test]
+async fn a_reported_guaranteed_container_the_books_do_not_hold_is_booked() {
+    let h = Harness::start().await;
+    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+    let unknown = ContainerId::new(0, 4_000_000);
+    let held = vec![running(unknown, ContainerType::Guaranteed, 1200, 1200)];
+    a.send(&heartbeat("node-a", 0, 0.0, held, vec![unknown], vec![]))
+        .await;
+    a.expect_ack().await;
+    assert_eq!(booked(&h, "node-a").await, Resources::new(1200, 1200));
+    // It finishes: the booking goes.
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![unknown]))
+        .await;
+    a.expect_ack().await;
+    assert_eq!(booked(&h, "node-a").await, Resources::ZERO);
+}

@@ -183,6 +183,11 @@ impl CoordinatorState {
         std::mem::take(&mut self.lost_nodes_changed).then_some(&self.lost_nodes)
     }
 
+    /// The caller could not save the set taken last: it is offered again at the next call.
+    pub fn lost_nodes_not_saved(&mut self) {
+        self.lost_nodes_changed = true;
+    }
+
     /// A node joins with the containers it still holds. A node that had been declared lost must
     /// kill all of them ([`Joined::lost_containers`]) and they are not adopted; otherwise they
     /// are its containers as of now. Returns the session's issuer as [`CoordinatorState::join`].
@@ -723,6 +728,13 @@ mod tests {
         assert!(first.lost_containers.is_empty());
         assert!(c.take_lost_nodes_if_changed().is_none());
         assert_eq!(c.declare_lost(&NodeId::from("a")), vec![x]);
+        assert_eq!(
+            c.take_lost_nodes_if_changed().cloned(),
+            Some([NodeId::from("a")].into())
+        );
+        // A failed save is offered again.
+        assert!(c.take_lost_nodes_if_changed().is_none());
+        c.lost_nodes_not_saved();
         assert_eq!(
             c.take_lost_nodes_if_changed().cloned(),
             Some([NodeId::from("a")].into())

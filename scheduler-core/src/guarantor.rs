@@ -833,6 +833,28 @@ impl Guarantor {
         }
     }
 
+    /// A node reports running a GUARANTEED container: a grant of ours no longer expires; one we
+    /// do not book (granted in a previous session, or started in the window of a re-join) is
+    /// booked as it runs, exactly as a validated promotion (Mercury §3.4), so the books follow
+    /// what nodes hold. Fails only if the node has no GUARANTEED room for it by our books (the
+    /// node itself never over-commits: it refuses such a start).
+    pub fn adopt_running(
+        &mut self,
+        node_id: &NodeId,
+        container: &ContainerStatus,
+    ) -> Result<(), GuarantorError> {
+        if self.grants.contains_key(&container.id) {
+            self.on_started(container.id);
+            return Ok(());
+        }
+        self.promote(
+            container.id,
+            node_id,
+            &container.app_id,
+            container.resources,
+        )
+    }
+
     /// The node accepted a GUARANTEED container: it no longer expires.
     pub fn on_started(&mut self, id: ContainerId) {
         if let Some(g) = self.grants.get_mut(&id) {
