@@ -17,10 +17,11 @@ use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use scheduler_core::coordinator::{
-    ContainerNotice, CoordinatorConfig, CoordinatorState, Joined, NoticeKind,
+    ContainerNotice, CoordinatorConfig, CoordinatorState, Joined, NodeView, NoticeKind,
 };
 use scheduler_core::distributed::NodeDirectoryEntry;
 use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError, QueueableLoad};
+use scheduler_core::hosted::{HostedContainers, ReleaseRoute};
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::promotion::{PromotionAction, Promotions};
 use scheduler_core::protocol::app::ErrorCode;
@@ -30,8 +31,8 @@ use scheduler_core::protocol::cluster::{
     PromoteContainer, PromoteResult, PromotionApplied, ReleaseContainer, Released, RequestFailed,
     StopContainerOnNode, WorkerToCoordinator,
 };
-use scheduler_core::token::{GuaranteedSigner, KeyRing};
-use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
+use scheduler_core::token::{GuaranteedSigner, RotationSchedule};
+use scheduler_core::{AppId, ContainerId, JobId, NodeId, Resources};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
@@ -68,16 +69,16 @@ pub struct CoordinatorActor {
     keys: KeyState,
     /// Signs promoted (GUARANTEED) tokens; rebuilt at every rotation.
     signer: GuaranteedSigner,
+    /// When the keys rotate next.
+    rotation: RotationSchedule,
     apps: Vec<AppRecord>,
     apps_version: u64,
     guarantor: Option<Addr<GuarantorActor>>,
     sessions: HashMap<NodeId, Session>,
     session_nodes: HashMap<SessionId, NodeId>,
-    /// What each node last reported holding (to find a container's host).
-    node_containers: HashMap<NodeId, Vec<ContainerStatus>>,
-    /// Which node last reported each container (an index over `node_containers`, so finding a
-    /// container's host for a promotion or a release is O(1), not a scan of every node).
-    container_hosts: HashMap<ContainerId, NodeId>,
+    /// What each node last reported holding, indexed by container (a container's host for a
+    /// promotion or a release in O(1)), and where releases go.
+    hosted: HostedContainers,
     /// Policing limits from the guarantor.
     queueable_limits: HashMap<NodeId, Resources>,
     /// Promotions in flight (Mercury §3.4), a sans-IO state machine in scheduler-core.
@@ -99,7 +100,7 @@ impl CoordinatorActor {
         clock: Clock,
         seed: u64,
     ) -> Result<CoordinatorActor, crate::store::StoreError> {
-        let state = CoordinatorState::new(
+        let mut state = CoordinatorState::new(
             CoordinatorConfig {
                 // Views carry more candidates than k: the workers' schedulers choose among the
                 // k of least R as updated by their own placements.
@@ -112,20 +113,27 @@ impl CoordinatorActor {
         )
         .with_lost_nodes(store.lost_nodes()?);
         let keys = store.key_state()?;
+        let corrupted = |message: String| crate::store::StoreError::Corrupted {
+            path: store.path().to_path_buf(),
+            key: "key_state".into(),
+            message,
+        };
+        state
+            .set_token_master(keys.ring.current.clone())
+            .map_err(|e| corrupted(e.to_string()))?;
+        let rotation =
+            RotationSchedule::new(settings.key_rotation.as_millis() as u64, keys.rotated_at_ms);
         let signer = keys
             .guaranteed
             .as_ref()
             .ok_or_else(|| "no GUARANTEED signing keys (start through `coordinator::start`)".into())
             .and_then(|seeds| GuaranteedSigner::new(seeds).map_err(|e| e.to_string()))
-            .map_err(|message| crate::store::StoreError::Corrupted {
-                path: store.path().to_path_buf(),
-                key: "key_state".into(),
-                message,
-            })?;
+            .map_err(corrupted)?;
         let promotions =
             Promotions::new(settings.node_timeout, settings.token_ttl.as_millis() as u64);
         Ok(CoordinatorActor {
             signer,
+            rotation,
             state,
             join_token_sha256: store.join_token_sha256()?,
             keys,
@@ -138,15 +146,10 @@ impl CoordinatorActor {
             guarantor: None,
             sessions: HashMap::new(),
             session_nodes: HashMap::new(),
-            node_containers: HashMap::new(),
-            container_hosts: HashMap::new(),
+            hosted: HostedContainers::default(),
             queueable_limits: HashMap::new(),
             promotions,
         })
-    }
-
-    pub fn key_ring(&self) -> &KeyRing {
-        &self.keys.ring
     }
 
     fn guarantor(&self) -> &Addr<GuarantorActor> {
@@ -215,6 +218,7 @@ impl CoordinatorActor {
         let Joined {
             issuer,
             lost_containers,
+            node_secret,
         } = self.state.join_with(
             now,
             NodeDirectoryEntry {
@@ -235,7 +239,7 @@ impl CoordinatorActor {
             self.state.remove_node(&node_id);
             return reject(format!("coordinator store failure: {e}"));
         }
-        self.set_node_containers(&node_id, containers.clone());
+        self.hosted.report(&node_id, containers.clone());
         self.guarantor().do_send(AddNode {
             node_id: node_id.clone(),
             rack: j.rack.clone(),
@@ -252,11 +256,19 @@ impl CoordinatorActor {
             .round(now, self.settings.heartbeat_interval, &mut self.rng)
             .top_k
             .clone();
-        let view = self.state.view_with(0, top_k);
+        let Some(node_secret) = node_secret else {
+            // The master key was checked at start; this cannot happen, but never admit a node
+            // that could not check its tokens.
+            error!(node = %node_id, "no QUEUEABLE session secret for the join");
+            self.state.remove_node(&node_id);
+            return reject("coordinator key failure: no session secret".into());
+        };
+        let NodeView { view, issuer_keys } = self.state.node_view(&node_id, 0, top_k);
         let _ = msg.tx.send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
             protocol_version: CLUSTER_PROTOCOL_VERSION,
             issuer,
-            keys: self.keys.ring.clone(),
+            node_secret,
+            issuer_keys: issuer_keys.unwrap_or_default(),
             guaranteed_keys: self.signer.public_ring(),
             apps: self.apps.clone(),
             settings: self.cluster_settings(),
@@ -309,7 +321,7 @@ impl CoordinatorActor {
         } else {
             Vec::new()
         };
-        self.set_node_containers(node_id, hb.containers);
+        self.hosted.report(node_id, hb.containers);
         let mut guarantor_started = Vec::new();
         for id in hb.started {
             if id.issuer() == 0 {
@@ -353,9 +365,11 @@ impl CoordinatorActor {
             .clone();
         let threshold = round.shedding_threshold_ms;
         let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, &round);
-        let view = self
-            .state
-            .view_with(hb.directory_version, std::mem::take(&mut round.top_k));
+        let NodeView { view, issuer_keys } = self.state.node_view(
+            node_id,
+            hb.directory_version,
+            std::mem::take(&mut round.top_k),
+        );
         let notices = self.state.take_notices_for(node_id);
         let limit = self
             .queueable_limits
@@ -366,8 +380,7 @@ impl CoordinatorActor {
         let Some(session) = self.sessions.get_mut(node_id) else {
             return;
         };
-        let keys = (session.keys_sent != key_id).then(|| self.keys.ring.clone());
-        let guaranteed_keys = keys.as_ref().map(|_| self.signer.public_ring());
+        let guaranteed_keys = (session.keys_sent != key_id).then(|| self.signer.public_ring());
         session.keys_sent = key_id;
         let apps = (session.apps_sent != self.apps_version).then(|| self.apps.clone());
         session.apps_sent = self.apps_version;
@@ -378,7 +391,7 @@ impl CoordinatorActor {
                 shedding_threshold_ms: threshold,
                 queueable_limit: limit.unwrap_or_default(),
                 notices,
-                keys,
+                issuer_keys,
                 guaranteed_keys,
                 apps,
                 outstanding_elsewhere,
@@ -422,34 +435,6 @@ impl CoordinatorActor {
         });
     }
 
-    fn host_of(&self, id: ContainerId) -> Option<(&NodeId, &ContainerStatus)> {
-        let node = self.container_hosts.get(&id)?;
-        let status = self
-            .node_containers
-            .get(node)?
-            .iter()
-            .find(|c| c.id == id)?;
-        Some((node, status))
-    }
-
-    /// What `node` holds now (its join or latest heartbeat), with the host index kept in step:
-    /// O(containers on the node), the size of the report itself.
-    fn set_node_containers(&mut self, node: &NodeId, containers: Vec<ContainerStatus>) {
-        self.forget_node_containers(node);
-        for c in &containers {
-            self.container_hosts.insert(c.id, node.clone());
-        }
-        self.node_containers.insert(node.clone(), containers);
-    }
-
-    fn forget_node_containers(&mut self, node: &NodeId) {
-        for c in self.node_containers.remove(node).unwrap_or_default() {
-            if self.container_hosts.get(&c.id) == Some(node) {
-                self.container_hosts.remove(&c.id);
-            }
-        }
-    }
-
     /// A promotion asked through `requester`'s worker. The container is located by the
     /// requester's own report when it hosts it (fresher than any heartbeat), else by the nodes'
     /// last heartbeats; the promotion protocol itself is `scheduler_core::promotion`.
@@ -460,7 +445,8 @@ impl CoordinatorActor {
             .filter(|s| s.id == m.container_id)
             .map(|s| (requester.clone(), s))
             .or_else(|| {
-                self.host_of(m.container_id)
+                self.hosted
+                    .host_of(m.container_id)
                     .map(|(node, status)| (node.clone(), status.clone()))
             });
         let actions = self.promotions.request(
@@ -521,12 +507,7 @@ impl CoordinatorActor {
                     token,
                 } => {
                     let (id, host) = (token.body.container_id, token.body.node_id.clone());
-                    if let Some(cs) = self.node_containers.get_mut(&host)
-                        && let Some(c) = cs.iter_mut().find(|c| c.id == id)
-                    {
-                        c.container_type = ContainerType::Guaranteed;
-                        c.version = token.body.version;
-                    }
+                    self.hosted.promoted(&host, id, token.body.version);
                     info!(container = %id, node = %host, "container promoted to GUARANTEED");
                     let _ = tx.send(CoordinatorToWorker::PromoteResult(PromoteResult {
                         correlation_id,
@@ -550,39 +531,36 @@ impl CoordinatorActor {
     }
 
     fn release(&mut self, tx: WorkerTx, m: ReleaseContainer) {
-        if let Some((host, status)) = self.host_of(m.container_id) {
-            if status.app_id.as_str() != m.app_id {
-                return Self::fail(
-                    &tx,
-                    m.correlation_id,
-                    ErrorCode::UnknownContainer,
-                    format!(
-                        "container {} is not a container of app {}",
-                        m.container_id, m.app_id
-                    ),
-                );
+        match self.hosted.route_release(m.container_id, &m.app_id) {
+            ReleaseRoute::StopOnHost(host) => {
+                if !self.stop_on_node(&host, m.container_id, m.app_id, None) {
+                    return Self::fail(
+                        &tx,
+                        m.correlation_id,
+                        ErrorCode::CoordinatorUnavailable,
+                        format!("hosting node {host} is not connected; retry"),
+                    );
+                }
+                let _ = tx.send(CoordinatorToWorker::Released(Released {
+                    correlation_id: m.correlation_id,
+                }));
             }
-            let host = host.clone();
-            if !self.stop_on_node(&host, m.container_id, m.app_id, None) {
-                return Self::fail(
-                    &tx,
-                    m.correlation_id,
-                    ErrorCode::CoordinatorUnavailable,
-                    format!("hosting node {host} is not connected; retry"),
-                );
-            }
-            let _ = tx.send(CoordinatorToWorker::Released(Released {
-                correlation_id: m.correlation_id,
-            }));
-        } else if m.container_id.issuer() == 0 {
-            self.guarantor().do_send(ReleaseGrant {
+            ReleaseRoute::NotTheAppsContainer => Self::fail(
+                &tx,
+                m.correlation_id,
+                ErrorCode::UnknownContainer,
+                format!(
+                    "container {} is not a container of app {}",
+                    m.container_id, m.app_id
+                ),
+            ),
+            ReleaseRoute::UnstartedGuaranteedGrant => self.guarantor().do_send(ReleaseGrant {
                 container_id: m.container_id,
                 app_id: AppId::new(m.app_id),
                 tx,
                 correlation_id: m.correlation_id,
-            });
-        } else {
-            Self::fail(
+            }),
+            ReleaseRoute::Unknown => Self::fail(
                 &tx,
                 m.correlation_id,
                 ErrorCode::UnknownContainer,
@@ -590,7 +568,7 @@ impl CoordinatorActor {
                     "container {} is not reported by any node and is not a GUARANTEED grant",
                     m.container_id
                 ),
-            );
+            ),
         }
     }
 
@@ -599,7 +577,7 @@ impl CoordinatorActor {
         let lost = self.state.declare_lost(node_id);
         warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
         self.persist_lost_nodes();
-        self.forget_node_containers(node_id);
+        self.hosted.forget_node(node_id);
         self.queueable_limits.remove(node_id);
         self.guarantor().do_send(RemoveNode {
             node_id: node_id.clone(),
@@ -665,10 +643,11 @@ impl CoordinatorActor {
             );
         }
         let now_ms = now.as_millis();
-        if now_ms.saturating_sub(self.keys.rotated_at_ms)
-            >= self.settings.key_rotation.as_millis() as u64
+        if self.rotation.due(now_ms)
+            && let Err(e) = self.rotate_keys(now_ms)
         {
-            self.rotate_keys(now_ms);
+            error!("key rotation skipped, retried in a minute: {e}");
+            self.rotation.failed(now_ms);
         }
         // A node accepts a token until its own clock passes the expiry: the booking is kept a
         // grace period longer so a node whose clock lags ours cannot start a grant whose
@@ -680,49 +659,35 @@ impl CoordinatorActor {
         self.run_promotion(stale);
     }
 
-    fn rotate_keys(&mut self, now_ms: u64) {
-        let next_id = self.keys.ring.current.key_id.wrapping_add(1).max(1);
-        let key = match new_token_key(next_id) {
-            Ok(k) => k,
-            Err(e) => {
-                error!("key rotation skipped: {e}");
-                return;
-            }
-        };
+    /// New master and GUARANTEED keys under the next id, saved before use (never sign with a
+    /// key that would not survive a restart). Sessions joining from now on derive their
+    /// QUEUEABLE secrets from the new master; nodes get the new GUARANTEED public keys with their
+    /// next heartbeat answer and keep accepting the previous one.
+    fn rotate_keys(&mut self, now_ms: u64) -> Result<(), String> {
+        let next_id = RotationSchedule::next_key_id(self.keys.ring.current.key_id);
         let mut next = self.keys.clone();
-        next.ring.rotate(key);
-        let seeds = match (new_token_key(next_id), next.guaranteed.clone()) {
-            (Ok(seed), Some(mut seeds)) => {
-                seeds.rotate(seed);
-                seeds
-            }
-            (Err(e), _) => {
-                error!("key rotation skipped: {e}");
-                return;
-            }
-            (_, None) => {
-                error!("key rotation skipped: no GUARANTEED signing keys");
-                return;
-            }
-        };
-        let signer = match GuaranteedSigner::new(&seeds) {
-            Ok(s) => s,
-            Err(e) => {
-                error!("key rotation skipped: {e}");
-                return;
-            }
-        };
+        next.ring
+            .rotate(new_token_key(next_id).map_err(|e| e.to_string())?);
+        let mut seeds = next
+            .guaranteed
+            .clone()
+            .ok_or("no GUARANTEED signing keys")?;
+        seeds.rotate(new_token_key(next_id).map_err(|e| e.to_string())?);
+        let signer = GuaranteedSigner::new(&seeds).map_err(|e| e.to_string())?;
         next.guaranteed = Some(seeds.clone());
         next.rotated_at_ms = now_ms;
-        if let Err(e) = self.store.save_key_state(&next) {
-            // Never sign with a key that would not survive a restart.
-            error!("key rotation skipped, cannot persist the new key: {e}");
-            return;
-        }
+        self.store
+            .save_key_state(&next)
+            .map_err(|e| format!("cannot persist the new key: {e}"))?;
+        self.state
+            .set_token_master(next.ring.current.clone())
+            .map_err(|e| e.to_string())?;
         self.keys = next;
         self.signer = signer;
+        self.rotation.rotated(now_ms);
         info!(key_id = next_id, "token keys rotated");
         self.guarantor().do_send(SetKeys(seeds));
+        Ok(())
     }
 }
 

@@ -12,6 +12,7 @@ use scheduler_core::protocol::cluster::{
     CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, PromoteContainer, PromotionApplied,
     ReleaseContainer, WorkerToCoordinator,
 };
+use scheduler_core::token::{IssuerNodeKey, QueueableSigner, TokenBody, TokenError, TokenVerifier};
 use scheduler_core::{ContainerId, ContainerType, NodeId, Resources};
 use std::time::Duration;
 
@@ -123,8 +124,13 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     let first = a.expect_ack().await;
     assert_eq!(first.view.directory.len(), 2, "stale directory is resent");
     assert!(
-        first.keys.is_none() && first.apps.is_none(),
+        first.guaranteed_keys.is_none() && first.apps.is_none(),
         "known at join"
+    );
+    assert_eq!(
+        first.issuer_keys.as_ref().map(Vec::len),
+        Some(2),
+        "keys go with the directory"
     );
     b.send(&heartbeat(
         "node-b",
@@ -184,10 +190,6 @@ async fn guaranteed_grants_never_overcommit_and_wait_for_finished_containers() {
             .guaranteed_keys
             .verify_signature(&g.token)
             .expect("grant token verifies with the coordinator's public key");
-        assert!(
-            accepted.keys.verify_signature(&g.token).is_err(),
-            "not with the HMAC keys workers hold: no worker can mint a GUARANTEED token"
-        );
         assert_eq!(g.container_id.issuer(), 0);
         assert_eq!(g.token.body.container_type, ContainerType::Guaranteed);
         assert_eq!(g.node_id.as_str(), "node-a");
@@ -581,7 +583,10 @@ async fn keys_rotate_on_schedule_and_the_ring_keeps_the_previous_key() {
     h.clock.advance(Duration::from_secs(3600));
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
-    assert!(a.expect_ack().await.keys.is_none(), "not rotated yet");
+    assert!(
+        a.expect_ack().await.guaranteed_keys.is_none(),
+        "not rotated yet"
+    );
     h.server.coordinator.send(Tick).await.unwrap();
     assert_eq!(
         h.server.coordinator.send(Inspect).await.unwrap().key_ids,
@@ -590,8 +595,6 @@ async fn keys_rotate_on_schedule_and_the_ring_keeps_the_previous_key() {
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
     let ack = a.expect_ack().await;
-    let hmac = ack.keys.expect("new ring after rotation");
-    assert_eq!(hmac.previous.as_ref(), Some(&accepted.keys.current));
     let ring = ack
         .guaranteed_keys
         .expect("new GUARANTEED public keys with it");
@@ -613,7 +616,117 @@ async fn keys_rotate_on_schedule_and_the_ring_keeps_the_previous_key() {
     );
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
-    assert!(a.expect_ack().await.keys.is_none(), "sent once");
+    assert!(a.expect_ack().await.guaranteed_keys.is_none(), "sent once");
+    // A session joining after the rotation derives its QUEUEABLE secret from the new master.
+    let (_b, b_accepted) = h.join("node-b", 2000, 2048).await;
+    assert_eq!(b_accepted.guaranteed_keys, ring);
+    assert_eq!(b_accepted.node_secret.node_epoch, b_accepted.issuer);
+}
+
+/// Issue 11: each scheduler holds its own QUEUEABLE key per directory node, the node checks them
+/// with its session secret, and a node's re-join gives everyone new keys for it.
+#[actix_rt::test]
+async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them() {
+    let h = Harness::start().await;
+    let (mut a, a_accepted) = h.join("node-a", 2000, 2048).await;
+    let (b, b_accepted) = h.join("node-b", 2000, 2048).await;
+    assert_ne!(a_accepted.node_secret, b_accepted.node_secret);
+    let keys_of = |keys: &[IssuerNodeKey], node: &str| -> IssuerNodeKey {
+        keys.iter()
+            .find(|k| k.node_id.as_str() == node)
+            .unwrap_or_else(|| panic!("a key for {node}"))
+            .clone()
+    };
+    assert_eq!(
+        b_accepted.issuer_keys.len(),
+        2,
+        "b's join sees both nodes: {:?}",
+        b_accepted.issuer_keys
+    );
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let a_ack = a.expect_ack().await;
+    let a_keys = a_ack.issuer_keys.expect("keys with the directory");
+    let a_signer = QueueableSigner::new(a_accepted.issuer, &a_keys).unwrap();
+    let b_signer = QueueableSigner::new(b_accepted.issuer, &b_accepted.issuer_keys).unwrap();
+    assert_ne!(
+        keys_of(&a_keys, "node-b").secret_hex,
+        keys_of(&b_accepted.issuer_keys, "node-b").secret_hex,
+        "keys differ per issuer"
+    );
+    let body = |issuer: u32, node: &str| TokenBody {
+        container_id: ContainerId::new(issuer, 1),
+        node_id: NodeId::from(node),
+        app_id: "demo".into(),
+        resources: Resources::new(100, 64),
+        container_type: ContainerType::Queueable,
+        version: 0,
+        job_id: "job-1".into(),
+        job_submit_time_ms: 1,
+        priority: 0,
+        runtime_estimate_ms: None,
+        expires_at_ms: u64::MAX / 2,
+        key_id: 0,
+        node_epoch: 0,
+    };
+    let mut node_b = TokenVerifier::new(NodeId::from("node-b"));
+    node_b.set_node_session(&b_accepted.node_secret).unwrap();
+    let from_a = a_signer.sign(body(a_accepted.issuer, "node-b")).unwrap();
+    node_b
+        .verify_signature(&from_a)
+        .expect("a's grant for node-b");
+    node_b
+        .verify_signature(&b_signer.sign(body(b_accepted.issuer, "node-b")).unwrap())
+        .expect("b's grant for its own node");
+    // b cannot use its keys to grant in a's name on node-a.
+    let mut node_a = TokenVerifier::new(NodeId::from("node-a"));
+    node_a.set_node_session(&a_accepted.node_secret).unwrap();
+    let posing = QueueableSigner::new(a_accepted.issuer, &b_accepted.issuer_keys).unwrap();
+    assert!(
+        node_a
+            .verify_signature(&posing.sign(body(a_accepted.issuer, "node-a")).unwrap())
+            .is_err()
+    );
+    // Up to date: no keys resent.
+    a.send(&heartbeat(
+        "node-a",
+        a_ack.view.directory_version,
+        0.0,
+        vec![],
+        vec![],
+        vec![],
+    ))
+    .await;
+    assert!(a.expect_ack().await.issuer_keys.is_none());
+    // node-b re-joins: a new session, new secret; a's next answer carries a new key for it, and
+    // grants under the old key are stale at the new session.
+    drop(b);
+    let (_b2, b2_accepted) = h.join("node-b", 2000, 2048).await;
+    let mut node_b2 = TokenVerifier::new(NodeId::from("node-b"));
+    node_b2.set_node_session(&b2_accepted.node_secret).unwrap();
+    assert!(matches!(
+        node_b2.verify_signature(&from_a),
+        Err(TokenError::StaleGrant { .. })
+    ));
+    a.send(&heartbeat(
+        "node-a",
+        a_ack.view.directory_version,
+        0.0,
+        vec![],
+        vec![],
+        vec![],
+    ))
+    .await;
+    let renewed = a
+        .expect_ack()
+        .await
+        .issuer_keys
+        .expect("new directory, new keys");
+    assert_eq!(keys_of(&renewed, "node-b").node_epoch, b2_accepted.issuer);
+    let a_signer = QueueableSigner::new(a_accepted.issuer, &renewed).unwrap();
+    node_b2
+        .verify_signature(&a_signer.sign(body(a_accepted.issuer, "node-b")).unwrap())
+        .expect("the renewed key works at the new session");
 }
 
 #[actix_rt::test]

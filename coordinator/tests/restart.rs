@@ -38,7 +38,16 @@ fn store_survives_restart() {
     let (dir, first, id1, ca1) = actix_rt::System::new().block_on(phase(dir));
     let (_dir, second, id2, ca2) = actix_rt::System::new().block_on(phase(dir));
     assert_eq!(ca1, ca2, "same cluster CA");
-    assert_eq!(first.keys, second.keys, "same token keys");
+    assert_eq!(
+        first.guaranteed_keys, second.guaranteed_keys,
+        "same GUARANTEED keys"
+    );
+    // Each session has its own QUEUEABLE secret, and the scheduler its key for its own node.
+    assert_ne!(first.node_secret, second.node_secret);
+    assert_eq!(first.node_secret.node_epoch, first.issuer);
+    assert_eq!(second.node_secret.node_epoch, second.issuer);
+    assert_eq!(second.issuer_keys.len(), 1);
+    assert_eq!(second.issuer_keys[0].node_epoch, second.issuer);
     assert_eq!(first.apps, second.apps);
     assert!(
         second.issuer > first.issuer,

@@ -1,10 +1,13 @@
-//! Cost of signing and checking container tokens: HMAC-SHA256 (QUEUEABLE tokens, signed by every
-//! worker's distributed scheduler) against Ed25519 (GUARANTEED tokens, signed by the coordinator
-//! alone and verified by nodes with its public key). `cargo bench -p scheduler-core --bench
+//! Cost of signing and checking container tokens: HMAC-SHA256 under per-(issuer, node) keys
+//! (QUEUEABLE tokens, signed by every worker's distributed scheduler; the node derives the
+//! issuer's key from its session secret) against Ed25519 (GUARANTEED tokens, signed by the
+//! coordinator alone and verified by nodes with its public key), and the coordinator's cost of
+//! deriving one scheduler's keys for a directory. `cargo bench -p scheduler-core --bench
 //! tokens`; prints the median of 15 rounds of ns per operation for each.
 
 use scheduler_core::token::{
-    ContainerToken, GuaranteedSigner, KeyRing, TokenBody, TokenKey, TokenVerifier,
+    ContainerToken, GuaranteedSigner, IssuerNodeKey, KeyRing, NodeSessionSecret, QueueableSigner,
+    TokenBody, TokenKey, TokenVerifier,
 };
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use std::hint::black_box;
@@ -27,7 +30,7 @@ fn body(t: ContainerType, seq: u64) -> TokenBody {
         runtime_estimate_ms: Some(30_000),
         expires_at_ms: u64::MAX / 2,
         key_id: 0,
-        node_epoch: 9,
+        node_epoch: 27, // worker-17's session in the directory below
     }
 }
 
@@ -47,19 +50,35 @@ fn median_ns(mut f: impl FnMut(u32)) -> f64 {
 }
 
 fn main() {
-    let hmac = KeyRing::new(TokenKey::from_bytes(1, [7; 32]));
+    let master = TokenKey::from_bytes(1, [7; 32]);
+    // The scheduler holds keys for a 1,000-node directory, as on a large cluster.
+    let directory: Vec<(NodeId, NodeSessionSecret)> = (0..1000)
+        .map(|i| {
+            let n = NodeId::from(format!("worker-{i}").as_str());
+            let s = NodeSessionSecret::derive(&master, &n, 10 + i).unwrap();
+            (n, s)
+        })
+        .collect();
+    let issuer_keys = |issuer: u32| -> Vec<IssuerNodeKey> {
+        directory
+            .iter()
+            .map(|(n, s)| s.issuer_key(n, issuer).unwrap())
+            .collect()
+    };
+    let (node, secret) = directory[17].clone();
+    let keys_of_3 = issuer_keys(3);
+    let hmac = QueueableSigner::new(3, &keys_of_3).unwrap();
     let ed = GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [8; 32]))).unwrap();
     let app = AppId::from("analytics");
-    let mut verifier = TokenVerifier::new(NodeId::from("worker-17"));
-    verifier.set_keys(hmac.clone());
+    let mut verifier = TokenVerifier::new(node.clone());
+    verifier.set_node_session(&secret).unwrap();
     verifier.set_guaranteed_keys(ed.public_ring());
-    verifier.set_node_epoch(9);
     let q: ContainerToken = hmac.sign(body(ContainerType::Queueable, 1)).unwrap();
     let g: ContainerToken = ed.sign(body(ContainerType::Guaranteed, 1)).unwrap();
 
     let rows = [
         (
-            "sign QUEUEABLE (HMAC-SHA256)",
+            "sign QUEUEABLE (HMAC-SHA256, the issuer's key for the node)",
             median_ns(|i| {
                 black_box(hmac.sign(body(ContainerType::Queueable, i as u64)).unwrap());
             }),
@@ -71,7 +90,7 @@ fn main() {
             }),
         ),
         (
-            "node check QUEUEABLE token (HMAC verify + rules)",
+            "node check QUEUEABLE token (derive issuer key + HMAC verify + rules)",
             median_ns(|_| {
                 verifier.check(black_box(&q), &app, 1).unwrap();
             }),
@@ -82,8 +101,22 @@ fn main() {
                 verifier.check(black_box(&g), &app, 1).unwrap();
             }),
         ),
+        (
+            "coordinator: one scheduler's keys for a 1,000-node directory",
+            median_ns(|i| {
+                black_box(issuer_keys(i));
+            }),
+        ),
+        (
+            "scheduler: install keys for a 1,000-node directory",
+            median_ns(|_| {
+                let mut s = hmac.clone();
+                s.replace_keys(black_box(&keys_of_3)).unwrap();
+                black_box(s);
+            }),
+        ),
     ];
     for (what, ns) in rows {
-        println!("{what:<55} {:>9.0} ns", ns);
+        println!("{what:<72} {:>11.0} ns", ns);
     }
 }

@@ -6,6 +6,7 @@ use crate::distributed::{ClusterView, NodeDirectoryEntry, NodeLoad};
 use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
 use crate::quota::AppOutstanding;
+use crate::token::{IssuerNodeKey, NodeSessionSecret, TokenKey};
 use crate::{ContainerId, NodeId, Time};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
@@ -101,6 +102,8 @@ struct NodeEntry {
     /// Containers its join listed that had been reported lost: the node kills them, and until
     /// its reports stop listing them they are not taken as running.
     killing_lost: HashSet<ContainerId>,
+    /// The session's secret for QUEUEABLE tokens (`None` without a token master key).
+    secret: Option<NodeSessionSecret>,
 }
 
 /// What the coordinator aggregates once per round (Mercury §4.2: the top-k list, §4.3: the
@@ -139,6 +142,18 @@ pub struct CoordinatorState {
     /// ([`CoordinatorState::take_lost_nodes_if_changed`]) so a restart does not forget them.
     lost_nodes: BTreeSet<NodeId>,
     lost_nodes_changed: bool,
+    /// The master key node session secrets are derived from at each join (issue 11: per-issuer
+    /// QUEUEABLE keys, see [`crate::token`]). The simulator runs without one.
+    token_master: Option<TokenKey>,
+}
+
+/// A view for one node's scheduler, with the keys that go with its directory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub view: ClusterView,
+    /// When the directory is sent: the scheduler's QUEUEABLE keys for every node in it (they
+    /// replace its old ones, so a node that left or re-joined loses its old key).
+    pub issuer_keys: Option<Vec<IssuerNodeKey>>,
 }
 
 /// A join's outcome.
@@ -149,6 +164,8 @@ pub struct Joined {
     /// Containers the join listed that the node must kill: it had been declared lost, so they
     /// were reported `lost` to their apps (lost means gone). Sorted.
     pub lost_containers: Vec<ContainerId>,
+    /// The new session's secret for checking QUEUEABLE tokens (only with a token master key).
+    pub node_secret: Option<NodeSessionSecret>,
 }
 
 impl CoordinatorState {
@@ -164,7 +181,17 @@ impl CoordinatorState {
             round: AggregateRound::default(),
             lost_nodes: BTreeSet::new(),
             lost_nodes_changed: false,
+            token_master: None,
         }
+    }
+
+    /// Sessions joining from now on derive their QUEUEABLE secrets from `master` (at start, and
+    /// after each rotation; sessions already joined keep theirs until they re-join).
+    /// Malformed key material is refused (and the previous master kept).
+    pub fn set_token_master(&mut self, master: TokenKey) -> Result<(), crate::token::TokenError> {
+        NodeSessionSecret::derive(&master, &NodeId::from("probe"), 0)?;
+        self.token_master = Some(master);
+        Ok(())
     }
 
     /// Resume with the nodes a previous incarnation declared lost (from the caller's store).
@@ -212,6 +239,7 @@ impl CoordinatorState {
         Joined {
             issuer,
             lost_containers,
+            node_secret: entry.secret.clone(),
         }
     }
 
@@ -294,6 +322,29 @@ impl CoordinatorState {
         }
     }
 
+    /// [`CoordinatorState::view_with`] for `node`'s scheduler, with its QUEUEABLE keys whenever
+    /// the directory is sent (issuer `I` = `node`'s session; one key per directory node `N`,
+    /// `HMAC(K_N, I)`). Without a token master key no keys are sent.
+    pub fn node_view(&self, node: &NodeId, known_version: u64, top_k: Vec<NodeLoad>) -> NodeView {
+        let view = self.view_with(known_version, top_k);
+        let issuer_keys = match self.nodes.get(node) {
+            Some(me) if known_version != self.directory_version && self.token_master.is_some() => {
+                Some(
+                    self.nodes
+                        .values()
+                        .filter_map(|n| {
+                            let secret = n.secret.as_ref()?;
+                            // Derivation of a 32-byte secret the coordinator made cannot fail.
+                            secret.issuer_key(&n.dir.node_id, me.issuer).ok()
+                        })
+                        .collect(),
+                )
+            }
+            _ => None,
+        };
+        NodeView { view, issuer_keys }
+    }
+
     /// What `node`'s scheduler has issued per app, as it reports with its heartbeats (the
     /// caller bounds the list: one entry per registered app at most).
     pub fn report_issued(&mut self, node: &NodeId, issued: Vec<AppOutstanding>) {
@@ -368,6 +419,10 @@ impl CoordinatorState {
     pub fn join(&mut self, now: Time, dir: NodeDirectoryEntry) -> u32 {
         let issuer = self.next_issuer;
         self.next_issuer += 1;
+        let secret = self
+            .token_master
+            .as_ref()
+            .and_then(|m| NodeSessionSecret::derive(m, &dir.node_id, issuer).ok());
         let previous = self.nodes.insert(
             dir.node_id.clone(),
             NodeEntry {
@@ -378,6 +433,7 @@ impl CoordinatorState {
                 containers: Vec::new(),
                 issued: Vec::new(),
                 killing_lost: HashSet::new(),
+                secret,
             },
         );
         if let Some(prev) = previous {

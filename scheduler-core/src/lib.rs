@@ -10,6 +10,7 @@ pub mod codec;
 pub mod coordinator;
 pub mod distributed;
 pub mod guarantor;
+pub mod hosted;
 pub mod hybrid_gq;
 pub mod ids;
 pub mod issued;

@@ -1,16 +1,25 @@
-//! Container tokens: HMAC-SHA256-signed grants bound to container, node, app, resources, type,
-//! version and expiry (Mercury §6.2: "the authenticity of the allocations made by a distributed
-//! scheduler are validated at the target NM using the same token checking algorithm").
+//! Container tokens: signed grants bound to container, node, app, resources, type, version and
+//! expiry (Mercury §6.2: "the authenticity of the allocations made by a distributed scheduler are
+//! validated at the target NM using the same token checking algorithm"). Nodes remember
+//! (container, version) pairs until their expiry to refuse replays.
 //!
-//! The coordinator owns the key material and distributes a [`KeyRing`] (current + previous key)
-//! to workers; every scheduler signs with the current key, every node accepts either key so a
-//! rotation never invalidates grants in flight. Nodes remember (container, version) pairs until
-//! their expiry to refuse replays.
+//! No worker holds a key that lets it mint a grant in another worker's name (issue 11):
 //!
-//! GUARANTEED tokens are different: only the coordinator may mint them (a worker, or anything
-//! that steals a worker's secrets, must not be able to grant GUARANTEED capacity). They are
-//! signed with Ed25519 keys whose seeds only the coordinator holds ([`GuaranteedSigner`]);
-//! nodes verify them with the public keys ([`PublicKeyRing`]), rotated with the HMAC keys.
+//! - **QUEUEABLE tokens** are HMAC-SHA256 under a key per (issuer, node) pair. At a node's join
+//!   the coordinator derives the node session's secret `K_N` from its master key
+//!   ([`NodeSessionSecret::derive`]) and gives it to that node alone; the key of issuer `I` for
+//!   node `N` is `HMAC(K_N, I)` ([`NodeSessionSecret::issuer_key`]), sent to issuer `I` only, for
+//!   every node in its directory. A node derives the key of the issuer a token names (the
+//!   container id's prefix) from its own `K_N`, so it needs nothing else. A worker's secrets thus
+//!   let a thief mint QUEUEABLE grants in that worker's own name (any node) or for that worker's
+//!   own node (any issuer), never in another worker's name for another node. The keys live as
+//!   long as the sessions they bind: a node's re-join gives it a new `K_N` (and its issuers new
+//!   keys with the new directory), so QUEUEABLE grants made for its previous session are refused
+//!   as stale, like GUARANTEED ones. Signing stays one HMAC on the microsecond allocation path.
+//! - **GUARANTEED tokens** are minted by the coordinator alone: Ed25519 keys whose seeds only the
+//!   coordinator holds ([`GuaranteedSigner`]); nodes verify them with the public keys
+//!   ([`PublicKeyRing`]), rotated on the coordinator's schedule ([`RotationSchedule`]) with the
+//!   previous key still accepted so grants in flight survive a rotation.
 
 use crate::{AppId, ContainerId, ContainerType, NodeId, Resources};
 use hmac::{Hmac, Mac};
@@ -48,7 +57,8 @@ pub struct TokenBody {
     /// For GUARANTEED grants: the session of the node the grant was made for (its issuer
     /// number, fresh at every join). A node accepts a GUARANTEED grant only from its current
     /// session, so a coordinator restart or a node's re-join voids every grant made before it
-    /// that had not started (the guarantor no longer books them). 0 for QUEUEABLE tokens.
+    /// that had not started (the guarantor no longer books them). QUEUEABLE grants carry it too:
+    /// their key is the node session's ([`NodeSessionSecret`]), so they die with the session.
     #[serde(default)]
     pub node_epoch: u32,
 }
@@ -57,7 +67,9 @@ pub struct TokenBody {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerToken {
     pub body: TokenBody,
-    /// HMAC-SHA256 of the positional msgpack encoding of `body`, hex-encoded.
+    /// Of the positional msgpack encoding of `body`, hex-encoded: HMAC-SHA256 under the
+    /// issuer's key for the node (QUEUEABLE), or the coordinator's Ed25519 signature
+    /// (GUARANTEED).
     pub signature: String,
 }
 
@@ -88,13 +100,12 @@ impl TokenKey {
     }
 
     fn mac(&self) -> Result<HmacSha256, TokenError> {
-        let secret =
-            hex::decode(&self.secret_hex).map_err(|_| TokenError::BadKeyMaterial(self.key_id))?;
-        HmacSha256::new_from_slice(&secret).map_err(|_| TokenError::BadKeyMaterial(self.key_id))
+        Ok(hmac_of(&decode_secret(&self.secret_hex, self.key_id)?))
     }
 }
 
-/// The current signing key and the previous one (still accepted).
+/// A current key and the previous one: the coordinator's master key for QUEUEABLE node session
+/// secrets, and the seeds of its GUARANTEED signing keys. Never leaves the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyRing {
     pub current: TokenKey,
@@ -114,31 +125,236 @@ impl KeyRing {
         let old = std::mem::replace(&mut self.current, next);
         self.previous = Some(old);
     }
+}
 
-    fn key(&self, key_id: u32) -> Option<&TokenKey> {
-        if self.current.key_id == key_id {
-            Some(&self.current)
-        } else {
-            self.previous.as_ref().filter(|k| k.key_id == key_id)
+/// How long after a failed rotation (its key could not be saved) the next attempt waits, at most.
+pub const ROTATION_RETRY_MS: u64 = 60_000;
+
+/// When the coordinator rotates its keys: every `period` since the last rotation, which is stored
+/// with the keys so a restart keeps the rhythm. Decided here, not in the actor, so the rule is
+/// tested without actix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RotationSchedule {
+    period_ms: u64,
+    rotated_at_ms: u64,
+    /// After a failure: no attempt before this (one error line a minute, not one a tick).
+    retry_at_ms: Option<u64>,
+}
+
+impl RotationSchedule {
+    pub fn new(period_ms: u64, rotated_at_ms: u64) -> RotationSchedule {
+        RotationSchedule {
+            period_ms: period_ms.max(1),
+            rotated_at_ms,
+            retry_at_ms: None,
         }
     }
 
-    /// Sign a body with the current key (the body's `key_id` is set accordingly).
-    pub fn sign(&self, mut body: TokenBody) -> Result<ContainerToken, TokenError> {
-        body.key_id = self.current.key_id;
-        let signature = hex::encode(signature_bytes(&self.current, &body)?);
-        Ok(ContainerToken { body, signature })
+    /// Whether the keys should rotate at `now_ms`. A last rotation stamped more than a period in
+    /// the future (the clock was set back, or the data dir came from another machine) is not
+    /// believed: waiting for the clock to catch up could keep one key for years.
+    pub fn due(&self, now_ms: u64) -> bool {
+        if self.retry_at_ms.is_some_and(|r| now_ms < r) {
+            return false;
+        }
+        self.rotated_at_ms > now_ms.saturating_add(self.period_ms)
+            || now_ms.saturating_sub(self.rotated_at_ms) >= self.period_ms
     }
 
-    /// Check the signature only (no expiry, node or replay check).
-    pub fn verify_signature(&self, token: &ContainerToken) -> Result<(), TokenError> {
-        let key = self
-            .key(token.body.key_id)
-            .ok_or(TokenError::UnknownKey(token.body.key_id))?;
-        let given = hex::decode(&token.signature).map_err(|_| TokenError::Forged)?;
-        let mut mac = key.mac()?;
-        mac.update(&body_bytes(&token.body)?);
-        mac.verify_slice(&given).map_err(|_| TokenError::Forged)
+    /// The keys rotated at `now_ms`.
+    pub fn rotated(&mut self, now_ms: u64) {
+        self.rotated_at_ms = now_ms;
+        self.retry_at_ms = None;
+    }
+
+    /// A rotation failed at `now_ms`: the old keys stay, and the next try waits.
+    pub fn failed(&mut self, now_ms: u64) {
+        self.retry_at_ms = Some(now_ms.saturating_add(ROTATION_RETRY_MS.min(self.period_ms)));
+    }
+
+    /// The id of the key after `current` (ids are never 0; they wrap after u32::MAX).
+    pub fn next_key_id(current: u32) -> u32 {
+        current.wrapping_add(1).max(1)
+    }
+}
+
+/// Domain-separation labels of the QUEUEABLE key derivations.
+const NODE_SESSION_LABEL: &[u8] = b"mercury-node-session-v1\0";
+const ISSUER_KEY_LABEL: &[u8] = b"mercury-queueable-issuer-v1\0";
+
+/// HMAC-SHA256 keyed with 32 bytes: zero-padded to the 64-byte block, as HMAC pads any key
+/// shorter than its block (RFC 2104 §2), so no length error is possible.
+fn hmac_of(key: &[u8; 32]) -> HmacSha256 {
+    let mut block = [0u8; 64];
+    block[..32].copy_from_slice(key);
+    <HmacSha256 as hmac::digest::KeyInit>::new(&block.into())
+}
+
+fn decode_secret(hex_str: &str, key_id: u32) -> Result<[u8; 32], TokenError> {
+    let bytes = hex::decode(hex_str).map_err(|_| TokenError::BadKeyMaterial(key_id))?;
+    bytes
+        .try_into()
+        .map_err(|_| TokenError::BadKeyMaterial(key_id))
+}
+
+/// A node session's secret `K_N` for QUEUEABLE tokens: given to that node alone at its join.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSessionSecret {
+    /// The session it belongs to (the node's issuer number at the join).
+    pub node_epoch: u32,
+    /// 32 bytes, hex-encoded.
+    pub secret_hex: String,
+}
+
+impl std::fmt::Debug for NodeSessionSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSessionSecret")
+            .field("node_epoch", &self.node_epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeSessionSecret {
+    /// `K_N = HMAC(master, label ‖ node ‖ 0 ‖ epoch)`: unpredictable without the coordinator's
+    /// master key, and distinct for every session since epochs are never reused.
+    pub fn derive(
+        master: &TokenKey,
+        node: &NodeId,
+        node_epoch: u32,
+    ) -> Result<NodeSessionSecret, TokenError> {
+        let mut mac = master.mac()?;
+        mac.update(NODE_SESSION_LABEL);
+        mac.update(node.as_str().as_bytes());
+        mac.update(&[0]);
+        mac.update(&node_epoch.to_be_bytes());
+        Ok(NodeSessionSecret {
+            node_epoch,
+            secret_hex: hex::encode(mac.finalize().into_bytes()),
+        })
+    }
+
+    fn bytes(&self) -> Result<[u8; 32], TokenError> {
+        decode_secret(&self.secret_hex, self.node_epoch)
+    }
+
+    /// A secret from 32 bytes (tests and tools; the coordinator derives them).
+    pub fn from_bytes(node_epoch: u32, bytes: [u8; 32]) -> NodeSessionSecret {
+        NodeSessionSecret {
+            node_epoch,
+            secret_hex: hex::encode(bytes),
+        }
+    }
+
+    /// The key issuer `issuer` signs QUEUEABLE tokens for `node` (this secret's node) with.
+    pub fn issuer_key(&self, node: &NodeId, issuer: u32) -> Result<IssuerNodeKey, TokenError> {
+        Ok(IssuerNodeKey {
+            node_id: node.clone(),
+            node_epoch: self.node_epoch,
+            secret_hex: hex::encode(issuer_key_bytes(&self.bytes()?, issuer)),
+        })
+    }
+}
+
+/// `HMAC(K_N, label ‖ issuer)`.
+fn issuer_key_bytes(node_secret: &[u8; 32], issuer: u32) -> [u8; 32] {
+    let mut mac = hmac_of(node_secret);
+    mac.update(ISSUER_KEY_LABEL);
+    mac.update(&issuer.to_be_bytes());
+    mac.finalize().into_bytes().into()
+}
+
+/// An issuer's key for QUEUEABLE tokens to one node session (sent to that issuer only).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuerNodeKey {
+    pub node_id: NodeId,
+    /// The node session the key is for; tokens signed with it carry it as their `node_epoch`.
+    pub node_epoch: u32,
+    /// 32 bytes, hex-encoded.
+    pub secret_hex: String,
+}
+
+impl std::fmt::Debug for IssuerNodeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuerNodeKey")
+            .field("node_id", &self.node_id)
+            .field("node_epoch", &self.node_epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A distributed scheduler's QUEUEABLE signer: its keys for every node of its directory, with the
+/// HMAC state keyed once per node so a signature costs one MAC of the body.
+#[derive(Clone)]
+pub struct QueueableSigner {
+    issuer: u32,
+    keys: HashMap<NodeId, (u32, HmacSha256), crate::ids::NameBuildHasher>,
+}
+
+impl std::fmt::Debug for QueueableSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueableSigner")
+            .field("issuer", &self.issuer)
+            .field("nodes", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueueableSigner {
+    /// The signer of issuer `issuer` with its keys for the nodes of its directory.
+    pub fn new(issuer: u32, keys: &[IssuerNodeKey]) -> Result<QueueableSigner, TokenError> {
+        let mut signer = QueueableSigner {
+            issuer,
+            keys: HashMap::default(),
+        };
+        signer.replace_keys(keys)?;
+        Ok(signer)
+    }
+
+    /// A new directory's keys replace the old ones (a node that left, or re-joined under a new
+    /// session, loses its old key). On malformed material nothing changes.
+    pub fn replace_keys(&mut self, keys: &[IssuerNodeKey]) -> Result<(), TokenError> {
+        let mut map = HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+        for k in keys {
+            let secret = decode_secret(&k.secret_hex, k.node_epoch)?;
+            map.insert(k.node_id.clone(), (k.node_epoch, hmac_of(&secret)));
+        }
+        self.keys = map;
+        Ok(())
+    }
+
+    pub fn issuer(&self) -> u32 {
+        self.issuer
+    }
+
+    /// Nodes it holds a key for.
+    pub fn nodes(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Sign a QUEUEABLE body for its node (sets `node_epoch` to the node's session, `key_id`
+    /// to 0). Refuses GUARANTEED bodies and container ids of another issuer.
+    pub fn sign(&self, mut body: TokenBody) -> Result<ContainerToken, TokenError> {
+        if body.container_type != ContainerType::Queueable {
+            return Err(TokenError::Encoding(
+                "a worker signs QUEUEABLE tokens only".into(),
+            ));
+        }
+        if body.container_id.issuer() != self.issuer {
+            return Err(TokenError::Encoding(format!(
+                "container {} is not of this scheduler's issuer {}",
+                body.container_id, self.issuer
+            )));
+        }
+        let (epoch, keyed) = self
+            .keys
+            .get(&body.node_id)
+            .ok_or_else(|| TokenError::NoKeyForNode(body.node_id.to_string()))?;
+        body.node_epoch = *epoch;
+        body.key_id = 0;
+        let mut mac = keyed.clone();
+        mac.update(&body_bytes(&body)?);
+        let signature = hex::encode(mac.finalize().into_bytes());
+        Ok(ContainerToken { body, signature })
     }
 }
 
@@ -239,12 +455,6 @@ fn body_bytes(body: &TokenBody) -> Result<Vec<u8>, TokenError> {
     rmp_serde::to_vec(body).map_err(|e| TokenError::Encoding(e.to_string()))
 }
 
-fn signature_bytes(key: &TokenKey, body: &TokenBody) -> Result<Vec<u8>, TokenError> {
-    let mut mac = key.mac()?;
-    mac.update(&body_bytes(body)?);
-    Ok(mac.finalize().into_bytes().to_vec())
-}
-
 /// Why a node refused a token. None of these is retryable with the same token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
@@ -270,7 +480,7 @@ pub enum TokenError {
         requester: String,
     },
     #[error(
-        "GUARANTEED grant for {container} was made for an earlier session of this node (grant \
+        "container token for {container} was made for another session of this node (grant \
          session {grant_epoch}, current session {node_epoch}): it was voided by a coordinator \
          restart or this node's re-join; ask again"
     )]
@@ -281,6 +491,10 @@ pub enum TokenError {
     },
     #[error("grant for {0} was revoked (released, or its node was lost); ask again")]
     Revoked(ContainerId),
+    #[error(
+        "this scheduler holds no token key for node {0} (not in its directory yet, or it left)"
+    )]
+    NoKeyForNode(String),
     #[error("key {0} has malformed secret material")]
     BadKeyMaterial(u32),
     #[error("could not encode token body: {0}")]
@@ -291,7 +505,8 @@ pub enum TokenError {
 #[derive(Debug, Clone)]
 pub struct TokenVerifier {
     node_id: NodeId,
-    keys: Option<KeyRing>,
+    /// This node session's secret `K_N` (QUEUEABLE tokens), from its last join.
+    node_secret: Option<[u8; 32]>,
     /// Public keys for GUARANTEED tokens (only the coordinator can sign those).
     guaranteed_keys: Option<PublicKeyRing>,
     /// (container, version) -> expiry ms; purged once expired (an expired token fails anyway).
@@ -309,7 +524,7 @@ impl TokenVerifier {
     pub fn new(node_id: NodeId) -> TokenVerifier {
         TokenVerifier {
             node_id,
-            keys: None,
+            node_secret: None,
             guaranteed_keys: None,
             used: HashMap::new(),
             by_expiry: BTreeMap::new(),
@@ -319,9 +534,12 @@ impl TokenVerifier {
         }
     }
 
-    /// The node joined under session `epoch`: GUARANTEED grants of other sessions are void.
-    pub fn set_node_epoch(&mut self, epoch: u32) {
-        self.node_epoch = Some(epoch);
+    /// The node joined: its session (grants of other sessions are void) and the session's
+    /// secret for QUEUEABLE tokens. On malformed material nothing changes.
+    pub fn set_node_session(&mut self, secret: &NodeSessionSecret) -> Result<(), TokenError> {
+        self.node_secret = Some(secret.bytes()?);
+        self.node_epoch = Some(secret.node_epoch);
+        Ok(())
     }
 
     /// The node's current session, if it has joined.
@@ -345,21 +563,14 @@ impl TokenVerifier {
         self.revoked.len()
     }
 
-    pub fn set_keys(&mut self, keys: KeyRing) {
-        self.keys = Some(keys);
-    }
-
-    pub fn keys(&self) -> Option<&KeyRing> {
-        self.keys.as_ref()
-    }
-
     /// The coordinator's public keys for GUARANTEED tokens.
     pub fn set_guaranteed_keys(&mut self, keys: PublicKeyRing) {
         self.guaranteed_keys = Some(keys);
     }
 
     /// Check a token's signature: GUARANTEED tokens against the coordinator's public keys (no
-    /// worker can mint one), QUEUEABLE ones against the cluster's HMAC keys.
+    /// worker can mint one), QUEUEABLE ones against the key of the issuer the container id names
+    /// for this node's session (derived from `K_N`; a token of another session is stale).
     pub fn verify_signature(&self, token: &ContainerToken) -> Result<(), TokenError> {
         match token.body.container_type {
             ContainerType::Guaranteed => self
@@ -367,11 +578,28 @@ impl TokenVerifier {
                 .as_ref()
                 .ok_or(TokenError::UnknownKey(token.body.key_id))?
                 .verify_signature(token),
-            ContainerType::Queueable => self
-                .keys
-                .as_ref()
-                .ok_or(TokenError::UnknownKey(token.body.key_id))?
-                .verify_signature(token),
+            ContainerType::Queueable => {
+                let body = &token.body;
+                let (Some(secret), Some(epoch)) = (self.node_secret.as_ref(), self.node_epoch)
+                else {
+                    return Err(self.stale(body));
+                };
+                if body.node_epoch != epoch {
+                    return Err(self.stale(body));
+                }
+                let given = hex::decode(&token.signature).map_err(|_| TokenError::Forged)?;
+                let mut mac = hmac_of(&issuer_key_bytes(secret, body.container_id.issuer()));
+                mac.update(&body_bytes(body)?);
+                mac.verify_slice(&given).map_err(|_| TokenError::Forged)
+            }
+        }
+    }
+
+    fn stale(&self, body: &TokenBody) -> TokenError {
+        TokenError::StaleGrant {
+            container: body.container_id,
+            grant_epoch: body.node_epoch,
+            node_epoch: self.node_epoch.unwrap_or(0),
         }
     }
 
@@ -395,14 +623,15 @@ impl TokenVerifier {
         now_ms: u64,
     ) -> Result<(), TokenError> {
         self.purge(now_ms);
-        self.verify_signature(token)?;
         let body = &token.body;
+        // The node first: a grant for another node is named as such, not as a bad signature.
         if body.node_id != self.node_id {
             return Err(TokenError::WrongNode {
                 token_node: body.node_id.to_string(),
                 this_node: self.node_id.to_string(),
             });
         }
+        self.verify_signature(token)?;
         if &body.app_id != app {
             return Err(TokenError::WrongApp {
                 token_app: body.app_id.to_string(),
@@ -418,14 +647,8 @@ impl TokenVerifier {
         if self.revoked.contains_key(&body.container_id) {
             return Err(TokenError::Revoked(body.container_id));
         }
-        if body.container_type == ContainerType::Guaranteed
-            && self.node_epoch != Some(body.node_epoch)
-        {
-            return Err(TokenError::StaleGrant {
-                container: body.container_id,
-                grant_epoch: body.node_epoch,
-                node_epoch: self.node_epoch.unwrap_or(0),
-            });
+        if self.node_epoch != Some(body.node_epoch) {
+            return Err(self.stale(body));
         }
         if self.used.contains_key(&(body.container_id, body.version)) {
             return Err(TokenError::Replayed {
@@ -474,9 +697,12 @@ impl TokenVerifier {
 mod tests {
     use super::*;
 
+    const ISSUER: u32 = 1;
+    const EPOCH: u32 = 5;
+
     fn body(node: &str) -> TokenBody {
         TokenBody {
-            container_id: ContainerId::new(1, 1),
+            container_id: ContainerId::new(ISSUER, 1),
             node_id: NodeId::from(node),
             app_id: AppId::from("app"),
             resources: Resources::new(1000, 512),
@@ -492,16 +718,70 @@ mod tests {
         }
     }
 
-    fn ring() -> KeyRing {
-        KeyRing::new(TokenKey::from_bytes(1, [7; 32]))
+    fn master() -> TokenKey {
+        TokenKey::from_bytes(1, [7; 32])
+    }
+
+    /// What the coordinator hands out at `node`'s join (session `epoch`).
+    fn session(node: &str, epoch: u32) -> NodeSessionSecret {
+        NodeSessionSecret::derive(&master(), &NodeId::from(node), epoch).unwrap()
+    }
+
+    /// Issuer `issuer`'s signer with keys for the given (node, session) pairs.
+    fn signer(issuer: u32, nodes: &[(&str, u32)]) -> QueueableSigner {
+        let keys: Vec<IssuerNodeKey> = nodes
+            .iter()
+            .map(|(n, e)| {
+                session(n, *e)
+                    .issuer_key(&NodeId::from(*n), issuer)
+                    .unwrap()
+            })
+            .collect();
+        QueueableSigner::new(issuer, &keys).unwrap()
+    }
+
+    fn verifier(node: &str, epoch: u32) -> TokenVerifier {
+        let mut v = TokenVerifier::new(NodeId::from(node));
+        v.set_node_session(&session(node, epoch)).unwrap();
+        v
+    }
+
+    #[test]
+    fn keys_rotate_every_period_and_retry_a_minute_after_a_failure() {
+        let hour = 3_600_000;
+        let mut r = RotationSchedule::new(hour, 1_000);
+        assert!(!r.due(1_000 + hour - 1));
+        assert!(r.due(1_000 + hour));
+        r.failed(1_000 + hour);
+        assert!(!r.due(1_000 + hour + ROTATION_RETRY_MS - 1));
+        assert!(r.due(1_000 + hour + ROTATION_RETRY_MS));
+        r.rotated(2 * hour);
+        assert!(!r.due(2 * hour + 1));
+        // A stamp from the future within a period is waited out; beyond it, rotated at once.
+        assert!(!RotationSchedule::new(hour, 10 * hour).due(9 * hour));
+        assert!(RotationSchedule::new(hour, 10 * hour).due(8 * hour));
+        assert_eq!(RotationSchedule::next_key_id(7), 8);
+        assert_eq!(RotationSchedule::next_key_id(u32::MAX), 1);
+    }
+
+    #[test]
+    fn the_padded_hmac_key_is_hmacs_own_key_handling() {
+        let key = [0x5a; 32];
+        let mut ours = hmac_of(&key);
+        let mut reference = HmacSha256::new_from_slice(&key).unwrap();
+        ours.update(b"body");
+        reference.update(b"body");
+        assert_eq!(
+            ours.finalize().into_bytes(),
+            reference.finalize().into_bytes()
+        );
     }
 
     #[test]
     fn valid_token_is_accepted_once() {
-        let ring = ring();
-        let token = ring.sign(body("n1")).unwrap();
-        let mut v = TokenVerifier::new(NodeId::from("n1"));
-        v.set_keys(ring);
+        let token = signer(ISSUER, &[("n1", EPOCH)]).sign(body("n1")).unwrap();
+        assert_eq!(token.body.node_epoch, EPOCH);
+        let mut v = verifier("n1", EPOCH);
         v.check_and_consume(&token, &AppId::from("app"), 5_000)
             .unwrap();
         assert!(matches!(
@@ -517,67 +797,168 @@ mod tests {
     }
 
     #[test]
-    fn forged_wrong_node_wrong_app_and_unknown_key_are_refused() {
-        let ring = ring();
-        let mut token = ring.sign(body("n1")).unwrap();
-        let mut v = TokenVerifier::new(NodeId::from("n1"));
-        v.set_keys(ring.clone());
+    fn forged_wrong_node_and_wrong_app_are_refused() {
+        let s = signer(ISSUER, &[("n1", EPOCH), ("n2", EPOCH + 1)]);
+        let token = s.sign(body("n1")).unwrap();
+        let mut v = verifier("n1", EPOCH);
         let app = AppId::from("app");
         let mut tampered = token.clone();
         tampered.body.resources.memory_mib = 1 << 20;
         assert_eq!(v.check(&tampered, &app, 1), Err(TokenError::Forged));
-        let other_key = KeyRing::new(TokenKey::from_bytes(1, [9; 32]))
+        let mut garbage = token.clone();
+        garbage.signature = "zz".into();
+        assert_eq!(v.check(&garbage, &app, 1), Err(TokenError::Forged));
+        // Signed under another master key (an impostor coordinator).
+        let impostor = NodeSessionSecret::derive(
+            &TokenKey::from_bytes(1, [9; 32]),
+            &NodeId::from("n1"),
+            EPOCH,
+        )
+        .unwrap()
+        .issuer_key(&NodeId::from("n1"), ISSUER)
+        .unwrap();
+        let forged = QueueableSigner::new(ISSUER, &[impostor])
+            .unwrap()
             .sign(body("n1"))
             .unwrap();
-        assert_eq!(v.check(&other_key, &app, 1), Err(TokenError::Forged));
-        let wrong_node = ring.sign(body("n2")).unwrap();
+        assert_eq!(v.check(&forged, &app, 1), Err(TokenError::Forged));
+        // A token for n2, even re-addressed to n1, does not verify at n1.
+        let for_n2 = s.sign(body("n2")).unwrap();
         assert!(matches!(
-            v.check(&wrong_node, &app, 1),
+            v.check(&for_n2, &app, 1),
+            Err(TokenError::WrongNode { .. })
+        ));
+        let mut readdressed = for_n2.clone();
+        readdressed.body.node_id = NodeId::from("n1");
+        readdressed.body.node_epoch = EPOCH;
+        assert_eq!(v.check(&readdressed, &app, 1), Err(TokenError::Forged));
+        let mut v2 = verifier("n2", EPOCH + 1);
+        v2.check(&for_n2, &app, 1).unwrap();
+        assert!(matches!(
+            v2.check(&token, &app, 1),
             Err(TokenError::WrongNode { .. })
         ));
         assert!(matches!(
             v.check(&token, &AppId::from("mallory"), 1),
             Err(TokenError::WrongApp { .. })
         ));
-        token.body.key_id = 42;
-        assert_eq!(v.check(&token, &app, 1), Err(TokenError::UnknownKey(42)));
+        // No key for a node outside the directory.
+        assert_eq!(
+            s.sign(body("n3")),
+            Err(TokenError::NoKeyForNode("n3".into()))
+        );
     }
 
     #[test]
-    fn rotation_keeps_previous_key_valid_for_one_generation() {
-        let mut ring = ring();
-        let old = ring.sign(body("n1")).unwrap();
-        ring.rotate(TokenKey::from_bytes(2, [8; 32]));
-        let new = ring.sign(body("n1")).unwrap();
-        assert_eq!(new.body.key_id, 2);
-        ring.verify_signature(&old).unwrap();
-        ring.verify_signature(&new).unwrap();
-        ring.rotate(TokenKey::from_bytes(3, [6; 32]));
-        assert_eq!(ring.verify_signature(&old), Err(TokenError::UnknownKey(1)));
+    fn an_issuers_keys_cannot_mint_in_another_issuers_name() {
+        // Issuer 1 stole its own keys: it signs for issuer 2's container ids.
+        let thief = signer(1, &[("n1", EPOCH)]);
+        let mut b = body("n1");
+        b.container_id = ContainerId::new(2, 1);
+        assert!(matches!(
+            thief.sign(b.clone()),
+            Err(TokenError::Encoding(_))
+        ));
+        // Bypassing the signer's check (a hand-built signer claiming issuer 2 with issuer 1's
+        // keys) gives a signature the node refuses: it derives issuer 2's key itself.
+        let key_of_1 = session("n1", EPOCH)
+            .issuer_key(&NodeId::from("n1"), 1)
+            .unwrap();
+        let posing = QueueableSigner::new(2, &[key_of_1]).unwrap();
+        let forged = posing.sign(b.clone()).unwrap();
+        let v = verifier("n1", EPOCH);
+        assert_eq!(v.verify_signature(&forged), Err(TokenError::Forged));
+        // Issuer 2's genuine key works.
+        v.verify_signature(&signer(2, &[("n1", EPOCH)]).sign(b).unwrap())
+            .unwrap();
+        // Keys differ per issuer, per node and per session.
+        let k = |n: &str, e: u32, i: u32| {
+            session(n, e)
+                .issuer_key(&NodeId::from(n), i)
+                .unwrap()
+                .secret_hex
+        };
+        assert_ne!(k("n1", EPOCH, 1), k("n1", EPOCH, 2));
+        assert_ne!(k("n1", EPOCH, 1), k("n2", EPOCH, 1));
+        assert_ne!(k("n1", EPOCH, 1), k("n1", EPOCH + 1, 1));
+        assert_ne!(
+            session("n1", EPOCH).secret_hex,
+            session("n2", EPOCH).secret_hex
+        );
+    }
+
+    #[test]
+    fn queueable_grants_of_another_node_session_are_void() {
+        let token = signer(ISSUER, &[("n1", EPOCH)]).sign(body("n1")).unwrap();
+        let app = AppId::from("app");
+        // Before any join there is no session.
+        let unjoined = TokenVerifier::new(NodeId::from("n1"));
+        assert!(matches!(
+            unjoined.verify_signature(&token),
+            Err(TokenError::StaleGrant { node_epoch: 0, .. })
+        ));
+        // After a re-join (new session, new secret) the old grant is stale.
+        let mut v = verifier("n1", EPOCH + 3);
+        assert_eq!(
+            v.check(&token, &app, 1),
+            Err(TokenError::StaleGrant {
+                container: token.body.container_id,
+                grant_epoch: EPOCH,
+                node_epoch: EPOCH + 3
+            })
+        );
+        // Claiming the new session with the old key does not verify either.
+        let mut relabelled = token.clone();
+        relabelled.body.node_epoch = EPOCH + 3;
+        assert_eq!(v.check(&relabelled, &app, 1), Err(TokenError::Forged));
+    }
+
+    #[test]
+    fn a_new_directory_replaces_the_signers_keys() {
+        let mut s = signer(ISSUER, &[("n1", EPOCH), ("n2", EPOCH)]);
+        assert_eq!(s.nodes(), 2);
+        let rejoined = session("n2", EPOCH + 1)
+            .issuer_key(&NodeId::from("n2"), ISSUER)
+            .unwrap();
+        s.replace_keys(std::slice::from_ref(&rejoined)).unwrap();
+        assert_eq!(s.nodes(), 1);
+        assert!(s.sign(body("n1")).is_err());
+        assert_eq!(s.sign(body("n2")).unwrap().body.node_epoch, EPOCH + 1);
+        let mut bad = rejoined;
+        bad.secret_hex = "abcd".into();
+        assert_eq!(
+            s.replace_keys(&[bad]),
+            Err(TokenError::BadKeyMaterial(EPOCH + 1))
+        );
+        assert_eq!(s.nodes(), 1, "malformed material changes nothing");
     }
 
     fn guaranteed_signer() -> GuaranteedSigner {
         GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [5; 32]))).unwrap()
     }
 
+    fn guaranteed(mut b: TokenBody) -> TokenBody {
+        b.container_type = ContainerType::Guaranteed;
+        b.container_id = ContainerId::new(0, 1);
+        b.node_epoch = EPOCH;
+        b
+    }
+
     #[test]
     fn only_the_coordinators_ed25519_key_signs_guaranteed_tokens() {
-        let ring = ring();
         let signer = guaranteed_signer();
-        let mut b = body("n1");
-        b.container_type = ContainerType::Guaranteed;
+        let b = guaranteed(body("n1"));
         let app = AppId::from("app");
-        let mut v = TokenVerifier::new(NodeId::from("n1"));
-        v.set_keys(ring.clone());
-        v.set_node_epoch(0);
-        // What a worker (or a thief of its secrets) could do: sign with the HMAC keys.
-        let minted_by_worker = ring.sign(b.clone()).unwrap();
+        let mut v = verifier("n1", EPOCH);
+        // What a worker (or a thief of its secrets) could do: sign with an HMAC key it holds.
+        let mut minted_by_worker = signer_for_test_forgery(&b);
         assert_eq!(
             v.check(&minted_by_worker, &app, 1),
-            Err(TokenError::UnknownKey(1)),
+            Err(TokenError::UnknownKey(0)),
             "no GUARANTEED public keys yet"
         );
         v.set_guaranteed_keys(signer.public_ring());
+        minted_by_worker.body.key_id = 1;
         assert_eq!(v.check(&minted_by_worker, &app, 1), Err(TokenError::Forged));
         let genuine = signer.sign(b.clone()).unwrap();
         v.check(&genuine, &app, 1).unwrap();
@@ -596,54 +977,59 @@ mod tests {
         );
         v.set_guaranteed_keys(rotated.public_ring());
         v.check(&genuine, &app, 1).unwrap();
-        v.check(&rotated.sign(b).unwrap(), &app, 1).unwrap();
+        v.check(&rotated.sign(b.clone()).unwrap(), &app, 1).unwrap();
+        seeds.rotate(TokenKey::from_bytes(3, [4; 32]));
+        v.set_guaranteed_keys(GuaranteedSigner::new(&seeds).unwrap().public_ring());
+        assert_eq!(v.check(&genuine, &app, 1), Err(TokenError::UnknownKey(1)));
+    }
+
+    /// A GUARANTEED body MACed with a node's QUEUEABLE key (what a worker could forge).
+    fn signer_for_test_forgery(b: &TokenBody) -> ContainerToken {
+        let key = session("n1", EPOCH)
+            .issuer_key(&NodeId::from("n1"), 0)
+            .unwrap();
+        let mut mac = hmac_of(&decode_secret(&key.secret_hex, 0).unwrap());
+        mac.update(&body_bytes(b).unwrap());
+        ContainerToken {
+            body: b.clone(),
+            signature: hex::encode(mac.finalize().into_bytes()),
+        }
     }
 
     #[test]
     fn guaranteed_grants_of_another_node_session_are_void() {
-        let ring = ring();
         let signer = guaranteed_signer();
-        let mut b = body("n1");
-        b.container_type = ContainerType::Guaranteed;
-        b.node_epoch = 7;
-        let token = signer.sign(b.clone()).unwrap();
+        let token = signer.sign(guaranteed(body("n1"))).unwrap();
         let app = AppId::from("app");
         let mut v = TokenVerifier::new(NodeId::from("n1"));
-        v.set_keys(ring.clone());
         v.set_guaranteed_keys(signer.public_ring());
         // Before any join there is no session: refused.
         assert!(matches!(
             v.check(&token, &app, 1),
             Err(TokenError::StaleGrant {
-                grant_epoch: 7,
+                grant_epoch: EPOCH,
                 node_epoch: 0,
                 ..
             })
         ));
-        v.set_node_epoch(8);
+        v.set_node_session(&session("n1", EPOCH + 1)).unwrap();
         assert!(matches!(
             v.check(&token, &app, 1),
             Err(TokenError::StaleGrant {
-                grant_epoch: 7,
-                node_epoch: 8,
+                grant_epoch: EPOCH,
+                node_epoch: 6,
                 ..
             })
         ));
-        v.set_node_epoch(7);
+        v.set_node_session(&session("n1", EPOCH)).unwrap();
         v.check(&token, &app, 1).unwrap();
-        // QUEUEABLE tokens are not bound to the session (they promise no capacity).
-        let q = ring.sign(body("n1")).unwrap();
-        v.set_node_epoch(9);
-        v.check(&q, &app, 1).unwrap();
     }
 
     #[test]
     fn a_revoked_grant_is_refused_until_its_expiry_then_forgotten() {
-        let ring = ring();
-        let token = ring.sign(body("n1")).unwrap();
+        let token = signer(ISSUER, &[("n1", EPOCH)]).sign(body("n1")).unwrap();
         let app = AppId::from("app");
-        let mut v = TokenVerifier::new(NodeId::from("n1"));
-        v.set_keys(ring);
+        let mut v = verifier("n1", EPOCH);
         v.revoke(token.body.container_id, token.body.expires_at_ms, 1_000);
         assert_eq!(
             v.check(&token, &app, 2_000),

@@ -8,7 +8,7 @@ use scheduler_core::protocol::app::{
     ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorCode, ErrorFrame, GrantedContainer,
     Hello, LaunchSpec, Promoted, Welcome,
 };
-use scheduler_core::token::{ContainerToken, KeyRing, TokenBody, TokenKey};
+use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, TokenBody, TokenKey};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use std::future::Future;
 use std::time::Duration;
@@ -125,7 +125,8 @@ async fn connected() -> (
 }
 
 fn token(id: ContainerId, node: &str) -> ContainerToken {
-    KeyRing::new(TokenKey::from_bytes(1, [7; 32]))
+    GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [7; 32])))
+        .unwrap()
         .sign(TokenBody {
             container_id: id,
             node_id: NodeId::from(node),

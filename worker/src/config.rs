@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// Where container stdout/stderr files go (created 0700, files 0600) [default: discarded].
     #[arg(long, env = "WORKER_LOG_DIR")]
     pub container_log_dir: Option<PathBuf>,
+    /// Most bytes kept of each container's stdout and of its stderr; the rest is read and
+    /// discarded, so a container cannot fill the worker's disk [default: 64].
+    #[arg(long, env = "WORKER_CONTAINER_LOG_MAX_MIB", value_name = "MIB")]
+    pub container_log_max_mib: Option<u64>,
     /// User containers run as: a user name, a uid, or uid:gid [default: the `nobody` user, or
     /// 65534:65534 when there is none]. Only a worker running as root can switch users; any
     /// other worker runs containers as its own uid (and logs that once at start).
@@ -146,6 +150,8 @@ pub struct WorkerConfig {
     /// The Unix-socket app endpoint, if any (at least one of the two is set).
     pub app_socket: Option<AppSocket>,
     pub container_log_dir: Option<PathBuf>,
+    /// Most bytes kept of each container's stdout and of its stderr.
+    pub container_log_max_bytes: u64,
     /// The identity containers should run as (see [`crate::exec::user`]).
     pub container_user: RunAs,
     pub allow_root_containers: bool,
@@ -354,6 +360,7 @@ impl RunArgs {
                 app_socket_mode,
                 app_socket_group,
                 container_log_dir,
+                container_log_max_mib,
                 container_user,
                 allow_root_containers,
                 state_dir,
@@ -442,6 +449,14 @@ impl RunArgs {
             }
             None
         };
+        let container_log_max_mib = self.container_log_max_mib.unwrap_or(64);
+        if container_log_max_mib == 0 || container_log_max_mib > 1 << 20 {
+            bail!(
+                "--container-log-max-mib {container_log_max_mib} must be between 1 and {} (1 TiB)",
+                1u64 << 20
+            );
+        }
+        let container_log_max_bytes = container_log_max_mib << 20;
         let max_queue_length = self.max_queue_length.unwrap_or(10_000);
         if max_queue_length > MAX_CONTAINERS_PER_NODE {
             bail!(
@@ -498,6 +513,7 @@ impl RunArgs {
             app_advertise: self.app_advertise,
             app_socket,
             container_log_dir: self.container_log_dir,
+            container_log_max_bytes,
             container_user,
             allow_root_containers: self.allow_root_containers.unwrap_or(false),
             state_dir,

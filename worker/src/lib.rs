@@ -144,6 +144,7 @@ pub async fn start_with_clock(
     node_config.max_queue_length = config.max_queue_length;
     let executor = Rc::new(exec::Executor::detect(exec::ExecutorConfig {
         log_dir: config.container_log_dir.clone(),
+        log_max_bytes: config.container_log_max_bytes,
         run_as: identity.run_as(),
         state: Some(state),
         ..Default::default()

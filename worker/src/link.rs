@@ -280,19 +280,19 @@ impl Link {
             "joined the cluster"
         );
         self.shared.connected.set(true);
+        self.shared.session.set(acc.issuer);
         self.scheduler.do_send(SchedulerJoined {
             issuer: acc.issuer,
-            keys: acc.keys.clone(),
+            issuer_keys: acc.issuer_keys,
             apps: acc.apps,
             top_k: acc.settings.top_k,
             token_ttl_ms: acc.settings.token_ttl_ms,
             view: acc.view,
         });
         self.node.do_send(NodeJoined {
-            keys: acc.keys,
+            node_secret: acc.node_secret,
             guaranteed_keys: acc.guaranteed_keys,
             heartbeat_interval: Duration::from_millis(acc.settings.heartbeat_interval_ms),
-            epoch: acc.issuer,
             lost_containers: acc.lost_containers,
         });
     }
@@ -303,13 +303,12 @@ impl Link {
                 self.node.do_send(NodeHints {
                     shedding_threshold_ms: ack.shedding_threshold_ms,
                     queueable_limit: ack.queueable_limit,
-                    keys: ack.keys.clone(),
                     guaranteed_keys: ack.guaranteed_keys,
                 });
                 self.scheduler.do_send(ViewUpdate {
                     view: ack.view,
                     notices: ack.notices,
-                    keys: ack.keys,
+                    issuer_keys: ack.issuer_keys,
                     apps: ack.apps,
                     outstanding_elsewhere: ack.outstanding_elsewhere,
                 });

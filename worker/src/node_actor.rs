@@ -17,7 +17,7 @@ use scheduler_core::protocol::cluster::{
 use scheduler_core::protocol::limits::{
     MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
 };
-use scheduler_core::token::{KeyRing, PublicKeyRing, TokenVerifier};
+use scheduler_core::token::{NodeSessionSecret, PublicKeyRing, TokenVerifier};
 use scheduler_core::{AppId, ContainerId, JobId, KillReason, NodeId, Resources, Time};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -473,11 +473,10 @@ impl Handler<StatusOf> for NodeActor {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct NodeJoined {
-    pub keys: KeyRing,
+    /// This session (grants of other sessions are void) and its secret for QUEUEABLE tokens.
+    pub node_secret: NodeSessionSecret,
     pub guaranteed_keys: PublicKeyRing,
     pub heartbeat_interval: Duration,
-    /// This session's issuer number: GUARANTEED grants of other sessions are void.
-    pub epoch: u32,
     /// Containers the coordinator reported lost while this node was cut off: killed at once.
     pub lost_containers: Vec<ContainerId>,
 }
@@ -485,9 +484,11 @@ pub struct NodeJoined {
 impl Handler<NodeJoined> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeJoined, ctx: &mut Context<Self>) {
-        self.verifier.set_keys(msg.keys);
+        if let Err(e) = self.verifier.set_node_session(&msg.node_secret) {
+            // Tokens of the new session are refused until a join brings usable material.
+            tracing::error!("the coordinator's session secret is unusable: {e}");
+        }
         self.verifier.set_guaranteed_keys(msg.guaranteed_keys);
-        self.verifier.set_node_epoch(msg.epoch);
         let now = self.shared.clock.now();
         for id in msg.lost_containers {
             // Killed before the first heartbeat of the session goes out, so the coordinator never
@@ -530,7 +531,6 @@ impl Handler<NodeJoined> for NodeActor {
 pub struct NodeHints {
     pub shedding_threshold_ms: Option<f64>,
     pub queueable_limit: Resources,
-    pub keys: Option<KeyRing>,
     pub guaranteed_keys: Option<PublicKeyRing>,
 }
 
@@ -538,9 +538,6 @@ impl Handler<NodeHints> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeHints, ctx: &mut Context<Self>) {
         let now = self.shared.clock.now();
-        if let Some(keys) = msg.keys {
-            self.verifier.set_keys(keys);
-        }
         if let Some(keys) = msg.guaranteed_keys {
             self.verifier.set_guaranteed_keys(keys);
         }

@@ -23,7 +23,7 @@ use scheduler_core::protocol::cluster::{
     ReleaseContainer, WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::MAX_WAITING_GUARANTEED_ASKS_PER_APP;
-use scheduler_core::token::KeyRing;
+use scheduler_core::token::{IssuerNodeKey, QueueableSigner};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -79,7 +79,8 @@ impl Drop for WaitingAsk {
 
 pub struct SchedulerActor {
     ds: DistributedScheduler,
-    keys: Option<KeyRing>,
+    /// Signs this scheduler's QUEUEABLE grants with its per-node keys (none before a join).
+    signer: Option<QueueableSigner>,
     shared: Rc<Shared>,
     rng: StdRng,
     link: mpsc::UnboundedSender<WorkerToCoordinator>,
@@ -100,7 +101,7 @@ impl SchedulerActor {
     ) -> SchedulerActor {
         SchedulerActor {
             ds: DistributedScheduler::new(Default::default(), 0),
-            keys: None,
+            signer: None,
             shared,
             rng: StdRng::seed_from_u64(seed),
             link,
@@ -176,7 +177,7 @@ impl SchedulerActor {
     }
 
     fn allocate_queueable(&mut self, app: AppId, req: &Allocate) -> AppResponse {
-        let Some(keys) = self.keys.as_ref() else {
+        let Some(signer) = self.signer.as_ref() else {
             return error(
                 req.request_id,
                 ErrorCode::CoordinatorUnavailable,
@@ -200,7 +201,7 @@ impl SchedulerActor {
                 let mut containers = Vec::with_capacity(outcome.placed.len());
                 for p in outcome.placed {
                     self.issued.issued(&p.node_id, p.container_id);
-                    match keys.sign(p.token_body) {
+                    match signer.sign(p.token_body) {
                         Ok(token) => containers.push(GrantedContainer {
                             container_id: p.container_id,
                             node_id: p.node_id,
@@ -444,7 +445,7 @@ impl Handler<ReleaseRemote> for SchedulerActor {
 #[rtype(result = "()")]
 pub struct SchedulerJoined {
     pub issuer: u32,
-    pub keys: KeyRing,
+    pub issuer_keys: Vec<IssuerNodeKey>,
     pub apps: Vec<AppRecord>,
     pub top_k: usize,
     pub token_ttl_ms: u64,
@@ -471,7 +472,14 @@ impl Handler<SchedulerJoined> for SchedulerActor {
             .set(msg.view.directory_version);
         ds.update_view(msg.view);
         self.ds = ds;
-        self.keys = Some(msg.keys);
+        self.signer = match QueueableSigner::new(msg.issuer, &msg.issuer_keys) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                // QUEUEABLE asks answer `coordinator_unavailable` until a usable join.
+                tracing::error!("the coordinator's QUEUEABLE keys are unusable: {e}");
+                None
+            }
+        };
         self.shared.set_apps(msg.apps);
     }
 }
@@ -482,7 +490,8 @@ impl Handler<SchedulerJoined> for SchedulerActor {
 pub struct ViewUpdate {
     pub view: ClusterView,
     pub notices: Vec<ContainerNotice>,
-    pub keys: Option<KeyRing>,
+    /// With a new directory: the keys for its nodes.
+    pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     pub apps: Option<Vec<AppRecord>>,
     /// What the other workers' schedulers hold per app (cluster-wide quotas).
     pub outstanding_elsewhere: Vec<scheduler_core::quota::AppOutstanding>,
@@ -507,8 +516,12 @@ impl Handler<ViewUpdate> for SchedulerActor {
                 .collect();
             actions = self.issued.on_directory(self.ds.quotas_mut(), &present);
         }
-        if let Some(k) = msg.keys {
-            self.keys = Some(k);
+        if let (Some(keys), Some(signer)) = (msg.issuer_keys, self.signer.as_mut())
+            && let Err(e) = signer.replace_keys(&keys)
+        {
+            tracing::error!(
+                "the coordinator's QUEUEABLE keys are unusable, keeping the old ones: {e}"
+            );
         }
         if let Some(apps) = msg.apps {
             self.shared.set_apps(apps);

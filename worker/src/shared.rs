@@ -271,6 +271,9 @@ pub struct Shared {
     pub directory_version: Cell<u64>,
     /// Whether the cluster link is joined right now.
     pub connected: Cell<bool>,
+    /// The node's session (its issuer number at the last join; 0 before the first), for
+    /// diagnostics and tests.
+    pub session: Cell<u32>,
     next_conn: Cell<u64>,
     /// Open application connections.
     connections: RefCell<HashMap<u64, Arc<ConnState>>>,

@@ -85,7 +85,7 @@ async fn a_guaranteed_grant_of_an_earlier_session_of_the_node_is_void() {
     assert_eq!(e.code, ErrorCode::InvalidToken, "{e:?}");
     assert!(
         e.message
-            .contains("was made for an earlier session of this node"),
+            .contains("was made for another session of this node"),
         "{e:?}"
     );
     // The same grant for the current session starts: only the session was wrong.

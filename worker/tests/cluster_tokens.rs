@@ -1,5 +1,5 @@
 //! Container tokens at a real worker joined to a real coordinator over QUIC on loopback: forged,
-//! expired, replayed, wrong-node, wrong-app and unknown-key tokens are refused with
+//! expired, replayed, wrong-node, wrong-app and other-session tokens are refused with
 //! `invalid_token` naming the problem; the connection stays usable, the genuine token still
 //! works afterwards, and a running container is untouched.
 
@@ -9,8 +9,8 @@ use common::*;
 use scheduler_core::protocol::app::{
     AcceptedState, AppRequest, ContainerEventKind, ErrorCode, ErrorFrame, Release, StopContainer,
 };
-use scheduler_core::token::{ContainerToken, KeyRing, TokenKey};
-use scheduler_core::{ContainerId, ContainerType, Resources};
+use scheduler_core::token::{ContainerToken, NodeSessionSecret, QueueableSigner};
+use scheduler_core::{ContainerId, ContainerType, NodeId, Resources};
 
 fn assert_invalid_token(e: &ErrorFrame, needle: &str) {
     assert_eq!(e.code, ErrorCode::InvalidToken, "{e:?}");
@@ -43,9 +43,13 @@ async fn forged_tokens_are_refused_and_the_genuine_one_still_works() {
     let tampers: [(&str, Tamper); 8] = [
         ("more cpu", |t| t.body.resources.cpu_millis += 1000),
         ("more memory", |t| t.body.resources.memory_mib *= 4),
-        ("QUEUEABLE made GUARANTEED", |t| {
-            t.body.container_type = ContainerType::Guaranteed
-        }),
+        (
+            "QUEUEABLE made GUARANTEED (under the GUARANTEED key's id)",
+            |t| {
+                t.body.container_type = ContainerType::Guaranteed;
+                t.body.key_id = 1;
+            },
+        ),
         ("later expiry", |t| t.body.expires_at_ms += 3_600_000),
         ("earlier job submit time", |t| t.body.job_submit_time_ms = 0),
         ("higher version", |t| t.body.version += 1),
@@ -70,9 +74,15 @@ async fn forged_tokens_are_refused_and_the_genuine_one_still_works() {
         assert_invalid_token(&e, "signature does not verify (forged or corrupted)");
         assert_still_serving(&c, &mut good, "node-a", running, 1).await;
     }
-    // Signed with a key of the right id but other material.
-    let impostor = KeyRing::new(TokenKey::from_bytes(c.keys.current.key_id, [7; 32]));
-    let forged = impostor.sign(genuine.body.clone()).unwrap();
+    // Signed for the right session and issuer, with other material (not the coordinator's).
+    let session = c.worker("node-a").shared.session.get();
+    let impostor = NodeSessionSecret::from_bytes(session, [7; 32])
+        .issuer_key(&NodeId::from("node-a"), genuine.body.container_id.issuer())
+        .unwrap();
+    let forged = QueueableSigner::new(genuine.body.container_id.issuer(), &[impostor])
+        .unwrap()
+        .sign(genuine.body.clone())
+        .unwrap();
     let e = good.start(&forged, sh("exit 0")).await.unwrap_err();
     assert_invalid_token(&e, "signature does not verify");
 
@@ -87,7 +97,7 @@ async fn forged_tokens_are_refused_and_the_genuine_one_still_works() {
 }
 
 #[actix_rt::test]
-async fn expired_and_unknown_key_tokens_are_refused() {
+async fn expired_and_other_session_tokens_are_refused() {
     let c = Cluster::start(&["demo"], &[node("node-a", 2000, 2048)]).await;
     let (mut good, running) = start_sleeper(&c, "node-a").await;
     let shape = Resources::new(100, 64);
@@ -105,7 +115,16 @@ async fn expired_and_unknown_key_tokens_are_refused() {
     assert_invalid_token(&e, &format!("expired at {expired_at} ms, now is "));
     assert_still_serving(&c, &mut good, "node-a", running, 1).await;
 
-    let unknown_key = KeyRing::new(TokenKey::from_bytes(c.keys.current.key_id + 98, [9; 32]))
+    // A grant made for another session of the node (as after a re-join), under that
+    // session's genuine key: stale.
+    let session = c.worker("node-a").shared.session.get();
+    let node_a = NodeId::from("node-a");
+    let old_session_key = NodeSessionSecret::derive(&c.keys.current, &node_a, session + 50)
+        .unwrap()
+        .issuer_key(&node_a, test_issued(2).issuer())
+        .unwrap();
+    let stale = QueueableSigner::new(test_issued(2).issuer(), &[old_session_key])
+        .unwrap()
         .sign(token_body(
             "node-a",
             "demo",
@@ -115,10 +134,13 @@ async fn expired_and_unknown_key_tokens_are_refused() {
             wall_ms() + 600_000,
         ))
         .unwrap();
-    let e = good.start(&unknown_key, sh("exit 0")).await.unwrap_err();
+    let e = good.start(&stale, sh("exit 0")).await.unwrap_err();
     assert_invalid_token(
         &e,
-        &format!("signed with unknown key {}", c.keys.current.key_id + 98),
+        &format!(
+            "was made for another session of this node (grant session {}, current session {session})",
+            session + 50
+        ),
     );
     assert_still_serving(&c, &mut good, "node-a", running, 1).await;
 

@@ -592,3 +592,43 @@ async fn an_unprivileged_container_keeps_its_cgroup_and_limits() {
         poll_until("the tree was killed", || live_tree(leader).is_empty()).await;
     }
 }
+
+/// A container cannot fill the worker's disk through its output: each stream keeps at most
+/// `log_max_bytes` (then a note), the rest is drained so the container never blocks, and what
+/// was kept is whole when the end is reported.
+#[tokio::test]
+async fn container_output_beyond_the_log_cap_is_discarded_without_blocking_it() {
+    let logs = tempfile::tempdir().expect("tempdir");
+    let cap: u64 = 64 * 1024;
+    let executor = Executor::with_enforcement(
+        Enforcement::RlimitAndMonitor,
+        ExecutorConfig {
+            log_dir: Some(logs.path().to_path_buf()),
+            log_max_bytes: cap,
+            ..config()
+        },
+    )
+    .expect("fallback");
+    // 4 MiB of output: far more than the cap, and more than a pipe buffers, so a container
+    // whose output were not drained would block here forever.
+    let mut process = executor
+        .launch(
+            77,
+            &sh("head -c 4194304 /dev/zero | tr '\\0' a; echo short-stderr >&2"),
+            limits(64),
+        )
+        .await
+        .expect("launch");
+    assert_eq!(
+        wait_bounded(&mut process).await,
+        ExitOutcome::Exited { code: 0 }
+    );
+    let stdout = std::fs::read(logs.path().join("container-77.stdout")).expect("stdout log");
+    let note = format!("\n[worker: output beyond {cap} bytes is discarded]\n");
+    assert_eq!(stdout.len() as u64, cap + note.len() as u64);
+    assert!(stdout[..cap as usize].iter().all(|b| *b == b'a'));
+    assert_eq!(&stdout[cap as usize..], note.as_bytes());
+    let stderr =
+        std::fs::read_to_string(logs.path().join("container-77.stderr")).expect("stderr log");
+    assert_eq!(stderr, "short-stderr\n", "a stream under the cap is whole");
+}

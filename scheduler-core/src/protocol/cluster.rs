@@ -9,12 +9,12 @@ use crate::node::ContainerStatus;
 use crate::protocol::app::{Allocate, ErrorCode, GrantedContainer};
 use crate::queue_delay::QueueDelay;
 use crate::quota::{AppOutstanding, QueueableQuota};
-use crate::token::{ContainerToken, KeyRing, PublicKeyRing};
+use crate::token::{ContainerToken, IssuerNodeKey, NodeSessionSecret, PublicKeyRing};
 use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 
 /// Version of the cluster protocol; sent in the first frame.
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 1;
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 2;
 
 /// Frames a worker sends to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -155,8 +155,10 @@ pub struct JoinAccepted {
     pub protocol_version: u32,
     /// Container-id prefix for this worker's distributed scheduler.
     pub issuer: u32,
-    /// HMAC keys for QUEUEABLE tokens.
-    pub keys: KeyRing,
+    /// This node session's secret: the node checks QUEUEABLE tokens addressed to it with it.
+    pub node_secret: NodeSessionSecret,
+    /// This worker's scheduler's keys for QUEUEABLE tokens, one per node of `view.directory`.
+    pub issuer_keys: Vec<IssuerNodeKey>,
     /// Public keys for GUARANTEED tokens (only the coordinator holds the private ones).
     pub guaranteed_keys: PublicKeyRing,
     pub apps: Vec<AppRecord>,
@@ -184,9 +186,11 @@ pub struct HeartbeatAck {
     pub queueable_limit: Resources,
     /// Notices about containers this worker's scheduler issued.
     pub notices: Vec<ContainerNotice>,
-    /// New key ring after a rotation.
-    pub keys: Option<KeyRing>,
-    /// New GUARANTEED public keys after a rotation (sent with `keys`).
+    /// Sent with every directory (`view.directory` non-empty): this worker's scheduler's keys
+    /// for QUEUEABLE tokens, one per directory node; they replace the old ones.
+    #[serde(default)]
+    pub issuer_keys: Option<Vec<IssuerNodeKey>>,
+    /// New GUARANTEED public keys after a rotation.
     #[serde(default)]
     pub guaranteed_keys: Option<PublicKeyRing>,
     /// New app registry after a change.

@@ -250,21 +250,80 @@ pub const MAX_REPORTED_IDS_PER_HEARTBEAT: usize = 2 * MAX_CONTAINERS_PER_NODE;
 /// the coordinator also keeps at most one entry per registered app.
 pub const MAX_ISSUED_APPS_PER_HEARTBEAT: usize = 1024;
 
+/// Unreported events a [`ReportLog`] holds before it compacts (a coordinator away for long):
+/// 65,536 events, 1 MiB.
+pub const REPORT_LOG_COMPACT_AT: usize = 1 << 16;
+
 /// Starts and ends of containers not yet reported to the coordinator, in the order they
 /// happened; each heartbeat takes a bounded prefix ([`ReportLog::take_batch`]). A prefix never
 /// reports a container's end before its start.
-#[derive(Clone, Debug, Default)]
+///
+/// Bounded while the coordinator is away: at [`REPORT_LOG_COMPACT_AT`] events, a container that
+/// started and ended since the last report loses both its events. Nobody learns it ran, and
+/// nothing needs to: its issuer and the guarantor treat its grant as never started, and free it
+/// when the token expires (conservative: capacity and quota are held a little longer, never
+/// given twice). What remains are starts of running containers and ends of containers already
+/// reported started, each bounded by the node's containers ([`MAX_CONTAINERS_PER_NODE`]), so
+/// the log never holds more than about twice the threshold.
+#[derive(Clone, Debug)]
 pub struct ReportLog {
     events: std::collections::VecDeque<(bool, crate::ContainerId)>,
+    /// The next compaction happens at this length (raised when one frees little, so pushes stay
+    /// amortised O(1)).
+    compact_at: usize,
+    /// Events dropped by compactions (both events of a container that came and went).
+    compacted: u64,
+}
+
+impl Default for ReportLog {
+    fn default() -> Self {
+        ReportLog::with_threshold(REPORT_LOG_COMPACT_AT)
+    }
 }
 
 impl ReportLog {
+    /// A log that compacts at `threshold` events (tests use small ones).
+    pub fn with_threshold(threshold: usize) -> ReportLog {
+        ReportLog {
+            events: std::collections::VecDeque::new(),
+            compact_at: threshold.max(2),
+            compacted: 0,
+        }
+    }
+
     pub fn started(&mut self, id: crate::ContainerId) {
-        self.events.push_back((true, id));
+        self.push((true, id));
     }
 
     pub fn finished(&mut self, id: crate::ContainerId) {
-        self.events.push_back((false, id));
+        self.push((false, id));
+    }
+
+    fn push(&mut self, event: (bool, crate::ContainerId)) {
+        self.events.push_back(event);
+        if self.events.len() >= self.compact_at {
+            self.compact();
+        }
+    }
+
+    /// Drop both events of every container that started and ended within the log.
+    fn compact(&mut self) {
+        let ended: std::collections::HashSet<crate::ContainerId> = self
+            .events
+            .iter()
+            .filter(|(is_start, _)| !is_start)
+            .map(|(_, id)| *id)
+            .collect();
+        let came_and_went: std::collections::HashSet<crate::ContainerId> = self
+            .events
+            .iter()
+            .filter(|(is_start, id)| *is_start && ended.contains(id))
+            .map(|(_, id)| *id)
+            .collect();
+        let before = self.events.len();
+        self.events.retain(|(_, id)| !came_and_went.contains(id));
+        self.compacted += (before - self.events.len()) as u64;
+        self.compact_at = self.compact_at.max(2 * self.events.len());
     }
 
     pub fn len(&self) -> usize {
@@ -273,6 +332,11 @@ impl ReportLog {
 
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
+    }
+
+    /// Events dropped by compaction so far.
+    pub fn compacted(&self) -> u64 {
+        self.compacted
     }
 
     /// The oldest `max` events as (started, finished) lists; the rest stay for later.
@@ -671,6 +735,49 @@ mod tests {
                 bytes[i] = byte;
             }
             check(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_long_outage_compacts_containers_that_came_and_went_and_keeps_the_rest() {
+        let mut log = ReportLog::with_threshold(100);
+        // Reported started before the outage: their ends must be kept.
+        let reported: Vec<ContainerId> = (0..10).map(|i| ContainerId::new(1, i)).collect();
+        // Still running at the end of the outage: their starts must be kept.
+        let running: Vec<ContainerId> = (100..120).map(|i| ContainerId::new(1, i)).collect();
+        for id in &running {
+            log.started(*id);
+        }
+        for i in 0..100_000u64 {
+            let id = ContainerId::new(2, i);
+            log.started(id);
+            log.finished(id);
+            if i < reported.len() as u64 {
+                log.finished(reported[i as usize]);
+            }
+            assert!(log.len() <= 200, "bounded: {} events", log.len());
+        }
+        assert!(log.compacted() > 190_000, "{}", log.compacted());
+        let mut started = std::collections::HashSet::new();
+        let mut finished = std::collections::HashSet::new();
+        while !log.is_empty() {
+            let (s, f) = log.take_batch(7);
+            started.extend(s);
+            for id in f {
+                // An end is never reported before its start (unless the start was reported
+                // before the log: the `reported` ones).
+                assert!(
+                    started.contains(&id) || reported.contains(&id),
+                    "{id:?} ended before it was reported started"
+                );
+                finished.insert(id);
+            }
+        }
+        for id in &running {
+            assert!(started.contains(id) && !finished.contains(id), "{id:?}");
+        }
+        for id in &reported {
+            assert!(finished.contains(id), "{id:?}");
         }
     }
 

@@ -19,7 +19,7 @@ use scheduler_core::protocol::cluster::{self, CoordinatorToWorker, WorkerToCoord
 use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::quota::QueueableQuota;
 use scheduler_core::token::{
-    ContainerToken, KeyRing, PublicKeyRing, PublicTokenKey, TokenBody, TokenKey,
+    ContainerToken, IssuerNodeKey, NodeSessionSecret, PublicKeyRing, PublicTokenKey, TokenBody,
 };
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources};
 use std::collections::BTreeMap;
@@ -641,17 +641,21 @@ fn view(rng: &mut Rng) -> ClusterView {
     }
 }
 
-fn key_ring(rng: &mut Rng) -> KeyRing {
-    KeyRing {
-        current: TokenKey {
-            key_id: rng.below(4) as u32,
-            secret_hex: hex(&rng.bytes(32)),
-        },
-        previous: rng.chance(1, 2).then(|| TokenKey {
-            key_id: rng.below(4) as u32,
-            secret_hex: hex(&rng.bytes(32)),
-        }),
+fn node_secret(rng: &mut Rng) -> NodeSessionSecret {
+    NodeSessionSecret {
+        node_epoch: rng.below(100) as u32,
+        secret_hex: hex(&rng.bytes(32)),
     }
+}
+
+fn issuer_keys(rng: &mut Rng) -> Vec<IssuerNodeKey> {
+    (0..rng.below(4))
+        .map(|_| IssuerNodeKey {
+            node_id: NodeId::from(rng.word()),
+            node_epoch: rng.below(100) as u32,
+            secret_hex: hex(&rng.bytes(32)),
+        })
+        .collect()
 }
 
 fn public_ring(rng: &mut Rng) -> PublicKeyRing {
@@ -749,7 +753,8 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
         0 => CoordinatorToWorker::JoinAccepted(cluster::JoinAccepted {
             protocol_version: cluster::CLUSTER_PROTOCOL_VERSION,
             issuer: rng.below(100) as u32,
-            keys: key_ring(rng),
+            node_secret: node_secret(rng),
+            issuer_keys: issuer_keys(rng),
             guaranteed_keys: public_ring(rng),
             apps: (0..rng.below(3)).map(|_| app_record(rng)).collect(),
             settings: cluster::ClusterSettings {
@@ -774,7 +779,7 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
                         .clone(),
                 })
                 .collect(),
-            keys: rng.chance(1, 3).then(|| key_ring(rng)),
+            issuer_keys: rng.chance(1, 3).then(|| issuer_keys(rng)),
             guaranteed_keys: rng.chance(1, 3).then(|| public_ring(rng)),
             apps: rng
                 .chance(1, 3)

@@ -17,6 +17,9 @@
 //!   [`DEFAULT_PATH`] when absent) and `CONTAINER_ID`; stdin is `/dev/null`, stdout and stderr
 //!   go to `container-<id>.stdout/.stderr` in [`ExecutorConfig::log_dir`] (created 0700, files
 //!   0600, opened by the worker so the container needs no access to them) or to `/dev/null`.
+//!   With a log dir they are pipes the worker copies into the files up to
+//!   [`ExecutorConfig::log_max_bytes`] each and drains past it: a container cannot fill the
+//!   worker's disk, and a full pipe never blocks it.
 //! - Identity: with [`ExecutorConfig::run_as`] the child drops to that uid/gid/groups before
 //!   exec (after joining its cgroups and starting its session, which need the worker's
 //!   privileges), then enters its working directory as that user ([`user`]).
@@ -114,6 +117,8 @@ pub struct ExecutorConfig {
     pub monitor_interval: Duration,
     /// Where container stdout/stderr files go; `None` discards them.
     pub log_dir: Option<PathBuf>,
+    /// Most bytes kept of each of a container's stdout and stderr (the rest is discarded).
+    pub log_max_bytes: u64,
     /// The identity containers switch to before exec; `None` keeps the worker's own.
     pub run_as: Option<user::RunAs>,
     /// Where running containers are recorded (so a restarted worker can kill what a crashed
@@ -131,6 +136,7 @@ impl Default for ExecutorConfig {
             cgroup_name: format!("hybrid-worker-{}-{serial}", std::process::id()),
             monitor_interval: Duration::from_millis(100),
             log_dir: None,
+            log_max_bytes: DEFAULT_LOG_MAX_BYTES,
             run_as: None,
             state: None,
         }
@@ -255,9 +261,15 @@ impl Executor {
             working_dir,
             cgroup,
             cgroup_procs,
-            stdout,
-            stderr,
+            logs,
         } = prepared;
+        let output = || {
+            if logs.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            }
+        };
 
         let mut cgroup_procs_fds = [-1; spawn::MAX_CGROUP_FDS];
         for (slot, file) in cgroup_procs_fds.iter_mut().zip(&cgroup_procs) {
@@ -282,8 +294,8 @@ impl Executor {
             .env_clear()
             .envs(&env)
             .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
+            .stdout(output())
+            .stderr(output())
             .kill_on_drop(false);
         // SAFETY: child_setup only makes async-signal-safe calls (write, setsid, setrlimit,
         // setgroups, setgid, setuid, chdir) on values prepared before the fork and moved into
@@ -293,7 +305,7 @@ impl Executor {
         }
         let spawned = command.spawn();
         drop(cgroup_procs);
-        let child = match spawned {
+        let mut child = match spawned {
             Ok(child) => child,
             Err(source) => {
                 if let Some(cgroup) = &cgroup {
@@ -310,6 +322,16 @@ impl Executor {
                 "container {container_id}: spawned child has no pid"
             )));
         };
+        let mut log_copiers = Vec::new();
+        if let Some((stdout_file, stderr_file)) = logs {
+            let max = self.config.log_max_bytes;
+            if let Some(pipe) = child.stdout.take() {
+                log_copiers.push(tokio::spawn(copy_capped_log(pipe, stdout_file, max)));
+            }
+            if let Some(pipe) = child.stderr.take() {
+                log_copiers.push(tokio::spawn(copy_capped_log(pipe, stderr_file, max)));
+            }
+        }
         if let Some(state) = &self.config.state {
             let record = state::ContainerRecord {
                 container_id,
@@ -324,8 +346,16 @@ impl Executor {
             };
             if let Err(e) = state.record(&record) {
                 // A container a crash could leak is not started: kill it now.
-                let process =
-                    ContainerProcess::new(child, container_id, pid, cgroup, limits, self, None);
+                let process = ContainerProcess::new(
+                    child,
+                    container_id,
+                    pid,
+                    cgroup,
+                    limits,
+                    self,
+                    None,
+                    log_copiers,
+                );
                 drop(process);
                 return Err(ExecError::State(e.to_string()));
             }
@@ -338,6 +368,7 @@ impl Executor {
             limits,
             self,
             self.config.state.clone(),
+            log_copiers,
         ))
     }
 }
@@ -352,6 +383,7 @@ fn record_roots(config: &ExecutorConfig, enforcement: &Enforcement) {
 }
 
 impl ContainerProcess {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         child: tokio::process::Child,
         container_id: u64,
@@ -360,6 +392,7 @@ impl ContainerProcess {
         limits: ContainerLimits,
         executor: &Executor,
         state: Option<Arc<state::StateDir>>,
+        log_copiers: Vec<JoinHandle<u64>>,
     ) -> ContainerProcess {
         let tree = Arc::new(ContainerTree {
             container_id,
@@ -386,12 +419,19 @@ impl ContainerProcess {
             child: Some(child),
             tree,
             monitor: Some(monitor),
+            log_copiers,
             last_sample_at: Instant::now(),
             last_cpu_us: 0,
             outcome: None,
         }
     }
 }
+
+/// How long [`ContainerProcess::wait`] waits for a container's log copies after it ended.
+const LOG_DRAIN_BOUND: Duration = Duration::from_secs(5);
+
+/// Default of [`ExecutorConfig::log_max_bytes`]: 64 MiB per stream.
+pub const DEFAULT_LOG_MAX_BYTES: u64 = 64 << 20;
 
 /// Everything a launch needs that involves blocking filesystem work.
 struct Prepared {
@@ -400,8 +440,47 @@ struct Prepared {
     cgroup: Option<ContainerCgroup>,
     /// Open `cgroup.procs` files (close-on-exec) the child writes itself into.
     cgroup_procs: Vec<File>,
-    stdout: Stdio,
-    stderr: Stdio,
+    /// The stdout and stderr log files, if there is a log dir.
+    logs: Option<(File, File)>,
+}
+
+/// Copy a container's output from its pipe into its log file, up to `max_bytes`; past it, note
+/// the cut once and keep draining so the container never blocks on a full pipe. Ends when every
+/// process of the container has closed the pipe. A write error (disk full) stops the copying,
+/// not the draining.
+async fn copy_capped_log(
+    mut pipe: impl tokio::io::AsyncRead + Unpin,
+    file: File,
+    max_bytes: u64,
+) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut file = tokio::fs::File::from_std(file);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut kept = 0u64;
+    let mut discarded = 0u64;
+    let mut writable = true;
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let room = max_bytes.saturating_sub(kept).min(n as u64) as usize;
+        if writable && room > 0 {
+            if file.write_all(&buf[..room]).await.is_err() {
+                writable = false;
+            } else {
+                kept += room as u64;
+            }
+        }
+        let beyond = (n - room) as u64;
+        if beyond > 0 && discarded == 0 && writable {
+            let note = format!("\n[worker: output beyond {max_bytes} bytes is discarded]\n");
+            let _ = file.write_all(note.as_bytes()).await;
+        }
+        discarded += beyond;
+    }
+    let _ = file.flush().await;
+    discarded
 }
 
 fn prepare(
@@ -415,7 +494,7 @@ fn prepare(
 ) -> Result<Prepared, ExecError> {
     let working_dir = spawn::resolve_working_dir(working_dir)?;
     let program = spawn::resolve_command(command, search_path, &working_dir)?;
-    let (stdout, stderr) = match log_dir {
+    let logs = match log_dir {
         Some(dir) => {
             // Logs may hold other containers' output: readable by the worker's user only.
             std::fs::DirBuilder::new()
@@ -426,7 +505,7 @@ fn prepare(
                     path: dir.to_path_buf(),
                     source,
                 })?;
-            let open = |suffix: &str| -> Result<Stdio, ExecError> {
+            let open = |suffix: &str| -> Result<File, ExecError> {
                 let path = dir.join(format!("container-{container_id}.{suffix}"));
                 std::fs::OpenOptions::new()
                     .write(true)
@@ -434,12 +513,11 @@ fn prepare(
                     .truncate(true)
                     .mode(0o600)
                     .open(&path)
-                    .map(Stdio::from)
                     .map_err(|source| ExecError::Log { path, source })
             };
-            (open("stdout")?, open("stderr")?)
+            Some((open("stdout")?, open("stderr")?))
         }
-        None => (Stdio::null(), Stdio::null()),
+        None => None,
     };
     let cgroup = ContainerCgroup::create(enforcement, container_id, limits)?;
     let mut cgroup_procs = Vec::new();
@@ -459,8 +537,7 @@ fn prepare(
         working_dir,
         cgroup,
         cgroup_procs,
-        stdout,
-        stderr,
+        logs,
     })
 }
 
@@ -710,6 +787,8 @@ pub struct ContainerProcess {
     child: Option<tokio::process::Child>,
     tree: Arc<ContainerTree>,
     monitor: Option<JoinHandle<()>>,
+    /// The tasks copying its stdout/stderr into the log files (none without a log dir).
+    log_copiers: Vec<JoinHandle<u64>>,
     last_sample_at: Instant,
     last_cpu_us: u64,
     outcome: Option<ExitOutcome>,
@@ -759,6 +838,23 @@ impl ContainerProcess {
         };
         self.tree.remove_cgroup().await;
         self.tree.forget();
+        for copier in self.log_copiers.drain(..) {
+            // Every process of the container is gone, so its pipes are closed and the copy ends
+            // with the last bytes written: the logs are whole when the end is reported. The bound
+            // only guards against a pipe held open by a process that escaped the container.
+            match tokio::time::timeout(LOG_DRAIN_BOUND, copier).await {
+                Ok(Ok(discarded)) if discarded > 0 => tracing::info!(
+                    container_id = self.tree.container_id,
+                    discarded_bytes = discarded,
+                    "container output beyond the log cap was discarded"
+                ),
+                Ok(_) => {}
+                Err(_) => tracing::warn!(
+                    container_id = self.tree.container_id,
+                    "a log pipe is still open after the container ended (held by an escaped process?)"
+                ),
+            }
+        }
         self.outcome = Some(outcome);
         tracing::debug!(
             container_id = self.tree.container_id,

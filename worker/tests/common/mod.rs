@@ -14,7 +14,10 @@ use scheduler_core::protocol::app::{
     ContainerAccepted, ContainerEvent, ContainerEventKind, ErrorFrame, Hello, LaunchSpec, Locality,
     Promote, Promoted, Release, StartContainer, Subscribe, Welcome,
 };
-use scheduler_core::token::{ContainerToken, GuaranteedSigner, KeyRing, PublicKeyRing, TokenBody};
+use scheduler_core::token::{
+    ContainerToken, GuaranteedSigner, IssuerNodeKey, KeyRing, NodeSessionSecret, PublicKeyRing,
+    QueueableSigner, TokenBody,
+};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
@@ -53,7 +56,8 @@ pub const fn node(name: &'static str, cpu_millis: u64, memory_mib: u64) -> NodeS
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub server: CoordinatorServer,
-    /// The cluster's token key ring as initialised (no rotation happens within a test).
+    /// The coordinator's master keys as initialised (no rotation happens within a test): the
+    /// tests derive the QUEUEABLE key of any issuer for any node from them, as it does.
     pub keys: KeyRing,
     /// The coordinator's GUARANTEED signing seeds as initialised (tests mint GUARANTEED tokens
     /// with them, as only the coordinator can).
@@ -148,6 +152,7 @@ impl Cluster {
                 app_advertise: None,
                 app_socket: None,
                 container_log_dir: None,
+                container_log_max_bytes: 64 << 20,
                 container_user: worker::exec::user::resolve_container_user(None)
                     .expect("default container user"),
                 allow_root_containers: false,
@@ -176,16 +181,36 @@ impl Cluster {
         }
     }
 
-    /// Sign with the cluster's current key, as the coordinator (GUARANTEED tokens, Ed25519)
-    /// and the workers (QUEUEABLE tokens, HMAC) do.
+    /// Sign as the coordinator (GUARANTEED tokens, Ed25519) and the workers (QUEUEABLE tokens,
+    /// HMAC under the key of the container id's issuer for the node's current session) do.
     pub fn sign(&self, body: TokenBody) -> ContainerToken {
         match body.container_type {
             ContainerType::Guaranteed => GuaranteedSigner::new(&self.guaranteed_seeds)
                 .expect("GUARANTEED seeds")
                 .sign(body)
                 .expect("signing"),
-            ContainerType::Queueable => self.keys.sign(body).expect("signing"),
+            ContainerType::Queueable => {
+                let issuer = body.container_id.issuer();
+                QueueableSigner::new(issuer, &[self.issuer_key(&body.node_id, issuer)])
+                    .expect("key material")
+                    .sign(body)
+                    .expect("signing")
+            }
         }
+    }
+
+    /// The key `issuer` signs QUEUEABLE tokens for `node`'s current session with.
+    pub fn issuer_key(&self, node: &NodeId, issuer: u32) -> IssuerNodeKey {
+        // A node outside the cluster has no session: any key for it is refused anyway.
+        let session = self
+            .workers
+            .iter()
+            .find(|w| &w.node_id == node)
+            .map_or(0, |w| w.shared.session.get());
+        NodeSessionSecret::derive(&self.keys.current, node, session)
+            .expect("master key")
+            .issuer_key(node, issuer)
+            .expect("derivation")
     }
 
     /// What nodes verify GUARANTEED tokens with.

@@ -1,0 +1,209 @@
+//! Where each container runs, as the nodes last reported, and where a release goes (Mercury
+//! §3.4: an application may release a container through any worker; the coordinator stops it at
+//! its node). Sans-IO: the coordinator actor feeds it joins and heartbeats and carries out the
+//! [`ReleaseRoute`] it returns.
+//!
+//! Rules:
+//! - A node's report replaces what it reported before; a node that leaves takes its containers
+//!   with it. Finding a container's host is O(1) (an index over the reports), so a release or a
+//!   promotion never scans the cluster.
+//! - A release of a container a node reports goes to that node, and only for the app that owns
+//!   it. A release of an id no node reports is a GUARANTEED grant not started yet if the id is
+//!   the guarantor's (issuer 0): the guarantor frees it and its node revokes the token.
+//!   Otherwise it is unknown: a QUEUEABLE grant not started yet is its issuer's to release.
+
+use crate::node::ContainerStatus;
+use crate::{ContainerId, ContainerType, NodeId};
+use std::collections::HashMap;
+
+/// Where a release goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseRoute {
+    /// Stop it at this node.
+    StopOnHost(NodeId),
+    /// A node reports it, but it belongs to another app: refused.
+    NotTheAppsContainer,
+    /// No node reports it and the guarantor issued it: a GUARANTEED grant not started yet.
+    UnstartedGuaranteedGrant,
+    /// No node reports it and the guarantor did not issue it.
+    Unknown,
+}
+
+/// The containers each node last reported, with an index from container to host.
+#[derive(Clone, Debug, Default)]
+pub struct HostedContainers {
+    by_node: HashMap<NodeId, Vec<ContainerStatus>>,
+    host: HashMap<ContainerId, NodeId>,
+}
+
+impl HostedContainers {
+    /// `node` holds `containers` now (its join or latest heartbeat): O(its containers).
+    pub fn report(&mut self, node: &NodeId, containers: Vec<ContainerStatus>) {
+        self.forget_node(node);
+        for c in &containers {
+            self.host.insert(c.id, node.clone());
+        }
+        self.by_node.insert(node.clone(), containers);
+    }
+
+    /// `node` left (lost or replaced): its containers are no longer anywhere.
+    pub fn forget_node(&mut self, node: &NodeId) {
+        for c in self.by_node.remove(node).unwrap_or_default() {
+            if self.host.get(&c.id) == Some(node) {
+                self.host.remove(&c.id);
+            }
+        }
+    }
+
+    /// The node reporting `id`, and its status there.
+    pub fn host_of(&self, id: ContainerId) -> Option<(&NodeId, &ContainerStatus)> {
+        let node = self.host.get(&id)?;
+        let status = self.by_node.get(node)?.iter().find(|c| c.id == id)?;
+        Some((node, status))
+    }
+
+    /// A promotion succeeded: until the node's next report, the container is GUARANTEED at
+    /// `version` here too.
+    pub fn promoted(&mut self, node: &NodeId, id: ContainerId, version: u32) {
+        if let Some(c) = self
+            .by_node
+            .get_mut(node)
+            .and_then(|cs| cs.iter_mut().find(|c| c.id == id))
+        {
+            c.container_type = ContainerType::Guaranteed;
+            c.version = version;
+        }
+    }
+
+    /// Where `app`'s release of `id` goes.
+    pub fn route_release(&self, id: ContainerId, app: &str) -> ReleaseRoute {
+        match self.host_of(id) {
+            Some((_, status)) if status.app_id.as_str() != app => ReleaseRoute::NotTheAppsContainer,
+            Some((node, _)) => ReleaseRoute::StopOnHost(node.clone()),
+            None if id.issuer() == 0 => ReleaseRoute::UnstartedGuaranteedGrant,
+            None => ReleaseRoute::Unknown,
+        }
+    }
+
+    /// Containers reported by all nodes.
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
+
+    /// The index matches the reports: every reported container is indexed to its node, and
+    /// nothing else is.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut reported = 0;
+        for (node, cs) in &self.by_node {
+            for c in cs {
+                reported += 1;
+                match self.host.get(&c.id) {
+                    Some(n) if n == node => {}
+                    // A container two nodes report (a promotion's race) is indexed to the
+                    // later report; it still counts once.
+                    Some(_) => reported -= 1,
+                    None => return Err(format!("{} reported by {node} is not indexed", c.id)),
+                }
+            }
+        }
+        if reported != self.host.len() {
+            return Err(format!(
+                "{} containers indexed, {reported} reported",
+                self.host.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::Placement;
+    use crate::{AppId, Resources};
+
+    fn status(id: ContainerId, app: &str, t: ContainerType) -> ContainerStatus {
+        ContainerStatus {
+            id,
+            app_id: AppId::from(app),
+            container_type: t,
+            resources: Resources::new(100, 64),
+            placement: Placement::Running,
+            version: 0,
+            job: None,
+        }
+    }
+
+    #[test]
+    fn releases_go_to_the_reporting_node_for_the_owning_app_only() {
+        let mut h = HostedContainers::default();
+        let (a, b) = (NodeId::from("a"), NodeId::from("b"));
+        let q = ContainerId::new(3, 1);
+        let g = ContainerId::new(0, 9);
+        h.report(&a, vec![status(q, "demo", ContainerType::Queueable)]);
+        h.check_invariants().unwrap();
+        assert_eq!(
+            h.route_release(q, "demo"),
+            ReleaseRoute::StopOnHost(a.clone())
+        );
+        assert_eq!(
+            h.route_release(q, "mallory"),
+            ReleaseRoute::NotTheAppsContainer
+        );
+        // Not reported anywhere: the guarantor's ids are unstarted grants, others unknown.
+        assert_eq!(
+            h.route_release(g, "demo"),
+            ReleaseRoute::UnstartedGuaranteedGrant
+        );
+        assert_eq!(
+            h.route_release(ContainerId::new(3, 2), "demo"),
+            ReleaseRoute::Unknown
+        );
+        // Once b reports g started, its release stops it there.
+        h.report(&b, vec![status(g, "demo", ContainerType::Guaranteed)]);
+        h.check_invariants().unwrap();
+        assert_eq!(
+            h.route_release(g, "demo"),
+            ReleaseRoute::StopOnHost(b.clone())
+        );
+        // A new report replaces the old; a node that leaves takes its containers.
+        h.report(&a, vec![]);
+        h.check_invariants().unwrap();
+        assert_eq!(h.route_release(q, "demo"), ReleaseRoute::Unknown);
+        h.forget_node(&b);
+        h.check_invariants().unwrap();
+        assert_eq!(
+            h.route_release(g, "demo"),
+            ReleaseRoute::UnstartedGuaranteedGrant
+        );
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn a_promotion_shows_until_the_next_report_and_the_index_follows_every_step() {
+        let mut h = HostedContainers::default();
+        let a = NodeId::from("a");
+        let b = NodeId::from("b");
+        let q = ContainerId::new(3, 1);
+        h.report(&a, vec![status(q, "demo", ContainerType::Queueable)]);
+        h.promoted(&a, q, 1);
+        let (_, s) = h.host_of(q).unwrap();
+        assert_eq!(
+            (s.container_type, s.version),
+            (ContainerType::Guaranteed, 1)
+        );
+        // A node that reports a container another node reported (a re-join elsewhere is not
+        // possible, but reports may cross): the later report owns the index, and forgetting
+        // the earlier node does not unindex it.
+        h.report(&b, vec![status(q, "demo", ContainerType::Queueable)]);
+        h.check_invariants().unwrap();
+        h.forget_node(&a);
+        h.check_invariants().unwrap();
+        assert_eq!(h.host_of(q).unwrap().0, &b);
+        assert_eq!(h.len(), 1);
+    }
+}
