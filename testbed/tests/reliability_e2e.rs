@@ -265,24 +265,79 @@ async fn a_coordinator_restart_voids_outstanding_grants_instead_of_granting_thei
     let (pool, _events) =
         ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
-    let before = tokio::time::timeout(GUARD, client.allocate(guaranteed_ask_of(1500, None)))
-        .await
-        .expect("answered")
-        .expect("granted");
+    let allocate = |ask: Allocate| {
+        let client = client.clone();
+        async move {
+            tokio::time::timeout(GUARD, client.allocate(ask))
+                .await
+                .expect("answered")
+                .expect("granted")
+        }
+    };
+    // Running when the coordinator dies: a GUARANTEED container of 400 and a QUEUEABLE one.
+    let g_running = allocate(guaranteed_ask_of(400, None)).await;
+    pool.start(
+        &g_running.containers[0],
+        marked_sleeper("restart-g-running"),
+    )
+    .await
+    .expect("GUARANTEED container starts");
+    let mut queueable = guaranteed_ask_of(100, None);
+    queueable.container_type = ContainerType::Queueable;
+    let q_running = allocate(queueable.clone()).await;
+    pool.start(
+        &q_running.containers[0],
+        marked_sleeper("restart-q-running"),
+    )
+    .await
+    .expect("QUEUEABLE container starts");
+    wait_for_processes("restart-g-running", 1, &c, "worker-1").await;
+    wait_for_processes("restart-q-running", 1, &c, "worker-1").await;
+    // Outstanding when it dies: a QUEUEABLE grant and 1,500 GUARANTEED, neither started.
+    let q_outstanding = allocate(queueable.clone()).await;
+    let before = allocate(guaranteed_ask_of(1500, None)).await;
 
     c.restart_coordinator(&args).expect("coordinator restarts");
-    // The restarted coordinator never heard of the first grant: 1,500 of 2,000 are free to it.
+    // The restarted coordinator re-books the running 400 from the worker's re-join and never
+    // heard of the unstarted grant: 1,600 of 2,000 are free to it.
     let after = allocate_when_joined(&client, guaranteed_ask_of(1500, None), &c).await;
-    let old = pool
-        .start(&before.containers[0], marked_sleeper("restart-old"))
-        .await
-        .expect_err("a grant from before the restart must not start");
-    assert_eq!(old.code(), Some(ErrorCode::InvalidToken), "{old:?}");
-    assert!(format!("{old:?}").contains("another session"), "{old:?}");
+    let (old_id, new_id) = (
+        before.containers[0].container_id,
+        after.containers[0].container_id,
+    );
+    assert!(
+        old_id.issuer() == 0 && new_id.issuer() == 0 && new_id.seq() > old_id.seq(),
+        "GUARANTEED ids continue after the restart, never reused: {old_id} then {new_id}"
+    );
+    for (grant, what) in [(&before, "GUARANTEED"), (&q_outstanding, "QUEUEABLE")] {
+        let old = pool
+            .start(&grant.containers[0], marked_sleeper("restart-old"))
+            .await
+            .expect_err("a grant from before the restart must not start");
+        assert_eq!(old.code(), Some(ErrorCode::InvalidToken), "{what}: {old:?}");
+        assert!(
+            format!("{old:?}").contains("another session"),
+            "{what}: {old:?}"
+        );
+    }
     pool.start(&after.containers[0], marked_sleeper("restart-new"))
         .await
         .expect("the new grant starts");
     wait_for_processes("restart-new", 1, &c, "worker-1").await;
     assert_eq!(processes_with("restart-old").len(), 0);
+    // What ran across the restart still runs: 400 + 1,500 GUARANTEED and 100 QUEUEABLE fit the
+    // 2,000 exactly, so nothing was preempted or granted twice.
+    assert_eq!(processes_with("restart-g-running").len(), 1);
+    assert_eq!(processes_with("restart-q-running").len(), 1);
+    // A QUEUEABLE grant of the new session has an id of a new issuer: no id is reused.
+    let q_after = allocate(queueable).await;
+    let (q_old, q_new) = (
+        q_running.containers[0].container_id,
+        q_after.containers[0].container_id,
+    );
+    assert!(
+        q_new.issuer() > q_old.issuer(),
+        "a new session issues under a new prefix: {q_old} then {q_new}"
+    );
     c.stop();
 }
