@@ -188,6 +188,30 @@ impl RuntimeDistribution {
         })
     }
 
+    /// The same shape stretched by `factor` (> 0) along the time axis: every quantile is
+    /// multiplied by it, masses are kept, densities divided by it. A non-positive or non-finite
+    /// factor leaves the distribution as it is.
+    pub fn scaled(&self, factor: f64) -> Self {
+        if !(factor.is_finite() && factor > 0.0) {
+            return self.clone();
+        }
+        Self {
+            pieces: self
+                .pieces
+                .iter()
+                .map(|p| Piece {
+                    lo: p.lo * factor,
+                    hi: p.hi * factor,
+                    density_lo: p.density_lo / factor,
+                    density_hi: p.density_hi / factor,
+                    mass: p.mass,
+                })
+                .collect(),
+            largest_observed: self.largest_observed * factor,
+            observations: self.observations,
+        }
+    }
+
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
     }
@@ -555,6 +579,21 @@ mod tests {
 
     fn close(a: f64, b: f64, tolerance: f64) -> bool {
         (a - b).abs() <= tolerance
+    }
+
+    #[test]
+    fn scaling_multiplies_every_quantile_and_keeps_the_mass() {
+        let d = RuntimeDistribution::from_samples(&[10.0, 12.0, 15.0, 40.0, 41.0, 90.0]).unwrap();
+        let s = d.scaled(2.5);
+        for q in [0.0, 0.1, 0.25, 0.5, 0.9, 1.0] {
+            assert!((s.quantile(q) - 2.5 * d.quantile(q)).abs() < 1e-9, "q{q}");
+        }
+        let mass: f64 = s.pieces().iter().map(|p| p.mass).sum();
+        assert!((mass - 1.0).abs() < 1e-9);
+        assert!((s.mean() - 2.5 * d.mean()).abs() < 1e-9);
+        assert_eq!(s.largest_observed(), 2.5 * d.largest_observed());
+        assert_eq!(d.scaled(0.0), d);
+        assert_eq!(d.scaled(f64::NAN), d);
     }
 
     #[test]

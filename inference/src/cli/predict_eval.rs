@@ -18,6 +18,56 @@ pub struct EvalJob {
     pub end: f64,
     pub runtime: f64,
     pub features: JobFeatures,
+    /// The simple baseline's keys: (user, requested resources), and the user to fall back on.
+    pub baseline_key: String,
+    pub baseline_user: String,
+}
+
+/// The simple baseline 3σPredict must beat (issue 16): the median of the last
+/// [`BASELINE_WINDOW`] finished jobs of the same (user, requested resources), falling back to
+/// the median of the user's last ones.
+pub const BASELINE_WINDOW: usize = 20;
+
+#[derive(Debug, Default)]
+struct RecentMedianBaseline {
+    by_key: std::collections::HashMap<String, std::collections::VecDeque<f64>>,
+    by_user: std::collections::HashMap<String, std::collections::VecDeque<f64>>,
+}
+
+impl RecentMedianBaseline {
+    fn median(values: &std::collections::VecDeque<f64>) -> Option<f64> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<f64> = values.iter().copied().collect();
+        sorted.sort_unstable_by(f64::total_cmp);
+        let middle = sorted.len() / 2;
+        Some(if sorted.len() % 2 == 1 {
+            sorted[middle]
+        } else {
+            (sorted[middle - 1] + sorted[middle]) / 2.0
+        })
+    }
+
+    fn predict(&self, job: &EvalJob) -> Option<f64> {
+        self.by_key
+            .get(&job.baseline_key)
+            .and_then(Self::median)
+            .or_else(|| self.by_user.get(&job.baseline_user).and_then(Self::median))
+    }
+
+    fn observe(&mut self, job: &EvalJob) {
+        for (map, key) in [
+            (&mut self.by_key, &job.baseline_key),
+            (&mut self.by_user, &job.baseline_user),
+        ] {
+            let ring = map.entry(key.clone()).or_default();
+            if ring.len() == BASELINE_WINDOW {
+                ring.pop_front();
+            }
+            ring.push_back(job.runtime);
+        }
+    }
 }
 
 fn hour_of_day(seconds: f64) -> String {
@@ -60,6 +110,14 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
                     format!("{user}/{}", number(job.requested_time)),
                 );
                 features.push(
+                    "user+processors+requested_time",
+                    format!(
+                        "{user}/{}/{}",
+                        number(processors),
+                        number(job.requested_time)
+                    ),
+                );
+                features.push(
                     "user+submit_hour",
                     format!("{user}/{}", hour_of_day(job.submit)),
                 );
@@ -70,6 +128,12 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
                 end: job.submit + job.wait.unwrap_or(0.0) + runtime,
                 runtime,
                 features,
+                baseline_key: format!(
+                    "{user}/{}/{}",
+                    number(processors),
+                    number(job.requested_time)
+                ),
+                baseline_user: user,
             })
         })
         .collect()
@@ -100,11 +164,14 @@ pub fn jobs_from_google(jobs: &[traces::GoogleJob]) -> Vec<EvalJob> {
                     format!("{}/{}", job.user, hour_of_day(job.submit)),
                 )
                 .with("submit_hour", hour_of_day(job.submit));
+            // Job events carry no resource request: the job's logical name stands for it.
             EvalJob {
                 submit: job.submit,
                 end: job.end,
                 runtime: job.runtime(),
                 features,
+                baseline_key: format!("{}/{}", job.user, job.logical_job_name),
+                baseline_user: job.user.clone(),
             }
         })
         .collect()
@@ -133,11 +200,16 @@ pub fn jobs_from_alibaba(tasks: &[traces::AlibabaTask]) -> Vec<EvalJob> {
                 )
                 .with("job+instances", format!("{}/{instances}", task.job_id))
                 .with("submit_hour", hour_of_day(task.create_time));
+            // No user in the table, and a job's tasks are created together (none has finished
+            // when the next is created): the baseline keys on the requested resources alone
+            // (instances, CPU, memory), falling back to the per-instance request (CPU, memory).
             EvalJob {
                 submit: task.create_time,
                 end: task.end_time,
                 runtime: task.end_time - task.create_time,
                 features,
+                baseline_key: format!("{instances}/{cpu}/{memory}"),
+                baseline_user: format!("{cpu}/{memory}"),
             }
         })
         .collect()
@@ -219,6 +291,11 @@ pub struct PredictReport {
     /// Each estimator used alone (expert choice restricted to that estimator).
     pub single_point_estimators: Vec<SinglePointEstimator>,
     pub best_single_point_estimator: String,
+    /// The simple baseline in the same replay: median of the last 20 finished jobs of the same
+    /// (user, requested resources), else of the user's.
+    pub baseline_within_2x: f64,
+    pub baseline_nmae: f64,
+    pub baseline_predicted: u64,
     /// 3Sigma Fig. 2(d) histogram of the median's percent error.
     pub error_histogram: Vec<ErrorBucket>,
     pub predictions_per_second: f64,
@@ -264,12 +341,15 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
     let mut point = Accuracy::default();
     let mut singles: Vec<Accuracy> = vec![Accuracy::default(); Estimator::ALL.len()];
     let mut covered = 0u64;
+    let mut baseline = RecentMedianBaseline::default();
+    let mut baseline_accuracy = Accuracy::default();
     let mut histogram = [0u64; 21];
     let mut predict_time = 0.0;
     let mut submitted: Vec<Option<SubmittedEstimates>> = vec![None; jobs.len()];
     for (_, is_submit, index) in timeline {
         let job = &jobs[index];
         if !is_submit {
+            baseline.observe(job);
             match submitted[index].take() {
                 Some(estimates) => {
                     predictor.observe_submitted(&job.features, job.runtime, &estimates)
@@ -277,6 +357,9 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
                 None => predictor.observe(&job.features, job.runtime),
             }
             continue;
+        }
+        if let Some(estimate) = baseline.predict(job) {
+            baseline_accuracy.record(estimate, job.runtime);
         }
         // Experts are scored on what they estimated at submission (3Sigma §4.1).
         submitted[index] = Some(predictor.submitted_estimates(&job.features));
@@ -305,6 +388,7 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
     }
     median.finish();
     point.finish();
+    baseline_accuracy.finish();
     let mut single_point_estimators: Vec<SinglePointEstimator> = singles
         .into_iter()
         .zip(Estimator::ALL)
@@ -345,6 +429,9 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
             .map(|s| s.estimator.to_string())
             .unwrap_or_default(),
         single_point_estimators,
+        baseline_within_2x: baseline_accuracy.within_2x,
+        baseline_nmae: baseline_accuracy.nmae,
+        baseline_predicted: baseline_accuracy.predicted,
         error_histogram,
         predictions_per_second: jobs.len() as f64 / predict_time.max(1e-9),
         feature_values,
@@ -373,6 +460,10 @@ pub fn print_table(report: &PredictReport) {
             single.estimator, single.accuracy.within_2x, single.accuracy.nmae
         );
     }
+    println!(
+        "baseline (median of the last {BASELINE_WINDOW} of user+resources, else user) within_2x {:.4}  nmae {:.4}  ({} predicted)",
+        report.baseline_within_2x, report.baseline_nmae, report.baseline_predicted
+    );
     println!("error histogram (percent error of the median, fraction of predicted jobs):");
     for bucket in &report.error_histogram {
         println!("  {:>5}  {:.4}", bucket.bucket, bucket.fraction);
@@ -389,6 +480,35 @@ pub fn print_table(report: &PredictReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn eval_job(key: &str, user: &str, runtime: f64) -> EvalJob {
+        EvalJob {
+            submit: 0.0,
+            end: runtime,
+            runtime,
+            features: JobFeatures::new(),
+            baseline_key: key.into(),
+            baseline_user: user.into(),
+        }
+    }
+
+    #[test]
+    fn the_baseline_is_the_recent_median_of_the_key_then_of_the_user() {
+        let mut baseline = RecentMedianBaseline::default();
+        assert_eq!(baseline.predict(&eval_job("u/4/60", "u", 1.0)), None);
+        for runtime in [10.0, 30.0, 20.0] {
+            baseline.observe(&eval_job("u/4/60", "u", runtime));
+        }
+        assert_eq!(baseline.predict(&eval_job("u/4/60", "u", 1.0)), Some(20.0));
+        // Another request of the same user: the user's median.
+        baseline.observe(&eval_job("u/8/60", "u", 100.0));
+        assert_eq!(baseline.predict(&eval_job("u/16/60", "u", 1.0)), Some(25.0));
+        // Only the last BASELINE_WINDOW count.
+        for _ in 0..BASELINE_WINDOW {
+            baseline.observe(&eval_job("u/4/60", "u", 7.0));
+        }
+        assert_eq!(baseline.predict(&eval_job("u/4/60", "u", 1.0)), Some(7.0));
+    }
 
     #[test]
     fn error_buckets_follow_fig_2d() {
