@@ -82,6 +82,60 @@ impl Piece {
     }
 }
 
+/// Probability mass below which a level counts as reached (float sums of piece masses).
+const MASS_TOLERANCE: f64 = 1e-12;
+
+/// Pieces of a [`RuntimeDistribution::widened`] distribution (equal mass each).
+pub const CALIBRATED_PIECES: usize = 40;
+
+/// Φ⁻¹(p) for p in (0, 1): Acklam's rational approximation (relative error < 1.2e-9).
+pub fn standard_normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    let p = p.clamp(1e-12, 1.0 - 1e-12);
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < 0.024_25 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.024_25 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    }
+}
+
 /// Probability distribution of a job's runtime (seconds or any consistent time unit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeDistribution {
@@ -212,6 +266,86 @@ impl RuntimeDistribution {
         }
     }
 
+    /// Quantiles at increasing levels `levels` in one sweep over the pieces (O(pieces +
+    /// levels), where calling [`RuntimeDistribution::quantile`] for each is O(pieces × levels)).
+    pub fn quantiles(&self, levels: &[f64]) -> Vec<f64> {
+        let mut out = Vec::with_capacity(levels.len());
+        let mut cumulative = 0.0;
+        let mut pieces = self.pieces.iter().filter(|p| p.mass > 0.0).peekable();
+        for &level in levels {
+            let target = if level.is_nan() {
+                0.5
+            } else {
+                level.clamp(0.0, 1.0)
+            };
+            loop {
+                match pieces.peek() {
+                    Some(piece) if cumulative + piece.mass < target - MASS_TOLERANCE => {
+                        cumulative += piece.mass;
+                        pieces.next();
+                    }
+                    Some(piece) => {
+                        out.push(piece.lo + piece.offset_for_mass((target - cumulative).max(0.0)));
+                        break;
+                    }
+                    None => {
+                        out.push(self.support_max());
+                        break;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The distribution with its spread around the median multiplied by `spread` in log space,
+    /// plus a log-normal floor of `floor` × `spread` (so a history of identical runtimes still
+    /// gets an interval): its quantile at level `p` is
+    /// `m · exp(spread · (ln(Q(p)/m) + floor · Φ⁻¹(p)))`, `m` the median. Built as
+    /// [`CALIBRATED_PIECES`] pieces of equal mass, so the quantiles at multiples of
+    /// 1/[`CALIBRATED_PIECES`] (among them 0.1, 0.5 and 0.9) are exact. The median is kept.
+    pub fn widened(&self, spread: f64, floor: f64) -> Self {
+        let median = self.median();
+        if !(spread.is_finite() && spread > 0.0) || median <= 0.0 {
+            return self.clone();
+        }
+        let levels: Vec<f64> = (0..=CALIBRATED_PIECES)
+            .map(|i| i as f64 / CALIBRATED_PIECES as f64)
+            .collect();
+        let quantiles = self.quantiles(&levels);
+        // Φ⁻¹ of the extreme levels is infinite: the floor's tails stop at half a piece.
+        let half = 0.5 / CALIBRATED_PIECES as f64;
+        let knots: Vec<f64> = levels
+            .iter()
+            .zip(&quantiles)
+            .map(|(&p, &q)| {
+                let log_deviation = (q.max(f64::MIN_POSITIVE) / median).ln();
+                let z = standard_normal_quantile(p.clamp(half, 1.0 - half));
+                median * (spread * (log_deviation + floor * z)).exp()
+            })
+            .collect();
+        let mass = 1.0 / CALIBRATED_PIECES as f64;
+        let pieces = knots
+            .windows(2)
+            .map(|pair| {
+                let (lo, hi) = (pair[0], pair[1].max(pair[0]));
+                let density = if hi > lo { mass / (hi - lo) } else { 0.0 };
+                Piece {
+                    lo,
+                    hi,
+                    density_lo: density,
+                    density_hi: density,
+                    mass,
+                }
+            })
+            .collect();
+        Self {
+            pieces,
+            largest_observed: self.largest_observed,
+            observations: self.observations,
+        }
+    }
+
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
     }
@@ -264,8 +398,10 @@ impl RuntimeDistribution {
             if piece.mass <= 0.0 {
                 continue;
             }
-            if cumulative + piece.mass >= target {
-                return piece.lo + piece.offset_for_mass(target - cumulative);
+            // A mass tolerance: equal-mass pieces summed in floating point must not step past
+            // a level they reach exactly (the median of a widened distribution is its knot).
+            if cumulative + piece.mass >= target - MASS_TOLERANCE {
+                return piece.lo + piece.offset_for_mass((target - cumulative).max(0.0));
             }
             cumulative += piece.mass;
         }
@@ -582,6 +718,34 @@ mod tests {
     }
 
     #[test]
+    fn widening_scales_log_deviations_keeps_the_median_and_floors_atoms() {
+        assert!((standard_normal_quantile(0.9) - 1.281_551_565_5).abs() < 1e-8);
+        assert!(standard_normal_quantile(0.5).abs() < 1e-12);
+        assert!((standard_normal_quantile(0.01) + 2.326_347_874).abs() < 1e-8);
+        let d = RuntimeDistribution::from_samples(&[10.0, 20.0, 40.0, 80.0, 160.0]).unwrap();
+        let levels = [0.0, 0.1, 0.35, 0.5, 0.9, 1.0];
+        let swept = d.quantiles(&levels);
+        for (level, q) in levels.iter().zip(&swept) {
+            assert!((d.quantile(*level) - q).abs() < 1e-9, "q{level}");
+        }
+        let m = d.median();
+        let w = d.widened(2.0, 0.0);
+        assert!((w.median() - m).abs() < 1e-6 * m);
+        for p in [0.1, 0.9] {
+            // Exact at multiples of 1/40: twice the log deviation.
+            let expected = m * (2.0 * (d.quantile(p) / m).ln()).exp();
+            assert!((w.quantile(p) - expected).abs() < 1e-6 * expected, "p{p}");
+        }
+        let mass: f64 = w.pieces().iter().map(|p| p.mass).sum();
+        assert!((mass - 1.0).abs() < 1e-9);
+        // An atom gets the floor's log-normal spread.
+        let atom = RuntimeDistribution::point(100.0).widened(1.0, 0.1);
+        let expected_p90 = 100.0 * (0.1 * 1.281_551_565_5f64).exp();
+        assert!((atom.quantile(0.9) - expected_p90).abs() < 1e-6 * expected_p90);
+        assert!((atom.median() - 100.0).abs() < 1e-6);
+    }
+
+    #[test]
     fn scaling_multiplies_every_quantile_and_keeps_the_mass() {
         let d = RuntimeDistribution::from_samples(&[10.0, 12.0, 15.0, 40.0, 41.0, 90.0]).unwrap();
         let s = d.scaled(2.5);
@@ -734,5 +898,38 @@ mod tests {
         let json = serde_json::to_string(&distribution).unwrap();
         let back: RuntimeDistribution = serde_json::from_str(&json).unwrap();
         assert_eq!(back, distribution);
+    }
+}
+#[cfg(test)]
+mod widening_keeps_the_median {
+    use super::*;
+
+    /// Histograms of tied and spread runtimes alike keep their median under any widening.
+    #[test]
+    fn on_many_random_histograms() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as f64 / (1u64 << 31) as f64
+        };
+        for _ in 0..2000 {
+            let n = 1 + (next() * 30.0) as usize;
+            let samples: Vec<f64> = (0..n)
+                .map(|_| {
+                    let scale = if next() < 0.3 { 100.0 } else { 1.0 };
+                    (1.0 + (next() * 5.0).floor() * 10.0) * scale
+                })
+                .collect();
+            let d = RuntimeDistribution::from_samples(&samples).unwrap();
+            let w = d.widened(0.2 + next() * 3.0, 0.1);
+            assert!(
+                (w.median() - d.median()).abs() <= 1e-9 * d.median(),
+                "{samples:?}: {} then {}",
+                d.median(),
+                w.median()
+            );
+        }
     }
 }

@@ -299,6 +299,8 @@ pub struct PredictReport {
     /// 3Sigma Fig. 2(d) histogram of the median's percent error.
     pub error_histogram: Vec<ErrorBucket>,
     pub predictions_per_second: f64,
+    /// The calibrated spread multiplier at the end of the replay.
+    pub spread: f64,
     pub feature_values: usize,
     pub state_bytes_per_feature_value_mean: f64,
     pub state_bytes_per_feature_value_max: usize,
@@ -361,14 +363,13 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         if let Some(estimate) = baseline.predict(job) {
             baseline_accuracy.record(estimate, job.runtime);
         }
-        // Experts are scored on what they estimated at submission (3Sigma §4.1).
-        submitted[index] = Some(predictor.submitted_estimates(&job.features));
+        // Experts are scored on what they estimated at submission (3Sigma §4.1), and the
+        // spread is calibrated on the interval the prediction gave then.
         let clock = Instant::now();
-        let candidates = predictor.candidates(&job.features);
-        let prediction = predictor
-            .choose(&candidates)
-            .and_then(|chosen| predictor.prediction_from(&job.features, &chosen));
+        let (prediction, estimates) = predictor.predict_with_submitted(&job.features);
         predict_time += clock.elapsed().as_secs_f64();
+        submitted[index] = Some(estimates);
+        let candidates = predictor.candidates(&job.features);
         let Some(prediction) = prediction else {
             continue;
         };
@@ -434,6 +435,7 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         baseline_predicted: baseline_accuracy.predicted,
         error_histogram,
         predictions_per_second: jobs.len() as f64 / predict_time.max(1e-9),
+        spread: predictor.spread(),
         feature_values,
         state_bytes_per_feature_value_mean: predictor.state_bytes() as f64
             / feature_values.max(1) as f64,
