@@ -376,7 +376,25 @@ pub struct RuntimePredictor {
     /// Calibrated multiplier of every distribution's log-spread around its median.
     #[serde(default = "unit_spread")]
     spread: f64,
+    /// Recent within-2× hit rate of the two selection rules, [`Selection::Ranked`] then
+    /// [`Selection::MostSpecific`]: decayed hits and decayed count.
+    #[serde(default)]
+    selection_hits: [(f64, f64); 2],
 }
+
+/// How the expert of a job is selected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// 3Sigma §4.1: the expert of lowest (shrunk) NMAE.
+    Ranked,
+    /// The recent median of the job's first feature value with history (callers list the most
+    /// specific features first): the rule of a per-(user, request) history lookup.
+    MostSpecific,
+}
+
+/// Decay per finished job of the selection rules' hit rates (an effective window of ~200 jobs).
+const SELECTION_DECAY: f64 = 0.005;
 
 fn unit_spread() -> f64 {
     1.0
@@ -395,6 +413,38 @@ impl RuntimePredictor {
             histories: HashMap::new(),
             feature_errors: HashMap::new(),
             spread: 1.0,
+            selection_hits: [(0.0, 0.0); 2],
+        }
+    }
+
+    /// The rule selecting experts now: whichever had the higher recent within-2× hit rate on
+    /// finished jobs, as estimated at their submission (ranked until both have a record). The
+    /// NMAE ranking chooses among many noisy track records and loses, on some traces, to the
+    /// plain most-specific lookup (docs/benchmarks-inference.md §1); neither wins everywhere,
+    /// so the predictor follows the one that has been right more often lately.
+    pub fn selection(&self) -> Selection {
+        let rate = |(hits, weight): (f64, f64)| (weight > 0.0).then(|| hits / weight);
+        match (rate(self.selection_hits[0]), rate(self.selection_hits[1])) {
+            (Some(ranked), Some(specific)) if specific > ranked => Selection::MostSpecific,
+            _ => Selection::Ranked,
+        }
+    }
+
+    /// The most-specific candidate: the recent median of the first feature value with history.
+    fn most_specific(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
+        candidates
+            .iter()
+            .find(|c| c.estimator == Estimator::RecentMedian)
+            .copied()
+    }
+
+    /// The expert the current [`RuntimePredictor::selection`] picks.
+    pub fn select(&self, candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
+        match self.selection() {
+            Selection::Ranked => self.choose(candidates),
+            Selection::MostSpecific => {
+                Self::most_specific(candidates).or_else(|| self.choose(candidates))
+            }
         }
     }
 
@@ -503,6 +553,7 @@ impl RuntimePredictor {
             SubmittedEstimates {
                 estimates: submitted,
                 interval: None,
+                selections: [None; 2],
             },
         )
     }
@@ -569,7 +620,7 @@ impl RuntimePredictor {
     /// job has been seen).
     pub fn predict(&self, features: &JobFeatures) -> Option<RuntimePrediction> {
         let candidates = self.candidates(features);
-        let chosen = self.choose(&candidates)?;
+        let chosen = self.select(&candidates)?;
         self.prediction_from(features, &chosen)
     }
 
@@ -580,8 +631,12 @@ impl RuntimePredictor {
         features: &JobFeatures,
     ) -> (Option<RuntimePrediction>, SubmittedEstimates) {
         let (candidates, mut submitted) = self.candidates_and_submitted(features);
+        submitted.selections = [
+            self.choose(&candidates).map(|c| c.estimate),
+            Self::most_specific(&candidates).map(|c| c.estimate),
+        ];
         let prediction = self
-            .choose(&candidates)
+            .select(&candidates)
             .and_then(|chosen| self.prediction_from(features, &chosen));
         submitted.interval = prediction
             .as_ref()
@@ -624,7 +679,7 @@ impl RuntimePredictor {
 
     /// Point estimate only (the PointRealEst baseline of 3Sigma §6), from the same experts.
     pub fn point_estimate(&self, features: &JobFeatures) -> Option<f64> {
-        self.choose(&self.candidates(features))
+        self.select(&self.candidates(features))
             .map(|chosen| chosen.estimate)
     }
 
@@ -642,6 +697,7 @@ impl RuntimePredictor {
                 })
                 .collect(),
             interval: None,
+            selections: [None; 2],
         }
     }
 
@@ -680,6 +736,15 @@ impl RuntimePredictor {
         if let Some(interval) = submitted.and_then(|s| s.interval) {
             self.calibrate(interval, runtime);
         }
+        if let Some(submitted) = submitted
+            && submitted.selections.iter().all(Option::is_some)
+        {
+            for (record, estimate) in self.selection_hits.iter_mut().zip(&submitted.selections) {
+                let hit = estimate.is_some_and(|e| e >= runtime / 2.0 && e <= runtime * 2.0);
+                record.0 = record.0 * (1.0 - SELECTION_DECAY) + f64::from(u8::from(hit));
+                record.1 = record.1 * (1.0 - SELECTION_DECAY) + 1.0;
+            }
+        }
         let config = self.config;
         for (index, feature) in features.features.iter().enumerate() {
             let history = self
@@ -716,6 +781,9 @@ pub struct SubmittedEstimates {
     /// sets it): its outcome calibrates the spread.
     #[serde(default)]
     interval: Option<(f64, f64)>,
+    /// What each selection rule estimated at submission (their hit rates are kept from these).
+    #[serde(default)]
+    selections: [Option<f64>; 2],
 }
 
 #[cfg(test)]
@@ -797,6 +865,40 @@ mod tests {
             "coverage {coverage}, spread {}",
             predictor.spread()
         );
+    }
+
+    #[test]
+    fn the_selection_rule_right_more_often_lately_is_followed() {
+        let mut predictor = RuntimePredictor::default();
+        let features = job("erin", "etl");
+        predictor.observe(&features, 10.0);
+        assert_eq!(
+            predictor.selection(),
+            Selection::Ranked,
+            "ranked until both have a record"
+        );
+        let submitted = |ranked: f64, specific: f64| SubmittedEstimates {
+            estimates: vec![[None; 4]; 3],
+            interval: None,
+            selections: [Some(ranked), Some(specific)],
+        };
+        // The most-specific lookup said 10, the ranked expert 1000; it took 10.
+        for _ in 0..50 {
+            predictor.observe_submitted(&features, 10.0, &submitted(1000.0, 10.0));
+        }
+        assert_eq!(predictor.selection(), Selection::MostSpecific);
+        let candidates = predictor.candidates(&features);
+        let chosen = predictor.select(&candidates).unwrap();
+        assert_eq!(
+            (chosen.feature_index, chosen.estimator),
+            (0, Estimator::RecentMedian),
+            "the first feature value with history, its recent median"
+        );
+        // The record turns: the ranked rule is followed again.
+        for _ in 0..400 {
+            predictor.observe_submitted(&features, 10.0, &submitted(10.0, 1000.0));
+        }
+        assert_eq!(predictor.selection(), Selection::Ranked);
     }
 
     #[test]

@@ -92,7 +92,18 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
             let processors = job.requested_processors.or(job.allocated_processors);
             let user = id(job.user);
             let executable = id(job.executable);
+            // Most specific first: the most-specific selection rule takes the first with history.
             let mut features = JobFeatures::new();
+            if !user.is_empty() {
+                features.push(
+                    "user+processors+requested_time",
+                    format!(
+                        "{user}/{}/{}",
+                        number(processors),
+                        number(job.requested_time)
+                    ),
+                );
+            }
             features.push("user", user.clone());
             features.push("group", id(job.group));
             features.push("executable", executable.clone());
@@ -108,14 +119,6 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
                 features.push(
                     "user+requested_time",
                     format!("{user}/{}", number(job.requested_time)),
-                );
-                features.push(
-                    "user+processors+requested_time",
-                    format!(
-                        "{user}/{}/{}",
-                        number(processors),
-                        number(job.requested_time)
-                    ),
                 );
                 features.push(
                     "user+submit_hour",
@@ -149,15 +152,16 @@ pub fn jobs_from_google(jobs: &[traces::GoogleJob]) -> Vec<EvalJob> {
                 .scheduling_class
                 .map(|c| c.to_string())
                 .unwrap_or_default();
+            // Most specific first: the most-specific selection rule takes the first with history.
             let features = JobFeatures::new()
-                .with("user", job.user.clone())
-                .with("job_name", job.job_name.clone())
-                .with("logical_name", job.logical_job_name.clone())
-                .with("scheduling_class", class.clone())
                 .with(
                     "user+logical_name",
                     format!("{}/{}", job.user, job.logical_job_name),
                 )
+                .with("user", job.user.clone())
+                .with("job_name", job.job_name.clone())
+                .with("logical_name", job.logical_job_name.clone())
+                .with("scheduling_class", class.clone())
                 .with("user+class", format!("{}/{class}", job.user))
                 .with(
                     "user+submit_hour",
@@ -188,16 +192,17 @@ pub fn jobs_from_alibaba(tasks: &[traces::AlibabaTask]) -> Vec<EvalJob> {
             let cpu = number(task.cpus_per_instance);
             let memory = number(task.memory_per_instance);
             let instances = task.instances.to_string();
+            // Most specific first: the most-specific selection rule takes the first with history.
             let features = JobFeatures::new()
-                .with("job", task.job_id.to_string())
-                .with("instances", instances.clone())
-                .with("cpu", cpu.clone())
-                .with("memory", memory.clone())
-                .with("cpu+memory", format!("{cpu}/{memory}"))
                 .with(
                     "instances+cpu+memory",
                     format!("{instances}/{cpu}/{memory}"),
                 )
+                .with("cpu+memory", format!("{cpu}/{memory}"))
+                .with("job", task.job_id.to_string())
+                .with("instances", instances.clone())
+                .with("cpu", cpu.clone())
+                .with("memory", memory.clone())
                 .with("job+instances", format!("{}/{instances}", task.job_id))
                 .with("submit_hour", hour_of_day(task.create_time));
             // No user in the table, and a job's tasks are created together (none has finished
@@ -301,6 +306,8 @@ pub struct PredictReport {
     pub predictions_per_second: f64,
     /// The calibrated spread multiplier at the end of the replay.
     pub spread: f64,
+    /// The selection rule in use at the end of the replay.
+    pub selection: String,
     pub feature_values: usize,
     pub state_bytes_per_feature_value_mean: f64,
     pub state_bytes_per_feature_value_max: usize,
@@ -436,6 +443,7 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         error_histogram,
         predictions_per_second: jobs.len() as f64 / predict_time.max(1e-9),
         spread: predictor.spread(),
+        selection: format!("{:?}", predictor.selection()),
         feature_values,
         state_bytes_per_feature_value_mean: predictor.state_bytes() as f64
             / feature_values.max(1) as f64,
