@@ -9,7 +9,18 @@
 //! expected work to its local copy of that node's R, and the pseudo-random choice is among the k
 //! nodes of least *updated* estimate. The coordinator therefore sends more candidates than k
 //! ([`view_size`]); a fresh view resets the estimates. Without this, every scheduler sends every
-//! container of a 3-s round to the same k nodes (herding). A node that shed QUEUEABLE work is
+//! container of a 3-s round to the same k nodes (herding).
+//!
+//! Herding happens between schedulers too: every scheduler holds the same round's view, so the
+//! nodes one of them finds least loaded are the ones all of them find least loaded. A scheduler
+//! therefore counts each of its placements as if each of its peers (one per node of the
+//! directory: a distributed scheduler runs on every node, §6.3) had made the same one: a burst
+//! goes one container per node down the view in order of R, the intent of YARN's distributed
+//! allocator placing at most one container per node per AM heartbeat. Stale load information
+//! makes "go to the least loaded" herd (Mitzenmacher, "How useful is old information?", IEEE
+//! TPDS 2000); in the simulator's only-Q runs, own-placement accounting alone left 31% of the
+//! cores idle on nodes no view pointed at while the view's first nodes queued ~190 containers
+//! (docs/experiments/mercury/diagnosis.md). A node that shed QUEUEABLE work is
 //! avoided until the next view ([`DistributedScheduler::avoid_until_next_view`]), so the
 //! re-asked containers do not return to it on the same stale estimate.
 
@@ -439,13 +450,16 @@ impl DistributedScheduler {
 
     /// Add a placed container's expected work (estimate × dominant share, the node runtime's
     /// "whole-node milliseconds" of [`crate::queue_delay::QueueDelay`]) to every view entry of
-    /// the node.
+    /// the node, once for each scheduler that holds the same view (see the module
+    /// documentation: peers choose like this one, so this is the work expected to land there).
     fn account_placement(&mut self, node_index: usize, ask: &QueueableAsk) {
         let capacity = self.view.directory[node_index].capacity;
+        let peers = self.view.directory.len().max(1) as f64;
         let work_ms = ask
             .runtime_estimate_ms
             .unwrap_or(DEFAULT_RUNTIME_ESTIMATE_MS) as f64
-            * ask.resources.dominant_share(&capacity);
+            * ask.resources.dominant_share(&capacity)
+            * peers;
         let first = self
             .view_positions_by_node
             .partition_point(|&(i, _)| i < node_index);

@@ -136,13 +136,13 @@ fn placement_raises_the_local_estimate_by_the_containers_share_of_work() {
     let mut c = Cluster::new(8, 1, 8, |i| i as f64 * 100.0);
     let node = c.place_one(2000);
     assert_eq!(node, "n0", "k = 1: the least-loaded node");
-    // 2000 ms × dominant share 1/4 = 500 ms.
+    // 2000 ms × dominant share 1/4 = 500 ms, once per peer scheduler (8 nodes, 8 peers).
     let est = c
         .scheduler
         .estimated_queue_delay_ms(&NodeId::new("n0"))
         .unwrap();
-    assert!((est - 500.0).abs() < 1e-9, "{est}");
-    // n0 is now at 500 ms, n1..n4 are below: the next four go there, one each.
+    assert!((est - 4000.0).abs() < 1e-9, "{est}");
+    // n0 is now at 4 s, n1..n4 are below: the next four go there, one each.
     let next: Vec<String> = (0..4).map(|_| c.place_one(2000)).collect();
     assert_eq!(next, ["n1", "n2", "n3", "n4"]);
     // A fresh view resets the estimates to the coordinator's figures.
@@ -193,4 +193,37 @@ fn an_avoided_node_is_still_used_when_it_is_the_only_candidate() {
     let mut c = Cluster::new(1, 5, 5, |_| 0.0);
     assert!(c.scheduler.avoid_until_next_view(&NodeId::new("n0")));
     assert_eq!(c.place_one(100), "n0");
+}
+
+/// Herding between schedulers: every scheduler holds the same round's view, so a burst that
+/// one of them piles on the view's least-loaded nodes is piled there by its peers too (the
+/// simulator's only-Q runs left 31% of the cores idle on nodes no view pointed at while others
+/// queued 190 containers; docs/experiments/mercury/diagnosis.md). A scheduler therefore counts
+/// each of its placements as if every peer made it: a burst of as many containers as the view
+/// has nodes goes one per node, in order of R, even where R differs by far more than one
+/// container's work.
+#[test]
+fn a_burst_spreads_over_the_whole_view_as_if_every_peer_placed_it_too() {
+    // 40 nodes (so 40 peer schedulers), R = 0, 1, …, 39 s; a view of 20, k = 5; each container
+    // adds 500 ms of whole-node work (2 s on a quarter of a node).
+    let mut c = Cluster::new(40, 5, 20, |i| i as f64 * 1000.0);
+    let burst: Vec<String> = (0..20).map(|_| c.place_one(2000)).collect();
+    // While k = 5 untouched nodes remain, the k least loaded are untouched: the first 16 go to
+    // 16 different nodes; no node gets a third.
+    let distinct: HashSet<&String> = burst[..16].iter().collect();
+    assert_eq!(distinct.len(), 16, "{burst:?}");
+    let mut per_node: HashMap<&String, u32> = HashMap::new();
+    for node in &burst {
+        *per_node.entry(node).or_default() += 1;
+    }
+    assert!(per_node.values().all(|&n| n <= 2), "{burst:?}");
+    // The estimate of a used node is its R plus 40 × 500 ms.
+    let est = c
+        .scheduler
+        .estimated_queue_delay_ms(&NodeId::new("n0"))
+        .unwrap();
+    assert!((est - 20_000.0).abs() < 1e-9, "{est}");
+    // Over a longer burst every node of the view takes its share.
+    let again: HashSet<String> = (0..40).map(|_| c.place_one(2000)).collect();
+    assert_eq!(again.len(), 20, "{again:?}");
 }

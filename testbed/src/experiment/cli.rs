@@ -1,6 +1,8 @@
 //! `testbed experiment NAME`.
 
-use super::{ExperimentOptions, mercury, write_report};
+use super::{
+    CentralDelays, ExperimentOptions, mercury, mercury_seeds, write_multi_report, write_report,
+};
 use std::path::PathBuf;
 
 /// Arguments of `testbed experiment`.
@@ -10,6 +12,10 @@ pub struct ExperimentArgs {
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run every configuration with each of these seeds (comma-separated) and report the mean
+    /// and spread; overrides --seed.
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Vec<u64>,
     /// Print the full JSON report on stdout.
     #[arg(long)]
     pub json: bool,
@@ -25,6 +31,16 @@ pub struct ExperimentArgs {
     /// Launch overhead added to every task's container, in ms.
     #[arg(long, default_value_t = 0)]
     pub task_launch_overhead_ms: u64,
+    /// Node heartbeat interval in ms (Mercury §7.1: 3000; docs/experiments/mercury/parameters.md).
+    #[arg(long, default_value_t = 3_000)]
+    pub heartbeat_ms: u64,
+    /// GUARANTEED grant delay to the job manager in ms (half a 1-s AM–RM heartbeat).
+    #[arg(long, default_value_t = 500)]
+    pub grant_delay_ms: u64,
+    /// With --seeds: also run the sensitivity table over the central path's delays, this many
+    /// simulated seconds per configuration (0: skip it).
+    #[arg(long, default_value_t = 0)]
+    pub sensitivity_duration_s: u64,
 }
 
 /// Run `testbed experiment`.
@@ -38,7 +54,41 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         threads: args.threads,
         task_launch_overhead_ms: args.task_launch_overhead_ms,
         progress: true,
+        central: CentralDelays {
+            heartbeat_interval_ms: args.heartbeat_ms,
+            guaranteed_grant_ms: args.grant_delay_ms,
+        },
     };
+    if !args.seeds.is_empty() {
+        let command = format!(
+            "testbed {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        );
+        let report = mercury_seeds(&options, &args.seeds, args.sensitivity_duration_s, &command)
+            .map_err(|e| anyhow::anyhow!(e))?;
+        if let Some(dir) = &args.report {
+            write_multi_report(&report, dir)?;
+            eprintln!("report written to {}", dir.join("report.md").display());
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            println!(
+                "mercury experiment, seeds {:?}, {:.1} s wall",
+                report.seeds, report.wall_s
+            );
+            for h in &report.headline_spread {
+                println!(
+                    "  {:<90} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
+                    h.claim, h.paper_percent, h.mean, h.min, h.max
+                );
+            }
+        }
+        return Ok(());
+    }
+    if args.sensitivity_duration_s > 0 {
+        anyhow::bail!("--sensitivity-duration-s needs --seeds");
+    }
     let report = mercury(&options).map_err(|e| anyhow::anyhow!(e))?;
     if let Some(dir) = &args.report {
         write_report(&report, dir)?;

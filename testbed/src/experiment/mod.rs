@@ -27,6 +27,9 @@ pub struct ExperimentOptions {
     /// Container launch overhead added to every task (0 = pure scheduling model).
     pub task_launch_overhead_ms: u64,
     pub progress: bool,
+    /// The central path's delays.
+    #[serde(default)]
+    pub central: CentralDelays,
 }
 
 /// One configuration of an experiment and its outcome.
@@ -82,6 +85,8 @@ fn plan(options: &ExperimentOptions) -> Vec<Planned> {
         c.duration_ms = Some(options.duration_s * 1000);
         c.warmup_ms = (options.duration_s * 1000 / 30).min(60_000);
         c.task_launch_overhead_ms = options.task_launch_overhead_ms;
+        c.heartbeat_interval_ms = options.central.heartbeat_interval_ms;
+        c.delays.guaranteed_grant_ms = options.central.guaranteed_grant_ms;
         c.check_invariants = false;
         c
     };
@@ -216,7 +221,23 @@ fn plan(options: &ExperimentOptions) -> Vec<Planned> {
 /// Run the `mercury` experiment.
 pub fn mercury(options: &ExperimentOptions) -> Result<ExperimentReport, String> {
     let started = std::time::Instant::now();
-    let planned = plan(options);
+    let configurations = run_planned(options, plan(options))?;
+    let headline = headline_ratios(&configurations);
+    Ok(ExperimentReport {
+        experiment: "mercury".into(),
+        seed: options.seed,
+        options: options.clone(),
+        configurations,
+        headline,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Run planned configurations side by side on `options.threads` threads.
+fn run_planned(
+    options: &ExperimentOptions,
+    planned: Vec<Planned>,
+) -> Result<Vec<ConfigurationResult>, String> {
     let results: Mutex<Vec<Option<Result<ConfigurationResult, String>>>> =
         Mutex::new((0..planned.len()).map(|_| None).collect());
     let next = AtomicUsize::new(0);
@@ -267,15 +288,7 @@ pub fn mercury(options: &ExperimentOptions) -> Result<ExperimentReport, String> 
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err("configuration did not run".into())))
         .collect::<Result<Vec<_>, _>>()?;
-    let headline = headline_ratios(&configurations);
-    Ok(ExperimentReport {
-        experiment: "mercury".into(),
-        seed: options.seed,
-        options: options.clone(),
-        configurations,
-        headline,
-        wall_s: started.elapsed().as_secs_f64(),
-    })
+    Ok(configurations)
 }
 
 fn find<'a>(results: &'a [ConfigurationResult], group: &str, name: &str) -> Option<&'a SimReport> {
@@ -543,4 +556,497 @@ pub fn write_report(report: &ExperimentReport, dir: &Path) -> std::io::Result<()
         }
     }
     std::fs::write(dir.join("report.md"), md)
+}
+
+/// The central path's delays of a run (docs/experiments/mercury/parameters.md: fixed before the
+/// runs, and varied in the sensitivity table instead of being picked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CentralDelays {
+    /// Node heartbeat interval; the YARN-like central scheduler allocates only on heartbeats
+    /// (Mercury §7.1: 3 s; YARN's default: 1 s).
+    pub heartbeat_interval_ms: u64,
+    /// Guarantor → job manager grant delay (half a 1-s AM–RM heartbeat on average).
+    pub guaranteed_grant_ms: u64,
+}
+
+impl Default for CentralDelays {
+    fn default() -> Self {
+        CentralDelays {
+            heartbeat_interval_ms: 3_000,
+            guaranteed_grant_ms: 500,
+        }
+    }
+}
+
+/// The settings of the sensitivity table besides the default one (parameters.md).
+pub const SENSITIVITY_DELAYS: [CentralDelays; 3] = [
+    CentralDelays {
+        heartbeat_interval_ms: 3_000,
+        guaranteed_grant_ms: 0,
+    },
+    CentralDelays {
+        heartbeat_interval_ms: 3_000,
+        guaranteed_grant_ms: 1_000,
+    },
+    CentralDelays {
+        heartbeat_interval_ms: 1_000,
+        guaranteed_grant_ms: 500,
+    },
+];
+
+/// The configurations the sensitivity table runs under every setting: the ones the
+/// hybrid-vs-centralized claims compare.
+const SENSITIVITY_CONFIGURATIONS: [(&str, &str); 7] = [
+    ("7.3 task duration", "only-G 2s"),
+    ("7.3 task duration", "only-Q 2s"),
+    ("7.4.1 synthetic hybrid", "only-G"),
+    ("7.4.1 synthetic hybrid", "<10sec-70%-Q"),
+    ("7.4.2 production-like", "only-G"),
+    ("7.4.2 production-like", "50%-Q"),
+    ("7.4.2 production-like", "<10sec-70%-Q"),
+];
+
+/// One headline claim over several seeds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeadlineSpread {
+    pub claim: String,
+    pub paper_percent: f64,
+    /// Ours per seed, in the order of [`MultiSeedReport::seeds`].
+    pub by_seed: Vec<f64>,
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Sample standard deviation over the seeds.
+    pub sd: f64,
+}
+
+/// A headline claim under one setting of the central path's delays.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SensitivityRow {
+    pub delays: CentralDelays,
+    pub duration_s: u64,
+    pub spread: HeadlineSpread,
+}
+
+/// `mercury` over several seeds (the same seeds for every configuration), with the sensitivity
+/// of the hybrid-vs-centralized claims to the central path's delays.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MultiSeedReport {
+    pub experiment: String,
+    pub seeds: Vec<u64>,
+    pub options: ExperimentOptions,
+    /// The command that produced it.
+    pub command: String,
+    /// Mean over the seeds (positive = better), as every experiment report has.
+    pub headline: Vec<HeadlineRatio>,
+    pub headline_spread: Vec<HeadlineSpread>,
+    pub runs: Vec<ExperimentReport>,
+    pub sensitivity: Vec<SensitivityRow>,
+    pub wall_s: f64,
+}
+
+/// Mean, min, max and sample standard deviation.
+pub fn spread(values: &[f64]) -> (f64, f64, f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0, 0.0, 0.0);
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sd = if values.len() > 1 {
+        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    (mean, min, max, sd)
+}
+
+/// Combine per-seed headline lists (same claims in the same order) into spreads.
+pub fn headline_spreads(per_seed: &[Vec<HeadlineRatio>]) -> Vec<HeadlineSpread> {
+    let Some(first) = per_seed.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|h| {
+            let by_seed: Vec<f64> = per_seed
+                .iter()
+                .filter_map(|hs| hs.iter().find(|x| x.claim == h.claim))
+                .map(|x| x.ours_percent)
+                .collect();
+            let (mean, min, max, sd) = spread(&by_seed);
+            HeadlineSpread {
+                claim: h.claim.clone(),
+                paper_percent: h.paper_percent,
+                by_seed,
+                mean,
+                min,
+                max,
+                sd,
+            }
+        })
+        .collect()
+}
+
+/// Run `mercury` for every seed, then the sensitivity table (`sensitivity_duration_s` per
+/// configuration; 0 skips it).
+pub fn mercury_seeds(
+    options: &ExperimentOptions,
+    seeds: &[u64],
+    sensitivity_duration_s: u64,
+    command: &str,
+) -> Result<MultiSeedReport, String> {
+    let started = std::time::Instant::now();
+    let mut runs = Vec::new();
+    for &seed in seeds {
+        let mut o = options.clone();
+        o.seed = seed;
+        runs.push(mercury(&o)?);
+    }
+    let headline_spread =
+        headline_spreads(&runs.iter().map(|r| r.headline.clone()).collect::<Vec<_>>());
+    let mut sensitivity = Vec::new();
+    if sensitivity_duration_s > 0 {
+        let mut settings = vec![options.central];
+        settings.extend(SENSITIVITY_DELAYS.iter().filter(|d| **d != options.central));
+        for delays in settings {
+            let mut per_seed = Vec::new();
+            for &seed in seeds {
+                let mut o = options.clone();
+                o.seed = seed;
+                o.central = delays;
+                o.duration_s = sensitivity_duration_s;
+                let planned: Vec<Planned> = plan(&o)
+                    .into_iter()
+                    .filter(|p| {
+                        SENSITIVITY_CONFIGURATIONS
+                            .iter()
+                            .any(|(g, n)| p.group == *g && p.name == *n)
+                    })
+                    .collect();
+                let results = run_planned(&o, planned)?;
+                per_seed.push(headline_ratios(&results));
+            }
+            for spread in headline_spreads(&per_seed) {
+                sensitivity.push(SensitivityRow {
+                    delays,
+                    duration_s: sensitivity_duration_s,
+                    spread,
+                });
+            }
+        }
+    }
+    Ok(MultiSeedReport {
+        experiment: "mercury".into(),
+        seeds: seeds.to_vec(),
+        options: options.clone(),
+        command: command.to_string(),
+        headline: headline_spread
+            .iter()
+            .map(|h| HeadlineRatio {
+                claim: h.claim.clone(),
+                paper_percent: h.paper_percent,
+                ours_percent: h.mean,
+            })
+            .collect(),
+        headline_spread,
+        runs,
+        sensitivity,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Write `report.md`, `report.json` and one SVG chart per figure group (seed means) into `dir`.
+pub fn write_multi_report(report: &MultiSeedReport, dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_string_pretty(report).map_err(std::io::Error::other)?,
+    )?;
+    let seeds: Vec<String> = report.seeds.iter().map(u64::to_string).collect();
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# Mercury §7 reproduced on the simulator\n\nSeeds {} (the same for every configuration), {} simulated seconds per configuration, task launch overhead {} ms, node heartbeat {} ms, GUARANTEED grant delay {} ms (sources: [parameters.md](parameters.md)); wall time {:.0} s.\nEvery configuration runs the same seeded workload through the production `scheduler-core` policies (see `docs/benchmarks-sim.md` for the model, [diagnosis.md](diagnosis.md) for what changed and why).\n\nProduced by:\n\n```sh\n{}\n```\n\n",
+        seeds.join(", "),
+        report.options.duration_s,
+        report.options.task_launch_overhead_ms,
+        report.options.central.heartbeat_interval_ms,
+        report.options.central.guaranteed_grant_ms,
+        report.wall_s,
+        report.command
+    ));
+    md.push_str(&format!(
+        "## Headline ratios (paper vs ours: mean over seeds, sample σ, range, per seed)\n\n| claim | paper | ours mean | σ | min … max | seeds {} |\n|---|---:|---:|---:|---:|---:|\n",
+        seeds.join(" / ")
+    ));
+    for h in &report.headline_spread {
+        let per: Vec<String> = h.by_seed.iter().map(|v| format!("{v:+.1}")).collect();
+        md.push_str(&format!(
+            "| {} | {:+.1}% | {:+.1}% | {:.1} | {:+.1} … {:+.1} | {} |\n",
+            h.claim,
+            h.paper_percent,
+            h.mean,
+            h.sd,
+            h.min,
+            h.max,
+            per.join(" / ")
+        ));
+    }
+    if !report.sensitivity.is_empty() {
+        let mut settings: Vec<CentralDelays> = Vec::new();
+        for r in &report.sensitivity {
+            if !settings.contains(&r.delays) {
+                settings.push(r.delays);
+            }
+        }
+        md.push_str(&format!(
+            "\n## Sensitivity to the central path's delays\n\nThe hybrid-vs-centralized claims under each setting of the node heartbeat (the YARN-like central scheduler allocates only on heartbeats) and the grant delay (RM → AM), {} simulated seconds per configuration, seeds {}; mean [min, max] over the seeds. The first column is the setting of the headline table.\n\n| claim | paper |",
+            report.sensitivity[0].duration_s,
+            seeds.join(", ")
+        ));
+        for s in &settings {
+            md.push_str(&format!(
+                " heartbeat {} s, grant {} ms |",
+                s.heartbeat_interval_ms as f64 / 1000.0,
+                s.guaranteed_grant_ms
+            ));
+        }
+        md.push_str("\n|---|---:|");
+        md.push_str(&"---:|".repeat(settings.len()));
+        md.push('\n');
+        let mut claims: Vec<&str> = Vec::new();
+        for r in &report.sensitivity {
+            if !claims.contains(&r.spread.claim.as_str()) {
+                claims.push(&r.spread.claim);
+            }
+        }
+        for claim in claims {
+            let paper = report
+                .sensitivity
+                .iter()
+                .find(|r| r.spread.claim == claim)
+                .map_or(0.0, |r| r.spread.paper_percent);
+            md.push_str(&format!("| {claim} | {paper:+.1}% |"));
+            for s in &settings {
+                match report
+                    .sensitivity
+                    .iter()
+                    .find(|r| r.delays == *s && r.spread.claim == claim)
+                {
+                    Some(r) => md.push_str(&format!(
+                        " {:+.1}% [{:+.1}, {:+.1}] |",
+                        r.spread.mean, r.spread.min, r.spread.max
+                    )),
+                    None => md.push_str(" – |"),
+                }
+            }
+            md.push('\n');
+        }
+    }
+    let Some(first) = report.runs.first() else {
+        return std::fs::write(dir.join("report.md"), md);
+    };
+    let mut groups: Vec<&str> = Vec::new();
+    for c in &first.configurations {
+        if !groups.contains(&c.group.as_str()) {
+            groups.push(&c.group);
+        }
+    }
+    let of = |group: &str, name: &str| -> Vec<&SimReport> {
+        report
+            .runs
+            .iter()
+            .filter_map(|r| find(&r.configurations, group, name))
+            .collect()
+    };
+    let mean = |rs: &[&SimReport], f: &dyn Fn(&SimReport) -> f64| -> f64 {
+        spread(&rs.iter().map(|r| f(r)).collect::<Vec<_>>()).0
+    };
+    for group in groups {
+        let names: Vec<String> = first
+            .configurations
+            .iter()
+            .filter(|c| c.group == group)
+            .map(|c| c.name.clone())
+            .collect();
+        let rows: Vec<Vec<&SimReport>> = names.iter().map(|n| of(group, n)).collect();
+        let slug: String = group
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let charts = [
+            (
+                "task-throughput",
+                "Task throughput (tasks/s, seed mean)",
+                rows.iter()
+                    .map(|r| vec![mean(r, &|s| s.task_throughput)])
+                    .collect::<Vec<_>>(),
+                vec!["tasks/s"],
+            ),
+            (
+                "job-throughput",
+                "Job throughput (jobs/min, seed mean)",
+                rows.iter()
+                    .map(|r| vec![mean(r, &|s| s.job_throughput)])
+                    .collect(),
+                vec!["jobs/min"],
+            ),
+            (
+                "job-latency",
+                "Job latency (s, seed mean)",
+                rows.iter()
+                    .map(|r| {
+                        vec![
+                            mean(r, &|s| s.job_latency_s.mean),
+                            mean(r, &|s| s.job_latency_s.p50),
+                            mean(r, &|s| s.job_latency_s.p95),
+                            mean(r, &|s| s.job_latency_s.p99),
+                        ]
+                    })
+                    .collect(),
+                vec!["mean", "p50", "p95", "p99"],
+            ),
+        ];
+        md.push_str(&format!("\n## {group}\n\n"));
+        for (suffix, title, values, series) in charts {
+            let file = format!("{slug}-{suffix}.svg");
+            std::fs::write(
+                dir.join(&file),
+                svg::grouped_bars(&format!("{group}: {title}"), &names, &series, &values),
+            )?;
+            md.push_str(&format!("![{title}]({file})\n"));
+        }
+        md.push_str("\nMeans over the seeds (tasks/s also with its sample σ):\n\n| configuration | tasks/s | σ | jobs/min | latency mean | p50 | p95 | p99 | Q killed | Q shed | CPU util |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for (name, r) in names.iter().zip(&rows) {
+            let tput = spread(&r.iter().map(|s| s.task_throughput).collect::<Vec<_>>());
+            md.push_str(&format!(
+                "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1}% |\n",
+                name,
+                tput.0,
+                tput.3,
+                mean(r, &|s| s.job_throughput),
+                mean(r, &|s| s.job_latency_s.mean),
+                mean(r, &|s| s.job_latency_s.p50),
+                mean(r, &|s| s.job_latency_s.p95),
+                mean(r, &|s| s.job_latency_s.p99),
+                mean(r, &|s| s.queueable_killed as f64),
+                mean(r, &|s| s.queueable_shed as f64),
+                mean(r, &|s| s.cpu_utilization) * 100.0
+            ));
+        }
+        let classes: Vec<String> = rows
+            .iter()
+            .flatten()
+            .flat_map(|r| r.job_latency_by_class_s.keys().cloned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if classes.len() > 1 {
+            md.push_str(
+                "\nMean / p95 job latency (s) per job class (seed means):\n\n| configuration |",
+            );
+            for c in &classes {
+                md.push_str(&format!(" {c} |"));
+            }
+            md.push_str("\n|---|");
+            md.push_str(&"---:|".repeat(classes.len()));
+            md.push('\n');
+            for (name, r) in names.iter().zip(&rows) {
+                md.push_str(&format!("| {name} |"));
+                for c in &classes {
+                    let with: Vec<&&SimReport> = r
+                        .iter()
+                        .filter(|s| s.job_latency_by_class_s.contains_key(c))
+                        .collect();
+                    if with.is_empty() {
+                        md.push_str(" – |");
+                    } else {
+                        let m = spread(
+                            &with
+                                .iter()
+                                .map(|s| s.job_latency_by_class_s[c].mean)
+                                .collect::<Vec<_>>(),
+                        )
+                        .0;
+                        let p = spread(
+                            &with
+                                .iter()
+                                .map(|s| s.job_latency_by_class_s[c].p95)
+                                .collect::<Vec<_>>(),
+                        )
+                        .0;
+                        md.push_str(&format!(" {m:.1} / {p:.1} |"));
+                    }
+                }
+                md.push('\n');
+            }
+        }
+    }
+    std::fs::write(dir.join("report.md"), md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_mean_min_max_and_sample_sigma() {
+        let (mean, min, max, sd) = spread(&[1.0, 2.0, 6.0]);
+        assert_eq!((mean, min, max), (3.0, 1.0, 6.0));
+        // Sample variance: (4 + 1 + 9) / 2 = 7.
+        assert!((sd - 7f64.sqrt()).abs() < 1e-12, "{sd}");
+        assert_eq!(spread(&[5.0]), (5.0, 5.0, 5.0, 0.0));
+        assert_eq!(spread(&[]), (0.0, 0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn headline_spreads_line_up_claims_across_seeds() {
+        let h = |claim: &str, ours: f64| HeadlineRatio {
+            claim: claim.into(),
+            paper_percent: 40.0,
+            ours_percent: ours,
+        };
+        let per_seed = vec![
+            vec![h("a", 10.0), h("b", -1.0)],
+            vec![h("b", -3.0), h("a", 20.0)],
+            vec![h("a", 30.0), h("b", -2.0)],
+        ];
+        let s = headline_spreads(&per_seed);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].claim, "a");
+        assert_eq!(s[0].by_seed, vec![10.0, 20.0, 30.0]);
+        assert_eq!((s[0].mean, s[0].min, s[0].max), (20.0, 10.0, 30.0));
+        assert_eq!(s[1].by_seed, vec![-1.0, -3.0, -2.0]);
+        assert_eq!(s[1].paper_percent, 40.0);
+    }
+
+    #[test]
+    fn the_central_delays_reach_every_planned_configuration() {
+        let options = ExperimentOptions {
+            seed: 3,
+            duration_s: 60,
+            threads: 1,
+            task_launch_overhead_ms: 0,
+            progress: false,
+            central: CentralDelays {
+                heartbeat_interval_ms: 1_000,
+                guaranteed_grant_ms: 250,
+            },
+        };
+        let planned = plan(&options);
+        assert!(!planned.is_empty());
+        for p in &planned {
+            assert_eq!(p.config.heartbeat_interval_ms, 1_000, "{}", p.name);
+            assert_eq!(p.config.delays.guaranteed_grant_ms, 250, "{}", p.name);
+            assert_eq!(p.config.seed, 3);
+        }
+        // Every configuration of the sensitivity table exists in the plan.
+        for (g, n) in SENSITIVITY_CONFIGURATIONS {
+            assert!(
+                planned.iter().any(|p| p.group == g && p.name == n),
+                "{g} / {n}"
+            );
+        }
+    }
 }

@@ -83,7 +83,19 @@ pub struct SimArgs {
     /// Print the JSON report (otherwise a summary).
     #[arg(long)]
     pub json: bool,
+    /// Also record where capacity and task time go (`sim::diagnose`) and write the report and
+    /// the diagnostics as JSON to this file.
+    #[arg(long)]
+    pub diagnose: Option<PathBuf>,
+    /// Guarantor → job manager grant delay in ms (half an AM–RM heartbeat; see
+    /// docs/experiments/mercury/parameters.md).
+    #[arg(long, default_value_t = 500)]
+    pub grant_delay_ms: u64,
 }
+
+/// Nodes whose queues the diagnostics trace one by one (`--diagnose`): a few spread over the
+/// cluster, including job-manager hosts and not.
+const TRACED_NODES: [u32; 4] = [0, 1, 100, 201];
 
 fn parse_generator(name: &str) -> anyhow::Result<Generator> {
     Ok(match name {
@@ -146,6 +158,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         .unwrap_or(args.max_concurrent_jobs.min(256));
     config.warmup_ms = args.warmup_s * 1000;
     config.task_launch_overhead_ms = args.task_launch_overhead_ms;
+    config.delays.guaranteed_grant_ms = args.grant_delay_ms;
     config.check_invariants = args.check_invariants;
     config.elide_idle_heartbeats = args.elide_idle_heartbeats;
     config.progress = true;
@@ -169,7 +182,16 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("give --trace FILE --format FMT, or --workload NAME"),
     };
-    let report = super::run(config, &name, stream).map_err(|e| anyhow::anyhow!(e))?;
+    let mut sim = super::Simulation::new(config, stream).map_err(|e| anyhow::anyhow!(e))?;
+    if args.diagnose.is_some() {
+        sim.enable_diagnostics(&TRACED_NODES);
+    }
+    sim.run();
+    let report = sim.report(&name);
+    if let (Some(path), Some(diagnostics)) = (&args.diagnose, sim.diagnostics()) {
+        let out = serde_json::json!({ "report": &report, "diagnostics": diagnostics });
+        std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -1,5 +1,6 @@
 //! The simulation state and its event handlers. See the module documentation of [`crate::sim`].
 
+use super::diagnose::{ClusterSample, Diagnostics, NodeSample, quantile};
 use super::events::EventQueue;
 use super::wakes::LazyHeartbeats;
 use super::{
@@ -126,6 +127,8 @@ struct ContainerRecord {
     estimate_ms: Option<u64>,
     submit_ms: u64,
     started_at: Option<Time>,
+    /// When the job manager got the grant (diagnostics: time lost to sheds and kills).
+    placed_at: Time,
 }
 
 struct Ack {
@@ -147,6 +150,8 @@ struct SimNode {
     scheduler: Option<usize>,
     /// The coordinator holds R = 0 for it (its last report was zero).
     reported_zero: bool,
+    /// The R of its last heartbeat (diagnostics).
+    last_reported_r_ms: f64,
     /// It may host job managers: it must keep receiving top-k views, so it never sleeps.
     hosts_job_managers: bool,
 }
@@ -180,6 +185,11 @@ struct HostedScheduler {
 }
 
 struct TaskState {
+    /// Times it was shed or killed, and the time it spent placed before each (diagnostics).
+    sheds: u32,
+    kills: u32,
+    lost_to_sheds: Duration,
+    lost_to_kills: Duration,
     runtime_ms: u64,
     /// The job manager's estimate (`None`: it has none, see [`EstimateModel::Predicted`]).
     estimate_ms: Option<u64>,
@@ -255,6 +265,21 @@ pub struct Simulation {
     stats: Stats,
     events: u64,
     wall: Duration,
+    /// Issue-15 diagnostics (opt-in, see [`Simulation::enable_diagnostics`]).
+    diag: Option<Box<DiagState>>,
+}
+
+/// Diagnostics being recorded.
+struct DiagState {
+    out: Diagnostics,
+    next_sample: Time,
+    samples: u64,
+    /// Per node: samples (in the window) with an idle core and an empty queue, and all samples.
+    starved_samples: Vec<u64>,
+    window_samples: u64,
+    sheds_since_sample: u64,
+    kills_since_sample: u64,
+    traced: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -355,6 +380,7 @@ impl Simulation {
                 view_round: 0,
                 scheduler: None,
                 reported_zero: true,
+                last_reported_r_ms: 0.0,
                 hosts_job_managers: false,
             });
         }
@@ -418,6 +444,7 @@ impl Simulation {
             stats: Stats::default(),
             events: 0,
             wall: Duration::ZERO,
+            diag: None,
             config,
         };
         let interval = sim.config.heartbeat_interval_ms * 1000;
@@ -501,6 +528,12 @@ impl Simulation {
             };
             if until.is_some_and(|u| at > u) {
                 break;
+            }
+            while let Some(due) = self.diag.as_ref().map(|d| d.next_sample)
+                && due <= at
+            {
+                self.now = due;
+                self.diagnose_sample();
             }
             self.now = at;
             self.events += 1;
@@ -698,6 +731,10 @@ impl Simulation {
                 ContainerType::Guaranteed => state.pending_guaranteed.push_back(i as u32),
             }
             state.tasks.push(TaskState {
+                sheds: 0,
+                kills: 0,
+                lost_to_sheds: Duration::ZERO,
+                lost_to_kills: Duration::ZERO,
                 runtime_ms: t.runtime_ms,
                 estimate_ms,
                 resources: t.resources,
@@ -804,6 +841,7 @@ impl Simulation {
                 estimate_ms: placed.token_body.runtime_estimate_ms,
                 submit_ms: placed.token_body.job_submit_time_ms,
                 started_at: None,
+                placed_at: self.now,
             },
         );
         let at = self
@@ -911,6 +949,7 @@ impl Simulation {
                     estimate_ms: p.token_body.runtime_estimate_ms,
                     submit_ms: p.token_body.job_submit_time_ms,
                     started_at: None,
+                    placed_at: self.now,
                 },
             );
             let at = self.after_ms(
@@ -1068,6 +1107,7 @@ impl Simulation {
                     let Some(rec) = self.containers.remove(&id) else {
                         continue;
                     };
+                    self.diagnose_finished(&rec);
                     match rec.container_type {
                         ContainerType::Guaranteed => match self.config.guaranteed_allocation {
                             GuaranteedAllocation::OnHeartbeat => {
@@ -1097,6 +1137,25 @@ impl Simulation {
                     let Some(rec) = self.containers.remove(&id) else {
                         continue;
                     };
+                    let placed_for = self.now.saturating_since(rec.placed_at);
+                    if let Some(t) = self.jobs[rec.job as usize]
+                        .as_mut()
+                        .and_then(|j| j.tasks.get_mut(rec.task as usize))
+                    {
+                        if reason == KillReason::Shed {
+                            t.sheds += 1;
+                            t.lost_to_sheds += placed_for;
+                        } else {
+                            t.kills += 1;
+                            t.lost_to_kills += placed_for;
+                        }
+                    }
+                    if let Some(d) = self.diag.as_mut() {
+                        match reason {
+                            KillReason::Shed => d.sheds_since_sample += 1,
+                            _ => d.kills_since_sample += 1,
+                        }
+                    }
                     match reason {
                         KillReason::Shed => {
                             self.stats.shed += 1;
@@ -1322,6 +1381,7 @@ impl Simulation {
         let n = &mut self.nodes[node as usize];
         let load = n.runtime.queue_delay(self.now);
         n.reported_zero = load.total_ms() == 0.0;
+        n.last_reported_r_ms = load.total_ms();
         let finished = std::mem::take(&mut n.finished_guaranteed);
         let queueable = QueueableLoad {
             running: n.runtime.queueable_allocated(),
@@ -1455,6 +1515,188 @@ impl Simulation {
     }
 }
 
+/// Sample period of the diagnostics (idle capacity is integrated over these samples).
+const DIAG_SAMPLE_MS: u64 = 100;
+/// Cluster samples kept in the timeline: one in this many.
+const DIAG_TIMELINE_EVERY: u64 = 10;
+/// Length of the traced nodes' window after warm-up.
+const DIAG_TRACE_MS: u64 = 30_000;
+
+impl Simulation {
+    /// Record where capacity and task time go ([`Diagnostics`]); `traced_nodes` are sampled
+    /// one by one. Sampling happens between events and pushes none, so the run is unchanged.
+    pub fn enable_diagnostics(&mut self, traced_nodes: &[u32]) {
+        self.diag = Some(Box::new(DiagState {
+            out: Diagnostics {
+                sample_every_ms: DIAG_SAMPLE_MS,
+                ..Diagnostics::default()
+            },
+            next_sample: self.now,
+            samples: 0,
+            starved_samples: vec![0; self.nodes.len()],
+            window_samples: 0,
+            sheds_since_sample: 0,
+            kills_since_sample: 0,
+            traced: traced_nodes
+                .iter()
+                .copied()
+                .filter(|&n| (n as usize) < self.nodes.len())
+                .collect(),
+        }));
+    }
+
+    /// The diagnostics recorded so far (`None` unless enabled).
+    pub fn diagnostics(&self) -> Option<Diagnostics> {
+        let d = self.diag.as_ref()?;
+        let mut out = d.out.clone();
+        let mut starved: Vec<f64> = d
+            .starved_samples
+            .iter()
+            .map(|&s| s as f64 / d.window_samples.max(1) as f64)
+            .collect();
+        starved.sort_by(f64::total_cmp);
+        out.idle.starved_fraction_p10 = quantile(&starved, 0.1);
+        out.idle.starved_fraction_p50 = quantile(&starved, 0.5);
+        out.idle.starved_fraction_p90 = quantile(&starved, 0.9);
+        Some(out)
+    }
+
+    fn diagnose_sample(&mut self) {
+        let Some(mut d) = self.diag.take() else {
+            return;
+        };
+        d.next_sample = self.now + Duration::from_millis(DIAG_SAMPLE_MS);
+        let now = self.now;
+        let in_window = now.as_millis() >= self.config.warmup_ms;
+        let dt_s = DIAG_SAMPLE_MS as f64 / 1000.0;
+        let cores = |r: Resources| r.cpu_millis as f64 / 1000.0;
+        let mut sample = ClusterSample {
+            t_s: now.as_micros() as f64 / 1e6,
+            threshold_ms: self.threshold_ms,
+            sheds: d.sheds_since_sample,
+            kills: d.kills_since_sample,
+            ..ClusterSample::default()
+        };
+        let total_cores = cores(self.config.node_capacity) * self.nodes.len() as f64;
+        let mut r_values = Vec::with_capacity(self.nodes.len());
+        for (i, n) in self.nodes.iter().enumerate() {
+            let rt = &n.runtime;
+            let cap = rt.capacity();
+            let idle = cores(cap.saturating_sub(&rt.allocated()));
+            let queued = rt.queued_count() as u64;
+            sample.busy += cores(rt.allocated());
+            sample.queued += queued;
+            if queued == 0 {
+                sample.idle_empty_queue += idle;
+                if idle >= 1.0 {
+                    sample.starved_nodes += 1;
+                    if in_window {
+                        d.starved_samples[i] += 1;
+                    }
+                }
+            } else {
+                sample.idle_with_queue += idle;
+            }
+            if let Some(g) = self.guarantor.node(&n.id) {
+                let booked_not_running =
+                    cores(g.guaranteed.saturating_sub(&rt.guaranteed_allocated()));
+                sample.idle_booked_guaranteed += booked_not_running.min(idle);
+            }
+            r_values.push(rt.queue_delay(now).total_ms());
+        }
+        let count = r_values.len().max(1) as f64;
+        sample.r_mean_ms = r_values.iter().sum::<f64>() / count;
+        sample.r_sigma_ms = (r_values
+            .iter()
+            .map(|r| (r - sample.r_mean_ms).powi(2))
+            .sum::<f64>()
+            / count)
+            .sqrt();
+        if in_window {
+            d.window_samples += 1;
+            let idle = &mut d.out.idle;
+            idle.capacity_core_s += total_cores * dt_s;
+            idle.busy_core_s += sample.busy * dt_s;
+            idle.idle_empty_queue_core_s += sample.idle_empty_queue * dt_s;
+            idle.idle_with_queue_core_s += sample.idle_with_queue * dt_s;
+            idle.idle_booked_guaranteed_core_s += sample.idle_booked_guaranteed * dt_s;
+        }
+        let warm = self.config.warmup_ms;
+        if now.as_millis() >= warm && now.as_millis() < warm + DIAG_TRACE_MS {
+            for &node in &d.traced {
+                let n = &self.nodes[node as usize];
+                let r = n.runtime.queue_delay(now);
+                let reported = n.last_reported_r_ms;
+                d.out
+                    .traced_nodes
+                    .entry(n.id.to_string())
+                    .or_default()
+                    .push(NodeSample {
+                        t_s: sample.t_s,
+                        running: n.runtime.running_count() as u64,
+                        queued: n.runtime.queued_count() as u64,
+                        tq_ms: r.tq_ms,
+                        tr_ms: r.tr_ms,
+                        tl_ms: r.tl_ms,
+                        reported_r_ms: reported,
+                    });
+            }
+        }
+        if d.samples.is_multiple_of(DIAG_TIMELINE_EVERY) {
+            for v in [
+                &mut sample.busy,
+                &mut sample.idle_empty_queue,
+                &mut sample.idle_with_queue,
+                &mut sample.idle_booked_guaranteed,
+            ] {
+                *v /= total_cores;
+            }
+            d.out.timeline.push(sample);
+            d.sheds_since_sample = 0;
+            d.kills_since_sample = 0;
+        }
+        d.samples += 1;
+        self.diag = Some(d);
+    }
+
+    fn diagnose_finished(&mut self, rec: &ContainerRecord) {
+        let in_window = self.now.as_millis() >= self.config.warmup_ms;
+        let Some(d) = self.diag.as_mut().filter(|_| in_window) else {
+            return;
+        };
+        let Some(job) = self.jobs[rec.job as usize].as_ref() else {
+            return;
+        };
+        let Some(task) = job.tasks.get(rec.task as usize) else {
+            return;
+        };
+        let started = rec.started_at.unwrap_or(self.now);
+        let figures = (
+            started.saturating_since(job.admitted).as_secs_f64(),
+            task.lost_to_sheds.as_secs_f64(),
+            task.lost_to_kills.as_secs_f64(),
+            started.saturating_since(rec.placed_at).as_secs_f64(),
+            self.now.saturating_since(started).as_secs_f64(),
+            u64::from(task.sheds),
+            u64::from(task.kills),
+        );
+        let kind = match rec.container_type {
+            ContainerType::Guaranteed => "guaranteed",
+            ContainerType::Queueable => "queueable",
+        };
+        let by_class = d
+            .out
+            .task_time_by_class
+            .entry(format!("{} {kind}", job.class))
+            .or_default();
+        for t in [&mut d.out.task_time, by_class] {
+            t.record(
+                figures.0, figures.1, figures.2, figures.3, figures.4, figures.5, figures.6,
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1545,6 +1787,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Diagnostics read state between events and push none: a diagnosed run makes the same
+    /// decisions (same report, events included), and its idle breakdown adds up to capacity.
+    #[test]
+    fn diagnosing_a_run_changes_nothing_and_accounts_for_all_capacity() {
+        let mut config = light(21, GuaranteedPlacerKind::QueueableAware);
+        config.elide_idle_heartbeats = false;
+        let plain = run(config.clone(), false);
+        let stream =
+            Generator::ProductionLike.stream(config.seed, Arrivals::Poisson { jobs_per_s: 0.03 });
+        let mut sim = Simulation::build(config, stream, true).unwrap();
+        sim.enable_diagnostics(&[0, 7]);
+        sim.run();
+        let mut diagnosed = sim.report("light");
+        diagnosed.wall_s = 0.0;
+        diagnosed.events_per_s = 0.0;
+        assert_eq!(plain, diagnosed);
+        let d = sim.diagnostics().expect("enabled");
+        let i = &d.idle;
+        let parts = i.busy_core_s + i.idle_empty_queue_core_s + i.idle_with_queue_core_s;
+        assert!(i.capacity_core_s > 0.0);
+        assert!(
+            (parts - i.capacity_core_s).abs() < 1e-6 * i.capacity_core_s,
+            "{i:?}"
+        );
+        assert!(i.idle_booked_guaranteed_core_s <= i.capacity_core_s - i.busy_core_s + 1e-6);
+        let t = &d.task_time;
+        assert!(t.tasks > 0 && t.run_s > 0.0, "{t:?}");
+        let by_class: u64 = d.task_time_by_class.values().map(|c| c.tasks).sum();
+        assert_eq!(by_class, t.tasks);
+        assert_eq!(d.traced_nodes.len(), 2);
+        assert!(!d.timeline.is_empty());
     }
 
     /// Heartbeats are held outside the queue only when no two nodes share a heartbeat

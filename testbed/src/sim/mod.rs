@@ -22,6 +22,7 @@
 //! (the node runtime never sees tokens). Node failures are not simulated.
 
 pub mod cli;
+pub mod diagnose;
 mod engine;
 pub mod events;
 mod wakes;
