@@ -70,6 +70,7 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         runtime_estimate_ms: Some(60_000),
         job_id: "e2e".into(),
         job_submit_time_ms: 1,
+        reservation_id: None,
     }
 }
 
@@ -262,4 +263,92 @@ async fn bad_clients_get_clear_errors_and_others_keep_being_served() {
             .len(),
         1
     );
+}
+
+/// The reservation loop through a real worker and coordinator (Morpheus §4, §6): the app reserves
+/// capacity for now, its job's GUARANTEED ask naming the reservation is granted up to the
+/// allocation, plain GUARANTEED work gets only what is left, and bad input is answered naming the
+/// field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_are_made_and_used_through_the_worker() {
+    use scheduler_core::reservation::{Interpreter, ReservationDefinition, Stage};
+    const MIN: u64 = 60_000;
+    let c = cluster(1);
+    let (pool, _events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
+    let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    // Agenda time is UTC time of day; the window starts at the current minute.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let minute = (now_ms % (24 * 60 * MIN)) / MIN;
+    let end = (minute + 10).min(24 * 60);
+    let definition = ReservationDefinition {
+        arrival_ms: minute * MIN,
+        deadline_ms: end * MIN,
+        interpreter: Interpreter::All,
+        stages: vec![Stage {
+            containers: 2,
+            gang: 2,
+            duration_ms: (end - minute) * MIN,
+            size: Resources::new(500, 256),
+        }],
+        recurrence_ms: Some(24 * 60 * MIN),
+        alignment_penalty: 0.0,
+    };
+    let bad = client.reserve("no/slash", definition.clone()).await;
+    match bad {
+        Err(testbed::client::ClientError::Server(e)) => {
+            assert_eq!(e.code, ErrorCode::InvalidRequest);
+            assert!(e.message.contains("reservation_id"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The worker may not have joined yet: coordinator_unavailable is retryable.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    let accepted = loop {
+        match client.reserve("etl", definition.clone()).await {
+            Ok(a) => break a,
+            Err(testbed::client::ClientError::Server(e))
+                if e.retryable && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("reserve: {e}"),
+        }
+    };
+    assert_eq!(accepted.allocation.len(), 1);
+    assert_eq!(accepted.allocation[0].cpu_millis, 1000);
+    // Plain GUARANTEED work gets the node's 2000 millicores less the 1000 reserved, although
+    // the reservation's owner runs nothing yet.
+    let mut plain = ask(ContainerType::Guaranteed, 4);
+    plain.resources = Resources::new(500, 256);
+    let mut frames = client.allocate_frames(plain).unwrap();
+    let first = tokio::time::timeout(GUARD, frames.next())
+        .await
+        .expect("a first frame")
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.containers.len(), first.remaining), (2, 2));
+    // The owner's job gets its whole allocation.
+    let mut reserved = ask(ContainerType::Guaranteed, 2);
+    reserved.resources = Resources::new(500, 256);
+    reserved.reservation_id = Some("etl".into());
+    let granted = tokio::time::timeout(GUARD, client.allocate(reserved))
+        .await
+        .expect("the reserved ask is answered")
+        .unwrap();
+    assert_eq!(granted.containers.len(), 2);
+    let list = client.list_reservations().await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].used, Resources::new(1000, 512));
+    drop(frames);
+    client.delete_reservation("etl").await.unwrap();
+    match client.delete_reservation("etl").await {
+        Err(testbed::client::ClientError::Server(e)) => {
+            assert_eq!(e.code, ErrorCode::UnknownReservation)
+        }
+        other => panic!("{other:?}"),
+    }
 }
