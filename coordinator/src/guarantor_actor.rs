@@ -741,6 +741,7 @@ impl Handler<ReservationRequest> for GuarantorActor {
                         used: r.used,
                     })
                     .collect(),
+                free: self.core.reservations().free_capacity(),
             }),
         };
         let changed = matches!(

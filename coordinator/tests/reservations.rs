@@ -189,7 +189,7 @@ async fn reserved_asks_are_granted_inside_the_window_and_the_owner_is_told() {
     w.send(&call(3, ReservationOp::List)).await;
     match w.expect("list", answer_to(3)).await {
         CoordinatorToWorker::ReservationDone(d) => match d.reply {
-            ReservationReply::Listed { reservations } => {
+            ReservationReply::Listed { reservations, .. } => {
                 assert_eq!(reservations.len(), 1);
                 assert_eq!(reservations[0].reservation_id, "etl");
                 assert_eq!(reservations[0].allocated_now, CORE.scale(6));
@@ -308,7 +308,7 @@ fn reservations_survive_a_restart_mid_period() {
         w.send(&call(2, ReservationOp::List)).await;
         match w.expect("list", answer_to(2)).await {
             CoordinatorToWorker::ReservationDone(d) => match d.reply {
-                ReservationReply::Listed { reservations } => {
+                ReservationReply::Listed { reservations, .. } => {
                     assert_eq!(reservations.len(), 1);
                     assert_eq!(reservations[0].definition, daily(4, from, to));
                     assert_eq!(reservations[0].allocated_now, CORE.scale(4));

@@ -341,8 +341,9 @@ async fn reservations_are_made_and_used_through_the_worker() {
         .unwrap();
     assert_eq!(granted.containers.len(), 2);
     let list = client.list_reservations().await.unwrap();
-    assert_eq!(list.len(), 1);
-    assert_eq!(list[0].used, Resources::new(1000, 512));
+    assert_eq!(list.reservations.len(), 1);
+    assert_eq!(list.reservations[0].used, Resources::new(1000, 512));
+    assert!(!list.free.is_empty());
     drop(frames);
     client.delete_reservation("etl").await.unwrap();
     match client.delete_reservation("etl").await {
@@ -351,4 +352,91 @@ async fn reservations_are_made_and_used_through_the_worker() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// The operator's end of the Morpheus loop with the real binaries: signed-off SLO contracts
+/// (inference's JSON) become recurring reservations through `testbed reservations submit`
+/// (again: updated), and `testbed reservations list` shows them with the plan's free capacity.
+#[test]
+fn reservations_submit_and_list_commands_drive_a_running_coordinator() {
+    use inference::slo::{ContractStatus, SloContract, SloRule};
+    let c = cluster(1);
+    let contract = |job: &str, status| SloContract {
+        job: job.into(),
+        period: 86_400.0,
+        earliest_start: 3_600.0,
+        deadline: 7_200.0,
+        skyline: Some(vec![1, 2, 2, 1]),
+        status,
+        start_rule: SloRule::SubmitPercentile,
+        deadline_rule: SloRule::EndPercentileFallback,
+        overridden: vec![],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("contracts.json");
+    let contracts = vec![
+        contract("nightly etl", ContractStatus::SignedOff),
+        contract("hourly report", ContractStatus::Proposed),
+    ];
+    std::fs::write(&file, serde_json::to_string(&contracts).unwrap()).unwrap();
+    let endpoint_args = |cmd: &str| {
+        let mut a = vec![
+            "reservations".to_string(),
+            cmd.to_string(),
+            "--endpoint".into(),
+            c.workers[0].app_endpoint.clone(),
+            "--ca-cert".into(),
+            c.ca_cert.display().to_string(),
+            "--app-id".into(),
+            c.app_id.clone(),
+            "--app-secret".into(),
+            c.app_secret.clone(),
+            "--json".into(),
+        ];
+        if cmd == "submit" {
+            a.push(file.display().to_string());
+        }
+        a
+    };
+    let run = |cmd: &str| {
+        // The worker may not have joined the coordinator yet: its answer is then retryable.
+        let deadline = std::time::Instant::now() + GUARD;
+        loop {
+            let out = std::process::Command::new(task_program())
+                .args(endpoint_args(cmd))
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            if out.status.success() || std::time::Instant::now() > deadline {
+                assert!(
+                    out.status.success(),
+                    "{cmd}: {stdout} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                return serde_json::from_str::<serde_json::Value>(&stdout).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    for op in ["reserve", "update_reservation"] {
+        let v = run("submit");
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0]["reservation_id"], "nightly-etl");
+        assert_eq!(results[0]["accepted"], true, "{v}");
+        assert_eq!(results[0]["op"], op);
+        assert_eq!(results[0]["allocation"].as_array().unwrap().len(), 3);
+        assert_eq!(results[1]["accepted"], false);
+        assert!(
+            results[1]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("not signed off")
+        );
+    }
+    let v = run("list");
+    let reservations = v["reservations"].as_array().unwrap();
+    assert_eq!(reservations.len(), 1);
+    assert_eq!(reservations[0]["reservation_id"], "nightly-etl");
+    assert!(!v["free"].as_array().unwrap().is_empty());
 }

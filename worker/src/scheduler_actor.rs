@@ -636,10 +636,11 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                             allocation,
                         }),
                         ReservationReply::Deleted => AppResponse::Ack(Ack { request_id }),
-                        ReservationReply::Listed { reservations } => {
+                        ReservationReply::Listed { reservations, free } => {
                             AppResponse::Reservations(ReservationList {
                                 request_id,
                                 reservations,
+                                free,
                             })
                         }
                     };

@@ -321,6 +321,10 @@ pub struct ReservationSummary {
 pub struct ReservationList {
     pub request_id: u64,
     pub reservations: Vec<ReservationSummary>,
+    /// The plan's free GUARANTEED capacity over the agenda (one day), as maximal runs: what
+    /// another reservation could still get (Morpheus §6).
+    #[serde(default)]
+    pub free: Vec<AllocationInterval>,
 }
 
 /// Pushed to the owner's subscribed connections: the reservation's allocation changed, because

@@ -280,6 +280,9 @@ pub enum ReservationReply {
     Deleted,
     Listed {
         reservations: Vec<ReservationSummary>,
+        /// The plan's free capacity over the agenda.
+        #[serde(default)]
+        free: Vec<AllocationInterval>,
     },
 }
 

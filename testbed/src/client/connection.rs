@@ -9,7 +9,7 @@ use scheduler_core::protocol::app::{
     Subscribe, Welcome,
 };
 use scheduler_core::protocol::app::{
-    DeleteReservation, ListReservations, ReservationAccepted, ReservationSummary, Reserve,
+    DeleteReservation, ListReservations, ReservationAccepted, ReservationList, Reserve,
     UpdateReservation,
 };
 use scheduler_core::reservation::ReservationDefinition;
@@ -631,13 +631,13 @@ impl AppClient {
         expect_ack("delete_reservation", answer)
     }
 
-    /// The app's reservations.
-    pub async fn list_reservations(&self) -> Result<Vec<ReservationSummary>, ClientError> {
+    /// The app's reservations, and the plan's free capacity over the agenda.
+    pub async fn list_reservations(&self) -> Result<ReservationList, ClientError> {
         match self
             .call(|request_id| AppRequest::ListReservations(ListReservations { request_id }))
             .await?
         {
-            AppResponse::Reservations(r) => Ok(r.reservations),
+            AppResponse::Reservations(r) => Ok(r),
             other => Err(unexpected("list_reservations", other)),
         }
     }

@@ -680,6 +680,7 @@ pub fn app_response(rng: &mut Rng) -> AppResponse {
             reservations: (0..rng.below(3))
                 .map(|_| reservation_summary(rng))
                 .collect(),
+            free: allocation(rng),
         }),
         8 => AppResponse::ReservationReprovisioned(app::ReservationReprovisioned {
             reservation_id: rng.word(),
@@ -877,6 +878,7 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
                     reservations: (0..rng.below(3))
                         .map(|_| reservation_summary(rng))
                         .collect(),
+                    free: allocation(rng),
                 },
             },
         }),
