@@ -615,6 +615,10 @@ fn stored_reservations_are_restored_with_their_allocation() {
     let mut bad = g.reservations().stored();
     bad.owners.insert("ghost".into(), AppId::from("o"));
     assert!(ReservationBook::restore(bad, Dra::default()).is_err());
+    let mut bad = g.reservations().stored();
+    bad.owners.clear();
+    let e = ReservationBook::restore(bad, Dra::default()).unwrap_err();
+    assert!(e.contains("no owner"), "{e}");
 }
 
 /// Random operations on a small cluster, invariants after every step.

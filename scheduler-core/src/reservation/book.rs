@@ -165,11 +165,11 @@ impl ReservationBook {
         })
     }
 
-    /// Restore what [`ReservationBook::stored`] saved (after checking the plan's invariants and
-    /// that every owner's reservation is in the plan). Usage starts at zero: grants are booked
+    /// Restore what [`ReservationBook::stored`] saved (after checking the plan's invariants,
+    /// that every owner's reservation is in the plan and that the plan holds nothing else). Usage starts at zero: grants are booked
     /// again as the guarantor learns them. Stretches are not restored (they last one `T`).
     pub fn restore(stored: StoredReservations, dra: Dra) -> Result<ReservationBook, String> {
-        let StoredReservations { mut plan, owners } = stored;
+        let StoredReservations { plan, owners } = stored;
         plan.check_invariants()?;
         for id in owners.keys() {
             validate_reservation_id(id).map_err(|e| e.to_string())?;
@@ -179,14 +179,9 @@ impl ReservationBook {
                 ));
             }
         }
-        let stray: Vec<String> = plan
-            .reservations()
-            .filter(|r| !owners.contains_key(&r.id))
-            .map(|r| r.id.clone())
-            .collect();
-        for id in stray {
-            // Stretches of a previous run (and anything without an owner) are dropped.
-            plan.delete(&id);
+        // What `stored` writes holds no stretch and nothing without an owner.
+        if let Some(r) = plan.reservations().find(|r| !owners.contains_key(&r.id)) {
+            return Err(format!("the plan holds {:?}, which has no owner", r.id));
         }
         Ok(ReservationBook {
             plan,
