@@ -243,8 +243,13 @@ impl ReservationBook {
 
     /// What reservation `id` allocates at `now_ms` (wall clock), stretches included.
     pub fn allocated_now(&self, id: &str, now_ms: u64) -> Option<Resources> {
-        self.plan
-            .allocated_with_stretches_at(id, self.agenda_ms(now_ms))
+        let at = self.agenda_ms(now_ms);
+        if self.stretches.contains_key(id) {
+            self.plan.allocated_with_stretches_at(id, at)
+        } else {
+            // No live stretch (the common case): no search for one in the plan.
+            self.plan.allocated_at(id, at)
+        }
     }
 
     /// What reservation `id`'s containers hold.
@@ -580,6 +585,20 @@ impl ReservationBook {
             if self.plan.get(id).is_none() {
                 return Err(format!("reservation {id} owned but not in the plan"));
             }
+            let in_plan = self.plan.stretches_of(id).count();
+            if in_plan != usize::from(self.stretches.contains_key(id)) {
+                return Err(format!(
+                    "reservation {id}: {in_plan} stretches in the plan, {} live",
+                    usize::from(self.stretches.contains_key(id))
+                ));
+            }
+        }
+        let owned = self.owners.len() + self.stretches.len();
+        if self.plan.reservations().count() != owned {
+            return Err(format!(
+                "the plan holds {} entries for {owned} reservations and stretches",
+                self.plan.reservations().count()
+            ));
         }
         for (id, s) in &self.stretches {
             if self.plan.get(&s.stretch_id).is_none() || !self.owners.contains_key(id) {
