@@ -116,6 +116,10 @@ pub struct ReservationBook {
     stretches: BTreeMap<String, LiveStretch>,
     dra: Dra,
     events: Vec<ReservationEvent>,
+    /// `(now_ms, Σ allocations now, Σ use above allocation now)` for [`ReservationBook::held`]:
+    /// a plain ask is checked once per container, and these change only with time, the plan and
+    /// reservation-backed use. Every `&mut self` method that changes either clears it.
+    held_cache: std::cell::Cell<Option<(u64, Resources, Resources)>>,
 }
 
 impl Default for ReservationBook {
@@ -162,6 +166,7 @@ impl ReservationBook {
             stretches: BTreeMap::new(),
             dra,
             events: Vec::new(),
+            held_cache: Default::default(),
         })
     }
 
@@ -192,6 +197,7 @@ impl ReservationBook {
             stretches: BTreeMap::new(),
             dra,
             events: Vec::new(),
+            held_cache: Default::default(),
         })
     }
 
@@ -276,14 +282,20 @@ impl ReservationBook {
     /// (stretches included) and its use; with `runtime_ms`, the most the plan commits over
     /// `[now, now + runtime)` stands in for the allocations.
     pub fn held(&self, now_ms: u64, runtime_ms: Option<u64>) -> Resources {
-        let mut over_allocation = Resources::ZERO;
-        let mut allocated = Resources::ZERO;
-        for id in self.owners.keys() {
-            let a = self.allocated_now(id, now_ms).unwrap_or_default();
-            let u = self.used(id);
-            allocated = allocated.saturating_add(&a);
-            over_allocation = over_allocation.saturating_add(&u.saturating_sub(&a));
-        }
+        let (allocated, over_allocation) = match self.held_cache.get() {
+            Some((at, allocated, over)) if at == now_ms => (allocated, over),
+            _ => {
+                let mut over = Resources::ZERO;
+                let mut allocated = Resources::ZERO;
+                for id in self.owners.keys() {
+                    let a = self.allocated_now(id, now_ms).unwrap_or_default();
+                    allocated = allocated.saturating_add(&a);
+                    over = over.saturating_add(&self.used(id).saturating_sub(&a));
+                }
+                self.held_cache.set(Some((now_ms, allocated, over)));
+                (allocated, over)
+            }
+        };
         let committed = match runtime_ms {
             Some(ms) if ms > 0 => {
                 let step = self.plan.config().step_ms;
@@ -324,6 +336,9 @@ impl ReservationBook {
 
     /// Book (or, with `add` false, unbook) a GUARANTEED container of `resources`.
     pub fn book(&mut self, reservation: Option<&str>, resources: &Resources, add: bool) {
+        if reservation.is_some() {
+            self.held_cache.set(None);
+        }
         let slot = match reservation {
             Some(id) => self.used.entry(id.to_string()).or_default(),
             None => &mut self.plain_used,
@@ -356,6 +371,7 @@ impl ReservationBook {
         owner: AppId,
         def: ReservationDefinition,
     ) -> Result<Vec<AllocationInterval>, Rejection> {
+        self.held_cache.set(None);
         validate_reservation_id(id)?;
         if self.owners.contains_key(id) {
             return Err(Rejection::Duplicate(id.to_string()));
@@ -373,6 +389,7 @@ impl ReservationBook {
         owner: Option<&AppId>,
         def: ReservationDefinition,
     ) -> Result<Vec<AllocationInterval>, Rejection> {
+        self.held_cache.set(None);
         self.check_owner(id, owner)?;
         self.plan.update(id, def)
     }
@@ -386,6 +403,7 @@ impl ReservationBook {
     }
 
     fn forget(&mut self, id: &str) {
+        self.held_cache.set(None);
         self.plan.delete(id);
         self.owners.remove(id);
         self.stretches.remove(id);
@@ -443,6 +461,7 @@ impl ReservationBook {
         old: Option<Resources>,
         new: Option<Resources>,
     ) -> Vec<String> {
+        self.held_cache.set(None);
         self.cluster = self
             .cluster
             .saturating_sub(&old.unwrap_or_default())
@@ -511,6 +530,9 @@ impl ReservationBook {
             .filter(|(_, s)| s.until_ms <= now_ms)
             .map(|(id, _)| id.clone())
             .collect();
+        if !ended.is_empty() {
+            self.held_cache.set(None);
+        }
         for id in ended {
             if let Some(s) = self.stretches.remove(&id) {
                 self.plan.delete(&s.stretch_id);
@@ -522,6 +544,7 @@ impl ReservationBook {
     /// when that is above the allocation and no stretch is live, stretch the current instance for
     /// `T` where the plan has room. True when a stretch was committed (its owner is told).
     pub fn reprovision(&mut self, now_ms: u64, id: &str, demand: Resources) -> bool {
+        self.held_cache.set(None);
         self.expire_stretches(now_ms);
         if self.stretches.contains_key(id) || !self.owners.contains_key(id) {
             return false;
