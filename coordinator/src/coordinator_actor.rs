@@ -7,6 +7,7 @@
 use crate::clock::Clock;
 use crate::config::CoordinatorSettings;
 use crate::datadir::new_token_key;
+use crate::guarantor_actor::ReservationRequest;
 use crate::guarantor_actor::{
     AddNode, BookPromotion, CancelAsk, CancelSession, ContainerEvents, ExpireGrants,
     GuarantorActor, ReleaseGrant, RemoveNode, ReportQueueableLoad, SetKeys, Submit, UndoPromotion,
@@ -25,6 +26,7 @@ use scheduler_core::hosted::{HostedContainers, ReleaseRoute};
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::promotion::{PromotionAction, Promotions};
 use scheduler_core::protocol::app::ErrorCode;
+use scheduler_core::protocol::cluster::ReservationCall;
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, ApplyPromotion, CLUSTER_PROTOCOL_VERSION, ClusterSettings,
     CoordinatorToWorker, Heartbeat, HeartbeatAck, Join, JoinAccepted, JoinRejected,
@@ -432,6 +434,27 @@ impl CoordinatorActor {
                 job_id: JobId::new(a.job_id),
                 job_submit_time_ms: a.job_submit_time_ms,
             },
+            reservation_id: a.reservation_id,
+        });
+    }
+
+    /// A reservation request (Morpheus §6) of a registered app, for the guarantor.
+    fn reservation(&mut self, session_id: SessionId, tx: WorkerTx, call: ReservationCall) {
+        if self.app(&call.app_id).is_none() {
+            return Self::fail(
+                &tx,
+                call.correlation_id,
+                ErrorCode::BadCredentials,
+                format!(
+                    "app {:?} is not registered with the coordinator",
+                    call.app_id
+                ),
+            );
+        }
+        self.guarantor().do_send(ReservationRequest {
+            session_id,
+            tx,
+            call,
         });
     }
 
@@ -781,6 +804,7 @@ impl Handler<FromWorker> for CoordinatorActor {
                 session_id: m.session_id,
                 correlation_id: c.correlation_id,
             }),
+            WorkerToCoordinator::Reservation(r) => self.reservation(m.session_id, tx, r),
         }
     }
 }

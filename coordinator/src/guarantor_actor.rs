@@ -16,10 +16,16 @@ use scheduler_core::guarantor::{
     QueueableLoad,
 };
 use scheduler_core::node::ContainerStatus;
-use scheduler_core::protocol::app::{ErrorCode, GrantedContainer};
-use scheduler_core::protocol::cluster::{
-    CoordinatorToWorker, GuaranteedAllocated, Released, RequestFailed,
+use scheduler_core::protocol::app::{
+    ErrorCode, GrantedContainer, ReservationCancelled, ReservationReprovisioned, ReservationSummary,
 };
+use scheduler_core::protocol::cluster::{
+    CoordinatorToWorker, GuaranteedAllocated, Released, RequestFailed, ReservationCall,
+    ReservationDone, ReservationNotice, ReservationNoticeKind, ReservationOp, ReservationReply,
+};
+use scheduler_core::protocol::limits::MAX_RESERVATIONS_PER_APP;
+use scheduler_core::reservation::Rejection;
+use scheduler_core::reservation::book::{ReprovisionCause, ReservationEvent};
 use scheduler_core::token::{GuaranteedSigner, KeyRing};
 use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +55,9 @@ pub struct GuarantorActor {
     endpoints: HashMap<NodeId, String>,
     routes: HashMap<u64, AskRoute>,
     next_ask_key: u64,
+    /// Where each reservation owner's events go: the worker session it last used for a
+    /// reservation request or a reservation-backed ask.
+    owner_routes: HashMap<AppId, (SessionId, WorkerTx)>,
 }
 
 impl GuarantorActor {
@@ -61,11 +70,20 @@ impl GuarantorActor {
         coordinator: Addr<CoordinatorActor>,
     ) -> Result<GuarantorActor, crate::store::StoreError> {
         let reserved_seq = store.guarantor_reserved_seq()?;
-        let core = Guarantor::new(
+        let mut core = Guarantor::new(
             GuarantorConfig { token_ttl_ms },
             Box::new(QueueableAware::default()),
             reserved_seq,
         );
+        // Reservations survive a restart (Morpheus §6: the plan is the cluster's promise); the
+        // plan keeps its stored capacity while the nodes re-join.
+        if let Some(book) = store.reservations()? {
+            info!(
+                reservations = book.ids().count(),
+                "reservations restored from the store"
+            );
+            core = core.with_reservations(book);
+        }
         info!(
             placer = core.placer_name(),
             resume_after_seq = reserved_seq,
@@ -81,6 +99,7 @@ impl GuarantorActor {
             endpoints: HashMap::new(),
             routes: HashMap::new(),
             next_ask_key: 1,
+            owner_routes: HashMap::new(),
         })
     }
 
@@ -176,6 +195,93 @@ impl GuarantorActor {
         self.report_limits();
     }
 
+    /// Send what reservation owners must hear (Morpheus §6 replanning, §7 DRA): events to the
+    /// owner's subscribed connections through its last session; a cancelled reservation's
+    /// waiting asks are answered `reservation_rejected`.
+    /// Returns whether replanning changed the plan (a reservation moved or was cancelled).
+    fn flush_reservation_events(&mut self) -> bool {
+        let now_ms = self.clock.now_ms();
+        let mut replanned = false;
+        for event in self.core.take_reservation_events() {
+            replanned |= matches!(
+                &event,
+                ReservationEvent::Cancelled { .. }
+                    | ReservationEvent::Reprovisioned {
+                        cause: ReprovisionCause::Replanned,
+                        ..
+                    }
+            );
+            let (owner, notice) = match event {
+                ReservationEvent::Reprovisioned {
+                    id,
+                    owner,
+                    allocation,
+                    cause,
+                } => {
+                    info!(reservation = %id, ?cause, "reservation reprovisioned");
+                    (
+                        owner,
+                        ReservationNoticeKind::Reprovisioned(ReservationReprovisioned {
+                            reservation_id: id,
+                            allocation,
+                            cause,
+                            at_ms: now_ms,
+                        }),
+                    )
+                }
+                ReservationEvent::Cancelled {
+                    id,
+                    owner,
+                    reason,
+                    dropped_asks,
+                } => {
+                    warn!(reservation = %id, "reservation cancelled: {reason}");
+                    self.fail_asks(
+                        &dropped_asks,
+                        &format!("reservation {id:?} was cancelled: {reason}"),
+                    );
+                    (
+                        owner,
+                        ReservationNoticeKind::Cancelled(ReservationCancelled {
+                            reservation_id: id,
+                            reason,
+                            at_ms: now_ms,
+                        }),
+                    )
+                }
+            };
+            if let Some((_, tx)) = self.owner_routes.get(&owner) {
+                let _ = tx.send(CoordinatorToWorker::ReservationNotice(ReservationNotice {
+                    app_id: owner.to_string(),
+                    event: notice,
+                }));
+            }
+        }
+        replanned
+    }
+
+    /// Write the reservations to the store (after every change to them).
+    fn save_reservations(&self) -> Result<(), crate::store::StoreError> {
+        self.store
+            .set_reservations(&self.core.reservations().stored())
+            .inspect_err(|e| error!("cannot store the reservations: {e}"))
+    }
+
+    /// Answer waiting asks the guarantor dropped (their reservation is gone).
+    fn fail_asks(&mut self, ask_keys: &[u64], message: &str) {
+        for key in ask_keys {
+            if let Some(route) = self.routes.remove(key) {
+                let _ = route
+                    .tx
+                    .send(CoordinatorToWorker::RequestFailed(RequestFailed {
+                        correlation_id: route.correlation_id,
+                        code: ErrorCode::ReservationRejected,
+                        message: message.to_string(),
+                    }));
+            }
+        }
+    }
+
     /// Tell the coordinator the policing limits (Mercury §4.3) that changed: the core tracks
     /// which nodes' bookings changed, so this is O(changes), not O(nodes) per event.
     fn report_limits(&mut self) {
@@ -198,6 +304,8 @@ pub struct Submit {
     pub tx: WorkerTx,
     pub correlation_id: u64,
     pub ask: GuaranteedAsk,
+    /// The app's reservation the job runs in (Morpheus §4), if any.
+    pub reservation_id: Option<String>,
 }
 
 impl Handler<Submit> for GuarantorActor {
@@ -206,7 +314,15 @@ impl Handler<Submit> for GuarantorActor {
         let ask_key = self.next_ask_key;
         self.next_ask_key += 1;
         msg.ask.ask_key = ask_key;
-        match self.core.submit(msg.ask) {
+        let submitted = match &msg.reservation_id {
+            Some(id) => {
+                self.owner_routes
+                    .insert(msg.ask.app_id.clone(), (msg.session_id, msg.tx.clone()));
+                self.core.submit_reserved(msg.ask, id)
+            }
+            None => self.core.submit(msg.ask),
+        };
+        match submitted {
             Ok(()) => {
                 self.routes.insert(
                     ask_key,
@@ -220,7 +336,10 @@ impl Handler<Submit> for GuarantorActor {
             }
             Err(e) => {
                 let code = match e {
-                    GuarantorError::LargerThanAnyNode { .. } => ErrorCode::AskTooLarge,
+                    GuarantorError::LargerThanAnyNode { .. }
+                    | GuarantorError::LargerThanReservation { .. } => ErrorCode::AskTooLarge,
+                    GuarantorError::UnknownReservation(_) => ErrorCode::UnknownReservation,
+                    GuarantorError::NotReservationOwner(_) => ErrorCode::ReservationRejected,
                     _ => ErrorCode::InvalidRequest,
                 };
                 let _ = msg
@@ -282,6 +401,10 @@ impl Handler<RemoveNode> for GuarantorActor {
         let dropped = self.core.remove_node(&msg.node_id);
         self.endpoints.remove(&msg.node_id);
         info!(node = %msg.node_id, dropped = dropped.len(), "guarantor dropped node");
+        // Losing capacity replans the reservations (Morpheus §6): their owners are told.
+        if self.flush_reservation_events() {
+            let _ = self.save_reservations();
+        }
         self.schedule();
     }
 }
@@ -350,6 +473,8 @@ impl Handler<CancelSession> for GuarantorActor {
             self.routes.remove(&k);
             debug!(ask_key = k, dropped, "cancelled ask of closed session");
         }
+        self.owner_routes
+            .retain(|_, (session, _)| *session != msg.session_id);
     }
 }
 
@@ -501,6 +626,149 @@ impl Handler<ExpireGrants> for GuarantorActor {
             info!(count = expired.len(), "unstarted GUARANTEED grants expired");
             self.schedule();
         }
+        if !self.core.reservations().is_empty() {
+            // Reservations change with time: allocations begin and end, DRA (Morpheus §7)
+            // stretches late jobs (one stretch per reservation lasts T; re-evaluated after it).
+            let stretched = self.core.reprovision(self.clock.now_ms());
+            if stretched > 0 {
+                debug!(stretched, "DRA stretched reservations");
+            }
+            self.flush_reservation_events();
+            self.schedule();
+        }
+    }
+}
+
+/// A reservation request of a registered app (`reserve`, `update_reservation`,
+/// `delete_reservation`, `list_reservations`), forwarded by its worker.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReservationRequest {
+    pub session_id: SessionId,
+    pub tx: WorkerTx,
+    pub call: ReservationCall,
+}
+
+/// The error answer of a refused reservation request: a bad definition names its field.
+fn rejection_failure(correlation_id: u64, r: Rejection) -> RequestFailed {
+    let (code, message) = match r {
+        Rejection::Invalid(m) if m.starts_with("reservation_id") => {
+            (ErrorCode::InvalidRequest, format!("invalid request: {m}"))
+        }
+        Rejection::Invalid(m) => (
+            ErrorCode::InvalidRequest,
+            format!("invalid request: definition.{m}"),
+        ),
+        r @ Rejection::Unknown(_) => (ErrorCode::UnknownReservation, r.to_string()),
+        r => (ErrorCode::ReservationRejected, r.to_string()),
+    };
+    RequestFailed {
+        correlation_id,
+        code,
+        message,
+    }
+}
+
+impl Handler<ReservationRequest> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReservationRequest, _: &mut Context<Self>) {
+        let ReservationRequest {
+            session_id,
+            tx,
+            call,
+        } = msg;
+        let app = AppId::new(call.app_id);
+        let now_ms = self.clock.now_ms();
+        self.owner_routes
+            .insert(app.clone(), (session_id, tx.clone()));
+        let correlation_id = call.correlation_id;
+        let reply = match call.op {
+            ReservationOp::Reserve {
+                reservation_id,
+                definition,
+            } => {
+                let held = self.core.list_reservations(now_ms, Some(&app)).len();
+                if held >= MAX_RESERVATIONS_PER_APP {
+                    Err(RequestFailed {
+                        correlation_id,
+                        code: ErrorCode::ReservationRejected,
+                        message: format!(
+                            "app {app} holds {held} reservations, the most one app may hold; delete one first"
+                        ),
+                    })
+                } else {
+                    self.core
+                        .reserve(now_ms, &reservation_id, app.clone(), definition)
+                        .map(|allocation| ReservationReply::Accepted {
+                            reservation_id,
+                            allocation,
+                        })
+                        .map_err(|r| rejection_failure(correlation_id, r))
+                }
+            }
+            ReservationOp::Update {
+                reservation_id,
+                definition,
+            } => self
+                .core
+                .update_reservation(now_ms, &reservation_id, Some(&app), definition)
+                .map(|allocation| ReservationReply::Accepted {
+                    reservation_id,
+                    allocation,
+                })
+                .map_err(|r| rejection_failure(correlation_id, r)),
+            ReservationOp::Delete { reservation_id } => {
+                match self.core.delete_reservation(&reservation_id, Some(&app)) {
+                    Ok(dropped) => {
+                        self.fail_asks(
+                            &dropped,
+                            &format!("reservation {reservation_id:?} was deleted"),
+                        );
+                        Ok(ReservationReply::Deleted)
+                    }
+                    Err(r) => Err(rejection_failure(correlation_id, r)),
+                }
+            }
+            ReservationOp::List => Ok(ReservationReply::Listed {
+                reservations: self
+                    .core
+                    .list_reservations(now_ms, Some(&app))
+                    .into_iter()
+                    .map(|r| ReservationSummary {
+                        reservation_id: r.id,
+                        definition: r.definition,
+                        allocated_now: r.allocated_now,
+                        used: r.used,
+                    })
+                    .collect(),
+                free: self.core.reservations().free_capacity(),
+            }),
+        };
+        let changed = matches!(
+            reply,
+            Ok(ReservationReply::Accepted { .. } | ReservationReply::Deleted)
+        );
+        let reply = match reply {
+            Ok(_) if changed && self.save_reservations().is_err() => Err(RequestFailed {
+                correlation_id,
+                code: ErrorCode::Internal,
+                message: "the change is in effect but the coordinator could not store it; it would be lost at a coordinator restart (see the coordinator's log)".into(),
+            }),
+            other => other,
+        };
+        let frame = match reply {
+            Ok(reply) => CoordinatorToWorker::ReservationDone(ReservationDone {
+                correlation_id,
+                reply,
+            }),
+            Err(failed) => {
+                debug!(correlation_id, code = ?failed.code, "reservation request refused: {}", failed.message);
+                CoordinatorToWorker::RequestFailed(failed)
+            }
+        };
+        let _ = tx.send(frame);
+        // A deleted or changed reservation may let waiting plain asks through.
+        self.schedule();
     }
 }
 

@@ -16,6 +16,8 @@
 use redb::{Database, ReadableTable, ReadableTableMetadata, StorageBackend, TableDefinition};
 use scheduler_core::NodeId;
 use scheduler_core::protocol::cluster::AppRecord;
+use scheduler_core::reservation::book::{ReservationBook, StoredReservations};
+use scheduler_core::reservation::dra::Dra;
 use scheduler_core::token::KeyRing;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -59,6 +61,9 @@ const K_KEYS: &str = "key_state";
 const K_NEXT_ISSUER: &str = "next_issuer";
 const K_GUARANTOR_SEQ: &str = "guarantor_reserved_seq";
 const K_LOST_NODES: &str = "lost_nodes";
+/// The guarantor's reservations (Morpheus §6): the plan (each reservation's definition, its
+/// recurrence and the allocation of its instance) and the owners.
+const K_RESERVATIONS: &str = "reservations";
 
 /// The token key ring and the wall-clock ms of its last rotation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -458,6 +463,7 @@ impl Store {
             self.next_issuer()?;
             self.guarantor_reserved_seq()?;
             self.lost_nodes()?;
+            self.reservations()?;
             self.apps()?;
             Ok(())
         })
@@ -595,6 +601,7 @@ impl Store {
             K_LOST_NODES => rmp_serde::from_slice::<BTreeSet<NodeId>>(value)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
+            K_RESERVATIONS => decode_reservations(value).map(|_| ()),
             K_LEGACY_JOIN_TOKEN => Ok(()),
             other => Err(format!("unknown record {other:?}")),
         }
@@ -832,6 +839,23 @@ impl Store {
         self.put_meta(K_LOST_NODES, &encode(nodes))
     }
 
+    /// The guarantor's reservations, checked (the plan's invariants hold, every owner's
+    /// reservation is in it); `None` when never written.
+    pub fn reservations(&self) -> Result<Option<ReservationBook>, StoreError> {
+        let bytes = match self.get_meta(K_RESERVATIONS) {
+            Ok(b) => b,
+            Err(StoreError::MissingRecord { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        decode_reservations(&bytes)
+            .map(Some)
+            .map_err(|m| self.corrupted(K_RESERVATIONS, m))
+    }
+
+    pub fn set_reservations(&self, reservations: &StoredReservations) -> Result<(), StoreError> {
+        self.put_meta(K_RESERVATIONS, &encode(reservations))
+    }
+
     pub fn apps(&self) -> Result<Vec<AppRecord>, StoreError> {
         guard(&self.path, "reading it", || {
             let txn = self.db.begin_read().map_err(|e| self.io(e))?;
@@ -944,6 +968,12 @@ fn problem_of(e: StoreError) -> String {
 /// What the store keeps of a join token: its SHA-256, lowercase hex.
 pub fn join_token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A stored reservations record, decoded and checked.
+fn decode_reservations(value: &[u8]) -> Result<ReservationBook, String> {
+    let stored: StoredReservations = rmp_serde::from_slice(value).map_err(|e| e.to_string())?;
+    ReservationBook::restore(stored, Dra::default())
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {

@@ -12,6 +12,8 @@
 use crate::ids::{ContainerIdMinter, NameBuildHasher};
 use crate::node::{ContainerStatus, Placement};
 use crate::protocol::app::Locality;
+use crate::reservation::book::{ReservationBook, ReservationEvent, ReservationInfo};
+use crate::reservation::{AllocationInterval, Rejection, ReservationDefinition};
 use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -255,11 +257,30 @@ pub enum GuarantorError {
     },
     #[error("container {0} is GUARANTEED already")]
     AlreadyGuaranteed(ContainerId),
+    /// A promotion would take capacity held for reservations (Morpheus §6; plain GUARANTEED
+    /// work never does).
+    #[error(
+        "promotion refused: the cluster's GUARANTEED capacity left outside reservations is used up"
+    )]
+    ReservedCapacity,
+    #[error("no reservation with id {0:?}")]
+    UnknownReservation(String),
+    #[error("reservation {0:?} belongs to another application")]
+    NotReservationOwner(String),
+    #[error("ask of {asked} is larger than reservation {id:?} ever allocates (at most {most})")]
+    LargerThanReservation {
+        id: String,
+        asked: Resources,
+        most: Resources,
+    },
 }
 
 impl GuarantorError {
     pub fn retryable(&self) -> bool {
-        matches!(self, GuarantorError::NoCapacityForPromotion { .. })
+        matches!(
+            self,
+            GuarantorError::NoCapacityForPromotion { .. } | GuarantorError::ReservedCapacity
+        )
     }
 }
 
@@ -272,6 +293,9 @@ struct Grant {
     pending_until_ms: Option<u64>,
     /// The node session the grant was made for.
     epoch: u32,
+    /// The reservation whose allocation it counts against (None: plain GUARANTEED work).
+    #[serde(default)]
+    reservation: Option<String>,
 }
 
 /// An unstarted GUARANTEED grant, for the caller to revoke at its node.
@@ -301,6 +325,8 @@ impl Default for GuarantorConfig {
 #[derive(Clone, Debug)]
 struct PendingAsk {
     ask: GuaranteedAsk,
+    /// The reservation it is granted against (Morpheus: a job running inside its reservation).
+    reservation: Option<String>,
     /// When heartbeat-driven allocation first passed it over for a cheaper node (reset when a
     /// container of it is placed).
     passed_over_since_ms: Option<u64>,
@@ -416,6 +442,11 @@ pub struct Guarantor {
     /// Nodes whose GUARANTEED bookings (and so policing limit) changed since the caller last
     /// took them: the coordinator forwards only these, O(changes) rather than O(nodes).
     limits_changed: Vec<NodeId>,
+    /// Reservations (Morpheus), layer 1 of the capacity the guarantor shares.
+    reservations: ReservationBook,
+    /// The latest time the guarantor was told (for calls that are not given one, e.g.
+    /// promotions).
+    clock_ms: u64,
 }
 
 impl std::fmt::Debug for Guarantor {
@@ -444,7 +475,19 @@ impl Guarantor {
             pending: VecDeque::new(),
             minter: ContainerIdMinter::resume(0, last_seq),
             limits_changed: Default::default(),
+            reservations: ReservationBook::default(),
+            clock_ms: 0,
         }
+    }
+
+    /// Use `book` for reservations (a configured or restored one); the default book has the
+    /// default plan (one day of 60-s steps, LowCost). Only before nodes join or grants are made.
+    pub fn with_reservations(mut self, mut book: ReservationBook) -> Guarantor {
+        for n in self.nodes.values() {
+            book.node_capacity_changed(None, Some(n.capacity));
+        }
+        self.reservations = book;
+        self
     }
 
     pub fn last_seq(&self) -> u64 {
@@ -507,8 +550,15 @@ impl Guarantor {
             .collect();
         void.sort_unstable();
         for id in &void {
-            self.grants.remove(id);
+            if let Some(g) = self.grants.remove(id) {
+                self.reservations
+                    .book(g.reservation.as_deref(), &g.resources, false);
+            }
         }
+        let old_capacity = self.nodes.get(&node_id).map(|n| n.capacity);
+        // Growing never replans, so nothing is cancelled here.
+        self.reservations
+            .node_capacity_changed(old_capacity, Some(capacity));
         let guaranteed = self
             .grants
             .values()
@@ -539,22 +589,118 @@ impl Guarantor {
         }
     }
 
-    /// A node is gone: its grants are dropped. Returns (container, app) of each.
+    /// A node is gone: its grants are dropped. Returns (container, app) of each. The plan
+    /// shrinks by the node's capacity and replans (Morpheus §6; YARN's
+    /// `SimpleCapacityReplanner`): moved and cancelled reservations are reported in
+    /// [`Guarantor::take_reservation_events`].
     pub fn remove_node(&mut self, node_id: &NodeId) -> Vec<(ContainerId, AppId)> {
-        self.nodes.remove(node_id);
+        let removed = self.nodes.remove(node_id);
         let lost: Vec<ContainerId> = self
             .grants
             .iter()
             .filter(|(_, g)| &g.node == node_id)
             .map(|(id, _)| *id)
             .collect();
-        lost.into_iter()
-            .filter_map(|id| self.grants.remove(&id).map(|g| (id, g.app)))
-            .collect()
+        let lost: Vec<(ContainerId, AppId)> = lost
+            .into_iter()
+            .filter_map(|id| {
+                let g = self.grants.remove(&id)?;
+                self.reservations
+                    .book(g.reservation.as_deref(), &g.resources, false);
+                Some((id, g.app))
+            })
+            .collect();
+        if let Some(node) = removed {
+            let cancelled = self
+                .reservations
+                .node_capacity_changed(Some(node.capacity), None);
+            for id in cancelled {
+                self.cancel_reservation(
+                    &id,
+                    &format!("the cluster lost node {node_id} and the reservation no longer fits"),
+                );
+            }
+        }
+        lost
+    }
+
+    /// Forget reservation `id` after replanning cancelled it: its waiting asks are dropped, its
+    /// running containers become plain GUARANTEED work, its owner is told.
+    fn cancel_reservation(&mut self, id: &str, reason: &str) {
+        let dropped = self.drop_reserved_asks(id);
+        self.untag_grants(id);
+        self.reservations.cancelled(id, reason, dropped);
+    }
+
+    /// Drop the waiting asks granted against reservation `id`; their keys.
+    fn drop_reserved_asks(&mut self, id: &str) -> Vec<u64> {
+        let mut dropped = Vec::new();
+        self.pending.retain(|p| {
+            if p.reservation.as_deref() == Some(id) {
+                dropped.push(p.ask.ask_key);
+                false
+            } else {
+                true
+            }
+        });
+        dropped
+    }
+
+    /// Grants of reservation `id` count as plain GUARANTEED work from now on (the book moves
+    /// their use itself when it forgets the reservation).
+    fn untag_grants(&mut self, id: &str) {
+        for g in self.grants.values_mut() {
+            if g.reservation.as_deref() == Some(id) {
+                g.reservation = None;
+            }
+        }
     }
 
     /// Queue an ask. Refused at once if no node could ever hold one container of it.
     pub fn submit(&mut self, ask: GuaranteedAsk) -> Result<(), GuarantorError> {
+        self.submit_to(ask, None)
+    }
+
+    /// Queue an ask of the job running inside reservation `reservation_id` (Morpheus §4): its
+    /// containers are granted up to the reservation's allocation at that moment and wait beyond
+    /// it (DRA may stretch the allocation, [`Guarantor::reprovision`]). Refused when the
+    /// reservation is unknown, another application's, or never allocates one container of it.
+    pub fn submit_reserved(
+        &mut self,
+        ask: GuaranteedAsk,
+        reservation_id: &str,
+    ) -> Result<(), GuarantorError> {
+        let Some(owner) = self.reservations.owner(reservation_id) else {
+            return Err(GuarantorError::UnknownReservation(
+                reservation_id.to_string(),
+            ));
+        };
+        if owner != &ask.app_id {
+            return Err(GuarantorError::NotReservationOwner(
+                reservation_id.to_string(),
+            ));
+        }
+        let most = self
+            .reservations
+            .plan()
+            .get(reservation_id)
+            .map(|r| r.peak())
+            .unwrap_or_default();
+        if !ask.resources.fits_in(&most) {
+            return Err(GuarantorError::LargerThanReservation {
+                id: reservation_id.to_string(),
+                asked: ask.resources,
+                most,
+            });
+        }
+        self.submit_to(ask, Some(reservation_id.to_string()))
+    }
+
+    fn submit_to(
+        &mut self,
+        ask: GuaranteedAsk,
+        reservation: Option<String>,
+    ) -> Result<(), GuarantorError> {
         if ask.count == 0 || ask.resources.is_zero() {
             return Err(GuarantorError::Empty);
         }
@@ -576,6 +722,7 @@ impl Guarantor {
         }
         self.pending.push_back(PendingAsk {
             ask,
+            reservation,
             passed_over_since_ms: None,
         });
         Ok(())
@@ -629,11 +776,13 @@ impl Guarantor {
     /// Place whatever pending containers fit now, in arrival order; an ask that does not fit
     /// does not block later ones. `now_ms` is the wall clock for token expiry.
     pub fn schedule(&mut self, now_ms: u64) -> Vec<GuaranteedPlacement> {
+        self.tick(now_ms);
         let mut out = Vec::new();
         let mut still_pending = VecDeque::with_capacity(self.pending.len());
         while let Some(mut pending) = self.pending.pop_front() {
+            let reservation = pending.reservation.take();
             let ask = &mut pending.ask;
-            while ask.count > 0 {
+            while ask.count > 0 && self.admits(now_ms, ask, reservation.as_deref()) {
                 let chosen = {
                     let cands = Self::candidates(&self.nodes, ask);
                     self.placer
@@ -642,9 +791,10 @@ impl Guarantor {
                 };
                 let Some(node_id) = chosen else { break };
                 ask.count -= 1;
-                out.push(self.grant(now_ms, ask, node_id, ask.count));
+                out.push(self.grant(now_ms, ask, node_id, ask.count, reservation.as_deref()));
             }
             if ask.count > 0 {
+                pending.reservation = reservation;
                 still_pending.push_back(pending);
             }
         }
@@ -662,6 +812,7 @@ impl Guarantor {
     /// honoured as in [`Guarantor::schedule`]: an ask with a non-relaxed preference for other
     /// nodes or racks is skipped.
     pub fn schedule_on_node(&mut self, now_ms: u64, node_id: &NodeId) -> Vec<GuaranteedPlacement> {
+        self.tick(now_ms);
         let mut out = Vec::new();
         if self.pending.is_empty() {
             return out;
@@ -681,9 +832,11 @@ impl Guarantor {
                 break;
             }
             let ask = &self.pending[index].ask;
+            let reservation = self.pending[index].reservation.as_deref();
             if !ask.resources.fits_in(&capacity)
                 || !ask.resources.fits_in(&node.free())
                 || !Self::locality_allows(ask, node_id, &rack)
+                || !self.admits(now_ms, ask, reservation)
             {
                 index += 1;
                 continue;
@@ -701,9 +854,19 @@ impl Guarantor {
                 continue;
             }
             let mut ask = self.pending[index].ask.clone();
-            while ask.count > 0 && ask.resources.fits_in(&self.nodes[node_id].free()) {
+            let reservation = self.pending[index].reservation.clone();
+            while ask.count > 0
+                && ask.resources.fits_in(&self.nodes[node_id].free())
+                && self.admits(now_ms, &ask, reservation.as_deref())
+            {
                 ask.count -= 1;
-                out.push(self.grant(now_ms, &ask, node_id.clone(), ask.count));
+                out.push(self.grant(
+                    now_ms,
+                    &ask,
+                    node_id.clone(),
+                    ask.count,
+                    reservation.as_deref(),
+                ));
                 if patience_ms > 0
                     && ask.count > 0
                     && !self.accept_on_node_update(
@@ -771,6 +934,113 @@ impl Guarantor {
         accept
     }
 
+    /// Advance the guarantor's clock to `now_ms` and end DRA stretches whose time is up.
+    fn tick(&mut self, now_ms: u64) {
+        self.clock_ms = self.clock_ms.max(now_ms);
+        self.reservations.expire_stretches(now_ms);
+    }
+
+    /// Whether one more container of `ask` may be granted at `now_ms` by the reservations' rule
+    /// (DESIGN.md "The guarantor: one loop", layer 1): against its reservation's allocation at
+    /// that moment, or, for plain work, outside what the reservations hold.
+    fn admits(&self, now_ms: u64, ask: &GuaranteedAsk, reservation: Option<&str>) -> bool {
+        match reservation {
+            Some(id) => self
+                .reservations
+                .admits_reserved(now_ms, id, &ask.resources),
+            None => self
+                .reservations
+                .admits_plain(now_ms, &ask.resources, ask.runtime_estimate_ms),
+        }
+    }
+
+    /// The reservations (plan, owners, use).
+    pub fn reservations(&self) -> &ReservationBook {
+        &self.reservations
+    }
+
+    /// Accept a reservation for `owner` (Morpheus §6.3, LowCost by default), or say why not.
+    /// Returns its allocation over the agenda.
+    pub fn reserve(
+        &mut self,
+        now_ms: u64,
+        id: &str,
+        owner: AppId,
+        definition: ReservationDefinition,
+    ) -> Result<Vec<AllocationInterval>, Rejection> {
+        self.tick(now_ms);
+        self.reservations.reserve(id, owner, definition)
+    }
+
+    /// Replace a reservation's definition; `owner` None is the operator. The old allocation
+    /// stays when the new definition does not fit. Containers it runs keep running (and count
+    /// against the new allocation).
+    pub fn update_reservation(
+        &mut self,
+        now_ms: u64,
+        id: &str,
+        owner: Option<&AppId>,
+        definition: ReservationDefinition,
+    ) -> Result<Vec<AllocationInterval>, Rejection> {
+        self.tick(now_ms);
+        self.reservations.update(id, owner, definition)
+    }
+
+    /// Delete a reservation; `owner` None is the operator. Its running containers become plain
+    /// GUARANTEED work; its waiting asks are dropped (their keys are returned).
+    pub fn delete_reservation(
+        &mut self,
+        id: &str,
+        owner: Option<&AppId>,
+    ) -> Result<Vec<u64>, Rejection> {
+        self.reservations.delete(id, owner)?;
+        let dropped = self.drop_reserved_asks(id);
+        self.untag_grants(id);
+        Ok(dropped)
+    }
+
+    /// The reservations of `owner` (all with None), as of `now_ms`.
+    pub fn list_reservations(&self, now_ms: u64, owner: Option<&AppId>) -> Vec<ReservationInfo> {
+        self.reservations.list(now_ms, owner)
+    }
+
+    /// Run DRA (Morpheus §7) at `now_ms`: every reservation whose job demands more than its
+    /// allocation (containers held plus containers waiting) and holds no live stretch is
+    /// stretched for `T` where the plan has room. Call it every `T` (the book's
+    /// [`crate::reservation::dra::Dra::extension_ms`]); the stretches are reported as
+    /// [`ReservationEvent::Reprovisioned`]. Returns how many were stretched.
+    pub fn reprovision(&mut self, now_ms: u64) -> usize {
+        self.tick(now_ms);
+        if self.reservations.is_empty() {
+            return 0;
+        }
+        let mut waiting: std::collections::BTreeMap<&str, Resources> = Default::default();
+        for p in &self.pending {
+            if let Some(id) = p.reservation.as_deref() {
+                let e = waiting.entry(id).or_default();
+                *e = e.saturating_add(&p.ask.resources.scale(u64::from(p.ask.count)));
+            }
+        }
+        let demands: Vec<(String, Resources)> = waiting
+            .into_iter()
+            .map(|(id, w)| {
+                (
+                    id.to_string(),
+                    w.saturating_add(&self.reservations.used(id)),
+                )
+            })
+            .collect();
+        demands
+            .into_iter()
+            .filter(|(id, demand)| self.reservations.reprovision(now_ms, id, *demand))
+            .count()
+    }
+
+    /// What reservation owners must be told since the last call.
+    pub fn take_reservation_events(&mut self) -> Vec<ReservationEvent> {
+        self.reservations.take_events()
+    }
+
     /// Whether a node-update allocation on `node_id` respects the ask's locality.
     fn locality_allows(ask: &GuaranteedAsk, node_id: &NodeId, rack: &str) -> bool {
         match &ask.locality {
@@ -790,7 +1060,9 @@ impl Guarantor {
         ask: &GuaranteedAsk,
         node_id: NodeId,
         remaining: u32,
+        reservation: Option<&str>,
     ) -> GuaranteedPlacement {
+        self.reservations.book(reservation, &ask.resources, true);
         let node = self.nodes.get_mut(&node_id).expect("candidate node exists");
         node.guaranteed = node.guaranteed.saturating_add(&ask.resources);
         if node.mark_limit_changed() {
@@ -807,6 +1079,7 @@ impl Guarantor {
                 resources: ask.resources,
                 pending_until_ms: Some(expires_at_ms),
                 epoch,
+                reservation: reservation.map(str::to_string),
             },
         );
         GuaranteedPlacement {
@@ -847,11 +1120,13 @@ impl Guarantor {
             self.on_started(container.id);
             return Ok(());
         }
-        self.promote(
+        // It runs already: booked even where it eats into reserved capacity.
+        self.book_promotion(
             container.id,
             node_id,
             &container.app_id,
             container.resources,
+            false,
         )
     }
 
@@ -867,6 +1142,8 @@ impl Guarantor {
         let Some(g) = self.grants.remove(&id) else {
             return false;
         };
+        self.reservations
+            .book(g.reservation.as_deref(), &g.resources, false);
         if let Some(n) = self.nodes.get_mut(&g.node) {
             n.guaranteed = n.guaranteed.saturating_sub(&g.resources);
             if n.mark_limit_changed() {
@@ -931,13 +1208,26 @@ impl Guarantor {
     }
 
     /// Mercury §3.4: validate a promotion. Succeeds only if the container's node has the
-    /// GUARANTEED capacity for it; then the capacity is booked.
+    /// GUARANTEED capacity for it, and the cluster has it outside the reservations' (a promoted
+    /// container is plain GUARANTEED work, as of the latest time the guarantor was told); then
+    /// the capacity is booked.
     pub fn promote(
         &mut self,
         id: ContainerId,
         node_id: &NodeId,
         app: &AppId,
         resources: Resources,
+    ) -> Result<(), GuarantorError> {
+        self.book_promotion(id, node_id, app, resources, true)
+    }
+
+    fn book_promotion(
+        &mut self,
+        id: ContainerId,
+        node_id: &NodeId,
+        app: &AppId,
+        resources: Resources,
+        respect_reservations: bool,
     ) -> Result<(), GuarantorError> {
         if self.grants.contains_key(&id) {
             return Err(GuarantorError::AlreadyGuaranteed(id));
@@ -953,6 +1243,14 @@ impl Guarantor {
                 needed: resources,
             });
         }
+        if respect_reservations
+            && !self
+                .reservations
+                .admits_plain(self.clock_ms, &resources, None)
+        {
+            return Err(GuarantorError::ReservedCapacity);
+        }
+        self.reservations.book(None, &resources, true);
         node.guaranteed = node.guaranteed.saturating_add(&resources);
         if node.mark_limit_changed() {
             self.limits_changed.push(node_id.clone());
@@ -965,6 +1263,7 @@ impl Guarantor {
                 resources,
                 pending_until_ms: None,
                 epoch: node.epoch,
+                reservation: None,
             },
         );
         Ok(())
@@ -993,9 +1292,26 @@ impl Guarantor {
         self.nodes.get(node_id).map(|n| n.free())
     }
 
-    /// No node over-committed with GUARANTEED work, and books equal grants.
+    /// No node over-committed with GUARANTEED work, books equal grants (per node, per
+    /// reservation and for plain work), and the plan's invariants (never over capacity).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.nodes.check()?;
+        let mut by_reservation: HashMap<Option<String>, Resources> = HashMap::new();
+        for g in self.grants.values() {
+            let e = by_reservation.entry(g.reservation.clone()).or_default();
+            *e = e.saturating_add(&g.resources);
+        }
+        self.reservations.check_invariants(&by_reservation)?;
+        for p in &self.pending {
+            if let Some(id) = &p.reservation
+                && !self.reservations.contains(id)
+            {
+                return Err(format!(
+                    "ask {} waits for unknown reservation {id}",
+                    p.ask.ask_key
+                ));
+            }
+        }
         for n in self.nodes.values() {
             let sum = self
                 .grants

@@ -110,6 +110,7 @@ fn allocate() -> AppRequest {
         runtime_estimate_ms: Some(2000),
         job_id: "job-1".into(),
         job_submit_time_ms: 1_700_000_000_000,
+        reservation_id: None,
     })
 }
 
@@ -181,6 +182,8 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
         ErrorCode::CoordinatorUnavailable,
         ErrorCode::Internal,
         ErrorCode::TooManyConnections,
+        ErrorCode::ReservationRejected,
+        ErrorCode::UnknownReservation,
     ];
     codes
         .into_iter()
@@ -202,6 +205,8 @@ fn all_error_codes() -> Vec<(ErrorCode, &'static str)> {
                 ErrorCode::CoordinatorUnavailable => "coordinator_unavailable",
                 ErrorCode::Internal => "internal",
                 ErrorCode::TooManyConnections => "too_many_connections",
+                ErrorCode::ReservationRejected => "reservation_rejected",
+                ErrorCode::UnknownReservation => "unknown_reservation",
             };
             (c, name)
         })
@@ -277,7 +282,7 @@ fn limits_table_lists_every_bound_with_its_value() {
     use scheduler_core::protocol::limits::*;
     let doc = protocol_md();
     let table = section(&doc, "limits");
-    let bounds: [(&str, u64); 18] = [
+    let bounds: [(&str, u64); 21] = [
         ("APP_MAX_FRAME", APP_MAX_FRAME as u64),
         (
             "MAX_CONTAINERS_PER_ALLOCATE",
@@ -298,6 +303,9 @@ fn limits_table_lists_every_bound_with_its_value() {
         ("MAX_LAUNCH_BYTES", MAX_LAUNCH_BYTES as u64),
         ("MAX_SIGNATURE_BYTES", MAX_SIGNATURE_BYTES as u64),
         ("MAX_CONTAINERS_PER_NODE", MAX_CONTAINERS_PER_NODE as u64),
+        ("MAX_RESERVATION_ID_BYTES", MAX_RESERVATION_ID_BYTES as u64),
+        ("MAX_RESERVATION_STAGES", MAX_RESERVATION_STAGES as u64),
+        ("MAX_RESERVATIONS_PER_APP", MAX_RESERVATIONS_PER_APP as u64),
         (
             "MAX_WAITING_GUARANTEED_ASKS_PER_APP",
             MAX_WAITING_GUARANTEED_ASKS_PER_APP as u64,

@@ -56,6 +56,7 @@ fn ask(
         runtime_estimate_ms: Some(estimate_ms),
         job_id: job.to_string(),
         job_submit_time_ms: now_ms(),
+        reservation_id: None,
     }
 }
 

@@ -12,6 +12,7 @@ pub mod load;
 pub mod local;
 pub mod partition;
 pub mod plan;
+pub mod reservations;
 pub mod sim;
 pub mod task;
 pub mod traces;

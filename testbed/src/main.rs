@@ -29,6 +29,10 @@ enum Command {
     Demo(testbed::demo::DemoArgs),
     /// Build a reservation plan (Morpheus LowCost or greedy) and place the requests of a JSON file.
     Plan(testbed::plan::PlanArgs),
+    /// Submit accepted SLO contracts (inference) as recurring reservations to a running
+    /// coordinator through a worker's app endpoint, or list the app's reservations and the
+    /// plan's free capacity (Morpheus §3, §6).
+    Reservations(testbed::reservations::ReservationsArgs),
     /// Node-loss check (docker-compose test): start long containers on every worker, print READY,
     /// wait until the victim's containers are reported lost, and check new asks avoid it.
     NodeLossCheck(testbed::demo::NodeLossArgs),
@@ -51,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         Command::Load(args) => testbed::load::run(&args),
         Command::Demo(args) => testbed::demo::run(&args),
         Command::Plan(args) => testbed::plan::run(&args),
+        Command::Reservations(args) => testbed::reservations::run(&args),
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),
         Command::Fuzz(args) => testbed::fuzz::run(&args),
         Command::PartitionCheck(args) => testbed::partition::run(&args),

@@ -73,6 +73,7 @@ fn on_victim(ctype: ContainerType, cpu: u64, victim: &str) -> Allocate {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
             .as_millis() as u64,
+        reservation_id: None,
     }
 }
 

@@ -167,6 +167,7 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         runtime_estimate_ms: Some(1000),
         job_id: "job-1".into(),
         job_submit_time_ms: 1,
+        reservation_id: None,
     }
 }
 

@@ -111,6 +111,7 @@ fn transcript() -> Vec<(&'static str, Frame)> {
                 runtime_estimate_ms: Some(30_000),
                 job_id: "job-42".into(),
                 job_submit_time_ms: t,
+                reservation_id: None,
             })),
         ),
         (

@@ -70,6 +70,7 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         runtime_estimate_ms: Some(60_000),
         job_id: "e2e".into(),
         job_submit_time_ms: 1,
+        reservation_id: None,
     }
 }
 
@@ -262,4 +263,180 @@ async fn bad_clients_get_clear_errors_and_others_keep_being_served() {
             .len(),
         1
     );
+}
+
+/// The reservation loop through a real worker and coordinator (Morpheus §4, §6): the app reserves
+/// capacity for now, its job's GUARANTEED ask naming the reservation is granted up to the
+/// allocation, plain GUARANTEED work gets only what is left, and bad input is answered naming the
+/// field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_are_made_and_used_through_the_worker() {
+    use scheduler_core::reservation::{Interpreter, ReservationDefinition, Stage};
+    const MIN: u64 = 60_000;
+    let c = cluster(1);
+    let (pool, _events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
+    let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    // Agenda time is UTC time of day; the window starts at the current minute.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let minute = (now_ms % (24 * 60 * MIN)) / MIN;
+    let end = (minute + 10).min(24 * 60);
+    let definition = ReservationDefinition {
+        arrival_ms: minute * MIN,
+        deadline_ms: end * MIN,
+        interpreter: Interpreter::All,
+        stages: vec![Stage {
+            containers: 2,
+            gang: 2,
+            duration_ms: (end - minute) * MIN,
+            size: Resources::new(500, 256),
+        }],
+        recurrence_ms: Some(24 * 60 * MIN),
+        alignment_penalty: 0.0,
+    };
+    let bad = client.reserve("no/slash", definition.clone()).await;
+    match bad {
+        Err(testbed::client::ClientError::Server(e)) => {
+            assert_eq!(e.code, ErrorCode::InvalidRequest);
+            assert!(e.message.contains("reservation_id"), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The worker may not have joined yet: coordinator_unavailable is retryable.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    let accepted = loop {
+        match client.reserve("etl", definition.clone()).await {
+            Ok(a) => break a,
+            Err(testbed::client::ClientError::Server(e))
+                if e.retryable && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("reserve: {e}"),
+        }
+    };
+    assert_eq!(accepted.allocation.len(), 1);
+    assert_eq!(accepted.allocation[0].cpu_millis, 1000);
+    // Plain GUARANTEED work gets the node's 2000 millicores less the 1000 reserved, although
+    // the reservation's owner runs nothing yet.
+    let mut plain = ask(ContainerType::Guaranteed, 4);
+    plain.resources = Resources::new(500, 256);
+    let mut frames = client.allocate_frames(plain).unwrap();
+    let first = tokio::time::timeout(GUARD, frames.next())
+        .await
+        .expect("a first frame")
+        .unwrap()
+        .unwrap();
+    assert_eq!((first.containers.len(), first.remaining), (2, 2));
+    // The owner's job gets its whole allocation.
+    let mut reserved = ask(ContainerType::Guaranteed, 2);
+    reserved.resources = Resources::new(500, 256);
+    reserved.reservation_id = Some("etl".into());
+    let granted = tokio::time::timeout(GUARD, client.allocate(reserved))
+        .await
+        .expect("the reserved ask is answered")
+        .unwrap();
+    assert_eq!(granted.containers.len(), 2);
+    let list = client.list_reservations().await.unwrap();
+    assert_eq!(list.reservations.len(), 1);
+    assert_eq!(list.reservations[0].used, Resources::new(1000, 512));
+    assert!(!list.free.is_empty());
+    drop(frames);
+    client.delete_reservation("etl").await.unwrap();
+    match client.delete_reservation("etl").await {
+        Err(testbed::client::ClientError::Server(e)) => {
+            assert_eq!(e.code, ErrorCode::UnknownReservation)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The operator's end of the Morpheus loop with the real binaries: signed-off SLO contracts
+/// (inference's JSON) become recurring reservations through `testbed reservations submit`
+/// (again: updated), and `testbed reservations list` shows them with the plan's free capacity.
+#[test]
+fn reservations_submit_and_list_commands_drive_a_running_coordinator() {
+    use inference::slo::{ContractStatus, SloContract, SloRule};
+    let c = cluster(1);
+    let contract = |job: &str, status| SloContract {
+        job: job.into(),
+        period: 86_400.0,
+        earliest_start: 3_600.0,
+        deadline: 7_200.0,
+        skyline: Some(vec![1, 2, 2, 1]),
+        status,
+        start_rule: SloRule::SubmitPercentile,
+        deadline_rule: SloRule::EndPercentileFallback,
+        overridden: vec![],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("contracts.json");
+    let contracts = vec![
+        contract("nightly etl", ContractStatus::SignedOff),
+        contract("hourly report", ContractStatus::Proposed),
+    ];
+    std::fs::write(&file, serde_json::to_string(&contracts).unwrap()).unwrap();
+    let endpoint_args = |cmd: &str| {
+        let mut a = vec![
+            "reservations".to_string(),
+            cmd.to_string(),
+            "--endpoint".into(),
+            c.workers[0].app_endpoint.clone(),
+            "--ca-cert".into(),
+            c.ca_cert.display().to_string(),
+            "--app-id".into(),
+            c.app_id.clone(),
+            "--app-secret".into(),
+            c.app_secret.clone(),
+            "--json".into(),
+        ];
+        if cmd == "submit" {
+            a.push(file.display().to_string());
+        }
+        a
+    };
+    let run = |cmd: &str| {
+        // The worker may not have joined the coordinator yet: its answer is then retryable.
+        let deadline = std::time::Instant::now() + GUARD;
+        loop {
+            let out = std::process::Command::new(task_program())
+                .args(endpoint_args(cmd))
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+            if out.status.success() || std::time::Instant::now() > deadline {
+                assert!(
+                    out.status.success(),
+                    "{cmd}: {stdout} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                return serde_json::from_str::<serde_json::Value>(&stdout).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    for op in ["reserve", "update_reservation"] {
+        let v = run("submit");
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0]["reservation_id"], "nightly-etl");
+        assert_eq!(results[0]["accepted"], true, "{v}");
+        assert_eq!(results[0]["op"], op);
+        assert_eq!(results[0]["allocation"].as_array().unwrap().len(), 3);
+        assert_eq!(results[1]["accepted"], false);
+        assert!(
+            results[1]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("not signed off")
+        );
+    }
+    let v = run("list");
+    let reservations = v["reservations"].as_array().unwrap();
+    assert_eq!(reservations.len(), 1);
+    assert_eq!(reservations[0]["reservation_id"], "nightly-etl");
+    assert!(!v["free"].as_array().unwrap().is_empty());
 }

@@ -24,6 +24,7 @@ fn guaranteed_ask() -> Allocate {
         runtime_estimate_ms: Some(60_000),
         job_id: "reliability".into(),
         job_submit_time_ms: 1,
+        reservation_id: None,
     }
 }
 

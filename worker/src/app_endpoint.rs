@@ -8,7 +8,7 @@
 use crate::config::AppLimits;
 use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};
 use crate::scheduler_actor::{
-    AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, SchedulerActor,
+    AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, ReservationMsg, SchedulerActor,
 };
 use crate::shared::{
     AuthError, ConnState, ConnTx, GRANT_ANSWER_BYTES, InFlight, OTHER_ANSWER_BYTES, OutboundLimits,
@@ -23,6 +23,7 @@ use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::app::{
     APP_PROTOCOL_VERSION, Ack, AppRequest, AppResponse, ErrorCode, ErrorFrame, Welcome,
 };
+use scheduler_core::protocol::cluster::ReservationOp;
 use scheduler_core::protocol::limits::{HELLO_MAX_FRAME, validate_request};
 use scheduler_core::{AppId, NodeId};
 use std::cell::{Cell, RefCell};
@@ -512,9 +513,24 @@ struct Session<'a> {
 
 use std::ops::ControlFlow;
 
+/// Estimated bytes of a `reservation` or `reservations` answer (an allocation of up to a day of
+/// one-minute steps, or a list of up to 64 definitions).
+const RESERVATION_ANSWER_BYTES: usize = 128 * 1024;
+
 impl Session<'_> {
     fn send(&self, r: AppResponse) {
         let _ = self.tx.send(r);
+    }
+
+    /// Forward a reservation request to the coordinator.
+    fn reservation(&self, app: AppId, request_id: u64, op: ReservationOp, answer_bytes: usize) {
+        self.ep.scheduler.do_send(ReservationMsg {
+            app,
+            request_id,
+            op,
+            reply: self.tx.clone(),
+            in_flight: InFlight::new(&self.state, answer_bytes),
+        });
     }
 
     fn send_error(&self, request_id: Option<u64>, code: ErrorCode, message: impl Into<String>) {
@@ -753,6 +769,38 @@ impl Session<'_> {
                     Err(e) => self.send(error(req.request_id, ErrorCode::Internal, e.to_string())),
                 }
             }
+            AppRequest::Reserve(req) => self.reservation(
+                app,
+                req.request_id,
+                ReservationOp::Reserve {
+                    reservation_id: req.reservation_id,
+                    definition: req.definition,
+                },
+                RESERVATION_ANSWER_BYTES,
+            ),
+            AppRequest::UpdateReservation(req) => self.reservation(
+                app,
+                req.request_id,
+                ReservationOp::Update {
+                    reservation_id: req.reservation_id,
+                    definition: req.definition,
+                },
+                RESERVATION_ANSWER_BYTES,
+            ),
+            AppRequest::DeleteReservation(req) => self.reservation(
+                app,
+                req.request_id,
+                ReservationOp::Delete {
+                    reservation_id: req.reservation_id,
+                },
+                OTHER_ANSWER_BYTES,
+            ),
+            AppRequest::ListReservations(req) => self.reservation(
+                app,
+                req.request_id,
+                ReservationOp::List,
+                RESERVATION_ANSWER_BYTES,
+            ),
             AppRequest::Subscribe(req) => {
                 self.ep.shared.subscribe(app, self.conn, self.tx.clone());
                 self.send(AppResponse::Ack(Ack {

@@ -322,7 +322,9 @@ impl Link {
             other @ (CoordinatorToWorker::GuaranteedAllocated(_)
             | CoordinatorToWorker::PromoteResult(_)
             | CoordinatorToWorker::Released(_)
-            | CoordinatorToWorker::RequestFailed(_)) => {
+            | CoordinatorToWorker::RequestFailed(_)
+            | CoordinatorToWorker::ReservationDone(_)
+            | CoordinatorToWorker::ReservationNotice(_)) => {
                 self.scheduler.do_send(CoordinatorAnswer(other))
             }
             CoordinatorToWorker::JoinAccepted(_) | CoordinatorToWorker::JoinRejected(_) => {

@@ -16,11 +16,12 @@ use scheduler_core::issued::{IssuedAction, IssuedContainers};
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::{
     Ack, Allocate, Allocated, AppResponse, ContainerEvent, ContainerEventKind, ErrorCode,
-    GrantedContainer, Promote, Promoted, Release,
+    GrantedContainer, Promote, Promoted, Release, ReservationAccepted, ReservationList,
 };
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, CancelAllocate, CoordinatorToWorker, PromoteContainer,
-    ReleaseContainer, WorkerToCoordinator,
+    ReleaseContainer, ReservationCall, ReservationNoticeKind, ReservationOp, ReservationReply,
+    WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::MAX_WAITING_GUARANTEED_ASKS_PER_APP;
 use scheduler_core::token::{IssuerNodeKey, QueueableSigner};
@@ -393,6 +394,41 @@ impl Handler<PromoteMsg> for SchedulerActor {
     }
 }
 
+/// `reserve`, `update_reservation`, `delete_reservation` or `list_reservations` from an
+/// application connection: forwarded to the coordinator's guarantor (Morpheus §6), like a
+/// GUARANTEED `allocate`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReservationMsg {
+    pub app: AppId,
+    pub request_id: u64,
+    pub op: ReservationOp,
+    pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
+}
+
+impl Handler<ReservationMsg> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReservationMsg, _: &mut Context<Self>) {
+        let ReservationMsg {
+            app,
+            request_id,
+            op,
+            reply,
+            ..
+        } = msg;
+        let app_id = app.to_string();
+        self.forward(app, request_id, reply, move |correlation_id| {
+            WorkerToCoordinator::Reservation(ReservationCall {
+                correlation_id,
+                app_id,
+                op,
+            })
+        });
+    }
+}
+
 /// `release` of a container that is not on this node.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -599,6 +635,39 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                         request_id: p.request_id,
                     }));
                 }
+            }
+            CoordinatorToWorker::ReservationDone(d) => {
+                if let Some(p) = self.pending.remove(&d.correlation_id) {
+                    let request_id = p.request_id;
+                    let answer = match d.reply {
+                        ReservationReply::Accepted {
+                            reservation_id,
+                            allocation,
+                        } => AppResponse::Reservation(ReservationAccepted {
+                            request_id,
+                            reservation_id,
+                            allocation,
+                        }),
+                        ReservationReply::Deleted => AppResponse::Ack(Ack { request_id }),
+                        ReservationReply::Listed { reservations, free } => {
+                            AppResponse::Reservations(ReservationList {
+                                request_id,
+                                reservations,
+                                free,
+                            })
+                        }
+                    };
+                    let _ = p.reply.send(answer);
+                }
+            }
+            CoordinatorToWorker::ReservationNotice(n) => {
+                let frame = match n.event {
+                    ReservationNoticeKind::Reprovisioned(e) => {
+                        AppResponse::ReservationReprovisioned(e)
+                    }
+                    ReservationNoticeKind::Cancelled(e) => AppResponse::ReservationCancelled(e),
+                };
+                self.shared.notify_frame(&AppId::new(n.app_id), frame);
             }
             CoordinatorToWorker::RequestFailed(f) => {
                 if let Some(p) = self.pending.remove(&f.correlation_id) {

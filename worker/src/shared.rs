@@ -387,10 +387,16 @@ impl Shared {
 
     /// Push an event to every subscribed connection of `app` on this worker.
     pub fn notify(&self, app: &AppId, event: ContainerEvent) {
+        self.notify_frame(app, AppResponse::Event(event));
+    }
+
+    /// Push a pushed frame (an `event`, a reservation event) to every subscribed connection of
+    /// `app` on this worker.
+    pub fn notify_frame(&self, app: &AppId, frame: AppResponse) {
         let mut subs = self.subscribers.borrow_mut();
         if let Some(list) = subs.get_mut(app) {
             // A connection that is gone, or closed for not reading, loses its subscription.
-            list.retain(|(_, tx)| tx.send(AppResponse::Event(event.clone())).is_ok());
+            list.retain(|(_, tx)| tx.send(frame.clone()).is_ok());
             if list.is_empty() {
                 subs.remove(app);
             }

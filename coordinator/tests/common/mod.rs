@@ -178,6 +178,7 @@ pub fn allocate_guaranteed(
             runtime_estimate_ms: Some(1000),
             job_id: "job-1".into(),
             job_submit_time_ms: 1_600_000_000_000,
+            reservation_id: None,
         },
     })
 }

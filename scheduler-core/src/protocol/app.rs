@@ -1,6 +1,8 @@
 //! The application protocol (job manager ↔ its local worker, and ↔ the worker hosting a
 //! container): length-prefixed msgpack frames, see [`crate::codec`] and `docs/protocol.md`.
 
+use crate::reservation::book::ReprovisionCause;
+use crate::reservation::{AllocationInterval, ReservationDefinition};
 use crate::token::ContainerToken;
 use crate::{ContainerId, ContainerType, KillReason, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -24,6 +26,10 @@ pub enum AppRequest {
     StartContainer(StartContainer),
     StopContainer(StopContainer),
     Subscribe(Subscribe),
+    Reserve(Reserve),
+    UpdateReservation(UpdateReservation),
+    DeleteReservation(DeleteReservation),
+    ListReservations(ListReservations),
 }
 
 impl AppRequest {
@@ -37,6 +43,10 @@ impl AppRequest {
             AppRequest::StartContainer(r) => Some(r.request_id),
             AppRequest::StopContainer(r) => Some(r.request_id),
             AppRequest::Subscribe(r) => Some(r.request_id),
+            AppRequest::Reserve(r) => Some(r.request_id),
+            AppRequest::UpdateReservation(r) => Some(r.request_id),
+            AppRequest::DeleteReservation(r) => Some(r.request_id),
+            AppRequest::ListReservations(r) => Some(r.request_id),
         }
     }
 }
@@ -85,6 +95,44 @@ pub struct Allocate {
     pub job_id: String,
     /// When the job was submitted (ms since the Unix epoch); queues are ordered by it (§4.3).
     pub job_submit_time_ms: u64,
+    /// GUARANTEED only: the app's reservation this job runs in (Morpheus §4). Its containers are
+    /// granted up to the reservation's allocation at that moment and wait beyond it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation_id: Option<String>,
+}
+
+/// Ask for a (recurring) reservation of GUARANTEED capacity (Morpheus §6.1; YARN's reservation
+/// definition language). Answered by `reservation` (accepted, with its allocation) or an error
+/// (`reservation_rejected` with the reason, `invalid_request` naming a bad field).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reserve {
+    pub request_id: u64,
+    /// Chosen by the app: 1 to 128 characters of `A-Z a-z 0-9 . _ -`, unique in the cluster.
+    pub reservation_id: String,
+    pub definition: ReservationDefinition,
+}
+
+/// Replace the definition of one of the app's reservations; the old allocation stays when the
+/// new definition does not fit. Answered like `reserve`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateReservation {
+    pub request_id: u64,
+    pub reservation_id: String,
+    pub definition: ReservationDefinition,
+}
+
+/// Delete one of the app's reservations; answered by `ack`. Its running containers keep running
+/// (as plain GUARANTEED work); its waiting asks are answered `reservation_rejected`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteReservation {
+    pub request_id: u64,
+    pub reservation_id: String,
+}
+
+/// List the app's reservations; answered by `reservations`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListReservations {
+    pub request_id: u64,
 }
 
 /// Give a container back (queued or running containers are stopped; unstarted grants freed).
@@ -145,6 +193,10 @@ pub enum AppResponse {
     Ack(Ack),
     Event(ContainerEvent),
     Error(ErrorFrame),
+    Reservation(ReservationAccepted),
+    Reservations(ReservationList),
+    ReservationReprovisioned(ReservationReprovisioned),
+    ReservationCancelled(ReservationCancelled),
 }
 
 /// The `type` tags of the requests an app may send (to tell "unknown type" from "bad fields of a
@@ -157,13 +209,22 @@ pub const REQUEST_TYPES: &[&str] = &[
     "start_container",
     "stop_container",
     "subscribe",
+    "reserve",
+    "update_reservation",
+    "delete_reservation",
+    "list_reservations",
 ];
 
 impl AppResponse {
     /// The request this frame answers (`None` for `welcome`, events and connection errors).
     pub fn request_id(&self) -> Option<u64> {
         match self {
-            AppResponse::Welcome(_) | AppResponse::Event(_) => None,
+            AppResponse::Welcome(_)
+            | AppResponse::Event(_)
+            | AppResponse::ReservationReprovisioned(_)
+            | AppResponse::ReservationCancelled(_) => None,
+            AppResponse::Reservation(r) => Some(r.request_id),
+            AppResponse::Reservations(r) => Some(r.request_id),
             AppResponse::Allocated(a) => Some(a.request_id),
             AppResponse::Promoted(p) => Some(p.request_id),
             AppResponse::ContainerAccepted(c) => Some(c.request_id),
@@ -234,7 +295,60 @@ pub struct ContainerAccepted {
     pub state: AcceptedState,
 }
 
-/// Answer to `release`, `stop_container` and `subscribe`.
+/// Answer to `reserve` and `update_reservation`: accepted, with the reservation's allocation over
+/// the agenda (maximal runs of equal allocation, in agenda ms: the agenda starts at the Unix epoch
+/// and repeats every day, so `start_ms` 0 is 00:00 UTC).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationAccepted {
+    pub request_id: u64,
+    pub reservation_id: String,
+    pub allocation: Vec<AllocationInterval>,
+}
+
+/// One reservation in `reservations`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationSummary {
+    pub reservation_id: String,
+    pub definition: ReservationDefinition,
+    /// What it allocates now (DRA stretches included).
+    pub allocated_now: Resources,
+    /// What its GUARANTEED containers hold now.
+    pub used: Resources,
+}
+
+/// Answer to `list_reservations`, in reservation id order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationList {
+    pub request_id: u64,
+    pub reservations: Vec<ReservationSummary>,
+    /// The plan's free GUARANTEED capacity over the agenda (one day), as maximal runs: what
+    /// another reservation could still get (Morpheus §6).
+    #[serde(default)]
+    pub free: Vec<AllocationInterval>,
+}
+
+/// Pushed to the owner's subscribed connections: the reservation's allocation changed, because
+/// the cluster shrank and it was placed again (`cause.replanned`), or DRA stretched its current
+/// instance (Morpheus §7, `cause.stretched`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationReprovisioned {
+    pub reservation_id: String,
+    pub allocation: Vec<AllocationInterval>,
+    pub cause: ReprovisionCause,
+    /// Coordinator clock (ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
+/// Pushed to the owner's subscribed connections: the reservation is gone (the cluster shrank and
+/// it no longer fits). Its waiting asks were answered `reservation_rejected`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationCancelled {
+    pub reservation_id: String,
+    pub reason: String,
+    pub at_ms: u64,
+}
+
+/// Answer to `release`, `stop_container`, `subscribe` and `delete_reservation`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ack {
     pub request_id: u64,
@@ -288,6 +402,11 @@ pub enum ErrorCode {
     /// The worker refused the connection: it serves its maximum of connections, in all or
     /// from the client's address. Sent instead of reading anything; the connection closes.
     TooManyConnections,
+    /// A reservation request that is well formed but cannot be granted (no room in the plan,
+    /// the id is taken, the reservation belongs to another app, or it was cancelled).
+    ReservationRejected,
+    /// No reservation with this id.
+    UnknownReservation,
 }
 
 impl ErrorCode {
@@ -359,6 +478,7 @@ mod tests {
             runtime_estimate_ms: Some(2000),
             job_id: "j".into(),
             job_submit_time_ms: 5,
+            reservation_id: None,
         });
         let bytes = to_payload(&req).unwrap();
         assert_eq!(from_payload::<AppRequest>(&bytes).unwrap(), req);

@@ -6,9 +6,13 @@
 use crate::coordinator::ContainerNotice;
 use crate::distributed::ClusterView;
 use crate::node::ContainerStatus;
-use crate::protocol::app::{Allocate, ErrorCode, GrantedContainer};
+use crate::protocol::app::{
+    Allocate, ErrorCode, GrantedContainer, ReservationCancelled, ReservationReprovisioned,
+    ReservationSummary,
+};
 use crate::queue_delay::QueueDelay;
 use crate::quota::{AppOutstanding, QueueableQuota};
+use crate::reservation::{AllocationInterval, ReservationDefinition};
 use crate::token::{ContainerToken, IssuerNodeKey, NodeSessionSecret, PublicKeyRing};
 use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -27,6 +31,7 @@ pub enum WorkerToCoordinator {
     Release(ReleaseContainer),
     PromotionApplied(PromotionApplied),
     CancelAllocate(CancelAllocate),
+    Reservation(ReservationCall),
 }
 
 /// First frame: who the worker is and the cluster's join secret.
@@ -109,6 +114,34 @@ pub struct CancelAllocate {
     pub correlation_id: u64,
 }
 
+/// An application's reservation request (`reserve`, `update_reservation`, `delete_reservation`,
+/// `list_reservations`), forwarded to the guarantor. Answered by [`ReservationDone`] or
+/// [`RequestFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationCall {
+    pub correlation_id: u64,
+    pub app_id: String,
+    pub op: ReservationOp,
+}
+
+/// What a [`ReservationCall`] asks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ReservationOp {
+    Reserve {
+        reservation_id: String,
+        definition: ReservationDefinition,
+    },
+    Update {
+        reservation_id: String,
+        definition: ReservationDefinition,
+    },
+    Delete {
+        reservation_id: String,
+    },
+    List,
+}
+
 /// The hosting worker's answer to [`ApplyPromotion`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PromotionApplied {
@@ -130,6 +163,8 @@ pub enum CoordinatorToWorker {
     RequestFailed(RequestFailed),
     ApplyPromotion(ApplyPromotion),
     StopContainer(StopContainerOnNode),
+    ReservationDone(ReservationDone),
+    ReservationNotice(ReservationNotice),
 }
 
 /// A registered application, as workers need it to authenticate and police it.
@@ -228,6 +263,46 @@ pub struct RequestFailed {
     pub correlation_id: u64,
     pub code: ErrorCode,
     pub message: String,
+}
+
+/// The answer to a [`ReservationCall`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationDone {
+    pub correlation_id: u64,
+    pub reply: ReservationReply,
+}
+
+/// What a reservation request did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum ReservationReply {
+    /// `reserve` or `update`: accepted with this allocation.
+    Accepted {
+        reservation_id: String,
+        allocation: Vec<AllocationInterval>,
+    },
+    Deleted,
+    Listed {
+        reservations: Vec<ReservationSummary>,
+        /// The plan's free capacity over the agenda.
+        #[serde(default)]
+        free: Vec<AllocationInterval>,
+    },
+}
+
+/// An event for a reservation's owner: the worker pushes it to the app's subscribed connections.
+/// Sent through the worker whose session the owner last used for a reservation request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReservationNotice {
+    pub app_id: String,
+    pub event: ReservationNoticeKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReservationNoticeKind {
+    Reprovisioned(ReservationReprovisioned),
+    Cancelled(ReservationCancelled),
 }
 
 /// Make a container on this node GUARANTEED (validated centrally).

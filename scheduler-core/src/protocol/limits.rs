@@ -48,6 +48,13 @@ pub const MAX_SIGNATURE_BYTES: usize = 128;
 /// ([`crate::codec::CLUSTER_MAX_FRAME`]; checked by `worst_case_heartbeat_fits_the_cluster_frame`).
 pub const MAX_CONTAINERS_PER_NODE: usize = 16_384;
 
+/// `reservation_id` (in `reserve`, `update_reservation`, `delete_reservation`, `allocate`).
+pub const MAX_RESERVATION_ID_BYTES: usize = crate::reservation::book::MAX_RESERVATION_ID_LEN;
+/// `definition.stages` of a reservation request.
+pub const MAX_RESERVATION_STAGES: usize = 32;
+/// Reservations one app holds at once (a `reservations` answer lists them all in one frame).
+pub const MAX_RESERVATIONS_PER_APP: usize = 64;
+
 /// GUARANTEED asks of one app waiting for capacity at the coordinator through one worker;
 /// more are `quota_exceeded` (each waiting ask is state at the worker and the guarantor).
 pub const MAX_WAITING_GUARANTEED_ASKS_PER_APP: usize = 1024;
@@ -141,8 +148,37 @@ pub fn validate_request(request: &AppRequest) -> Result<(), ErrorFrame> {
             if let Some(locality) = &a.locality {
                 check_locality(id, locality)?;
             }
+            if let Some(r) = &a.reservation_id {
+                if a.container_type != crate::ContainerType::Guaranteed {
+                    return refuse(
+                        id,
+                        "`reservation_id`: only GUARANTEED asks run inside a reservation".into(),
+                    );
+                }
+                check_reservation_id(id, r)?;
+            }
             Ok(())
         }
+        AppRequest::Reserve(crate::protocol::app::Reserve {
+            reservation_id,
+            definition,
+            ..
+        })
+        | AppRequest::UpdateReservation(crate::protocol::app::UpdateReservation {
+            reservation_id,
+            definition,
+            ..
+        }) => {
+            check_reservation_id(id, reservation_id)?;
+            check_count(
+                id,
+                "definition.stages",
+                definition.stages.len(),
+                MAX_RESERVATION_STAGES,
+            )
+        }
+        AppRequest::DeleteReservation(d) => check_reservation_id(id, &d.reservation_id),
+        AppRequest::ListReservations(_) => Ok(()),
         AppRequest::StartContainer(s) => {
             check_token(id, &s.token)?;
             check_launch(id, &s.launch)
@@ -152,6 +188,18 @@ pub fn validate_request(request: &AppRequest) -> Result<(), ErrorFrame> {
         | AppRequest::StopContainer(_)
         | AppRequest::Subscribe(_) => Ok(()),
     }
+}
+
+/// A reservation id: bounded, and of the characters the guarantor accepts.
+fn check_reservation_id(id: Option<u64>, reservation_id: &str) -> Result<(), ErrorFrame> {
+    check_len(
+        id,
+        "reservation_id",
+        reservation_id,
+        MAX_RESERVATION_ID_BYTES,
+    )?;
+    crate::reservation::book::validate_reservation_id(reservation_id)
+        .map_err(|e| ErrorFrame::new(id, ErrorCode::InvalidRequest, e.to_string()))
 }
 
 fn check_locality(id: Option<u64>, locality: &Locality) -> Result<(), ErrorFrame> {
@@ -421,6 +469,7 @@ mod tests {
             runtime_estimate_ms: None,
             job_id: "j".into(),
             job_submit_time_ms: 0,
+            reservation_id: None,
         }
     }
 
@@ -812,5 +861,55 @@ mod tests {
         assert!(check_node_room(MAX_CONTAINERS_PER_NODE - 1).is_ok());
         let e = check_node_room(MAX_CONTAINERS_PER_NODE).unwrap_err();
         assert!(e.contains("16384"), "{e}");
+    }
+
+    #[test]
+    fn reservation_requests_are_bounded_and_name_the_field() {
+        use crate::protocol::app::{DeleteReservation, Reserve};
+        use crate::reservation::{Interpreter, ReservationDefinition, Stage};
+        let def = |stages: usize| ReservationDefinition {
+            arrival_ms: 0,
+            deadline_ms: 60_000,
+            interpreter: Interpreter::All,
+            stages: vec![
+                Stage {
+                    containers: 1,
+                    gang: 1,
+                    duration_ms: 60_000,
+                    size: Resources::new(1, 1),
+                };
+                stages
+            ],
+            recurrence_ms: None,
+            alignment_penalty: 0.0,
+        };
+        let reserve = |id: &str, stages: usize| {
+            AppRequest::Reserve(Reserve {
+                request_id: 3,
+                reservation_id: id.into(),
+                definition: def(stages),
+            })
+        };
+        assert!(validate_request(&reserve("r-1", MAX_RESERVATION_STAGES)).is_ok());
+        let e = refused(reserve("r-1", MAX_RESERVATION_STAGES + 1));
+        assert!(e.message.contains("`definition.stages`"), "{}", e.message);
+        assert_eq!(e.request_id, Some(3));
+        let long = "r".repeat(MAX_RESERVATION_ID_BYTES + 1);
+        assert!(
+            refused(reserve(&long, 1))
+                .message
+                .contains("`reservation_id`")
+        );
+        let e = refused(AppRequest::DeleteReservation(DeleteReservation {
+            request_id: 4,
+            reservation_id: "a/b".into(),
+        }));
+        assert!(e.message.contains("reservation_id"), "{}", e.message);
+        let mut a = allocate();
+        a.reservation_id = Some("r-1".into());
+        let e = refused(AppRequest::Allocate(a.clone()));
+        assert!(e.message.contains("only GUARANTEED"), "{}", e.message);
+        a.container_type = ContainerType::Guaranteed;
+        assert!(validate_request(&AppRequest::Allocate(a)).is_ok());
     }
 }

@@ -14,6 +14,10 @@ use super::plan::Plan;
 use crate::Resources;
 use serde::{Deserialize, Serialize};
 
+/// What separates a reservation's id from the start of one of its DRA stretches in the
+/// stretch's id (reservation ids never contain it).
+pub const STRETCH_MARK: &str = "/dra@";
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Dra {
     /// ρ: how far above its recent allocation a job may be stretched.
@@ -57,8 +61,55 @@ impl Plan {
     /// What reservation `id` allocates at `at_ms` (agenda time), without its stretches.
     pub fn allocated_at(&self, id: &str, at_ms: u64) -> Option<Resources> {
         let r = self.get(id)?;
-        let t = (at_ms / self.config().step_ms) as usize % self.steps() as usize;
-        Some(r.dense(self.steps())[t])
+        let t = (at_ms / self.config().step_ms) % u64::from(self.steps());
+        Some(r.at_step(t as u32))
+    }
+
+    /// What reservation `id` allocates at `at_ms` (agenda time) with the DRA stretches of its
+    /// current instance: what the job may hold at that moment (Morpheus §7).
+    pub fn allocated_with_stretches_at(&self, id: &str, at_ms: u64) -> Option<Resources> {
+        let base = self.allocated_at(id, at_ms)?;
+        let t = ((at_ms / self.config().step_ms) % u64::from(self.steps())) as u32;
+        Some(
+            self.stretches_of(id)
+                .fold(base, |acc, s| acc.saturating_add(&s.at_step(t))),
+        )
+    }
+
+    /// The DRA stretches held for reservation `id` (fixed load named `{id}/dra@{start}`).
+    pub fn stretches_of<'a>(
+        &'a self,
+        id: &str,
+    ) -> impl Iterator<Item = &'a super::plan::Reservation> + 'a {
+        let prefix = format!("{id}{STRETCH_MARK}");
+        self.reservations_from(&prefix)
+            .take_while(move |r| r.id.starts_with(&prefix))
+            .filter(|r| r.definition.is_none())
+    }
+
+    /// The most the plan commits at any step of `[from_step, from_step + steps)` (agenda steps,
+    /// wrapping around the agenda's end).
+    pub fn load_max(&self, from_step: u32, steps: u32) -> Resources {
+        let len = self.steps();
+        let steps = steps.clamp(1, len);
+        let from = from_step % len;
+        let max = |a: Resources, b: Resources| {
+            Resources::new(
+                a.cpu_millis.max(b.cpu_millis),
+                a.memory_mib.max(b.memory_mib),
+            )
+        };
+        let over = |s: u32, e: u32| {
+            self.load()
+                .runs()
+                .filter(move |r| r.0 < e && r.1 > s)
+                .fold(Resources::ZERO, |a, r| max(a, r.2))
+        };
+        if from + steps <= len {
+            over(from, from + steps)
+        } else {
+            max(over(from, len), over(0, from + steps - len))
+        }
     }
 
     /// Run DRA for reservation `id` at `now_ms` with the job's current `demand`: `Ok(None)` when
@@ -99,7 +150,7 @@ impl Plan {
         // The stretch stays inside the agenda; one that would wrap is cut at its end.
         let start = now_step * step;
         let end = (start + dra.extension_ms.max(step)).min(steps * step);
-        let stretch = format!("{id}/dra@{start}");
+        let stretch = format!("{id}{STRETCH_MARK}{start}");
         // A second call within the same step replaces the first.
         self.delete(&stretch);
         self.add_fixed(&stretch, start, end, extra)?;

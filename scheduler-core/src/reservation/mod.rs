@@ -13,12 +13,16 @@
 //!   YARN's greedy agent, the baseline and LowCost's fallback. [`planner`] is the iterative
 //!   planner both share (stage order, stage windows, ANY / ORDER / ORDER_NO_GAP rules); [`dra`]
 //!   stretches the current instance of a reservation whose job runs late (§7).
+//! * [`book::ReservationBook`] is the guarantor's side (the live loop): who owns each
+//!   reservation, what its GUARANTEED containers hold, the gates that keep plain GUARANTEED work
+//!   off reserved capacity, DRA stretches and the events owners are told.
 //! * When capacity shrinks, [`plan::Plan::set_capacity`] replans: reservations that no longer fit
 //!   are placed again, and those that cannot be are cancelled, newest accepted first.
 //!
 //! All of it is sans-IO: times are plain milliseconds within the agenda, and nothing here reads a
 //! clock.
 
+pub mod book;
 pub mod dra;
 pub mod greedy;
 pub mod lowcost;
@@ -107,6 +111,9 @@ pub enum Rejection {
     Duplicate(String),
     #[error("no reservation with id {0:?}")]
     Unknown(String),
+    /// The reservation belongs to another application.
+    #[error("reservation {0:?} belongs to another application")]
+    NotOwner(String),
     /// The request is well formed but does not fit the plan.
     #[error("cannot be placed: {0}")]
     NoPlacement(String),

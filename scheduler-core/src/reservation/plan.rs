@@ -158,6 +158,39 @@ impl Reservation {
         out
     }
 
+    /// The reservation's allocation at agenda step `t` (its instance repeats every period).
+    pub fn at_step(&self, t: u32) -> Resources {
+        let o = t % self.period.max(1);
+        self.stages
+            .iter()
+            .flatten()
+            .flatten()
+            .filter(|p| p.start <= o && o < p.end)
+            .fold(Resources::ZERO, |acc, p| acc.saturating_add(&p.resources))
+    }
+
+    /// The most the reservation allocates at any step.
+    pub fn peak(&self) -> Resources {
+        let mut starts: Vec<u32> = self
+            .stages
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|p| p.start)
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        starts
+            .into_iter()
+            .map(|t| self.at_step(t))
+            .fold(Resources::ZERO, |a, b| {
+                Resources::new(
+                    a.cpu_millis.max(b.cpu_millis),
+                    a.memory_mib.max(b.memory_mib),
+                )
+            })
+    }
+
     fn add_to(&self, dense: &mut [Resources], add: bool) {
         let p = self.period as usize;
         for part in self.stages.iter().flatten().flatten() {
@@ -252,6 +285,14 @@ impl Plan {
 
     pub fn reservations(&self) -> impl Iterator<Item = &Reservation> {
         self.reservations.values()
+    }
+
+    /// Reservations (and fixed load) in id order from `id` on.
+    pub fn reservations_from<'a>(
+        &'a self,
+        id: &str,
+    ) -> impl Iterator<Item = &'a Reservation> + use<'a> {
+        self.reservations.range(id.to_string()..).map(|(_, r)| r)
     }
 
     /// Bytes the plan holds on the heap (runs, reservations and their parts; ids and
@@ -537,7 +578,7 @@ impl Plan {
         let mut load = self.load.to_dense();
         r.add_to(&mut load, false);
         if r.definition.is_some() {
-            let prefix = format!("{id}/dra@");
+            let prefix = format!("{id}{}", super::dra::STRETCH_MARK);
             let stretches: Vec<String> = self
                 .reservations
                 .range(prefix.clone()..)

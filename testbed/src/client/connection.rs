@@ -8,6 +8,11 @@ use scheduler_core::protocol::app::{
     ContainerEvent, Hello, LaunchSpec, Promote, Promoted, Release, StartContainer, StopContainer,
     Subscribe, Welcome,
 };
+use scheduler_core::protocol::app::{
+    DeleteReservation, ListReservations, ReservationAccepted, ReservationList, Reserve,
+    UpdateReservation,
+};
+use scheduler_core::reservation::ReservationDefinition;
 use scheduler_core::token::ContainerToken;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -567,6 +572,75 @@ impl AppClient {
             .await?;
         expect_ack("subscribe", answer)
     }
+
+    /// Ask for a reservation (Morpheus §6.1); its allocation over the agenda when accepted.
+    pub async fn reserve(
+        &self,
+        reservation_id: &str,
+        definition: ReservationDefinition,
+    ) -> Result<ReservationAccepted, ClientError> {
+        let reservation_id = reservation_id.to_string();
+        match self
+            .call(|request_id| {
+                AppRequest::Reserve(Reserve {
+                    request_id,
+                    reservation_id,
+                    definition,
+                })
+            })
+            .await?
+        {
+            AppResponse::Reservation(r) => Ok(r),
+            other => Err(unexpected("reserve", other)),
+        }
+    }
+
+    /// Replace one of the app's reservations' definition.
+    pub async fn update_reservation(
+        &self,
+        reservation_id: &str,
+        definition: ReservationDefinition,
+    ) -> Result<ReservationAccepted, ClientError> {
+        let reservation_id = reservation_id.to_string();
+        match self
+            .call(|request_id| {
+                AppRequest::UpdateReservation(UpdateReservation {
+                    request_id,
+                    reservation_id,
+                    definition,
+                })
+            })
+            .await?
+        {
+            AppResponse::Reservation(r) => Ok(r),
+            other => Err(unexpected("update_reservation", other)),
+        }
+    }
+
+    /// Delete one of the app's reservations.
+    pub async fn delete_reservation(&self, reservation_id: &str) -> Result<Ack, ClientError> {
+        let reservation_id = reservation_id.to_string();
+        let answer = self
+            .call(|request_id| {
+                AppRequest::DeleteReservation(DeleteReservation {
+                    request_id,
+                    reservation_id,
+                })
+            })
+            .await?;
+        expect_ack("delete_reservation", answer)
+    }
+
+    /// The app's reservations, and the plan's free capacity over the agenda.
+    pub async fn list_reservations(&self) -> Result<ReservationList, ClientError> {
+        match self
+            .call(|request_id| AppRequest::ListReservations(ListReservations { request_id }))
+            .await?
+        {
+            AppResponse::Reservations(r) => Ok(r),
+            other => Err(unexpected("list_reservations", other)),
+        }
+    }
 }
 
 /// The `allocated` frames of one `allocate`, as they arrive.
@@ -654,6 +728,12 @@ async fn read_frames<S: AsyncRead>(
                 Ok(Some(AppResponse::Event(e))) => {
                     // The caller may have stopped listening; events are then dropped.
                     let _ = events.send(e);
+                }
+                Ok(Some(
+                    msg @ (AppResponse::ReservationReprovisioned(_)
+                    | AppResponse::ReservationCancelled(_)),
+                )) => {
+                    tracing::info!(endpoint = %shared.endpoint, "reservation event: {msg:?}");
                 }
                 Ok(Some(AppResponse::Error(e))) if e.request_id.is_none() => {
                     tracing::warn!(endpoint = %shared.endpoint, "worker error: {} ({:?})", e.message, e.code);

@@ -285,6 +285,10 @@ fn response_name(r: &AppResponse) -> &'static str {
         AppResponse::Ack(_) => "ack",
         AppResponse::Event(_) => "event",
         AppResponse::Error(_) => "error",
+        AppResponse::Reservation(_) => "reservation",
+        AppResponse::Reservations(_) => "reservations",
+        AppResponse::ReservationReprovisioned(_) => "reservation_reprovisioned",
+        AppResponse::ReservationCancelled(_) => "reservation_cancelled",
     }
 }
 
@@ -306,6 +310,7 @@ async fn well_behaved_client(endpoint: &str, app_id: &str, secret: &str) -> anyh
         runtime_estimate_ms: Some(1000),
         job_id: "fuzz-check".into(),
         job_submit_time_ms: 1,
+        reservation_id: None,
     };
     let granted = tokio::time::timeout(guard, client.allocate(ask))
         .await

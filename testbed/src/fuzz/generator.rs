@@ -18,6 +18,8 @@ use scheduler_core::protocol::app::{
 use scheduler_core::protocol::cluster::{self, CoordinatorToWorker, WorkerToCoordinator};
 use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::quota::QueueableQuota;
+use scheduler_core::reservation::book::ReprovisionCause;
+use scheduler_core::reservation::{AllocationInterval, Interpreter, ReservationDefinition, Stage};
 use scheduler_core::token::{
     ContainerToken, IssuerNodeKey, NodeSessionSecret, PublicKeyRing, PublicTokenKey, TokenBody,
 };
@@ -457,12 +459,85 @@ pub fn allocate(rng: &mut Rng) -> Allocate {
         runtime_estimate_ms: rng.chance(1, 2).then(|| rng.interesting_u64()),
         job_id: rng.word(),
         job_submit_time_ms: rng.interesting_u64(),
+        reservation_id: rng.chance(1, 4).then(|| rng.word()),
+    }
+}
+
+/// A reservation definition of any values the types allow (stages, windows, NaN penalties).
+fn reservation_definition(rng: &mut Rng) -> ReservationDefinition {
+    ReservationDefinition {
+        arrival_ms: rng.interesting_u64(),
+        deadline_ms: rng.interesting_u64(),
+        interpreter: *rng.pick(&[
+            Interpreter::All,
+            Interpreter::Any,
+            Interpreter::Order,
+            Interpreter::OrderNoGap,
+        ]),
+        stages: (0..rng.below(3))
+            .map(|_| Stage {
+                containers: rng.interesting_u64() as u32,
+                gang: rng.below(4) as u32,
+                duration_ms: rng.interesting_u64(),
+                size: resources(rng),
+            })
+            .collect(),
+        recurrence_ms: rng.chance(1, 2).then(|| rng.interesting_u64()),
+        alignment_penalty: float(rng),
+    }
+}
+
+fn allocation(rng: &mut Rng) -> Vec<AllocationInterval> {
+    (0..rng.below(3))
+        .map(|_| AllocationInterval {
+            start_ms: rng.interesting_u64(),
+            end_ms: rng.interesting_u64(),
+            cpu_millis: rng.interesting_u64(),
+            memory_mib: rng.interesting_u64(),
+        })
+        .collect()
+}
+
+fn reprovision_cause(rng: &mut Rng) -> ReprovisionCause {
+    if rng.chance(1, 2) {
+        ReprovisionCause::Replanned
+    } else {
+        ReprovisionCause::Stretched {
+            extra: resources(rng),
+            until_ms: rng.interesting_u64(),
+        }
+    }
+}
+
+fn reservation_op(rng: &mut Rng) -> cluster::ReservationOp {
+    match rng.below(4) {
+        0 => cluster::ReservationOp::Reserve {
+            reservation_id: rng.word(),
+            definition: reservation_definition(rng),
+        },
+        1 => cluster::ReservationOp::Update {
+            reservation_id: rng.word(),
+            definition: reservation_definition(rng),
+        },
+        2 => cluster::ReservationOp::Delete {
+            reservation_id: rng.word(),
+        },
+        _ => cluster::ReservationOp::List,
+    }
+}
+
+fn reservation_summary(rng: &mut Rng) -> app::ReservationSummary {
+    app::ReservationSummary {
+        reservation_id: rng.word(),
+        definition: reservation_definition(rng),
+        allocated_now: resources(rng),
+        used: resources(rng),
     }
 }
 
 /// A valid app request; `hello` uses `creds` (app id, secret) when given.
 pub fn app_request(rng: &mut Rng, creds: Option<(&str, &str)>) -> AppRequest {
-    match rng.below(7) {
+    match rng.below(11) {
         0 => AppRequest::Hello(app::Hello {
             protocol_version: if rng.chance(7, 8) {
                 app::APP_PROTOCOL_VERSION
@@ -498,6 +573,23 @@ pub fn app_request(rng: &mut Rng, creds: Option<(&str, &str)>) -> AppRequest {
             request_id: rid(rng),
             container_id: cid(rng),
         }),
+        6 => AppRequest::Reserve(app::Reserve {
+            request_id: rid(rng),
+            reservation_id: rng.word(),
+            definition: reservation_definition(rng),
+        }),
+        7 => AppRequest::UpdateReservation(app::UpdateReservation {
+            request_id: rid(rng),
+            reservation_id: rng.word(),
+            definition: reservation_definition(rng),
+        }),
+        8 => AppRequest::DeleteReservation(app::DeleteReservation {
+            request_id: rid(rng),
+            reservation_id: rng.word(),
+        }),
+        9 => AppRequest::ListReservations(app::ListReservations {
+            request_id: rid(rng),
+        }),
         _ => AppRequest::Subscribe(app::Subscribe {
             request_id: rid(rng),
         }),
@@ -529,7 +621,7 @@ fn error_code(rng: &mut Rng) -> ErrorCode {
 
 /// A valid app response (what clients decode).
 pub fn app_response(rng: &mut Rng) -> AppResponse {
-    match rng.below(7) {
+    match rng.below(11) {
         0 => AppResponse::Welcome(app::Welcome {
             protocol_version: 1,
             node_id: rng.word(),
@@ -576,6 +668,29 @@ pub fn app_response(rng: &mut Rng) -> AppResponse {
                     version: rng.below(4) as u32,
                 },
             },
+            at_ms: rng.interesting_u64(),
+        }),
+        6 => AppResponse::Reservation(app::ReservationAccepted {
+            request_id: rid(rng),
+            reservation_id: rng.word(),
+            allocation: allocation(rng),
+        }),
+        7 => AppResponse::Reservations(app::ReservationList {
+            request_id: rid(rng),
+            reservations: (0..rng.below(3))
+                .map(|_| reservation_summary(rng))
+                .collect(),
+            free: allocation(rng),
+        }),
+        8 => AppResponse::ReservationReprovisioned(app::ReservationReprovisioned {
+            reservation_id: rng.word(),
+            allocation: allocation(rng),
+            cause: reprovision_cause(rng),
+            at_ms: rng.interesting_u64(),
+        }),
+        9 => AppResponse::ReservationCancelled(app::ReservationCancelled {
+            reservation_id: rng.word(),
+            reason: rng.word(),
             at_ms: rng.interesting_u64(),
         }),
         _ => AppResponse::Error(ErrorFrame::new(
@@ -693,7 +808,7 @@ fn app_record(rng: &mut Rng) -> cluster::AppRecord {
 /// A valid worker-to-coordinator frame.
 pub fn worker_to_coordinator(rng: &mut Rng) -> WorkerToCoordinator {
     let corr = rid(rng);
-    match rng.below(7) {
+    match rng.below(8) {
         0 => WorkerToCoordinator::Join(cluster::Join {
             protocol_version: cluster::CLUSTER_PROTOCOL_VERSION,
             join_token: rng.word(),
@@ -740,6 +855,11 @@ pub fn worker_to_coordinator(rng: &mut Rng) -> WorkerToCoordinator {
             correlation_id: corr,
             error: rng.chance(1, 2).then(|| rng.word()),
         }),
+        6 => WorkerToCoordinator::Reservation(cluster::ReservationCall {
+            correlation_id: corr,
+            app_id: rng.word(),
+            op: reservation_op(rng),
+        }),
         _ => WorkerToCoordinator::CancelAllocate(cluster::CancelAllocate {
             correlation_id: corr,
         }),
@@ -749,7 +869,40 @@ pub fn worker_to_coordinator(rng: &mut Rng) -> WorkerToCoordinator {
 /// A valid coordinator-to-worker frame.
 pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
     let corr = rid(rng);
-    match rng.below(9) {
+    match rng.below(12) {
+        9 => CoordinatorToWorker::ReservationDone(cluster::ReservationDone {
+            correlation_id: corr,
+            reply: match rng.below(3) {
+                0 => cluster::ReservationReply::Accepted {
+                    reservation_id: rng.word(),
+                    allocation: allocation(rng),
+                },
+                1 => cluster::ReservationReply::Deleted,
+                _ => cluster::ReservationReply::Listed {
+                    reservations: (0..rng.below(3))
+                        .map(|_| reservation_summary(rng))
+                        .collect(),
+                    free: allocation(rng),
+                },
+            },
+        }),
+        10 => CoordinatorToWorker::ReservationNotice(cluster::ReservationNotice {
+            app_id: rng.word(),
+            event: if rng.chance(1, 2) {
+                cluster::ReservationNoticeKind::Reprovisioned(app::ReservationReprovisioned {
+                    reservation_id: rng.word(),
+                    allocation: allocation(rng),
+                    cause: reprovision_cause(rng),
+                    at_ms: rng.interesting_u64(),
+                })
+            } else {
+                cluster::ReservationNoticeKind::Cancelled(app::ReservationCancelled {
+                    reservation_id: rng.word(),
+                    reason: rng.word(),
+                    at_ms: rng.interesting_u64(),
+                })
+            },
+        }),
         0 => CoordinatorToWorker::JoinAccepted(cluster::JoinAccepted {
             protocol_version: cluster::CLUSTER_PROTOCOL_VERSION,
             issuer: rng.below(100) as u32,
@@ -838,6 +991,12 @@ const OTHER_TAGS: &[&str] = &[
     "released",
     "request_failed",
     "apply_promotion",
+    "reservation",
+    "reservations",
+    "reservation_reprovisioned",
+    "reservation_cancelled",
+    "reservation_done",
+    "reservation_notice",
 ];
 
 /// A tag of either protocol, request tags first (as one list: the same draw picks the same tag).

@@ -413,6 +413,7 @@ pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> A
         runtime_estimate_ms: Some(30_000),
         job_id: "job-1".into(),
         job_submit_time_ms: SUBMIT_MS,
+        reservation_id: None,
     }
 }
 
@@ -791,12 +792,5 @@ impl AppClient {
 
 /// The request id a frame answers, if any.
 pub fn answer_id(r: &AppResponse) -> Option<u64> {
-    match r {
-        AppResponse::Allocated(a) => Some(a.request_id),
-        AppResponse::Promoted(p) => Some(p.request_id),
-        AppResponse::ContainerAccepted(a) => Some(a.request_id),
-        AppResponse::Ack(a) => Some(a.request_id),
-        AppResponse::Error(e) => e.request_id,
-        AppResponse::Welcome(_) | AppResponse::Event(_) => None,
-    }
+    r.request_id()
 }

@@ -1,0 +1,80 @@
+//! Reservations through a real worker joined to a real coordinator (Morpheus §4, §7): the
+//! worker forwards `reserve` and an `allocate` naming the reservation, and delivers the
+//! coordinator's `reservation_reprovisioned` (a DRA stretch for a job asking more than its
+//! allocation) to the app's subscribed connection.
+
+mod common;
+
+use common::*;
+use scheduler_core::protocol::app::{AppRequest, AppResponse, Reserve};
+use scheduler_core::reservation::book::ReprovisionCause;
+use scheduler_core::reservation::{Interpreter, ReservationDefinition, Stage};
+use scheduler_core::{ContainerType, Resources};
+
+const MIN: u64 = 60_000;
+
+#[actix_rt::test]
+async fn a_late_job_is_stretched_and_its_app_is_told() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 4000, 4096)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    // A window from the current minute (agenda time is UTC time of day) for 2 containers.
+    let minute = (wall_ms() % (24 * 60 * MIN)) / MIN;
+    let end = (minute + 10).min(24 * 60);
+    let id = app.new_request_id();
+    app.send(&AppRequest::Reserve(Reserve {
+        request_id: id,
+        reservation_id: "etl".into(),
+        definition: ReservationDefinition {
+            arrival_ms: minute * MIN,
+            deadline_ms: end * MIN,
+            interpreter: Interpreter::All,
+            stages: vec![Stage {
+                containers: 2,
+                gang: 2,
+                duration_ms: (end - minute) * MIN,
+                size: Resources::new(500, 256),
+            }],
+            recurrence_ms: Some(24 * 60 * MIN),
+            alignment_penalty: 0.0,
+        },
+    }))
+    .await;
+    match app.answer(id).await {
+        AppResponse::Reservation(r) => assert_eq!(r.reservation_id, "etl"),
+        other => panic!("reserve not accepted: {other:?}"),
+    }
+    // The job asks for 3: 2 at once (its allocation), the third after DRA stretches the
+    // reservation on the coordinator's next tick.
+    let mut ask = ask(ContainerType::Guaranteed, 500, 256);
+    ask.count = 3;
+    ask.reservation_id = Some("etl".into());
+    let first = app.allocate(ask).await.expect("granted");
+    assert_eq!((first.containers.len(), first.remaining), (2, 1));
+    match app
+        .wait_for("reservation_reprovisioned", |r| {
+            matches!(r, AppResponse::ReservationReprovisioned(_))
+        })
+        .await
+    {
+        AppResponse::ReservationReprovisioned(e) => {
+            assert_eq!(e.reservation_id, "etl");
+            assert!(
+                matches!(e.cause, ReprovisionCause::Stretched { extra, .. } if extra == Resources::new(500, 256)),
+                "{e:?}"
+            );
+        }
+        _ => unreachable!(),
+    }
+    let rest = app
+        .wait_for(
+            "the third grant",
+            |r| matches!(r, AppResponse::Allocated(a) if a.request_id == first.request_id),
+        )
+        .await;
+    match rest {
+        AppResponse::Allocated(a) => assert_eq!((a.containers.len(), a.remaining), (1, 0)),
+        _ => unreachable!(),
+    }
+    c.stop().await;
+}
