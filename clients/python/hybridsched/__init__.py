@@ -1,6 +1,7 @@
 """Python client of the hybrid scheduler's application protocol, version 1
 (docs/protocol.md). Dependency: msgpack."""
 
+from .aio import AsyncClient, AsyncClientPool
 from .client import Client, ClientPool, open_socket
 from .errors import (ERROR_CODES, ClientError, ConnectError, ConnectionClosed,
                      ProtocolViolation, RequestTimeout, ServerError)
@@ -8,7 +9,7 @@ from .protocol import (CONTAINER_TYPES, MAX_FRAME, PROTOCOL_VERSION, Allocation,
                        Event, Grant, encode_frame)
 
 __all__ = [
-    "Client", "ClientPool", "open_socket", "ERROR_CODES", "ClientError", "ConnectError",
+    "AsyncClient", "AsyncClientPool", "Client", "ClientPool", "open_socket", "ERROR_CODES", "ClientError", "ConnectError",
     "ConnectionClosed", "ProtocolViolation", "RequestTimeout", "ServerError", "CONTAINER_TYPES",
     "MAX_FRAME", "PROTOCOL_VERSION", "Allocation", "Endpoint", "Event", "Grant", "encode_frame",
 ]
