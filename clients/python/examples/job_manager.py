@@ -2,7 +2,7 @@
 """A small job manager: run N tasks in containers, then give everything back.
 
     HYBRID_APP_SECRET=... python3 examples/job_manager.py ENDPOINT APP_ID [--ca-file ca.pem]
-        [--tasks N] [--type mixed|QUEUEABLE|GUARANTEED] [--timeout S] [-- COMMAND ARGS...]
+        [--tasks N] [--type mixed|QUEUEABLE|GUARANTEED] [--timeout S] [-- COMMAND ARG...]
 
 ENDPOINT is the local worker's app endpoint (unix:///PATH, tcp://HOST:PORT, tls://HOST:PORT).
 The secret is read from $HYBRID_APP_SECRET (never from the command line, never printed).
@@ -31,8 +31,15 @@ def main(argv=None):
     ap.add_argument("--cpu-millis", type=int, default=250)
     ap.add_argument("--memory-mib", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=60.0, help="bound on each wait, seconds")
-    ap.add_argument("command", nargs="*", default=["sh", "-c", 'echo "task $TASK"; exit 0'])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = ["sh", "-c", 'echo "task $TASK"; exit 0']
+    if "--" in argv:  # everything after `--` is the task's command
+        i = argv.index("--")
+        argv, command = argv[:i], argv[i + 1:]
+        if not command:
+            ap.error("no command after --")
     a = ap.parse_args(argv)
+    a.command = command
     secret = os.environ.get("HYBRID_APP_SECRET")
     if not secret:
         ap.error("set HYBRID_APP_SECRET to the app's secret")
@@ -95,6 +102,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except hs.ClientError as e:
+    except (hs.ClientError, ValueError) as e:
         print(f"job manager: {e}", file=sys.stderr)
         sys.exit(2)
