@@ -250,6 +250,28 @@ class Client:
             if alloc.remaining == 0:
                 return alloc
 
+    def allocate_frames(self, container_type, count, cpu_millis, memory_mib, job_id, *,
+                        timeout=..., **options):
+        """Iterator over the ``allocated`` frames of one ask, as :class:`~hybridsched.Allocation`
+        pieces, ending with the one with ``remaining == 0`` (a GUARANTEED ask's grants as each
+        scheduling round makes them). ``timeout`` bounds the wait for each frame. The ask is
+        sent at once, before the first ``next()``."""
+        rid = self.submit(p.allocate_frame(container_type, count, cpu_millis, memory_mib, job_id,
+                                           **options))
+
+        def frames():
+            while True:
+                ans = self.answer(rid, timeout)
+                if ans["type"] != "allocated":
+                    raise ProtocolViolation(f"expected 'allocated', got {ans['type']!r}")
+                piece = p.Allocation(rid, [p.Grant.from_wire(c) for c in ans.get("containers") or []],
+                                     ans.get("unplaced", 0), ans.get("unplaced_reason"),
+                                     ans.get("remaining", 0))
+                yield piece
+                if piece.remaining == 0:
+                    return
+        return frames()
+
     def start_container(self, grant, command, args=(), env=None, working_dir=None, timeout=...):
         """Start a grant (send it to the grant's ``node_endpoint`` worker); returns the
         accepted state, ``running`` or ``queued``."""

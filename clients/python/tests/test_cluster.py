@@ -106,3 +106,27 @@ def test_job_manager_example(cluster):
     assert out.returncode == 0, out.stdout + out.stderr
     assert cluster.app_secret not in out.stdout + out.stderr
     assert "all 3 tasks done" in out.stdout
+
+
+def test_guaranteed_ask_beyond_capacity_arrives_in_several_frames(cluster):
+    # 5 x 1000 millicores on 2 x 2000: never all at once. Each time a frame leaves part of
+    # the ask waiting, run one granted container to completion so capacity frees up.
+    with client(cluster) as local, hs.ClientPool(cluster.app_id, cluster.app_secret,
+                                                 ca_file=cluster.ca_file, timeout=TIMEOUT) as pool:
+        frames = local.allocate_frames("GUARANTEED", 5, 1000, 64, "py-multi", timeout=TIMEOUT)
+        granted, unstarted, pieces = [], [], []
+        for piece in frames:
+            pieces.append(piece)
+            granted += piece.grants
+            unstarted += piece.grants
+            if piece.remaining == 0:
+                break
+            if unstarted:
+                g = unstarted.pop(0)
+                pool.start(g, "sh", ["-c", "exit 0"])
+                assert pool.wait_final([g], timeout=TIMEOUT)[g.container_id].kind == "completed"
+        assert len(granted) == 5 and len({g.container_id for g in granted}) == 5
+        assert len(pieces) >= 2 and pieces[0].remaining > 0
+        assert {pc.request_id for pc in pieces} == {pieces[0].request_id}
+        for g in unstarted:
+            local.release(g)
