@@ -4,6 +4,7 @@ The binary is $HYBRID_TESTBED_BIN, else $CARGO_TARGET_DIR/debug/testbed, else
 <repo>/target/debug/testbed (build it with `cargo build -p testbed -p coordinator -p worker`).
 """
 
+import ctypes
 import json
 import os
 import pathlib
@@ -39,6 +40,15 @@ def testbed_binary():
     return path
 
 
+def _die_with_parent():
+    """In the child before exec: SIGTERM when the test process dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG; testbed local then stops its coordinator and workers)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalCluster:
     """`testbed local` as a subprocess; `info` is its JSON line (holds the app secret: never
     print it)."""
@@ -49,7 +59,8 @@ class LocalCluster:
         self.proc = subprocess.Popen(
             [str(testbed_binary()), "local", "--workers", str(workers), "--app-transport", transport,
              "--cpu-millis", "2000", "--memory-mib", "2048"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log)
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log,
+            preexec_fn=_die_with_parent)
         try:
             self.info = json.loads(self._ready_line())
         except BaseException:
