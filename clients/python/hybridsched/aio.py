@@ -105,6 +105,10 @@ class AsyncClient:
         if self._closed is None:
             self._closed = "closed by the client"
         self._task.cancel()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):
+            pass
         self._writer.close()
         try:
             await self._writer.wait_closed()
