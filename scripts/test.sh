@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's whole test suite: formatting, lints, every crate's unit/scenario/integration/
-# end-to-end tests, and (when a Docker engine is present) the docker-compose node-loss and
-# network-partition tests.
+# end-to-end tests, the Python client's tests against a local cluster (clients/python), and
+# (when a Docker engine is present) the docker-compose node-loss and network-partition tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,25 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace
+echo "== python client tests (clients/python, against a real testbed local cluster)"
+# The tests start `target/debug/testbed local`, which runs the coordinator and worker binaries
+# beside it: make sure all three are built (a no-op after the tests above built them).
+cargo build -q -p testbed -p coordinator -p worker
+# A Python with msgpack and pytest: $PYTHON if set, else the first python3 that has both (the
+# system one gets them from Debian's python3-msgpack and python3-pytest, see .ci/run).
+py=""
+for cand in ${PYTHON:-} python3 /usr/bin/python3; do
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import msgpack, pytest' 2>/dev/null; then
+    py=$cand
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "no python3 with msgpack and pytest: apt-get install python3-msgpack python3-pytest" \
+    "(or pip install msgpack pytest), or set PYTHON" >&2
+  exit 1
+fi
+(cd clients/python && "$py" -m pytest -q -p no:cacheprovider tests)
 if [ -f deploy/compose-test.sh ] && docker info >/dev/null 2>&1; then
   echo "== docker-compose test"
   BUILD_PROFILE=dev bash deploy/compose-test.sh
