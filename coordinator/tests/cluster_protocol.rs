@@ -688,15 +688,15 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
             .is_err()
     );
     // Up to date: no keys resent.
-    a.send(&heartbeat(
+    let known_directory = heartbeat(
         "node-a",
         a_ack.view.directory_version,
         0.0,
         vec![],
         vec![],
         vec![],
-    ))
-    .await;
+    );
+    a.send(&known_directory).await;
     assert!(a.expect_ack().await.issuer_keys.is_none());
     // node-b re-joins: a new session, new secret; a's next answer carries a new key for it, and
     // grants under the old key are stale at the new session.
@@ -708,15 +708,7 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
         node_b2.verify_signature(&from_a),
         Err(TokenError::StaleGrant { .. })
     ));
-    a.send(&heartbeat(
-        "node-a",
-        a_ack.view.directory_version,
-        0.0,
-        vec![],
-        vec![],
-        vec![],
-    ))
-    .await;
+    a.send(&known_directory).await;
     let renewed = a
         .expect_ack()
         .await

@@ -907,13 +907,9 @@ mod widening_keeps_the_median {
     /// Histograms of tied and spread runtimes alike keep their median under any widening.
     #[test]
     fn on_many_random_histograms() {
-        let mut seed = 7u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) as f64 / (1u64 << 31) as f64
-        };
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut next = || rng.random::<f64>();
         for _ in 0..2000 {
             let n = 1 + (next() * 30.0) as usize;
             let samples: Vec<f64> = (0..n)

@@ -580,18 +580,25 @@ impl AppClient {
         definition: ReservationDefinition,
     ) -> Result<ReservationAccepted, ClientError> {
         let reservation_id = reservation_id.to_string();
-        match self
-            .call(|request_id| {
-                AppRequest::Reserve(Reserve {
-                    request_id,
-                    reservation_id,
-                    definition,
-                })
+        self.reservation_call("reserve", |request_id| {
+            AppRequest::Reserve(Reserve {
+                request_id,
+                reservation_id,
+                definition,
             })
-            .await?
-        {
+        })
+        .await
+    }
+
+    /// A request answered by a reservation's allocation.
+    async fn reservation_call(
+        &self,
+        what: &str,
+        request: impl FnOnce(u64) -> AppRequest,
+    ) -> Result<ReservationAccepted, ClientError> {
+        match self.call(request).await? {
             AppResponse::Reservation(r) => Ok(r),
-            other => Err(unexpected("reserve", other)),
+            other => Err(unexpected(what, other)),
         }
     }
 
@@ -602,19 +609,14 @@ impl AppClient {
         definition: ReservationDefinition,
     ) -> Result<ReservationAccepted, ClientError> {
         let reservation_id = reservation_id.to_string();
-        match self
-            .call(|request_id| {
-                AppRequest::UpdateReservation(UpdateReservation {
-                    request_id,
-                    reservation_id,
-                    definition,
-                })
+        self.reservation_call("update_reservation", |request_id| {
+            AppRequest::UpdateReservation(UpdateReservation {
+                request_id,
+                reservation_id,
+                definition,
             })
-            .await?
-        {
-            AppResponse::Reservation(r) => Ok(r),
-            other => Err(unexpected("update_reservation", other)),
-        }
+        })
+        .await
     }
 
     /// Delete one of the app's reservations.

@@ -332,7 +332,7 @@ impl Executor {
                 log_copiers.push(tokio::spawn(copy_capped_log(pipe, stderr_file, max)));
             }
         }
-        if let Some(state) = &self.config.state {
+        let record_error = self.config.state.as_ref().and_then(|state| {
             let record = state::ContainerRecord {
                 container_id,
                 pgid: pid,
@@ -344,32 +344,28 @@ impl Executor {
                     .map(|c| c.dirs().into_iter().map(Path::to_path_buf).collect())
                     .unwrap_or_default(),
             };
-            if let Err(e) = state.record(&record) {
-                // A container a crash could leak is not started: kill it now.
-                let process = ContainerProcess::new(
-                    child,
-                    container_id,
-                    pid,
-                    cgroup,
-                    limits,
-                    self,
-                    None,
-                    log_copiers,
-                );
-                drop(process);
-                return Err(ExecError::State(e.to_string()));
-            }
-        }
-        Ok(ContainerProcess::new(
+            state.record(&record).err()
+        });
+        let process = ContainerProcess::new(
             child,
             container_id,
             pid,
             cgroup,
             limits,
             self,
-            self.config.state.clone(),
+            // Unrecorded, the process has no record to forget.
+            record_error
+                .is_none()
+                .then(|| self.config.state.clone())
+                .flatten(),
             log_copiers,
-        ))
+        );
+        if let Some(e) = record_error {
+            // A container a crash could leak is not started: dropping its handle kills it now.
+            drop(process);
+            return Err(ExecError::State(e.to_string()));
+        }
+        Ok(process)
     }
 }
 
