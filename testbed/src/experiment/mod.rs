@@ -439,6 +439,28 @@ pub fn headline_ratios(results: &[ConfigurationResult]) -> Vec<HeadlineRatio> {
 }
 
 /// Write `report.md`, `report.json` and one SVG chart per figure group into `dir`.
+/// One workload group's charts: a heading, then each chart written as an SVG beside the report
+/// (`{slug}-{suffix}.svg`) and linked from it.
+fn write_group_charts<const N: usize>(
+    md: &mut String,
+    dir: &Path,
+    group: &str,
+    slug: &str,
+    names: &[String],
+    charts: [(&str, &str, Vec<Vec<f64>>, Vec<&str>); N],
+) -> std::io::Result<()> {
+    md.push_str(&format!("\n## {group}\n\n"));
+    for (suffix, title, values, series) in charts {
+        let file = format!("{slug}-{suffix}.svg");
+        std::fs::write(
+            dir.join(&file),
+            svg::grouped_bars(&format!("{group}: {title}"), names, &series, &values),
+        )?;
+        md.push_str(&format!("![{title}]({file})\n"));
+    }
+    Ok(())
+}
+
 pub fn write_report(report: &ExperimentReport, dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(
@@ -503,15 +525,7 @@ pub fn write_report(report: &ExperimentReport, dir: &Path) -> std::io::Result<()
                 vec!["mean", "p50", "p95", "p99"],
             ),
         ];
-        md.push_str(&format!("\n## {group}\n\n"));
-        for (suffix, title, values, series) in charts {
-            let file = format!("{slug}-{suffix}.svg");
-            std::fs::write(
-                dir.join(&file),
-                svg::grouped_bars(&format!("{group}: {title}"), &names, &series, &values),
-            )?;
-            md.push_str(&format!("![{title}]({file})\n"));
-        }
+        write_group_charts(&mut md, dir, group, &slug, &names, charts)?;
         md.push_str("\n| configuration | tasks/s | jobs/min | latency mean | p50 | p95 | p99 | Q killed | Q shed | CPU util |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for r in &rows {
             let s = &r.report;
@@ -908,15 +922,7 @@ pub fn write_multi_report(report: &MultiSeedReport, dir: &Path) -> std::io::Resu
                 vec!["mean", "p50", "p95", "p99"],
             ),
         ];
-        md.push_str(&format!("\n## {group}\n\n"));
-        for (suffix, title, values, series) in charts {
-            let file = format!("{slug}-{suffix}.svg");
-            std::fs::write(
-                dir.join(&file),
-                svg::grouped_bars(&format!("{group}: {title}"), &names, &series, &values),
-            )?;
-            md.push_str(&format!("![{title}]({file})\n"));
-        }
+        write_group_charts(&mut md, dir, group, &slug, &names, charts)?;
         md.push_str("\nMeans over the seeds (tasks/s also with its sample σ):\n\n| configuration | tasks/s | σ | jobs/min | latency mean | p50 | p95 | p99 | Q killed | Q shed | CPU util |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
         for (name, r) in names.iter().zip(&rows) {
             let tput = spread(&r.iter().map(|s| s.task_throughput).collect::<Vec<_>>());
