@@ -439,6 +439,9 @@ pub fn headline_ratios(results: &[ConfigurationResult]) -> Vec<HeadlineRatio> {
 }
 
 /// Write `report.md`, `report.json` and one SVG chart per figure group into `dir`.
+/// A chart of a group: file suffix, title, values per configuration, series names.
+type GroupChart<'a> = (&'a str, &'a str, Vec<Vec<f64>>, Vec<&'a str>);
+
 /// One workload group's charts: a heading, then each chart written as an SVG beside the report
 /// (`{slug}-{suffix}.svg`) and linked from it.
 fn write_group_charts<const N: usize>(
@@ -447,7 +450,7 @@ fn write_group_charts<const N: usize>(
     group: &str,
     slug: &str,
     names: &[String],
-    charts: [(&str, &str, Vec<Vec<f64>>, Vec<&str>); N],
+    charts: [GroupChart<'_>; N],
 ) -> std::io::Result<()> {
     md.push_str(&format!("\n## {group}\n\n"));
     for (suffix, title, values, series) in charts {
