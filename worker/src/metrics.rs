@@ -108,6 +108,23 @@ impl Default for WorkerMetrics {
             "Time from an allocate request to its first answer with containers, by type",
             allocation_latency.clone(),
         );
+        // Every label value exists from the start, at 0, so rate() and absence alerts work.
+        for t in ["guaranteed", "queueable"] {
+            let _ = allocations.get_or_create(&vec![("type", t)]);
+            let _ = allocation_latency.get_or_create(&vec![("type", t)]);
+        }
+        for reason in [
+            KillReason::PreemptedByGuaranteed,
+            KillReason::Shed,
+            KillReason::Released,
+            KillReason::Failed,
+            KillReason::Lost,
+        ] {
+            let _ = kills.get_or_create(&vec![("reason", kill_label(reason))]);
+        }
+        for reason in TOKEN_REASONS {
+            let _ = token_refusals.get_or_create(&vec![("reason", reason)]);
+        }
         WorkerMetrics {
             registry: r,
             containers,
@@ -141,6 +158,21 @@ pub fn kill_label(r: KillReason) -> &'static str {
         KillReason::Lost => "lost",
     }
 }
+
+/// Every value of the token refusal `reason` label.
+const TOKEN_REASONS: [&str; 11] = [
+    "forged",
+    "unknown_key",
+    "expired",
+    "wrong_node",
+    "replayed",
+    "wrong_app",
+    "stale_grant",
+    "revoked",
+    "no_key_for_node",
+    "bad_key_material",
+    "encoding",
+];
 
 /// The `reason` label of a token refusal.
 pub fn token_label(e: &TokenError) -> &'static str {

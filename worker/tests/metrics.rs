@@ -110,6 +110,8 @@ async fn worker_metrics_count_allocations_refusals_kills_and_containers() {
     );
     assert_eq!(v("worker_queue_length"), 0.0);
     assert!(v("worker_queue_delay_ms") >= 0.0);
+    assert_eq!(v(r#"worker_token_refusals_total{reason="expired"}"#), 0.0);
+    assert_eq!(v(r#"worker_kills_total{reason="shed"}"#), 0.0);
     assert_eq!(v("worker_sheds_total"), 0.0);
     assert_eq!(v("worker_preemptions_total"), 0.0);
     assert!(
