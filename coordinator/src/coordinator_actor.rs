@@ -307,11 +307,8 @@ impl CoordinatorActor {
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
         }
-        self.metrics.heartbeats.inc();
         self.metrics
-            .node_queue_delay_ms
-            .get_or_create(&vec![("node", node_id.to_string())])
-            .set(hb.queue_delay.total_ms());
+            .node_heartbeat(node_id, hb.queue_delay.total_ms(), hb.queued, hb.running);
         self.guarantor().do_send(ReportQueueableLoad {
             node_id: node_id.clone(),
             load: QueueableLoad::from_statuses(&hb.containers),

@@ -32,6 +32,10 @@ pub struct CoordinatorMetrics {
     pub shedding_threshold_ms: FloatGauge,
     /// R = Tq + Tr + Tl of each node, as of its last heartbeat.
     pub node_queue_delay_ms: Family<NodeLabels, FloatGauge>,
+    /// Containers queued (QUEUEABLE queue and waiting GUARANTEED) and running on each node, as
+    /// of its last heartbeat.
+    pub node_queued: Family<NodeLabels, Gauge>,
+    pub node_running: Family<NodeLabels, Gauge>,
     /// Per node and resource (`cpu_millis`, `memory_mib`).
     pub node_capacity: Family<NodeLabels, Gauge>,
     pub guaranteed_booked: Family<NodeLabels, Gauge>,
@@ -48,6 +52,8 @@ impl Default for CoordinatorMetrics {
             promotions: Counter::default(),
             shedding_threshold_ms: FloatGauge::default(),
             node_queue_delay_ms: Family::default(),
+            node_queued: Family::default(),
+            node_running: Family::default(),
             node_capacity: Family::default(),
             guaranteed_booked: Family::default(),
             policing_limit: Family::default(),
@@ -85,6 +91,16 @@ impl Default for CoordinatorMetrics {
             m.node_queue_delay_ms.clone(),
         );
         r.register(
+            "coordinator_node_queued",
+            "Containers queued on each node (QUEUEABLE queue and waiting GUARANTEED) at its last heartbeat",
+            m.node_queued.clone(),
+        );
+        r.register(
+            "coordinator_node_running",
+            "Containers running on each node at its last heartbeat",
+            m.node_running.clone(),
+        );
+        r.register(
             "coordinator_node_capacity",
             "Capacity of each node, by resource (cpu_millis, memory_mib)",
             m.node_capacity.clone(),
@@ -120,6 +136,17 @@ fn set_resources(family: &Family<NodeLabels, Gauge>, node: &NodeId, r: Resources
 }
 
 impl CoordinatorMetrics {
+    /// What a node's heartbeat reported.
+    pub fn node_heartbeat(&self, node: &NodeId, queue_delay_ms: f64, queued: u32, running: u32) {
+        let l = vec![("node", node.to_string())];
+        self.heartbeats.inc();
+        self.node_queue_delay_ms
+            .get_or_create(&l)
+            .set(queue_delay_ms);
+        self.node_queued.get_or_create(&l).set(i64::from(queued));
+        self.node_running.get_or_create(&l).set(i64::from(running));
+    }
+
     /// A node's GUARANTEED bookings changed (or it joined).
     pub fn node_bookings(&self, node: &NodeId, capacity: Resources, booked: Resources) {
         set_resources(&self.node_capacity, node, capacity);
@@ -129,8 +156,10 @@ impl CoordinatorMetrics {
 
     /// A node left the cluster: its per-node series go.
     pub fn forget_node(&self, node: &NodeId) {
-        self.node_queue_delay_ms
-            .remove(&vec![("node", node.to_string())]);
+        let l = vec![("node", node.to_string())];
+        self.node_queue_delay_ms.remove(&l);
+        self.node_queued.remove(&l);
+        self.node_running.remove(&l);
         for resource in ["cpu_millis", "memory_mib"] {
             let l = labels(node, resource);
             self.node_capacity.remove(&l);

@@ -73,6 +73,9 @@ async fn metrics_count_joins_heartbeats_losses_and_bookings() {
         v(r#"coordinator_node_queue_delay_ms{node="node-a"}"#),
         250.0
     );
+    // The test heartbeats report no containers.
+    assert_eq!(v(r#"coordinator_node_queued{node="node-a"}"#), 0.0);
+    assert_eq!(v(r#"coordinator_node_running{node="node-a"}"#), 0.0);
     let a_cpu = r#"{node="node-a",resource="cpu_millis"}"#;
     let a_mem = r#"{node="node-a",resource="memory_mib"}"#;
     assert_eq!(v(&format!("coordinator_node_capacity{a_cpu}")), 4000.0);
