@@ -123,3 +123,44 @@ async fn worker_metrics_count_allocations_refusals_kills_and_containers() {
     assert!(status.contains("404"), "{status}");
     c.stop().await;
 }
+
+#[test]
+fn metrics_listen_is_off_by_default_and_read_from_flags_or_the_toml_file() {
+    use worker::config::RunArgs;
+    let args = || RunArgs {
+        coordinator: Some("127.0.0.1:9".into()),
+        ca_cert: Some("/nonexistent/ca.pem".into()),
+        join_token: Some("t".into()),
+        node_id: Some("n".into()),
+        state_dir: Some("/srv/worker-state".into()),
+        ..Default::default()
+    };
+    assert_eq!(args().resolve().unwrap().metrics_listen, None);
+    let flag: SocketAddr = "127.0.0.1:9401".parse().unwrap();
+    let c = RunArgs {
+        metrics_listen: Some(flag),
+        ..args()
+    };
+    assert_eq!(c.resolve().unwrap().metrics_listen, Some(flag));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("worker.toml");
+    std::fs::write(&file, "metrics_listen = \"0.0.0.0:9402\"\n").unwrap();
+    let c = RunArgs {
+        config: Some(file.clone()),
+        ..args()
+    }
+    .resolve()
+    .unwrap();
+    assert_eq!(c.metrics_listen, Some("0.0.0.0:9402".parse().unwrap()));
+
+    std::fs::write(&file, "metrics_listen = \"localhost\"\n").unwrap();
+    let e = RunArgs {
+        config: Some(file),
+        ..args()
+    }
+    .resolve()
+    .expect_err("not an address");
+    let e = format!("{e:#}");
+    assert!(e.contains("metrics_listen"), "the error names the key: {e}");
+}
