@@ -39,6 +39,8 @@ pub struct WorkerMetrics {
     pub preemptions: Counter,
     pub kills: Family<Labels, Counter>,
     pub token_refusals: Family<Labels, Counter>,
+    /// Allocations refused for the app's quota, by `type`.
+    pub quota_refusals: Family<Labels, Counter>,
     /// Containers allocated to applications through this worker, by `type`.
     pub allocations: Family<Labels, Counter>,
     /// From an `allocate` to its (first) answer with containers, by `type`.
@@ -59,6 +61,7 @@ impl Default for WorkerMetrics {
         let preemptions = Counter::default();
         let kills = Family::<Labels, Counter>::default();
         let token_refusals = Family::<Labels, Counter>::default();
+        let quota_refusals = Family::<Labels, Counter>::default();
         let allocations = Family::<Labels, Counter>::default();
         let allocation_latency: HistogramFamily =
             Family::new_with_constructor(latency_histogram as fn() -> Histogram);
@@ -99,6 +102,11 @@ impl Default for WorkerMetrics {
             token_refusals.clone(),
         );
         r.register(
+            "worker_quota_refusals",
+            "Allocations refused for the app's quota (QUEUEABLE quota, or too many GUARANTEED asks waiting), by type",
+            quota_refusals.clone(),
+        );
+        r.register(
             "worker_allocations",
             "Containers allocated to applications through this worker, by type",
             allocations.clone(),
@@ -112,6 +120,7 @@ impl Default for WorkerMetrics {
         for t in ["guaranteed", "queueable"] {
             let _ = allocations.get_or_create(&vec![("type", t)]);
             let _ = allocation_latency.get_or_create(&vec![("type", t)]);
+            let _ = quota_refusals.get_or_create(&vec![("type", t)]);
         }
         for reason in [
             KillReason::PreemptedByGuaranteed,
@@ -134,6 +143,7 @@ impl Default for WorkerMetrics {
             preemptions,
             kills,
             token_refusals,
+            quota_refusals,
             allocations,
             allocation_latency,
         }
@@ -211,6 +221,13 @@ impl WorkerMetrics {
     pub fn token_refused(&self, e: &TokenError) {
         self.token_refusals
             .get_or_create(&vec![("reason", token_label(e))])
+            .inc();
+    }
+
+    /// An allocation refused for the app's quota.
+    pub fn quota_refused(&self, t: ContainerType) {
+        self.quota_refusals
+            .get_or_create(&vec![("type", type_label(t))])
             .inc();
     }
 

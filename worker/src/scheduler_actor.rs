@@ -236,7 +236,10 @@ impl SchedulerActor {
                     PlacementError::NoView => ErrorCode::CoordinatorUnavailable,
                     PlacementError::LargerThanAnyNode { .. } => ErrorCode::AskTooLarge,
                     PlacementError::Empty => ErrorCode::InvalidRequest,
-                    PlacementError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
+                    PlacementError::QuotaExceeded { .. } => {
+                        self.shared.metrics.quota_refused(ContainerType::Queueable);
+                        ErrorCode::QuotaExceeded
+                    }
                 };
                 error(req.request_id, code, e.to_string())
             }
@@ -338,6 +341,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                     .copied()
                     .unwrap_or(0);
                 if waiting >= MAX_WAITING_GUARANTEED_ASKS_PER_APP {
+                    self.shared.metrics.quota_refused(ContainerType::Guaranteed);
                     let _ = reply.send(error(
                         req.request_id,
                         ErrorCode::QuotaExceeded,
