@@ -44,8 +44,7 @@ pub struct CoordinatorMetrics {
 
 impl Default for CoordinatorMetrics {
     fn default() -> Self {
-        let mut registry = Registry::default();
-        let m = CoordinatorMetrics {
+        let mut m = CoordinatorMetrics {
             nodes_joined: Counter::default(),
             nodes_lost: Counter::default(),
             heartbeats: Counter::default(),
@@ -59,7 +58,7 @@ impl Default for CoordinatorMetrics {
             policing_limit: Family::default(),
             registry: Registry::default(),
         };
-        let r = &mut registry;
+        let r = &mut m.registry;
         r.register(
             "coordinator_nodes_joined",
             "Worker joins accepted (re-joins included)",
@@ -115,7 +114,7 @@ impl Default for CoordinatorMetrics {
             "QUEUEABLE policing limit of each node (capacity minus GUARANTEED bookings), by resource",
             m.policing_limit.clone(),
         );
-        CoordinatorMetrics { registry, ..m }
+        m
     }
 }
 
