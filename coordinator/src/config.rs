@@ -39,6 +39,8 @@ pub struct CoordinatorSettings {
     pub max_unjoined_connections: usize,
     /// Connections not joined yet from one IP address; more are refused before the handshake.
     pub max_unjoined_per_source: usize,
+    /// HTTP address of `GET /metrics` (Prometheus); off when absent.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl CoordinatorSettings {
@@ -59,6 +61,7 @@ impl CoordinatorSettings {
             join_timeout: Duration::from_secs(10),
             max_unjoined_connections: 256,
             max_unjoined_per_source: 32,
+            metrics_listen: None,
         }
     }
 
@@ -128,6 +131,7 @@ pub struct FileConfig {
     pub join_timeout_ms: Option<u64>,
     pub max_unjoined_connections: Option<usize>,
     pub max_unjoined_per_source: Option<usize>,
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl FileConfig {
@@ -165,6 +169,7 @@ impl FileConfig {
             max_unjoined_per_source: self
                 .max_unjoined_per_source
                 .or(lower.max_unjoined_per_source),
+            metrics_listen: self.metrics_listen.or(lower.metrics_listen),
         }
     }
 
@@ -212,6 +217,7 @@ impl FileConfig {
         if let Some(v) = self.max_unjoined_per_source {
             s.max_unjoined_per_source = v;
         }
+        s.metrics_listen = self.metrics_listen;
         s.validate()?;
         Ok(s)
     }
@@ -253,6 +259,23 @@ mod tests {
         assert_eq!(s.shedding, SheddingPolicy::MeanPlusSigma { n: 2.0 });
         assert_eq!(s.heartbeat_interval, Duration::from_secs(1));
         assert_eq!(s.data_dir, PathBuf::from("/d"));
+    }
+
+    #[test]
+    fn metrics_listen_is_off_by_default_and_read_from_the_file() {
+        let s = FileConfig {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        }
+        .into_settings()
+        .unwrap();
+        assert_eq!(s.metrics_listen, None);
+        let file: FileConfig =
+            toml::from_str("data_dir = \"/d\"\nmetrics_listen = \"127.0.0.1:9400\"").unwrap();
+        let s = file.into_settings().unwrap();
+        assert_eq!(s.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
+        let err = toml::from_str::<FileConfig>("metrics_listen = \"localhost\"").unwrap_err();
+        assert!(err.to_string().contains("metrics_listen"), "{err}");
     }
 
     #[test]

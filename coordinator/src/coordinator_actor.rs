@@ -12,6 +12,7 @@ use crate::guarantor_actor::{
     AddNode, BookPromotion, CancelAsk, CancelSession, ContainerEvents, ExpireGrants,
     GuarantorActor, ReleaseGrant, RemoveNode, ReportQueueableLoad, SetKeys, Submit, UndoPromotion,
 };
+use crate::metrics::CoordinatorMetrics;
 use crate::session::{CloseCode, SessionId, WorkerTx};
 use crate::store::{KeyState, Store};
 use actix::prelude::*;
@@ -85,6 +86,8 @@ pub struct CoordinatorActor {
     queueable_limits: HashMap<NodeId, Resources>,
     /// Promotions in flight (Mercury §3.4), a sans-IO state machine in scheduler-core.
     promotions: Promotions<Requester>,
+    /// Counters and gauges exported at `/metrics` (set by `server::start`).
+    pub(crate) metrics: Arc<CoordinatorMetrics>,
 }
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
@@ -151,6 +154,7 @@ impl CoordinatorActor {
             hosted: HostedContainers::default(),
             queueable_limits: HashMap::new(),
             promotions,
+            metrics: Arc::default(),
         })
     }
 
@@ -277,6 +281,7 @@ impl CoordinatorActor {
             view,
             lost_containers,
         }));
+        self.metrics.nodes_joined.inc();
         info!(node = %node_id, issuer, rack = %j.rack, capacity = %j.capacity, containers = j.containers.len(), "worker joined");
         self.sessions.insert(
             node_id.clone(),
@@ -302,6 +307,8 @@ impl CoordinatorActor {
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
         }
+        self.metrics
+            .node_heartbeat(node_id, hb.queue_delay.total_ms(), hb.queued, hb.running);
         self.guarantor().do_send(ReportQueueableLoad {
             node_id: node_id.clone(),
             load: QueueableLoad::from_statuses(&hb.containers),
@@ -366,6 +373,10 @@ impl CoordinatorActor {
             .round(now, self.settings.heartbeat_interval, &mut self.rng)
             .clone();
         let threshold = round.shedding_threshold_ms;
+        // Off (no threshold) reads as 0 ms.
+        self.metrics
+            .shedding_threshold_ms
+            .set(threshold.unwrap_or(0.0));
         let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, &round);
         let NodeView { view, issuer_keys } = self.state.node_view(
             node_id,
@@ -531,6 +542,7 @@ impl CoordinatorActor {
                 } => {
                     let (id, host) = (token.body.container_id, token.body.node_id.clone());
                     self.hosted.promoted(&host, id, token.body.version);
+                    self.metrics.promotions.inc();
                     info!(container = %id, node = %host, "container promoted to GUARANTEED");
                     let _ = tx.send(CoordinatorToWorker::PromoteResult(PromoteResult {
                         correlation_id,
@@ -599,6 +611,8 @@ impl CoordinatorActor {
     fn lose_node(&mut self, node_id: &NodeId, why: &str) {
         let lost = self.state.declare_lost(node_id);
         warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
+        self.metrics.nodes_lost.inc();
+        self.metrics.forget_node(node_id);
         self.persist_lost_nodes();
         self.hosted.forget_node(node_id);
         self.queueable_limits.remove(node_id);

@@ -58,6 +58,8 @@ pub struct GuarantorActor {
     /// Where each reservation owner's events go: the worker session it last used for a
     /// reservation request or a reservation-backed ask.
     owner_routes: HashMap<AppId, (SessionId, WorkerTx)>,
+    /// Bookings, capacity and policing limit per node are exported here (`/metrics`).
+    pub(crate) metrics: Arc<crate::metrics::CoordinatorMetrics>,
 }
 
 impl GuarantorActor {
@@ -100,6 +102,7 @@ impl GuarantorActor {
             routes: HashMap::new(),
             next_ask_key: 1,
             owner_routes: HashMap::new(),
+            metrics: Arc::default(),
         })
     }
 
@@ -282,10 +285,20 @@ impl GuarantorActor {
         }
     }
 
+    /// A node's capacity, GUARANTEED bookings and policing limit, for `/metrics`.
+    fn export_node(&self, node: &NodeId) {
+        if let Some(n) = self.core.node(node) {
+            self.metrics.node_bookings(node, n.capacity, n.guaranteed);
+        }
+    }
+
     /// Tell the coordinator the policing limits (Mercury §4.3) that changed: the core tracks
     /// which nodes' bookings changed, so this is O(changes), not O(nodes) per event.
     fn report_limits(&mut self) {
         let changed = self.core.take_changed_limits();
+        for (node, _) in &changed {
+            self.export_node(node);
+        }
         if !changed.is_empty() {
             self.coordinator.do_send(QueueableLimits(changed));
         }
@@ -385,6 +398,7 @@ impl Handler<AddNode> for GuarantorActor {
         self.endpoints.insert(msg.node_id.clone(), msg.endpoint);
         self.adopt(&msg.node_id, &msg.containers);
         self.schedule();
+        self.export_node(&msg.node_id);
     }
 }
 
@@ -401,6 +415,7 @@ impl Handler<RemoveNode> for GuarantorActor {
         let dropped = self.core.remove_node(&msg.node_id);
         self.endpoints.remove(&msg.node_id);
         info!(node = %msg.node_id, dropped = dropped.len(), "guarantor dropped node");
+        self.metrics.forget_node(&msg.node_id);
         // Losing capacity replans the reservations (Morpheus §6): their owners are told.
         if self.flush_reservation_events() {
             let _ = self.save_reservations();

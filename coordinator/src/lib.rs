@@ -10,6 +10,7 @@ pub mod config;
 pub mod coordinator_actor;
 pub mod datadir;
 pub mod guarantor_actor;
+pub mod metrics;
 pub mod server;
 pub mod session;
 pub mod store;

@@ -211,6 +211,10 @@ struct RunArgs {
     /// Most connections not joined yet from one IP address [default: 32].
     #[arg(long, env = "COORDINATOR_MAX_UNJOINED_PER_SOURCE")]
     max_unjoined_per_source: Option<usize>,
+    /// HTTP address serving Prometheus metrics at GET /metrics (e.g. 127.0.0.1:9400; port 0
+    /// picks one) [default: off].
+    #[arg(long, env = "COORDINATOR_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 impl RunArgs {
@@ -234,6 +238,7 @@ impl RunArgs {
             join_timeout_ms: self.join_timeout_ms,
             max_unjoined_connections: self.max_unjoined_connections,
             max_unjoined_per_source: self.max_unjoined_per_source,
+            metrics_listen: self.metrics_listen,
         };
         Ok(flags.or(file).into_settings()?)
     }
@@ -346,10 +351,12 @@ async fn run(settings: coordinator::CoordinatorSettings) -> anyhow::Result<()> {
             "initialised the data dir (join token and CA are in it; cluster.json has the summary)"
         );
     }
-    println!(
-        "{}",
-        serde_json::json!({"event": "listening", "quic_addr": server.quic_addr.to_string()})
-    );
+    let mut line =
+        serde_json::json!({"event": "listening", "quic_addr": server.quic_addr.to_string()});
+    if let Some(addr) = server.metrics_addr {
+        line["metrics_addr"] = addr.to_string().into();
+    }
+    println!("{line}");
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     tokio::select! {

@@ -6,6 +6,7 @@ use crate::config::CoordinatorSettings;
 use crate::coordinator_actor::{CoordinatorActor, SetGuarantor};
 use crate::datadir::{self, DataDir, InitError, InitReport};
 use crate::guarantor_actor::GuarantorActor;
+use crate::metrics::{self, CoordinatorMetrics};
 use crate::session::{JoinGate, serve_connection};
 use crate::store::{Store, StoreError};
 use actix::prelude::*;
@@ -22,6 +23,11 @@ pub enum StartError {
     Store(#[from] StoreError),
     #[error("the GUARANTEED token keys in the store are unusable: {0}")]
     Keys(String),
+    #[error("cannot listen on {addr} (metrics_listen): {source}")]
+    MetricsBind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -39,6 +45,10 @@ pub struct CoordinatorServer {
     pub seed: u64,
     /// Pre-join limits of the QUIC server (tests, diagnostics).
     pub join_gate: Arc<JoinGate>,
+    /// Bound address of `GET /metrics`, when `metrics_listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The counters and gauges the actors update (also readable in-process).
+    pub metrics: Arc<CoordinatorMetrics>,
     endpoint: quinn::Endpoint,
 }
 
@@ -65,6 +75,16 @@ pub async fn start(
     };
     datadir::secure(&dir)?;
     let store = Arc::new(Store::open(&dir.store())?);
+    // Bound first, so a taken port fails start-up before any worker is accepted.
+    let metrics_listener = match settings.metrics_listen {
+        Some(addr) => Some(
+            metrics::bind(addr)
+                .await
+                .map_err(|source| StartError::MetricsBind { addr, source })?,
+        ),
+        None => None,
+    };
+    let metrics = Arc::new(CoordinatorMetrics::default());
     let server_config = datadir::quic_server_config(&dir)?;
     let seed = match settings.seed {
         Some(s) => s,
@@ -77,10 +97,14 @@ pub async fn start(
         .map_err(|e| StartError::Keys(e.to_string()))?;
     let join_token_sha256 = store.join_token_sha256()?;
     let token_ttl_ms = settings.token_ttl.as_millis() as u64;
-    let coordinator = CoordinatorActor::new(settings.clone(), store.clone(), clock.clone(), seed)?;
+    let mut coordinator =
+        CoordinatorActor::new(settings.clone(), store.clone(), clock.clone(), seed)?;
+    coordinator.metrics = metrics.clone();
     let coordinator = coordinator.start();
-    let guarantor =
-        GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?.start();
+    let mut guarantor =
+        GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?;
+    guarantor.metrics = metrics.clone();
+    let guarantor = guarantor.start();
     coordinator
         .send(SetGuarantor(guarantor.clone()))
         .await
@@ -128,6 +152,14 @@ pub async fn start(
             next_session += 1;
         }
     });
+    let metrics_addr = match metrics_listener {
+        Some(listener) => {
+            let addr = listener.local_addr().ok();
+            metrics::spawn_server(listener, metrics.clone());
+            addr
+        }
+        None => None,
+    };
     info!(%quic_addr, "coordinator listening");
     Ok(CoordinatorServer {
         quic_addr,
@@ -136,6 +168,8 @@ pub async fn start(
         initialised,
         seed,
         join_gate,
+        metrics_addr,
+        metrics,
         endpoint,
     })
 }

@@ -77,11 +77,15 @@ pub struct LocalWorker {
     pub node_id: String,
     /// As the worker advertises it: `tls://127.0.0.1:PORT`, `tcp://...` or `unix:///...`.
     pub app_endpoint: String,
+    /// `HOST:PORT` of the worker's HTTP server (`GET /metrics`).
+    pub http: Option<String>,
 }
 
 /// The running processes. Dropping it stops them all.
 pub struct LocalCluster {
     pub coordinator: String,
+    /// `HOST:PORT` of the coordinator's HTTP server (`GET /metrics`).
+    pub coordinator_http: Option<String>,
     pub workers: Vec<LocalWorker>,
     pub app_id: String,
     pub app_secret: String,
@@ -214,6 +218,7 @@ impl LocalCluster {
         };
         let mut cluster = LocalCluster {
             coordinator: String::new(),
+            coordinator_http: None,
             workers: vec![],
             app_id,
             app_secret,
@@ -273,6 +278,7 @@ impl LocalCluster {
                 // worker kills the containers recorded in its state dir at start).
                 .arg("--state-dir")
                 .arg(data_dir.join(format!("{name}-state")))
+                .args(["--metrics-listen", "127.0.0.1:0"])
                 .stdout(Stdio::piped())
                 .stderr(std::fs::File::create(&log)?)
                 .spawn()
@@ -291,6 +297,7 @@ impl LocalCluster {
                     .as_str()
                     .context("worker ready line has no app_endpoint")?
                     .to_string(),
+                http: ready["metrics_addr"].as_str().map(str::to_string),
             });
         }
         Ok(cluster)
@@ -321,6 +328,7 @@ impl LocalCluster {
             ])
             .args(["--node-timeout-ms", &args.node_timeout_ms.to_string()])
             .args(["--shedding", &args.shedding])
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(log_file)
             .spawn()
@@ -329,6 +337,8 @@ impl LocalCluster {
         self.children.retain(|(n, _, _)| n != "coordinator");
         self.children.push(("coordinator".into(), child, log));
         let ready = self.ready_or_report(&stdout, "coordinator", deadline)?;
+        // A restart picks a new metrics port.
+        self.coordinator_http = ready["metrics_addr"].as_str().map(str::to_string);
         Ok(ready["quic_addr"]
             .as_str()
             .context("coordinator ready line has no quic_addr")?
@@ -394,6 +404,7 @@ impl LocalCluster {
     pub fn summary_json(&self) -> serde_json::Value {
         serde_json::json!({
             "coordinator": self.coordinator,
+            "coordinator_http": self.coordinator_http,
             "ca_cert": self.ca_cert,
             "workers": self.workers,
             "app_id": self.app_id,

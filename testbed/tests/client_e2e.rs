@@ -194,6 +194,18 @@ fn load(local: &Local, kind: &str, containers: usize) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("load printed {stdout:?}, not JSON: {e}"))
 }
 
+/// The body of `GET /metrics` at `addr` (HTTP/1.1, connection closed after the answer).
+fn http_get_metrics(addr: &str) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("response");
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    raw.split_once("\r\n\r\n").expect("body").1.to_string()
+}
+
 fn n(v: &serde_json::Value, path: &[&str]) -> u64 {
     let mut v = v;
     for p in path {
@@ -222,6 +234,17 @@ fn local_prints_one_line_load_runs_every_type_and_sigterm_stops_every_process() 
         );
     }
     assert!(Path::new(s["ca_cert"].as_str().unwrap()).is_file(), "{s}");
+    // Every process serves GET /metrics; the line says where.
+    let coordinator_metrics =
+        http_get_metrics(s["coordinator_http"].as_str().expect("coordinator_http"));
+    assert!(
+        coordinator_metrics.contains("\ncoordinator_nodes_joined_total 2\n"),
+        "{coordinator_metrics}"
+    );
+    for w in workers {
+        let text = http_get_metrics(w["http"].as_str().expect("worker http"));
+        assert!(text.contains("# TYPE worker_allocations counter"), "{text}");
+    }
     assert!(!s["app_id"].as_str().unwrap().is_empty());
     assert!(!s["app_secret"].as_str().unwrap().is_empty());
     let children = children_of(local.pid);

@@ -126,6 +126,10 @@ pub struct RunArgs {
     /// Seed of the placement RNG [default: drawn from the OS and logged].
     #[arg(long, env = "WORKER_SEED")]
     pub seed: Option<u64>,
+    /// HTTP address serving Prometheus metrics at GET /metrics (e.g. 127.0.0.1:9401; port 0
+    /// picks one) [default: off].
+    #[arg(long, env = "WORKER_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
     /// TOML file with the same keys as these flags (snake_case); flags win.
     #[arg(long, env = "WORKER_CONFIG")]
     #[serde(skip)]
@@ -162,6 +166,8 @@ pub struct WorkerConfig {
     pub max_queue_length: usize,
     pub seed: Option<u64>,
     pub app_limits: AppLimits,
+    /// Address of `GET /metrics`; off when absent.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The TCP app endpoint.
@@ -373,7 +379,8 @@ impl RunArgs {
                 app_max_in_flight,
                 app_max_queued_bytes,
                 app_write_stall_timeout_ms,
-                seed
+                seed,
+                metrics_listen
             );
         }
         let Some(coordinator) = self.coordinator else {
@@ -522,6 +529,7 @@ impl RunArgs {
             max_queue_length,
             seed: self.seed,
             app_limits,
+            metrics_listen: self.metrics_listen,
         })
     }
 }

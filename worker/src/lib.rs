@@ -6,6 +6,7 @@ pub mod app_endpoint;
 pub mod config;
 pub mod exec;
 pub mod link;
+pub mod metrics;
 pub mod node_actor;
 pub mod scheduler_actor;
 pub mod shared;
@@ -34,6 +35,8 @@ pub struct WorkerHandle {
     pub scheduler: Addr<scheduler_actor::SchedulerActor>,
     /// State shared by the actors and connection tasks (tests, diagnostics).
     pub shared: std::rc::Rc<shared::Shared>,
+    /// Bound address of `GET /metrics`, when `metrics_listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl WorkerHandle {
@@ -154,7 +157,24 @@ pub async fn start_with_clock(
         "container executor ready"
     );
 
+    // Bound before the actors start, so a taken port fails start-up naming the setting.
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(
+            metrics::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?,
+        ),
+        None => None,
+    };
     let shared = Rc::new(Shared::with_clock(clock));
+    let metrics_addr = match metrics_listener {
+        Some(listener) => {
+            let addr = listener.local_addr().ok();
+            metrics::spawn_server(listener, shared.metrics.clone());
+            addr
+        }
+        None => None,
+    };
     let (link_tx, link_rx) = mpsc::unbounded_channel();
     let node = node_actor::NodeActor::new(
         node_id.clone(),
@@ -214,6 +234,7 @@ pub async fn start_with_clock(
     }
     Ok(WorkerHandle {
         node_id,
+        metrics_addr,
         app_addr,
         app_socket: config.app_socket.as_ref().map(|s| s.path.clone()),
         app_endpoint,

@@ -18,7 +18,8 @@ struct Cli {
 enum Command {
     /// Join the cluster and serve applications until SIGINT/SIGTERM (containers are killed then).
     /// Prints {"event":"joined","node_id":"...","app_endpoint":"SCHEME://..."} once joined
-    /// (tls://HOST:PORT, tcp://HOST:PORT or unix:///PATH: the endpoint grants name).
+    /// (tls://HOST:PORT, tcp://HOST:PORT or unix:///PATH: the endpoint grants name), with
+    /// "metrics_addr":"HOST:PORT" when --metrics-listen is set.
     Run(worker::config::RunArgs),
 }
 
@@ -33,10 +34,11 @@ async fn main() -> anyhow::Result<()> {
     let Command::Run(args) = Cli::parse().command;
     let config = args.resolve()?;
     let handle = worker::start(config).await?;
-    println!(
-        "{}",
-        serde_json::json!({"event": "joined", "node_id": handle.node_id.as_str(), "app_endpoint": handle.app_endpoint})
-    );
+    let mut line = serde_json::json!({"event": "joined", "node_id": handle.node_id.as_str(), "app_endpoint": handle.app_endpoint});
+    if let Some(addr) = handle.metrics_addr {
+        line["metrics_addr"] = addr.to_string().into();
+    }
+    println!("{line}");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

@@ -111,6 +111,7 @@ impl NodeActor {
                     }
                     self.launch_specs.remove(&id);
                     self.reports.finished(id);
+                    self.shared.metrics.killed(reason);
                     info!(container = %id, %reason, "container killed: {message}");
                     self.event(id, ContainerEventKind::Killed { reason, message });
                     self.owners.remove(&id);
@@ -171,6 +172,11 @@ impl NodeActor {
             finished,
             issued: self.shared.issued_counts.borrow().clone(),
         };
+        self.shared.metrics.node_state(
+            &hb.containers,
+            self.node.queued_count(),
+            hb.queue_delay.total_ms(),
+        );
         let _ = self.link.send(WorkerToCoordinator::Heartbeat(hb));
     }
 
@@ -178,6 +184,7 @@ impl NodeActor {
         let now = self.shared.clock.now();
         let token = &req.token;
         if let Err(e) = self.verifier.check(token, &app, now.as_millis()) {
+            self.shared.metrics.token_refused(&e);
             return error(
                 req.request_id,
                 ErrorCode::InvalidToken,

@@ -44,6 +44,8 @@ struct Pending {
     guaranteed_ask: bool,
     /// Counts the ask in its app's waiting GUARANTEED asks on this worker until dropped.
     _waiting: Option<WaitingAsk>,
+    /// When a GUARANTEED ask was received, until its first containers (allocation latency).
+    asked_at: Option<std::time::Instant>,
 }
 
 /// GUARANTEED asks waiting at the coordinator, per app (bounded by
@@ -172,6 +174,7 @@ impl SchedulerActor {
                 unknown_is_success,
                 guaranteed_ask: false,
                 _waiting: None,
+                asked_at: None,
             },
         );
         let _ = self.link.send(make(correlation_id));
@@ -233,7 +236,10 @@ impl SchedulerActor {
                     PlacementError::NoView => ErrorCode::CoordinatorUnavailable,
                     PlacementError::LargerThanAnyNode { .. } => ErrorCode::AskTooLarge,
                     PlacementError::Empty => ErrorCode::InvalidRequest,
-                    PlacementError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
+                    PlacementError::QuotaExceeded { .. } => {
+                        self.shared.metrics.quota_refused(ContainerType::Queueable);
+                        ErrorCode::QuotaExceeded
+                    }
                 };
                 error(req.request_id, code, e.to_string())
             }
@@ -300,12 +306,22 @@ pub struct AllocateMsg {
 impl Handler<AllocateMsg> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: AllocateMsg, _: &mut Context<Self>) {
+        let asked_at = std::time::Instant::now();
         let AllocateMsg {
             app, req, reply, ..
         } = msg;
         match req.container_type {
             ContainerType::Queueable => {
                 let answer = self.allocate_queueable(app, &req);
+                if let AppResponse::Allocated(a) = &answer
+                    && !a.containers.is_empty()
+                {
+                    self.shared.metrics.allocated(
+                        ContainerType::Queueable,
+                        a.containers.len(),
+                        Some(asked_at.elapsed()),
+                    );
+                }
                 let _ = reply.send(answer);
                 self.publish_counts();
             }
@@ -325,6 +341,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                     .copied()
                     .unwrap_or(0);
                 if waiting >= MAX_WAITING_GUARANTEED_ASKS_PER_APP {
+                    self.shared.metrics.quota_refused(ContainerType::Guaranteed);
                     let _ = reply.send(error(
                         req.request_id,
                         ErrorCode::QuotaExceeded,
@@ -347,6 +364,7 @@ impl Handler<AllocateMsg> for SchedulerActor {
                 });
                 if let Some(p) = self.pending.get_mut(&correlation_id) {
                     p.guaranteed_ask = true;
+                    p.asked_at = Some(asked_at);
                     p._waiting = Some(WaitingAsk::new(&self.waiting_guaranteed, &counted));
                 }
             }
@@ -587,7 +605,7 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
     fn handle(&mut self, msg: CoordinatorAnswer, _: &mut Context<Self>) {
         match msg.0 {
             CoordinatorToWorker::GuaranteedAllocated(g) => {
-                let Some(p) = self.pending.get(&g.correlation_id) else {
+                let Some(p) = self.pending.get_mut(&g.correlation_id) else {
                     // The ask was cancelled (its connection closed) while these were on their
                     // way: give them back now rather than hold capacity until the tokens expire.
                     debug!(
@@ -598,6 +616,15 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                     self.release_orphaned_grants(&g.containers);
                     return;
                 };
+                if !g.containers.is_empty() {
+                    // Later frames of the same ask are counted; their latency is the first's.
+                    let latency = p.asked_at.take().map(|t| t.elapsed());
+                    self.shared.metrics.allocated(
+                        ContainerType::Guaranteed,
+                        g.containers.len(),
+                        latency,
+                    );
+                }
                 for c in &g.containers {
                     self.issued.issued(&c.node_id, c.container_id);
                     self.ds.quotas_mut().on_granted(

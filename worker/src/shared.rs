@@ -280,6 +280,8 @@ pub struct Shared {
     /// What this worker's scheduler has outstanding per app, published by the scheduler actor
     /// and reported with every heartbeat (quotas hold cluster-wide).
     pub issued_counts: RefCell<Vec<scheduler_core::quota::AppOutstanding>>,
+    /// Counters and gauges exported at `/metrics` (atomics: the HTTP task only reads them).
+    pub metrics: Arc<crate::metrics::WorkerMetrics>,
 }
 
 /// A no-op message: once an actor has answered it, every message queued to that actor before

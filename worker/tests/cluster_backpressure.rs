@@ -261,6 +261,13 @@ async fn waiting_guaranteed_asks_are_capped_per_app() {
             .contains("has 1024 GUARANTEED asks waiting for capacity on this worker"),
         "{e:?}"
     );
+    let quota_refusals = &c.worker("node-a").shared.metrics.quota_refusals;
+    assert_eq!(
+        quota_refusals
+            .get_or_create(&vec![("type", "guaranteed")])
+            .get(),
+        1
+    );
     assert!(
         waiter
             .unread()

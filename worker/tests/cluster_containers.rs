@@ -153,6 +153,17 @@ async fn guaranteed_preempts_the_most_recently_started_queueable_container() {
         .await;
     assert_eq!(snap.running, 2);
     assert_eq!(snap.allocated, Resources::new(1000, 1000));
+    // Both preemptions are counted (docs/operations.md), and nothing was shed.
+    let metrics = &c.worker("node-a").shared.metrics;
+    assert_eq!(metrics.preemptions.get(), 2);
+    assert_eq!(
+        metrics
+            .kills
+            .get_or_create(&vec![("reason", "preempted_by_guaranteed")])
+            .get(),
+        2
+    );
+    assert_eq!(metrics.sheds.get(), 0);
     c.stop().await;
 }
 

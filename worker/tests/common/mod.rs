@@ -162,6 +162,8 @@ impl Cluster {
                 max_queue_length: 10_000,
                 seed: Some(11 + i as u64),
                 app_limits: AppLimits::default(),
+                // Every test's workers serve /metrics (port 0), so the endpoint runs everywhere.
+                metrics_listen: Some("127.0.0.1:0".parse().expect("literal")),
             };
             adjust(&mut config);
             let handle = match &worker_clock {

@@ -1,0 +1,245 @@
+//! Prometheus metrics of the coordinator: the registry, the handles the actors update (atomics
+//! only, never awaited), and the `/metrics` HTTP task (hyper 1, on the actix/tokio runtime). The
+//! HTTP task only encodes the registry: it never sends to or waits on an actor.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use scheduler_core::{NodeId, Resources};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use tracing::{debug, info, warn};
+
+/// Labels of a per-node series.
+pub type NodeLabels = Vec<(&'static str, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Everything the coordinator exports. Cheap to clone handles; the registry owns the series.
+pub struct CoordinatorMetrics {
+    registry: Registry,
+    pub nodes_joined: Counter,
+    pub nodes_lost: Counter,
+    pub heartbeats: Counter,
+    pub promotions: Counter,
+    pub shedding_threshold_ms: FloatGauge,
+    /// R = Tq + Tr + Tl of each node, as of its last heartbeat.
+    pub node_queue_delay_ms: Family<NodeLabels, FloatGauge>,
+    /// Containers queued (QUEUEABLE queue and waiting GUARANTEED) and running on each node, as
+    /// of its last heartbeat.
+    pub node_queued: Family<NodeLabels, Gauge>,
+    pub node_running: Family<NodeLabels, Gauge>,
+    /// Per node and resource (`cpu_millis`, `memory_mib`).
+    pub node_capacity: Family<NodeLabels, Gauge>,
+    pub guaranteed_booked: Family<NodeLabels, Gauge>,
+    pub policing_limit: Family<NodeLabels, Gauge>,
+}
+
+impl Default for CoordinatorMetrics {
+    fn default() -> Self {
+        let mut m = CoordinatorMetrics {
+            nodes_joined: Counter::default(),
+            nodes_lost: Counter::default(),
+            heartbeats: Counter::default(),
+            promotions: Counter::default(),
+            shedding_threshold_ms: FloatGauge::default(),
+            node_queue_delay_ms: Family::default(),
+            node_queued: Family::default(),
+            node_running: Family::default(),
+            node_capacity: Family::default(),
+            guaranteed_booked: Family::default(),
+            policing_limit: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "coordinator_nodes_joined",
+            "Worker joins accepted (re-joins included)",
+            m.nodes_joined.clone(),
+        );
+        r.register(
+            "coordinator_nodes_lost",
+            "Nodes declared lost (timeout or closed session)",
+            m.nodes_lost.clone(),
+        );
+        r.register(
+            "coordinator_heartbeats",
+            "Heartbeats received from joined workers",
+            m.heartbeats.clone(),
+        );
+        r.register(
+            "coordinator_promotions",
+            "QUEUEABLE containers promoted to GUARANTEED",
+            m.promotions.clone(),
+        );
+        r.register(
+            "coordinator_shedding_threshold_ms",
+            "Current load-shedding threshold on R (Mercury 4.3), milliseconds",
+            m.shedding_threshold_ms.clone(),
+        );
+        r.register(
+            "coordinator_node_queue_delay_ms",
+            "Queue delay estimate R = Tq + Tr + Tl of each node at its last heartbeat, milliseconds",
+            m.node_queue_delay_ms.clone(),
+        );
+        r.register(
+            "coordinator_node_queued",
+            "Containers queued on each node (QUEUEABLE queue and waiting GUARANTEED) at its last heartbeat",
+            m.node_queued.clone(),
+        );
+        r.register(
+            "coordinator_node_running",
+            "Containers running on each node at its last heartbeat",
+            m.node_running.clone(),
+        );
+        r.register(
+            "coordinator_node_capacity",
+            "Capacity of each node, by resource (cpu_millis, memory_mib)",
+            m.node_capacity.clone(),
+        );
+        r.register(
+            "coordinator_guaranteed_booked",
+            "GUARANTEED bookings on each node (unstarted grants included), by resource",
+            m.guaranteed_booked.clone(),
+        );
+        r.register(
+            "coordinator_policing_limit",
+            "QUEUEABLE policing limit of each node (capacity minus GUARANTEED bookings), by resource",
+            m.policing_limit.clone(),
+        );
+        m
+    }
+}
+
+fn labels(node: &NodeId, resource: &'static str) -> NodeLabels {
+    vec![
+        ("node", node.to_string()),
+        ("resource", resource.to_string()),
+    ]
+}
+
+fn set_resources(family: &Family<NodeLabels, Gauge>, node: &NodeId, r: Resources) {
+    family
+        .get_or_create(&labels(node, "cpu_millis"))
+        .set(r.cpu_millis as i64);
+    family
+        .get_or_create(&labels(node, "memory_mib"))
+        .set(r.memory_mib as i64);
+}
+
+impl CoordinatorMetrics {
+    /// What a node's heartbeat reported.
+    pub fn node_heartbeat(&self, node: &NodeId, queue_delay_ms: f64, queued: u32, running: u32) {
+        let l = vec![("node", node.to_string())];
+        self.heartbeats.inc();
+        self.node_queue_delay_ms
+            .get_or_create(&l)
+            .set(queue_delay_ms);
+        self.node_queued.get_or_create(&l).set(i64::from(queued));
+        self.node_running.get_or_create(&l).set(i64::from(running));
+    }
+
+    /// A node's GUARANTEED bookings changed (or it joined).
+    pub fn node_bookings(&self, node: &NodeId, capacity: Resources, booked: Resources) {
+        set_resources(&self.node_capacity, node, capacity);
+        set_resources(&self.guaranteed_booked, node, booked);
+        set_resources(&self.policing_limit, node, capacity.saturating_sub(&booked));
+    }
+
+    /// A node left the cluster: its per-node series go.
+    pub fn forget_node(&self, node: &NodeId) {
+        let l = vec![("node", node.to_string())];
+        self.node_queue_delay_ms.remove(&l);
+        self.node_queued.remove(&l);
+        self.node_running.remove(&l);
+        for resource in ["cpu_millis", "memory_mib"] {
+            let l = labels(node, resource);
+            self.node_capacity.remove(&l);
+            self.guaranteed_booked.remove(&l);
+            self.policing_limit.remove(&l);
+        }
+    }
+
+    /// The text exposition (OpenMetrics, which Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Bind the metrics listener (before anything else starts, so a bad address fails start-up).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+/// Serve `GET /metrics` on `listener` until the runtime stops. Must run inside a tokio runtime
+/// (the actix system's).
+pub fn spawn_server(listener: tokio::net::TcpListener, metrics: Arc<CoordinatorMetrics>) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "metrics listening (GET /metrics)");
+    }
+    actix_rt::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of descriptors and the like: do not spin.
+                    warn!("metrics accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let metrics = metrics.clone();
+            actix_rt::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let answer = respond(&req, || metrics.encode());
+                    async move { Ok::<_, Infallible>(answer) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!(%peer, "metrics connection ended: {e}");
+                }
+            });
+        }
+    });
+}
+
+/// `GET /metrics` gets the exposition; anything else a 404 or 405.
+pub fn respond<B>(req: &Request<B>, encode: impl FnOnce() -> String) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(content_type),
+        );
+        r
+    };
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => reply(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            encode(),
+        ),
+        (_, "/metrics") => reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET\n".into(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found; metrics are at /metrics\n".into(),
+        ),
+    }
+}

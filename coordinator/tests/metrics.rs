@@ -1,0 +1,115 @@
+//! `GET /metrics` over a real TCP socket: a coordinator with two workers (one booked, one lost)
+//! exports the counts and per-node gauges its actors keep.
+
+mod common;
+
+use common::*;
+use coordinator::coordinator_actor::{Inspect, Tick};
+use coordinator::guarantor_actor::InspectGuarantor;
+use scheduler_core::protocol::cluster::CoordinatorToWorker;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One HTTP/1.1 request; the status line and the body.
+async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of the sample `series` (name with its labels, exactly as exposed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[actix_rt::test]
+async fn metrics_count_joins_heartbeats_losses_and_bookings() {
+    let h = Harness::start_with(|s| s.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let addr = h.server.metrics_addr.expect("metrics are listening");
+
+    let (mut a, _) = h.join("node-a", 4000, 8192).await;
+    a.send(&heartbeat("node-a", 0, 250.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    // One GUARANTEED container booked on node-a (the only node yet).
+    a.send(&allocate_guaranteed(7, "demo", 1000, 1024, 1)).await;
+    a.expect("grant", |m| {
+        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+    })
+    .await;
+    h.server.guarantor.send(InspectGuarantor).await.unwrap();
+
+    // node-b joins, then falls silent and is lost at the next sweep.
+    let (mut b, _) = h.join("node-b", 2000, 2048).await;
+    h.clock.advance(Duration::from_secs(11));
+    a.send(&heartbeat("node-a", 0, 250.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    b.expect_closed().await;
+    h.server.coordinator.send(Inspect).await.unwrap();
+    h.server.guarantor.send(InspectGuarantor).await.unwrap();
+
+    let (status, text) = get(addr, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    let v = |series: &str| sample(&text, series).unwrap_or_else(|| panic!("{series} in\n{text}"));
+    assert_eq!(v("coordinator_nodes_joined_total"), 2.0);
+    assert_eq!(v("coordinator_nodes_lost_total"), 1.0);
+    assert_eq!(v("coordinator_heartbeats_total"), 2.0);
+    assert_eq!(v("coordinator_promotions_total"), 0.0);
+    assert!(v("coordinator_shedding_threshold_ms") >= 0.0);
+    assert_eq!(
+        v(r#"coordinator_node_queue_delay_ms{node="node-a"}"#),
+        250.0
+    );
+    // The test heartbeats report no containers.
+    assert_eq!(v(r#"coordinator_node_queued{node="node-a"}"#), 0.0);
+    assert_eq!(v(r#"coordinator_node_running{node="node-a"}"#), 0.0);
+    let a_cpu = r#"{node="node-a",resource="cpu_millis"}"#;
+    let a_mem = r#"{node="node-a",resource="memory_mib"}"#;
+    assert_eq!(v(&format!("coordinator_node_capacity{a_cpu}")), 4000.0);
+    assert_eq!(v(&format!("coordinator_node_capacity{a_mem}")), 8192.0);
+    assert_eq!(v(&format!("coordinator_guaranteed_booked{a_cpu}")), 1000.0);
+    assert_eq!(v(&format!("coordinator_guaranteed_booked{a_mem}")), 1024.0);
+    assert_eq!(v(&format!("coordinator_policing_limit{a_cpu}")), 3000.0);
+    assert_eq!(v(&format!("coordinator_policing_limit{a_mem}")), 7168.0);
+    assert!(
+        !text.contains("node-b"),
+        "a lost node's series are dropped:\n{text}"
+    );
+    assert!(
+        text.contains("# TYPE coordinator_heartbeats counter"),
+        "{text}"
+    );
+
+    let (status, _) = get(addr, "/").await;
+    assert!(status.contains("404"), "{status}");
+}
+
+#[actix_rt::test]
+async fn metrics_are_off_by_default_and_a_taken_port_is_named() {
+    let h = Harness::start().await;
+    assert_eq!(h.server.metrics_addr, None);
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = test_settings(dir.path());
+    settings.metrics_listen = Some(port);
+    let err = match coordinator::start(settings, h.clock.clone()).await {
+        Ok(_) => panic!("started on a taken metrics port"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("metrics_listen"), "{err}");
+}
