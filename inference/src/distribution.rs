@@ -85,8 +85,26 @@ impl Piece {
 /// Probability mass below which a level counts as reached (float sums of piece masses).
 const MASS_TOLERANCE: f64 = 1e-12;
 
-/// Pieces of a [`RuntimeDistribution::widened`] distribution (equal mass each).
-pub const CALIBRATED_PIECES: usize = 40;
+/// Pieces of a [`RuntimeDistribution::widened`] distribution (equal mass each; 0.1, 0.5 and
+/// 0.9 fall on their bounds).
+pub const CALIBRATED_PIECES: usize = 20;
+
+/// The levels of a calibrated distribution's knots and Φ⁻¹ of each (the extreme levels' Φ⁻¹
+/// is infinite: the floor's tails stop at half a piece). Computed once.
+struct CalibrationGrid {
+    levels: [f64; CALIBRATED_PIECES + 1],
+    normal: [f64; CALIBRATED_PIECES + 1],
+}
+
+fn calibration_grid() -> &'static CalibrationGrid {
+    static GRID: std::sync::OnceLock<CalibrationGrid> = std::sync::OnceLock::new();
+    GRID.get_or_init(|| {
+        let half = 0.5 / CALIBRATED_PIECES as f64;
+        let levels = std::array::from_fn(|i| i as f64 / CALIBRATED_PIECES as f64);
+        let normal = levels.map(|p: f64| standard_normal_quantile(p.clamp(half, 1.0 - half)));
+        CalibrationGrid { levels, normal }
+    })
+}
 
 /// Φ⁻¹(p) for p in (0, 1): Acklam's rational approximation (relative error < 1.2e-9).
 pub fn standard_normal_quantile(p: f64) -> f64 {
@@ -269,33 +287,34 @@ impl RuntimeDistribution {
     /// Quantiles at increasing levels `levels` in one sweep over the pieces (O(pieces +
     /// levels), where calling [`RuntimeDistribution::quantile`] for each is O(pieces × levels)).
     pub fn quantiles(&self, levels: &[f64]) -> Vec<f64> {
-        let mut out = Vec::with_capacity(levels.len());
+        let mut out = vec![0.0; levels.len()];
+        self.quantiles_into(levels, &mut out);
+        out
+    }
+
+    /// [`RuntimeDistribution::quantiles`] into `out` (as many as `levels`, at most `out.len()`).
+    pub fn quantiles_into(&self, levels: &[f64], out: &mut [f64]) {
         let mut cumulative = 0.0;
         let mut pieces = self.pieces.iter().filter(|p| p.mass > 0.0).peekable();
-        for &level in levels {
+        for (&level, slot) in levels.iter().zip(out.iter_mut()) {
             let target = if level.is_nan() {
                 0.5
             } else {
                 level.clamp(0.0, 1.0)
             };
-            loop {
+            *slot = loop {
                 match pieces.peek() {
                     Some(piece) if cumulative + piece.mass < target - MASS_TOLERANCE => {
                         cumulative += piece.mass;
                         pieces.next();
                     }
                     Some(piece) => {
-                        out.push(piece.lo + piece.offset_for_mass((target - cumulative).max(0.0)));
-                        break;
+                        break piece.lo + piece.offset_for_mass((target - cumulative).max(0.0));
                     }
-                    None => {
-                        out.push(self.support_max());
-                        break;
-                    }
+                    None => break self.support_max(),
                 }
-            }
+            };
         }
-        out
     }
 
     /// The distribution with its spread around the median multiplied by `spread` in log space,
@@ -305,25 +324,32 @@ impl RuntimeDistribution {
     /// [`CALIBRATED_PIECES`] pieces of equal mass, so the quantiles at multiples of
     /// 1/[`CALIBRATED_PIECES`] (among them 0.1, 0.5 and 0.9) are exact. The median is kept.
     pub fn widened(&self, spread: f64, floor: f64) -> Self {
-        let median = self.median();
+        self.calibrated(1.0, spread, floor)
+    }
+
+    /// [`RuntimeDistribution::widened`] of the distribution [`RuntimeDistribution::scaled`] by
+    /// `scale`, built in one pass (the predictor's path: one allocation, no intermediate copy).
+    pub fn calibrated(&self, scale: f64, spread: f64, floor: f64) -> Self {
+        let grid = calibration_grid();
+        let mut quantiles = [0.0; CALIBRATED_PIECES + 1];
+        self.quantiles_into(&grid.levels, &mut quantiles);
+        let median = quantiles[CALIBRATED_PIECES / 2];
+        let scale = if scale.is_finite() && scale > 0.0 {
+            scale
+        } else {
+            1.0
+        };
         if !(spread.is_finite() && spread > 0.0) || median <= 0.0 {
-            return self.clone();
+            return self.scaled(scale);
         }
-        let levels: Vec<f64> = (0..=CALIBRATED_PIECES)
-            .map(|i| i as f64 / CALIBRATED_PIECES as f64)
-            .collect();
-        let quantiles = self.quantiles(&levels);
-        // Φ⁻¹ of the extreme levels is infinite: the floor's tails stop at half a piece.
-        let half = 0.5 / CALIBRATED_PIECES as f64;
-        let knots: Vec<f64> = levels
-            .iter()
-            .zip(&quantiles)
-            .map(|(&p, &q)| {
-                let log_deviation = (q.max(f64::MIN_POSITIVE) / median).ln();
-                let z = standard_normal_quantile(p.clamp(half, 1.0 - half));
-                median * (spread * (log_deviation + floor * z)).exp()
-            })
-            .collect();
+        let centre = median * scale;
+        let mut knots = [0.0; CALIBRATED_PIECES + 1];
+        for ((knot, &q), &z) in knots.iter_mut().zip(&quantiles).zip(&grid.normal) {
+            let log_deviation = (q.max(f64::MIN_POSITIVE) / median).ln();
+            *knot = centre * (spread * (log_deviation + floor * z)).exp();
+        }
+        // Exactly the centre at the median level, whatever the rounding of ln and exp.
+        knots[CALIBRATED_PIECES / 2] = centre;
         let mass = 1.0 / CALIBRATED_PIECES as f64;
         let pieces = knots
             .windows(2)
@@ -341,7 +367,7 @@ impl RuntimeDistribution {
             .collect();
         Self {
             pieces,
-            largest_observed: self.largest_observed,
+            largest_observed: self.largest_observed * scale,
             observations: self.observations,
         }
     }
@@ -732,7 +758,7 @@ mod tests {
         let w = d.widened(2.0, 0.0);
         assert!((w.median() - m).abs() < 1e-6 * m);
         for p in [0.1, 0.9] {
-            // Exact at multiples of 1/40: twice the log deviation.
+            // Exact at multiples of 1/CALIBRATED_PIECES: twice the log deviation.
             let expected = m * (2.0 * (d.quantile(p) / m).ln()).exp();
             assert!((w.quantile(p) - expected).abs() < 1e-6 * expected, "p{p}");
         }

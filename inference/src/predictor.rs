@@ -658,12 +658,12 @@ impl RuntimePredictor {
         // docs/benchmarks-inference.md §1: within-2× of the median up by 0.4–4.6 points.
         let histogram = history.histogram.distribution()?;
         let median = histogram.median();
-        let centred = if median > 0.0 && chosen.estimate > 0.0 {
-            histogram.scaled(chosen.estimate / median)
+        let scale = if median > 0.0 && chosen.estimate > 0.0 {
+            chosen.estimate / median
         } else {
-            histogram
+            1.0
         };
-        let distribution = centred.widened(self.spread, self.config.spread_floor);
+        let distribution = histogram.calibrated(scale, self.spread, self.config.spread_floor);
         Some(RuntimePrediction {
             distribution,
             point_estimate: chosen.estimate,
