@@ -143,13 +143,7 @@ async fn a_node_declared_lost_kills_what_it_still_runs_when_it_rejoins() {
 
 #[test]
 fn a_lost_node_is_still_told_to_kill_after_a_coordinator_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    coordinator::datadir::init(
-        &coordinator::datadir::DataDir::new(dir.path()),
-        &[("demo".to_string(), Default::default())],
-        1_700_000_000_000,
-    )
-    .unwrap();
+    let dir = initialised_data_dir();
     let (dir, lost) = actix_rt::System::new().block_on(async {
         let h = Harness::start_in(dir).await;
         let (_a, lost) = lose_node_b(&h).await;

@@ -268,13 +268,7 @@ where
 /// the stored record (a damaged one is reported, not loaded).
 #[test]
 fn reservations_survive_a_restart_mid_period() {
-    let dir = tempfile::tempdir().unwrap();
-    coordinator::datadir::init(
-        &coordinator::datadir::DataDir::new(dir.path()),
-        &[("demo".to_string(), Default::default())],
-        1_700_000_000_000,
-    )
-    .unwrap();
+    let dir = initialised_data_dir();
     let start_min = (1_700_000_000_000u64 % DAY) / MIN;
     let (from, to) = (start_min + 10, start_min + 30);
     let dir = actix_rt::System::new().block_on(run_phase(dir, 0, |h, mut w| async move {

@@ -28,13 +28,7 @@ async fn phase(dir: tempfile::TempDir) -> (tempfile::TempDir, JoinAccepted, Cont
 
 #[test]
 fn store_survives_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    coordinator::datadir::init(
-        &coordinator::datadir::DataDir::new(dir.path()),
-        &[("demo".to_string(), Default::default())],
-        1_700_000_000_000,
-    )
-    .unwrap();
+    let dir = initialised_data_dir();
     let (dir, first, id1, ca1) = actix_rt::System::new().block_on(phase(dir));
     let (_dir, second, id2, ca2) = actix_rt::System::new().block_on(phase(dir));
     assert_eq!(ca1, ca2, "same cluster CA");

@@ -30,6 +30,18 @@ pub const FAILURE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Settings for tests: loopback, a fixed seed, and a tick so long it never fires by itself
 /// (tests send `Tick` after moving the manual clock).
+/// A fresh data dir initialised with the app `demo` (for tests that restart a coordinator on it).
+pub fn initialised_data_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    coordinator::datadir::init(
+        &coordinator::datadir::DataDir::new(dir.path()),
+        &[("demo".to_string(), Default::default())],
+        1_700_000_000_000,
+    )
+    .unwrap();
+    dir
+}
+
 pub fn test_settings(data_dir: &Path) -> CoordinatorSettings {
     let mut s = CoordinatorSettings::new(data_dir);
     s.listen = "127.0.0.1:0".parse().unwrap();
