@@ -113,3 +113,42 @@ async fn metrics_are_off_by_default_and_a_taken_port_is_named() {
     };
     assert!(err.contains("metrics_listen"), "{err}");
 }
+
+/// Idle connections cannot pile up on the metrics port: past MAX_METRICS_CONNECTIONS the next
+/// one is closed unanswered, and scrapes work again once the idle ones go.
+#[actix_rt::test]
+async fn metrics_connections_are_bounded() {
+    use coordinator::metrics::MAX_METRICS_CONNECTIONS;
+    let h = Harness::start_with(|s| s.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let addr = h.server.metrics_addr.expect("metrics are listening");
+    let mut idle = Vec::new();
+    for _ in 0..MAX_METRICS_CONNECTIONS {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // Accepted in order after the idle ones: refused, so the server closes it without a word.
+    let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = extra
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await;
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), extra.read_to_end(&mut raw))
+        .await
+        .expect("the refused connection is closed, not left hanging");
+    assert!(raw.is_empty(), "{}", String::from_utf8_lossy(&raw));
+    drop(idle);
+    // The server sees the idle ones close and frees their places (bounded, paced retries).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+            .await;
+        let mut raw = String::new();
+        let _ = s.read_to_string(&mut raw).await;
+        if raw.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "scrapes never resumed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -277,6 +277,11 @@ impl WorkerMetrics {
     }
 }
 
+/// Metrics connections served at once; more are closed at accept.
+pub const MAX_METRICS_CONNECTIONS: usize = 16;
+/// Longest a metrics connection is kept (a scrape takes milliseconds).
+pub const METRICS_CONNECTION_TIME: Duration = Duration::from_secs(30);
+
 /// Bind the metrics listener (at start, so a taken port fails start-up).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr).await
@@ -287,6 +292,7 @@ pub fn spawn_server(listener: tokio::net::TcpListener, metrics: Arc<WorkerMetric
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "metrics listening (GET /metrics)");
     }
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
     actix_rt::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -298,17 +304,27 @@ pub fn spawn_server(listener: tokio::net::TcpListener, metrics: Arc<WorkerMetric
                     continue;
                 }
             };
+            // Bounded: a scraper holding connections open (or many of them) gets no more than
+            // MAX_METRICS_CONNECTIONS at once, each for at most METRICS_CONNECTION_TIME.
+            let Ok(permit) = open.clone().try_acquire_owned() else {
+                debug!(%peer, "metrics connection refused: {MAX_METRICS_CONNECTIONS} already open");
+                continue;
+            };
             let metrics = metrics.clone();
             actix_rt::spawn(async move {
+                let _permit = permit;
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let answer = respond(&req, || metrics.encode());
                     async move { Ok::<_, Infallible>(answer) }
                 });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(%peer, "metrics connection ended: {e}");
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                match tokio::time::timeout(METRICS_CONNECTION_TIME, connection).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => debug!(%peer, "metrics connection ended: {e}"),
+                    Err(_) => {
+                        debug!(%peer, "metrics connection closed after {METRICS_CONNECTION_TIME:?}")
+                    }
                 }
             });
         }
