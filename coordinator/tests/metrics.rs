@@ -148,7 +148,10 @@ async fn metrics_connections_are_bounded() {
         if raw.starts_with("HTTP/1.1 200") {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "scrapes never resumed");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "scrapes never resumed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -284,15 +284,9 @@ impl RuntimeDistribution {
         }
     }
 
-    /// Quantiles at increasing levels `levels` in one sweep over the pieces (O(pieces +
-    /// levels), where calling [`RuntimeDistribution::quantile`] for each is O(pieces × levels)).
-    pub fn quantiles(&self, levels: &[f64]) -> Vec<f64> {
-        let mut out = vec![0.0; levels.len()];
-        self.quantiles_into(levels, &mut out);
-        out
-    }
-
-    /// [`RuntimeDistribution::quantiles`] into `out` (as many as `levels`, at most `out.len()`).
+    /// Quantiles at increasing levels `levels` into `out` (as many as both hold) in one sweep
+    /// over the pieces: O(pieces + levels), where calling [`RuntimeDistribution::quantile`] for
+    /// each is O(pieces × levels).
     pub fn quantiles_into(&self, levels: &[f64], out: &mut [f64]) {
         let mut cumulative = 0.0;
         let mut pieces = self.pieces.iter().filter(|p| p.mass > 0.0).peekable();
@@ -750,7 +744,8 @@ mod tests {
         assert!((standard_normal_quantile(0.01) + 2.326_347_874).abs() < 1e-8);
         let d = RuntimeDistribution::from_samples(&[10.0, 20.0, 40.0, 80.0, 160.0]).unwrap();
         let levels = [0.0, 0.1, 0.35, 0.5, 0.9, 1.0];
-        let swept = d.quantiles(&levels);
+        let mut swept = [0.0; 6];
+        d.quantiles_into(&levels, &mut swept);
         for (level, q) in levels.iter().zip(&swept) {
             assert!((d.quantile(*level) - q).abs() < 1e-9, "q{level}");
         }

@@ -463,7 +463,8 @@ impl RuntimePredictor {
     /// The central `coverage_target` interval of `distribution`.
     fn central_interval(&self, distribution: &RuntimeDistribution) -> (f64, f64) {
         let tail = ((1.0 - self.config.coverage_target) / 2.0).clamp(0.0, 0.5);
-        let q = distribution.quantiles(&[tail, 1.0 - tail]);
+        let mut q = [0.0; 2];
+        distribution.quantiles_into(&[tail, 1.0 - tail], &mut q);
         (q[0], q[1])
     }
 
