@@ -88,6 +88,8 @@ pub struct CoordinatorActor {
     promotions: Promotions<Requester>,
     /// Counters and gauges exported at `/metrics` (set by `server::start`).
     pub(crate) metrics: Arc<CoordinatorMetrics>,
+    /// Where the dashboard's cluster snapshot is published (with an HTTP port only).
+    pub(crate) dashboard: Option<Arc<crate::dashboard::Dashboard>>,
 }
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
@@ -155,6 +157,7 @@ impl CoordinatorActor {
             queueable_limits: HashMap::new(),
             promotions,
             metrics: Arc::default(),
+            dashboard: None,
         })
     }
 
@@ -670,6 +673,7 @@ impl CoordinatorActor {
 
     fn tick(&mut self) {
         let now = self.clock.now();
+        self.publish_dashboard(now);
         for node in self.state.silent_nodes(now) {
             self.lose_node(
                 &node,
@@ -700,6 +704,26 @@ impl CoordinatorActor {
     /// key that would not survive a restart). Sessions joining from now on derive their
     /// QUEUEABLE secrets from the new master; nodes get the new GUARANTEED public keys with their
     /// next heartbeat answer and keep accepting the previous one.
+    /// While someone watches the dashboard: this actor's snapshot, and the guarantor's asked for.
+    fn publish_dashboard(&mut self, now: scheduler_core::Time) {
+        let Some(dashboard) = &self.dashboard else {
+            return;
+        };
+        if !dashboard.take_watched() {
+            return;
+        }
+        dashboard.publish_cluster(crate::dashboard::cluster_snapshot(
+            now,
+            &self.state,
+            self.state.shedding_threshold_ms(),
+            &self.hosted,
+            &self.apps,
+        ));
+        if let Some(g) = &self.guarantor {
+            g.do_send(crate::guarantor_actor::PublishDashboard);
+        }
+    }
+
     fn rotate_keys(&mut self, now_ms: u64) -> Result<(), String> {
         let next_id = RotationSchedule::next_key_id(self.keys.ring.current.key_id);
         let mut next = self.keys.clone();

@@ -60,6 +60,8 @@ pub struct GuarantorActor {
     owner_routes: HashMap<AppId, (SessionId, WorkerTx)>,
     /// Bookings, capacity and policing limit per node are exported here (`/metrics`).
     pub(crate) metrics: Arc<crate::metrics::CoordinatorMetrics>,
+    /// Where the dashboard's guarantor snapshot is published (with an HTTP port only).
+    pub(crate) dashboard: Option<Arc<crate::dashboard::Dashboard>>,
 }
 
 impl GuarantorActor {
@@ -103,6 +105,7 @@ impl GuarantorActor {
             next_ask_key: 1,
             owner_routes: HashMap::new(),
             metrics: Arc::default(),
+            dashboard: None,
         })
     }
 
@@ -817,5 +820,23 @@ impl Handler<InspectGuarantor> for GuarantorActor {
                 .map(|n| (n.node_id.clone(), n.guaranteed))
                 .collect(),
         })
+    }
+}
+
+/// Publish the guarantor's dashboard snapshot (the coordinator asks at its tick while someone
+/// watches).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PublishDashboard;
+
+impl Handler<PublishDashboard> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, _: PublishDashboard, _: &mut Context<Self>) {
+        if let Some(dashboard) = &self.dashboard {
+            dashboard.publish_guarantor(crate::dashboard::guarantor_snapshot(
+                self.clock.now_ms(),
+                &self.core,
+            ));
+        }
     }
 }

@@ -8,6 +8,7 @@ pub mod check;
 pub mod clock;
 pub mod config;
 pub mod coordinator_actor;
+pub mod dashboard;
 pub mod datadir;
 pub mod guarantor_actor;
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! Prometheus metrics of the coordinator: the registry, the handles the actors update (atomics
-//! only, never awaited), and the `/metrics` HTTP task (hyper 1, on the actix/tokio runtime). The
-//! HTTP task only encodes the registry: it never sends to or waits on an actor.
+//! only, never awaited), and the HTTP task (hyper 1, on the actix/tokio runtime) serving
+//! `/metrics` and the dashboard ([`crate::dashboard`]). The HTTP task only encodes the registry
+//! and the published snapshots: it never sends to or waits on an actor.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -17,6 +18,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use tracing::{debug, info, warn};
+
+use crate::dashboard::{self, Dashboard};
 
 /// Labels of a per-node series.
 pub type NodeLabels = Vec<(&'static str, String)>;
@@ -187,9 +190,13 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 
 /// Serve `GET /metrics` on `listener` until the runtime stops. Must run inside a tokio runtime
 /// (the actix system's).
-pub fn spawn_server(listener: tokio::net::TcpListener, metrics: Arc<CoordinatorMetrics>) {
+pub fn spawn_server(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<CoordinatorMetrics>,
+    dashboard: Arc<Dashboard>,
+) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "metrics listening (GET /metrics)");
+        info!(%addr, "metrics and dashboard listening (GET /metrics, GET /)");
     }
     let open = Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
     actix_rt::spawn(async move {
@@ -210,10 +217,11 @@ pub fn spawn_server(listener: tokio::net::TcpListener, metrics: Arc<CoordinatorM
                 continue;
             };
             let metrics = metrics.clone();
+            let dashboard = dashboard.clone();
             actix_rt::spawn(async move {
                 let _permit = permit;
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let answer = respond(&req, || metrics.encode());
+                    let answer = respond(&req, || metrics.encode(), &dashboard);
                     async move { Ok::<_, Infallible>(answer) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
@@ -230,32 +238,78 @@ pub fn spawn_server(listener: tokio::net::TcpListener, metrics: Arc<CoordinatorM
     });
 }
 
-/// `GET /metrics` gets the exposition; anything else a 404 or 405.
-pub fn respond<B>(req: &Request<B>, encode: impl FnOnce() -> String) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, content_type: &'static str, body: String| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
+/// `GET /metrics` gets the exposition, `GET /` the dashboard page (its assets beside it) and
+/// `GET /api/state` its JSON; anything else a 404, other methods a 405.
+pub fn respond<B>(
+    req: &Request<B>,
+    encode: impl FnOnce() -> String,
+    dashboard: &Dashboard,
+) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &'static str, body: Bytes| {
+        let mut r = Response::new(Full::new(body));
         *r.status_mut() = status;
-        r.headers_mut().insert(
+        let headers = r.headers_mut();
+        headers.insert(
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static(content_type),
         );
+        // The page loads nothing from elsewhere and is never framed.
+        headers.insert(
+            hyper::header::CONTENT_SECURITY_POLICY,
+            hyper::header::HeaderValue::from_static(
+                "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+            ),
+        );
+        headers.insert(
+            hyper::header::X_CONTENT_TYPE_OPTIONS,
+            hyper::header::HeaderValue::from_static("nosniff"),
+        );
         r
     };
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => reply(
+    let text = "text/plain; charset=utf-8";
+    let path = req.uri().path();
+    let known = matches!(
+        path,
+        "/metrics" | "/" | "/index.html" | "/app.js" | "/style.css" | "/api/state"
+    );
+    if known && req.method() != Method::GET {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            text,
+            Bytes::from_static(b"only GET\n"),
+        );
+    }
+    let stat = |s: &'static str| Bytes::from_static(s.as_bytes());
+    match path {
+        "/metrics" => reply(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            encode(),
+            Bytes::from(encode()),
         ),
-        (_, "/metrics") => reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "only GET\n".into(),
+        "/" | "/index.html" => reply(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            stat(dashboard::INDEX_HTML),
+        ),
+        "/app.js" => reply(
+            StatusCode::OK,
+            "text/javascript; charset=utf-8",
+            stat(dashboard::APP_JS),
+        ),
+        "/style.css" => reply(
+            StatusCode::OK,
+            "text/css; charset=utf-8",
+            stat(dashboard::STYLE_CSS),
+        ),
+        "/api/state" => reply(
+            StatusCode::OK,
+            "application/json",
+            Bytes::from(dashboard.state_json()),
         ),
         _ => reply(
             StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found; metrics are at /metrics\n".into(),
+            text,
+            Bytes::from_static(b"not found; the dashboard is at /, metrics at /metrics\n"),
         ),
     }
 }

@@ -85,6 +85,10 @@ pub async fn start(
         None => None,
     };
     let metrics = Arc::new(CoordinatorMetrics::default());
+    // The dashboard is served on the metrics port; without one its snapshots are never built.
+    let dashboard = metrics_listener
+        .as_ref()
+        .map(|_| Arc::new(crate::dashboard::Dashboard::default()));
     let server_config = datadir::quic_server_config(&dir)?;
     let seed = match settings.seed {
         Some(s) => s,
@@ -100,10 +104,12 @@ pub async fn start(
     let mut coordinator =
         CoordinatorActor::new(settings.clone(), store.clone(), clock.clone(), seed)?;
     coordinator.metrics = metrics.clone();
+    coordinator.dashboard = dashboard.clone();
     let coordinator = coordinator.start();
     let mut guarantor =
         GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?;
     guarantor.metrics = metrics.clone();
+    guarantor.dashboard = dashboard.clone();
     let guarantor = guarantor.start();
     coordinator
         .send(SetGuarantor(guarantor.clone()))
@@ -152,13 +158,13 @@ pub async fn start(
             next_session += 1;
         }
     });
-    let metrics_addr = match metrics_listener {
-        Some(listener) => {
+    let metrics_addr = match (metrics_listener, dashboard) {
+        (Some(listener), Some(dashboard)) => {
             let addr = listener.local_addr().ok();
-            metrics::spawn_server(listener, metrics.clone());
+            metrics::spawn_server(listener, metrics.clone(), dashboard);
             addr
         }
-        None => None,
+        _ => None,
     };
     info!(%quic_addr, "coordinator listening");
     Ok(CoordinatorServer {

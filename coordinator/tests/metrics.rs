@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use coordinator::coordinator_actor::{Inspect, Tick};
 use coordinator::guarantor_actor::InspectGuarantor;
+use scheduler_core::node::Placement;
 use scheduler_core::protocol::cluster::CoordinatorToWorker;
+use scheduler_core::{ContainerId, ContainerType};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -93,8 +95,120 @@ async fn metrics_count_joins_heartbeats_losses_and_bookings() {
         "{text}"
     );
 
-    let (status, _) = get(addr, "/").await;
+    let (status, _) = get(addr, "/nothing-here").await;
     assert!(status.contains("404"), "{status}");
+}
+
+/// The dashboard on the same port: the page and its assets come from the binary, and
+/// `/api/state` carries what the actors published at their tick (only once someone watched).
+#[actix_rt::test]
+async fn dashboard_state_shows_nodes_containers_bookings_and_waiting_asks() {
+    let h = Harness::start_with(|s| s.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let addr = h.server.metrics_addr.expect("metrics are listening");
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/app.js", "text/javascript"),
+        ("/style.css", "text/css"),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.unwrap();
+        assert!(raw.starts_with("HTTP/1.1 200"), "{path}: {raw}");
+        assert!(
+            raw.to_lowercase()
+                .contains(&format!("content-type: {kind}")),
+            "{path}: {raw}"
+        );
+        assert!(
+            raw.to_lowercase()
+                .contains("content-security-policy: default-src 'self'"),
+            "{raw}"
+        );
+    }
+
+    let (mut a, accepted) = h.join("node-a", 4000, 8192).await;
+    let q = ContainerId::new(accepted.issuer, 1);
+    let mut queued = running(
+        ContainerId::new(accepted.issuer, 2),
+        ContainerType::Queueable,
+        500,
+        512,
+    );
+    queued.placement = Placement::Queued;
+    a.send(&heartbeat(
+        "node-a",
+        0,
+        120.0,
+        vec![running(q, ContainerType::Queueable, 1000, 1024), queued],
+        vec![q],
+        vec![],
+    ))
+    .await;
+    a.expect_ack().await;
+    // One GUARANTEED container booked, and an ask no node can hold waits.
+    a.send(&allocate_guaranteed(7, "demo", 1000, 1024, 1)).await;
+    a.expect("grant", |m| {
+        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+    })
+    .await;
+    a.send(&allocate_guaranteed(8, "demo", 3500, 1024, 2)).await;
+
+    // Nobody has watched yet: the tick publishes nothing.
+    h.server.coordinator.send(Tick).await.unwrap();
+    h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    let (_, body) = get(addr, "/api/state").await;
+    let state: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        state["cluster"]["nodes"].as_array().unwrap().len(),
+        0,
+        "{state}"
+    );
+    // Now someone has: the next tick publishes both parts.
+    h.server.coordinator.send(Tick).await.unwrap();
+    h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    let (status, body) = get(addr, "/api/state").await;
+    assert!(status.contains("200"), "{status}");
+    let state: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let node = &state["cluster"]["nodes"][0];
+    assert_eq!(node["node_id"], "node-a", "{state}");
+    assert_eq!(node["capacity"]["cpu_millis"], 4000);
+    assert_eq!(node["queue_delay_ms"], 120.0);
+    assert_eq!(node["running_queueable"], 1);
+    assert_eq!(node["queued"], 1);
+    assert_eq!(node["containers_total"], 2);
+    assert_eq!(node["containers"][0]["state"], "running");
+    assert_eq!(node["containers"][1]["state"], "queued");
+    assert_eq!(state["cluster"]["apps"][0]["app_id"], "demo");
+    assert_eq!(state["cluster"]["apps"][0]["running_queueable"], 1);
+    let g = &state["guarantor"];
+    assert_eq!(
+        g["bookings"][0]["guaranteed_booked"]["cpu_millis"], 1000,
+        "{g}"
+    );
+    assert_eq!(
+        g["bookings"][0]["queueable_limit"]["cpu_millis"], 3000,
+        "{g}"
+    );
+    assert_eq!(g["pending_containers"], 2, "{g}");
+    let why = g["waiting"][0]["reason"].as_str().unwrap();
+    assert!(why.contains("no node has"), "{why}");
+    assert_eq!(g["agenda_horizon_ms"], 86_400_000u64);
+
+    // Only GET.
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        b"POST /api/state HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    assert!(raw.starts_with("HTTP/1.1 405"), "{raw}");
 }
 
 #[actix_rt::test]

@@ -402,6 +402,17 @@ impl CoordinatorState {
         self.nodes.values().map(|n| &n.dir)
     }
 
+    /// Each joined node with its queue-delay estimate and when it was last heard from, in name
+    /// order (for operators' views: the dashboard).
+    pub fn node_loads(&self) -> impl Iterator<Item = (&NodeDirectoryEntry, QueueDelay, Time)> {
+        self.nodes.values().map(|n| (&n.dir, n.load, n.last_seen))
+    }
+
+    /// Nodes declared lost that have not re-joined since.
+    pub fn lost_nodes(&self) -> &BTreeSet<NodeId> {
+        &self.lost_nodes
+    }
+
     pub fn next_issuer(&self) -> u32 {
         self.next_issuer
     }

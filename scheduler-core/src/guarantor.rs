@@ -431,6 +431,21 @@ impl std::ops::Index<&NodeId> for NodeTable {
     }
 }
 
+/// A pending GUARANTEED ask as an operator sees it (see [`Guarantor::waiting_asks`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WaitingAsk {
+    pub app_id: AppId,
+    pub job_id: JobId,
+    /// Containers still to place.
+    pub containers: u32,
+    /// Size of each.
+    pub resources: Resources,
+    pub priority: u32,
+    pub reservation: Option<String>,
+    /// Why it is not placed now.
+    pub reason: String,
+}
+
 /// The guarantor's state: nodes, GUARANTEED grants and the pending asks.
 pub struct Guarantor {
     config: GuarantorConfig,
@@ -952,6 +967,64 @@ impl Guarantor {
                 .reservations
                 .admits_plain(now_ms, &ask.resources, ask.runtime_estimate_ms),
         }
+    }
+
+    /// The first `limit` pending asks in service order, each with why it waits now (for
+    /// operators: the dashboard and `explain`). O(limit × nodes).
+    pub fn waiting_asks(&self, now_ms: u64, limit: usize) -> Vec<WaitingAsk> {
+        self.pending
+            .iter()
+            .take(limit)
+            .map(|p| {
+                let ask = &p.ask;
+                let reservation = p.reservation.as_deref();
+                let fitting = self
+                    .nodes
+                    .values()
+                    .filter(|n| {
+                        ask.resources.fits_in(&n.free())
+                            && Self::locality_allows(ask, &n.node_id, &n.rack)
+                    })
+                    .count();
+                let reason = if !self.admits(now_ms, ask, reservation) {
+                    match reservation {
+                        Some(id) => format!(
+                            "reservation {id:?} allocates no more than its containers hold now"
+                        ),
+                        None => "the capacity left outside reservations is used up".to_string(),
+                    }
+                } else if fitting == 0 {
+                    if self
+                        .nodes
+                        .values()
+                        .any(|n| ask.resources.fits_in(&n.capacity))
+                    {
+                        format!(
+                            "no node{} has {} free",
+                            if ask.locality.is_some() {
+                                " it may use"
+                            } else {
+                                ""
+                            },
+                            ask.resources
+                        )
+                    } else {
+                        format!("no node is large enough for {}", ask.resources)
+                    }
+                } else {
+                    format!("{fitting} node(s) have room: placed at their next heartbeat")
+                };
+                WaitingAsk {
+                    app_id: ask.app_id.clone(),
+                    job_id: ask.job_id.clone(),
+                    containers: ask.count,
+                    resources: ask.resources,
+                    priority: ask.priority,
+                    reservation: p.reservation.clone(),
+                    reason,
+                }
+            })
+            .collect()
     }
 
     /// The reservations (plan, owners, use).

@@ -55,6 +55,11 @@ impl HostedContainers {
         }
     }
 
+    /// What `node` last reported holding (empty for an unknown node).
+    pub fn on_node(&self, node: &NodeId) -> &[ContainerStatus] {
+        self.by_node.get(node).map(Vec::as_slice).unwrap_or(&[])
+    }
+
     /// The node reporting `id`, and its status there.
     pub fn host_of(&self, id: ContainerId) -> Option<(&NodeId, &ContainerStatus)> {
         let node = self.host.get(&id)?;

@@ -248,6 +248,15 @@ fn guarantor_never_overcommits_and_waits_for_capacity() {
     assert_eq!(first.len(), 3);
     assert_eq!(first.last().unwrap().remaining, 1);
     assert_eq!(g.pending_containers(), 1);
+    // The operator's view says what waits and why: no node has 800 free.
+    let waiting = g.waiting_asks(0, 10);
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(
+        (waiting[0].containers, waiting[0].resources.cpu_millis),
+        (1, 800)
+    );
+    assert!(waiting[0].reason.contains("no node has"), "{waiting:?}");
+    assert!(g.waiting_asks(0, 0).is_empty(), "bounded by the caller");
     // Best fit: the first goes to a (leaves 200/1000 = 0.2 share) over b (1200/2000 = 0.6).
     assert_eq!(first[0].token_body.node_id.as_str(), "a");
     // A small ask behind it is not blocked by it.
@@ -262,9 +271,15 @@ fn guarantor_never_overcommits_and_waits_for_capacity() {
         !g.on_finished(first[0].token_body.container_id),
         "idempotent"
     );
+    let waiting = g.waiting_asks(0, 10);
+    assert!(
+        waiting[0].reason.contains("1 node(s) have room"),
+        "{waiting:?}"
+    );
     let third = g.schedule(0);
     g.check_invariants().unwrap();
     assert_eq!((third.len(), third[0].remaining), (1, 0));
+    assert!(g.waiting_asks(0, 10).is_empty());
     assert!(matches!(
         g.submit(g_ask(3, 5000, 1)),
         Err(GuarantorError::LargerThanAnyNode { .. })
