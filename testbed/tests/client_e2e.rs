@@ -196,10 +196,17 @@ fn load(local: &Local, kind: &str, containers: usize) -> serde_json::Value {
 
 /// The body of `GET /metrics` at `addr` (HTTP/1.1, connection closed after the answer).
 fn http_get_metrics(addr: &str) -> String {
+    http_get(addr, "/metrics")
+}
+
+/// The body of `GET path` at `addr`; the status must be 200.
+fn http_get(addr: &str, path: &str) -> String {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(addr).expect("metrics port");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        .expect("request");
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .expect("request");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("response");
     assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
@@ -345,4 +352,185 @@ fn missing_sibling_binaries_give_a_clear_error() {
         "{stderr}"
     );
     assert!(Path::new(&lonely).exists());
+}
+
+/// Headless Chromium (Debian's `chromium`), if installed: `.ci/run` installs it, so under CI a
+/// missing browser fails the test instead of skipping it.
+fn chromium() -> Option<PathBuf> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .map(|name| Path::new("/usr/bin").join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no chromium under /usr/bin: .ci/run installs Debian's chromium package"
+        );
+        eprintln!("skipping the browser test: no chromium (apt-get install chromium)");
+    }
+    found
+}
+
+/// Chromium renders `url` headless (its scripts run against the live cluster) and prints the
+/// resulting DOM; with `screenshot` it also saves a PNG of the page.
+fn render(browser: &Path, url: &str, screenshot: Option<&Path>) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(browser);
+    // As root (CI, containers) Chromium needs --no-sandbox; the page is our own.
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+    ])
+    .args([
+        "--no-first-run",
+        "--hide-scrollbars",
+        "--window-size=1400,900",
+    ])
+    // Virtual time runs the page's first fetches to completion before the dump.
+    .arg("--virtual-time-budget=3000")
+    .arg(format!("--user-data-dir={}", profile.path().display()));
+    match screenshot {
+        Some(png) => cmd.arg(format!("--screenshot={}", png.display())),
+        None => cmd.arg("--dump-dom"),
+    };
+    let out = cmd
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium failed on {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The dashboard in a real browser against a loaded local cluster: the page renders the figures
+/// the coordinator's `/api/state` holds at that moment, per node and per container; screenshots
+/// are saved under the test's target tmp dir (`dashboard-*.png`).
+#[test]
+fn the_dashboard_renders_the_live_cluster_in_a_headless_browser() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let local = Local::start(2);
+    let http = local.summary["coordinator_http"]
+        .as_str()
+        .expect("coordinator_http")
+        .to_string();
+    let (app_id, secret) = local.credentials();
+    // 12 long containers in flight, half GUARANTEED, on 16 slots: they all run, and stay
+    // running for the whole test.
+    /// The load generator is stopped however the test ends.
+    struct KillOnDrop(Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _load = KillOnDrop(
+        Command::new(testbed())
+            .args(["load", "--endpoint", &local.endpoint(0)])
+            .args(["--ca-cert", local.summary["ca_cert"].as_str().unwrap()])
+            .args(["--app-id", &app_id, "--app-secret", &secret])
+            .args([
+                "--containers",
+                "12",
+                "--type",
+                "hybrid",
+                "--policy",
+                "50%-Q",
+            ])
+            .args(["--concurrency", "12", "--task-duration-ms", "120000"])
+            .args([
+                "--task-memory-mib",
+                "1",
+                "--cpu-millis",
+                "250",
+                "--memory-mib",
+                "32",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Wait (bounded) until the coordinator has heard of all 12 running: each GET marks the
+    // dashboard watched, so the actors publish at their next tick.
+    let deadline = std::time::Instant::now() + GUARD;
+    let state = loop {
+        let state: serde_json::Value =
+            serde_json::from_str(&http_get(&http, "/api/state")).unwrap();
+        let nodes = state["cluster"]["nodes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let running: u64 = nodes
+            .iter()
+            .map(|n| {
+                n["running_guaranteed"].as_u64().unwrap() + n["running_queueable"].as_u64().unwrap()
+            })
+            .sum();
+        if nodes.len() == 2 && running == 12 {
+            break state;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster never showed 12 running containers: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let dom = render(&browser, &format!("http://{http}/"), None);
+    assert!(dom.contains(r#"id="nodes-joined">2<"#), "{dom}");
+    assert!(dom.contains(r#"id="containers-running">12<"#), "{dom}");
+    for node in state["cluster"]["nodes"].as_array().unwrap() {
+        let id = node["node_id"].as_str().unwrap();
+        let row = format!(r#"<tr data-node="{id}">"#);
+        assert!(dom.contains(&row), "no row for {id}: {dom}");
+        let running = format!(
+            r#"data-field="running">{} G / {} Q<"#,
+            node["running_guaranteed"], node["running_queueable"]
+        );
+        let at = dom.find(&row).unwrap();
+        let end = dom[at..].find("</tr>").unwrap() + at;
+        assert!(
+            dom[at..end].contains(&running),
+            "{id}: {running} in {}",
+            &dom[at..end]
+        );
+    }
+    // One node's page lists the containers it runs.
+    let busiest = state["cluster"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|n| n["containers_total"].as_u64())
+        .unwrap();
+    let id = busiest["node_id"].as_str().unwrap();
+    let dom = render(&browser, &format!("http://{http}/#node/{id}"), None);
+    assert!(dom.contains(&format!(">Node {id}<")), "{dom}");
+    for c in busiest["containers"].as_array().unwrap() {
+        let row = format!(r#"data-container="{}""#, c["id"].as_str().unwrap());
+        assert!(dom.contains(&row), "{row} on the node page: {dom}");
+    }
+    let dom = render(&browser, &format!("http://{http}/#reservations"), None);
+    assert!(dom.contains(r#"id="agenda""#), "the agenda chart: {dom}");
+
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    for (name, fragment) in [
+        ("cluster", ""),
+        ("node", &*format!("#node/{id}")),
+        ("apps", "#apps"),
+    ] {
+        let png = shots.join(format!("dashboard-{name}.png"));
+        let _ = std::fs::remove_file(&png);
+        render(&browser, &format!("http://{http}/{fragment}"), Some(&png));
+        let bytes = std::fs::read(&png).expect("a screenshot");
+        assert!(bytes.starts_with(b"\x89PNG"), "{} is a PNG", png.display());
+    }
 }

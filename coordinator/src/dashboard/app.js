@@ -25,7 +25,7 @@ function svg(tag, attrs) {
   return e;
 }
 
-const cpu = (m) => (m / 1000).toFixed(m % 1000 === 0 ? 0 : 1) + " cpu";
+const cpu = (m) => +(m / 1000).toFixed(2) + " cpu";
 const mem = (m) => (m >= 1024 ? (m / 1024).toFixed(1) + " GiB" : m + " MiB");
 const res = (r) => cpu(r.cpu_millis) + ", " + mem(r.memory_mib);
 const ms = (x) => (x >= 10000 ? (x / 1000).toFixed(1) + " s" : Math.round(x) + " ms");
@@ -48,7 +48,8 @@ function table(headers, rows, attrs) {
   return el("table", attrs || {},
     el("thead", {}, el("tr", {}, headers.map((h) =>
       el("th", { class: h.endsWith("#") ? "num" : "" }, h.replace(/#$/, ""))))),
-    el("tbody", {}, rows));
+    el("tbody", {}, rows.length ? rows
+      : el("tr", {}, el("td", { class: "muted", colspan: String(headers.length) }, "none"))));
 }
 
 function bookingsByNode() {
