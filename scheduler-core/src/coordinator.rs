@@ -145,6 +145,9 @@ pub struct CoordinatorState {
     /// The master key node session secrets are derived from at each join (issue 11: per-issuer
     /// QUEUEABLE keys, see [`crate::token`]). The simulator runs without one.
     token_master: Option<TokenKey>,
+    /// Nodes an operator is draining: left out of top-k, so no scheduler sends them new
+    /// QUEUEABLE work (the guarantor keeps GUARANTEED work off them).
+    draining: BTreeSet<NodeId>,
 }
 
 /// A view for one node's scheduler, with the keys that go with its directory.
@@ -182,6 +185,7 @@ impl CoordinatorState {
             lost_nodes: BTreeSet::new(),
             lost_nodes_changed: false,
             token_master: None,
+            draining: BTreeSet::new(),
         }
     }
 
@@ -408,6 +412,24 @@ impl CoordinatorState {
         self.nodes.values().map(|n| (&n.dir, n.load, n.last_seen))
     }
 
+    /// Start or end draining `node` (see the field); the next round recomputes top-k. Returns
+    /// whether anything changed.
+    pub fn set_draining(&mut self, node: &NodeId, draining: bool) -> bool {
+        let changed = if draining {
+            self.draining.insert(node.clone())
+        } else {
+            self.draining.remove(node)
+        };
+        if changed {
+            self.round.at = None;
+        }
+        changed
+    }
+
+    pub fn is_draining(&self, node: &NodeId) -> bool {
+        self.draining.contains(node)
+    }
+
     /// Nodes declared lost that have not re-joined since.
     pub fn lost_nodes(&self) -> &BTreeSet<NodeId> {
         &self.lost_nodes
@@ -534,6 +556,7 @@ impl CoordinatorState {
         let mut ranked: Vec<(f64, u64, &NodeEntry)> = self
             .nodes
             .values()
+            .filter(|n| !self.draining.contains(&n.dir.node_id))
             .map(|n| (n.load.total_ms(), rng.random::<u64>(), n))
             .collect();
         let order = |a: &(f64, u64, &NodeEntry), b: &(f64, u64, &NodeEntry)| {

@@ -17,7 +17,7 @@ use crate::reservation::{AllocationInterval, Rejection, ReservationDefinition};
 use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// A node as the guarantor sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -462,6 +462,9 @@ pub struct Guarantor {
     /// The latest time the guarantor was told (for calls that are not given one, e.g.
     /// promotions).
     clock_ms: u64,
+    /// Nodes an operator is draining: they get no new GUARANTEED work and their capacity is out
+    /// of the reservation plan; what runs there finishes. Kept across the node's re-joins.
+    draining: HashSet<NodeId>,
 }
 
 impl std::fmt::Debug for Guarantor {
@@ -492,6 +495,7 @@ impl Guarantor {
             limits_changed: Default::default(),
             reservations: ReservationBook::default(),
             clock_ms: 0,
+            draining: HashSet::new(),
         }
     }
 
@@ -571,9 +575,12 @@ impl Guarantor {
             }
         }
         let old_capacity = self.nodes.get(&node_id).map(|n| n.capacity);
-        // Growing never replans, so nothing is cancelled here.
-        self.reservations
-            .node_capacity_changed(old_capacity, Some(capacity));
+        // Growing never replans, so nothing is cancelled here. A draining node's capacity stays
+        // out of the plan.
+        if !self.draining.contains(&node_id) {
+            self.reservations
+                .node_capacity_changed(old_capacity, Some(capacity));
+        }
         let guaranteed = self
             .grants
             .values()
@@ -625,7 +632,7 @@ impl Guarantor {
                 Some((id, g.app))
             })
             .collect();
-        if let Some(node) = removed {
+        if let Some(node) = removed.filter(|_| !self.draining.contains(node_id)) {
             let cancelled = self
                 .reservations
                 .node_capacity_changed(Some(node.capacity), None);
@@ -757,10 +764,14 @@ impl Guarantor {
         n
     }
 
-    fn candidates<'a>(nodes: &'a NodeTable, ask: &GuaranteedAsk) -> Vec<&'a GuarantorNode> {
+    fn candidates<'a>(
+        nodes: &'a NodeTable,
+        draining: &HashSet<NodeId>,
+        ask: &GuaranteedAsk,
+    ) -> Vec<&'a GuarantorNode> {
         let fits: Vec<&GuarantorNode> = nodes
             .values()
-            .filter(|n| ask.resources.fits_in(&n.free()))
+            .filter(|n| ask.resources.fits_in(&n.free()) && !draining.contains(&n.node_id))
             .collect();
         let Some(loc) = &ask.locality else {
             return fits;
@@ -799,7 +810,7 @@ impl Guarantor {
             let ask = &mut pending.ask;
             while ask.count > 0 && self.admits(now_ms, ask, reservation.as_deref()) {
                 let chosen = {
-                    let cands = Self::candidates(&self.nodes, ask);
+                    let cands = Self::candidates(&self.nodes, &self.draining, ask);
                     self.placer
                         .choose(ask, &cands)
                         .map(|i| cands[i].node_id.clone())
@@ -835,6 +846,9 @@ impl Guarantor {
         let Some(node) = self.nodes.get(node_id) else {
             return out;
         };
+        if self.draining.contains(node_id) {
+            return out;
+        }
         let (rack, capacity) = (node.rack.clone(), node.capacity);
         let patience_ms = self.placer.node_update_patience_ms();
         // Least cost of one container of each ask shape on the other nodes with room, computed
@@ -930,6 +944,7 @@ impl Guarantor {
                         .nodes
                         .values()
                         .filter(|n| &n.node_id != node_id && ask.resources.fits_in(&n.free()))
+                        .filter(|n| !self.draining.contains(&n.node_id))
                         .filter(|n| Self::locality_allows(ask, &n.node_id, &n.rack))
                         .map(|n| self.placer.placement_cost(ask, n))
                         .fold(f64::INFINITY, f64::min);
@@ -969,6 +984,47 @@ impl Guarantor {
         }
     }
 
+    /// Start (`true`) or end (`false`) draining `node_id` (an operator's `node drain`): while
+    /// draining it gets no new GUARANTEED containers and its capacity leaves the reservation
+    /// plan, which replans as when a node is lost (reservations that no longer fit are
+    /// cancelled, their owners told); what runs there is untouched. Works for a node not joined
+    /// (yet). Returns whether anything changed.
+    pub fn set_draining(&mut self, node_id: &NodeId, draining: bool) -> bool {
+        let capacity = self.nodes.get(node_id).map(|n| n.capacity);
+        if draining {
+            if !self.draining.insert(node_id.clone()) {
+                return false;
+            }
+            if let Some(capacity) = capacity {
+                let cancelled = self
+                    .reservations
+                    .node_capacity_changed(Some(capacity), None);
+                for id in cancelled {
+                    self.cancel_reservation(
+                        &id,
+                        &format!(
+                            "node {node_id} is being drained and the reservation no longer fits"
+                        ),
+                    );
+                }
+            }
+        } else {
+            if !self.draining.remove(node_id) {
+                return false;
+            }
+            if let Some(capacity) = capacity {
+                self.reservations
+                    .node_capacity_changed(None, Some(capacity));
+            }
+        }
+        true
+    }
+
+    /// Whether an operator is draining `node_id`.
+    pub fn is_draining(&self, node_id: &NodeId) -> bool {
+        self.draining.contains(node_id)
+    }
+
     /// The first `limit` pending asks in service order, each with why it waits now (for
     /// operators: the dashboard and `explain`). O(limit × nodes).
     pub fn waiting_asks(&self, now_ms: u64, limit: usize) -> Vec<WaitingAsk> {
@@ -983,6 +1039,7 @@ impl Guarantor {
                     .values()
                     .filter(|n| {
                         ask.resources.fits_in(&n.free())
+                            && !self.draining.contains(&n.node_id)
                             && Self::locality_allows(ask, &n.node_id, &n.rack)
                     })
                     .count();

@@ -402,3 +402,54 @@ fn only_changed_policing_limits_are_reported() {
     assert!(g.take_changed_limits().is_empty());
     g.check_invariants().unwrap();
 }
+
+/// An operator's drain: the node gets no new GUARANTEED containers and leaves top-k, what runs
+/// there stays booked until it finishes, and an undrain brings it back.
+#[test]
+fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
+    let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
+    let (a, b) = (NodeId::from("a"), NodeId::from("b"));
+    g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
+    g.add_node(b.clone(), "r".into(), Resources::new(2000, 2000));
+    g.submit(g_ask(1, 900, 1)).unwrap();
+    let first = g.schedule(0);
+    assert_eq!(first[0].token_body.node_id, a, "best fit");
+    assert!(g.set_draining(&a, true));
+    assert!(!g.set_draining(&a, true), "idempotent");
+    assert!(g.is_draining(&a));
+    // a keeps its running container; new work goes to b only, even where a would fit best.
+    assert_eq!(g.node(&a).unwrap().guaranteed.cpu_millis, 900);
+    g.submit(g_ask(2, 100, 1)).unwrap();
+    let placed = g.schedule(0);
+    g.check_invariants().unwrap();
+    assert_eq!(placed[0].token_body.node_id, b);
+    assert!(g.schedule_on_node(0, &a).is_empty());
+    // Asks b cannot hold wait, and say so (a is not counted as room).
+    assert!(g.on_finished(first[0].token_body.container_id));
+    g.submit(g_ask(3, 1000, 2)).unwrap();
+    let placed = g.schedule(0);
+    assert_eq!(placed.len(), 1);
+    assert!(placed.iter().all(|p| p.token_body.node_id == b));
+    assert!(g.schedule_on_node(0, &a).is_empty());
+    let waiting = g.waiting_asks(0, 10);
+    assert!(waiting[0].reason.contains("no node has"), "{waiting:?}");
+    // Undrained: the waiting container goes to a.
+    assert!(g.set_draining(&a, false));
+    let placed = g.schedule(0);
+    g.check_invariants().unwrap();
+    assert_eq!(placed[0].token_body.node_id, a);
+
+    // The coordinator leaves a draining node out of top-k until it is undrained.
+    let (mut coord, _, mut rng) = cluster(6, 6);
+    let n0 = NodeId::new("n0");
+    assert!(coord.top_k(&mut rng).iter().any(|l| l.node_id == n0));
+    assert!(coord.set_draining(&n0, true));
+    assert!(coord.top_k(&mut rng).iter().all(|l| l.node_id != n0));
+    let round = coord.round(Time::ZERO, std::time::Duration::from_secs(3600), &mut rng);
+    assert!(
+        round.top_k.iter().all(|l| l.node_id != n0),
+        "the round recomputes"
+    );
+    assert!(coord.set_draining(&n0, false));
+    assert!(coord.top_k(&mut rng).iter().any(|l| l.node_id == n0));
+}

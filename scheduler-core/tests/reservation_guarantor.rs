@@ -493,6 +493,46 @@ fn losing_a_node_cancels_the_newest_reservation_and_tells_its_owner() {
     assert_eq!(h.g.pending_containers(), 0);
 }
 
+/// Draining a node takes its capacity out of the plan like a loss (replanning cancels what no
+/// longer fits), without touching what runs there; undraining gives it back.
+#[test]
+fn draining_a_node_replans_without_it_and_undraining_restores_it() {
+    let mut h = Harness::new(Box::new(BestFit), &[("a", 4), ("b", 4)]);
+    for (id, owner) in [("old", "o1"), ("new", "o2")] {
+        h.step("reserve", |g, now| {
+            g.reserve(now, id, AppId::from(owner), daily(4, 600, 660))
+        })
+        .unwrap();
+    }
+    let b = NodeId::from("b");
+    assert!(h.step("drain", |g, _| g.set_draining(&b, true)));
+    let events = h.step("events", |g, _| g.take_reservation_events());
+    assert_eq!(
+        events,
+        vec![ReservationEvent::Cancelled {
+            id: "new".into(),
+            owner: AppId::from("o2"),
+            reason: "node b is being drained and the reservation no longer fits".into(),
+            dropped_asks: vec![],
+        }]
+    );
+    assert_eq!(h.g.reservations().plan_capacity(), cores(4));
+    // Losing the draining node does not shrink the plan twice.
+    h.step("remove node", |g, _| g.remove_node(&b));
+    assert_eq!(h.g.reservations().plan_capacity(), cores(4));
+    // It re-joins while still draining: still out of the plan; undrained: back in.
+    h.step("re-join", |g, _| {
+        g.add_node(b.clone(), "r".into(), cores(4))
+    });
+    assert_eq!(h.g.reservations().plan_capacity(), cores(4));
+    assert!(h.step("undrain", |g, _| g.set_draining(&b, false)));
+    assert_eq!(h.g.reservations().plan_capacity(), cores(8));
+    h.step("reserve", |g, now| {
+        g.reserve(now, "again", AppId::from("o2"), daily(4, 600, 660))
+    })
+    .unwrap();
+}
+
 #[test]
 fn asks_and_changes_are_checked() {
     let mut h = Harness::new(Box::new(BestFit), &[("a", 4)]);
