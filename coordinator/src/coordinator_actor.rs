@@ -975,6 +975,115 @@ impl Handler<AddApp> for CoordinatorActor {
     }
 }
 
+/// The cluster as the admin channel reports it (built now, not the dashboard's last snapshot).
+#[derive(Message)]
+#[rtype(result = "crate::dashboard::ClusterSnapshot")]
+pub struct AdminCluster;
+
+impl Handler<AdminCluster> for CoordinatorActor {
+    type Result = MessageResult<AdminCluster>;
+    fn handle(&mut self, _: AdminCluster, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(crate::dashboard::cluster_snapshot(
+            self.clock.now(),
+            &self.state,
+            self.state.shedding_threshold_ms(),
+            &self.hosted,
+            &self.apps,
+        ))
+    }
+}
+
+/// Start or end draining a node (the operator's `node drain`): out of top-k here, no new
+/// GUARANTEED work at the guarantor. `Ok(changed)`; an error for a node that is not joined
+/// (unless it is being undrained).
+#[derive(Message)]
+#[rtype(result = "Result<bool, String>")]
+pub struct SetDraining {
+    pub node: NodeId,
+    pub draining: bool,
+}
+
+impl Handler<SetDraining> for CoordinatorActor {
+    type Result = Result<bool, String>;
+    fn handle(&mut self, m: SetDraining, _: &mut Context<Self>) -> Self::Result {
+        if m.draining && self.state.node(&m.node).is_none() {
+            return Err(format!("no joined node named {:?}", m.node.as_str()));
+        }
+        let changed = self.state.set_draining(&m.node, m.draining);
+        info!(node = %m.node, draining = m.draining, changed, "operator drain");
+        self.guarantor()
+            .do_send(crate::guarantor_actor::SetNodeDraining {
+                node: m.node,
+                draining: m.draining,
+            });
+        Ok(changed)
+    }
+}
+
+/// Unregister an app while running: its requests are refused from the workers' next ack on;
+/// its running containers finish.
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct RemoveApp {
+    pub app_id: String,
+}
+
+impl Handler<RemoveApp> for CoordinatorActor {
+    type Result = Result<(), String>;
+    fn handle(&mut self, m: RemoveApp, _: &mut Context<Self>) -> Self::Result {
+        let removed = self
+            .store
+            .remove_app(&m.app_id)
+            .map_err(|e| e.to_string())?;
+        if !removed {
+            return Err(format!("no app named {:?}", m.app_id));
+        }
+        self.apps = self.store.apps().map_err(|e| e.to_string())?;
+        self.apps_version += 1;
+        info!(app = %m.app_id, "app removed by the operator");
+        Ok(())
+    }
+}
+
+/// Replace an app's QUEUEABLE quota while running (workers get it with their next ack).
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct SetAppQuota {
+    pub app_id: String,
+    pub quota: scheduler_core::quota::QueueableQuota,
+}
+
+impl Handler<SetAppQuota> for CoordinatorActor {
+    type Result = Result<(), String>;
+    fn handle(&mut self, m: SetAppQuota, _: &mut Context<Self>) -> Self::Result {
+        let found = self
+            .store
+            .set_app_quota(&m.app_id, m.quota)
+            .map_err(|e| e.to_string())?;
+        if !found {
+            return Err(format!("no app named {:?}", m.app_id));
+        }
+        self.apps = self.store.apps().map_err(|e| e.to_string())?;
+        self.apps_version += 1;
+        info!(app = %m.app_id, quota = ?m.quota, "app quota changed by the operator");
+        Ok(())
+    }
+}
+
+/// Change the shedding policy while running (from the next aggregation round).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetShedding(pub scheduler_core::coordinator::SheddingPolicy);
+
+impl Handler<SetShedding> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: SetShedding, _: &mut Context<Self>) {
+        info!(policy = ?m.0, "shedding policy changed by the operator");
+        self.state.config_mut().shedding = m.0;
+        self.state.invalidate_round();
+    }
+}
+
 /// Inspection for tests and operators.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CoordinatorStats {

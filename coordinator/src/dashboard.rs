@@ -54,6 +54,8 @@ pub struct NodeRow {
     pub queue_delay_ms: f64,
     /// Since its last heartbeat, ms.
     pub silent_ms: u64,
+    /// An operator is draining it (no new work).
+    pub draining: bool,
     pub running_guaranteed: u32,
     pub running_queueable: u32,
     pub queued: u32,
@@ -202,6 +204,7 @@ pub fn cluster_snapshot(
                 queue_delay: load,
                 queue_delay_ms: load.total_ms(),
                 silent_ms: now.as_millis().saturating_sub(last_seen.as_millis()),
+                draining: state.is_draining(&dir.node_id),
                 running_guaranteed: 0,
                 running_queueable: 0,
                 queued: 0,

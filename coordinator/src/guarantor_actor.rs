@@ -840,3 +840,69 @@ impl Handler<PublishDashboard> for GuarantorActor {
         }
     }
 }
+
+/// The guarantor's part for the admin channel (built now).
+#[derive(Message)]
+#[rtype(result = "crate::dashboard::GuarantorSnapshot")]
+pub struct AdminGuarantor;
+
+impl Handler<AdminGuarantor> for GuarantorActor {
+    type Result = MessageResult<AdminGuarantor>;
+    fn handle(&mut self, _: AdminGuarantor, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(crate::dashboard::guarantor_snapshot(
+            self.clock.now_ms(),
+            &self.core,
+        ))
+    }
+}
+
+/// Start or end draining a node (sent by the coordinator actor).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetNodeDraining {
+    pub node: NodeId,
+    pub draining: bool,
+}
+
+impl Handler<SetNodeDraining> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, m: SetNodeDraining, _: &mut Context<Self>) {
+        if self.core.set_draining(&m.node, m.draining) {
+            // Its capacity left or re-entered the plan: replanning may have cancelled
+            // reservations (their owners are told), and undraining may let asks through.
+            if (self.flush_reservation_events() || !m.draining)
+                && let Err(e) = self.save_reservations()
+            {
+                warn!("could not store the plan after a drain change: {e}");
+            }
+            self.schedule();
+        }
+    }
+}
+
+/// An operator deletes a reservation, whoever owns it: its waiting asks are refused. The ids
+/// of the refused asks.
+#[derive(Message)]
+#[rtype(result = "Result<usize, String>")]
+pub struct AdminDeleteReservation {
+    pub id: String,
+}
+
+impl Handler<AdminDeleteReservation> for GuarantorActor {
+    type Result = Result<usize, String>;
+    fn handle(&mut self, m: AdminDeleteReservation, _: &mut Context<Self>) -> Self::Result {
+        let dropped = self
+            .core
+            .delete_reservation(&m.id, None)
+            .map_err(|r| r.to_string())?;
+        self.fail_asks(
+            &dropped,
+            &format!("reservation {:?} was deleted by the operator", m.id),
+        );
+        self.save_reservations().map_err(|e| {
+            format!("deleted, but the coordinator could not store it (it would come back at a restart): {e}")
+        })?;
+        self.schedule();
+        Ok(dropped.len())
+    }
+}

@@ -3,6 +3,7 @@
 //! node timeouts, key rotation, promotion) and guarantor actor (central GUARANTEED placement),
 //! over a redb store. Policies live in `scheduler_core`; this crate decodes, calls and sends.
 
+pub mod admin;
 pub mod app_cert;
 pub mod check;
 pub mod clock;
@@ -12,6 +13,7 @@ pub mod dashboard;
 pub mod datadir;
 pub mod guarantor_actor;
 pub mod metrics;
+pub mod operator_cli;
 pub mod server;
 pub mod session;
 pub mod store;

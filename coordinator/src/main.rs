@@ -91,6 +91,8 @@ enum Command {
     /// `worker run --app-tls-cert --app-tls-key`). Applications verify the worker with the
     /// cluster ca.pem. Prints {"cert","key","ca_cert"}.
     IssueAppCert(IssueAppCertArgs),
+    #[command(flatten)]
+    Operator(coordinator::operator_cli::OperatorCommand),
 }
 
 /// Validity of the certificates `init` creates.
@@ -333,6 +335,10 @@ fn main() -> anyhow::Result<()> {
                 a.validity_days,
             )?;
             println!("{}", serde_json::to_string(&issued)?);
+            Ok(())
+        }
+        Command::Operator(command) => {
+            coordinator::operator_cli::run(command, &mut std::io::stdout().lock())?;
             Ok(())
         }
         Command::Run(args) => {

@@ -28,6 +28,11 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot create the admin socket {path}: {source}")]
+    AdminBind {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -49,6 +54,8 @@ pub struct CoordinatorServer {
     pub metrics_addr: Option<SocketAddr>,
     /// The counters and gauges the actors update (also readable in-process).
     pub metrics: Arc<CoordinatorMetrics>,
+    /// The operator's admin socket (`DATA_DIR/admin.sock`, see [`crate::admin`]).
+    pub admin_socket: std::path::PathBuf,
     endpoint: quinn::Endpoint,
 }
 
@@ -84,6 +91,12 @@ pub async fn start(
         ),
         None => None,
     };
+    let admin_socket = crate::admin::socket_path(&dir.root);
+    let admin_listener =
+        crate::admin::bind(&admin_socket).map_err(|source| StartError::AdminBind {
+            path: admin_socket.clone(),
+            source,
+        })?;
     let metrics = Arc::new(CoordinatorMetrics::default());
     // The dashboard is served on the metrics port; without one its snapshots are never built.
     let dashboard = metrics_listener
@@ -166,6 +179,7 @@ pub async fn start(
         }
         _ => None,
     };
+    crate::admin::spawn_server(admin_listener, coordinator.clone(), guarantor.clone());
     info!(%quic_addr, "coordinator listening");
     Ok(CoordinatorServer {
         quic_addr,
@@ -176,6 +190,7 @@ pub async fn start(
         join_gate,
         metrics_addr,
         metrics,
+        admin_socket,
         endpoint,
     })
 }

@@ -16,6 +16,7 @@
 use redb::{Database, ReadableTable, ReadableTableMetadata, StorageBackend, TableDefinition};
 use scheduler_core::NodeId;
 use scheduler_core::protocol::cluster::AppRecord;
+use scheduler_core::quota::QueueableQuota;
 use scheduler_core::reservation::book::{ReservationBook, StoredReservations};
 use scheduler_core::reservation::dra::Dra;
 use scheduler_core::token::KeyRing;
@@ -896,6 +897,26 @@ impl Store {
         }
         Ok(())
     }
+
+    /// Unregister an app; `false` if there was none of that id.
+    pub fn remove_app(&self, app_id: &str) -> Result<bool, StoreError> {
+        let mut removed = false;
+        self.write(|tx| {
+            removed = tx.remove(APPS_TABLE, app_id)?.is_some();
+            Ok(())
+        })?;
+        Ok(removed)
+    }
+
+    /// Replace an app's QUEUEABLE quota; `false` if there is no app of that id.
+    pub fn set_app_quota(&self, app_id: &str, quota: QueueableQuota) -> Result<bool, StoreError> {
+        let Some(mut record) = self.apps()?.into_iter().find(|a| a.app_id == app_id) else {
+            return Ok(false);
+        };
+        record.quota = quota;
+        self.write(|tx| tx.put(APPS_TABLE, app_id, &encode(&record)))?;
+        Ok(true)
+    }
 }
 
 /// A record as stored: table, key, bytes (checksum included when sealed).
@@ -984,7 +1005,6 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use scheduler_core::quota::QueueableQuota;
     use scheduler_core::token::TokenKey;
 
     fn init() -> InitialRecords {

@@ -426,6 +426,11 @@ impl CoordinatorState {
         changed
     }
 
+    /// The next [`CoordinatorState::round`] recomputes (after a settings change).
+    pub fn invalidate_round(&mut self) {
+        self.round.at = None;
+    }
+
     pub fn is_draining(&self, node: &NodeId) -> bool {
         self.draining.contains(node)
     }

@@ -408,11 +408,12 @@ fn render(browser: &Path, url: &str, screenshot: Option<&Path>) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The dashboard in a real browser against a loaded local cluster: the page renders the figures
-/// the coordinator's `/api/state` holds at that moment, per node and per container; screenshots
-/// are saved under the test's target tmp dir (`dashboard-*.png`).
+/// The dashboard in a real browser, and the `coordinator` operator commands, against a loaded
+/// local cluster: the page renders the figures the coordinator's `/api/state` holds at that
+/// moment, per node and per container, and the commands report and drain the same nodes;
+/// screenshots are saved under the test's target tmp dir (`dashboard-*.png`).
 #[test]
-fn the_dashboard_renders_the_live_cluster_in_a_headless_browser() {
+fn the_dashboard_and_the_operator_commands_show_the_live_cluster() {
     let Some(browser) = chromium() else {
         return;
     };
@@ -520,6 +521,36 @@ fn the_dashboard_renders_the_live_cluster_in_a_headless_browser() {
     }
     let dom = render(&browser, &format!("http://{http}/#reservations"), None);
     assert!(dom.contains(r#"id="agenda""#), "the agenda chart: {dom}");
+
+    // The operator commands of the real `coordinator` binary see the same cluster.
+    let data_dir = Path::new(local.summary["ca_cert"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let operator = |args: &[&str]| {
+        let out = Command::new(testbed().with_file_name("coordinator"))
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "coordinator {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let status: serde_json::Value = serde_json::from_str(&operator(&["status", "--json"])).unwrap();
+    assert_eq!(status["nodes"], 2, "{status}");
+    assert_eq!(status["containers_running"], 12, "{status}");
+    let drained = operator(&["node", "drain", "worker-2"]);
+    assert!(drained.contains("worker-2 is draining now"), "{drained}");
+    let nodes = operator(&["nodes"]);
+    let row = nodes.lines().find(|l| l.starts_with("worker-2")).unwrap();
+    assert!(row.ends_with("draining"), "{nodes}");
+    let top = operator(&["top", "--iterations", "1"]);
+    assert!(top.contains("busiest 2 of 2 nodes by R"), "{top}");
 
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR"));
     for (name, fragment) in [
