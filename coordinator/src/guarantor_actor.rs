@@ -447,7 +447,8 @@ impl Handler<ContainerEvents> for GuarantorActor {
         self.adopt(&msg.node_id, &msg.started_here);
         let mut freed = false;
         for id in msg.finished {
-            freed |= self.core.on_finished(id);
+            // Only the node holding a grant frees it.
+            freed |= self.core.on_finished_on(&msg.node_id, id);
         }
         if freed {
             self.schedule();

@@ -223,6 +223,18 @@ async fn guaranteed_grants_never_overcommit_and_wait_for_finished_containers() {
     let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
     assert_eq!(stats.pending_containers, 1, "still no room");
 
+    // Another worker cannot free node-a's bookings by reporting its containers finished.
+    let (mut b, _) = h.join("node-b", 500, 512).await;
+    b.send(&heartbeat("node-b", 0, 0.0, vec![], vec![], ids.clone()))
+        .await;
+    b.expect_ack().await;
+    let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+    assert_eq!(
+        stats.booked[&NodeId::from("node-a")],
+        Resources::new(2000, 2048)
+    );
+    assert_eq!(stats.pending_containers, 1, "still no room on node-a");
+
     // One finishes: the third is granted, on the same node, with its own id.
     a.send(&heartbeat(
         "node-a",

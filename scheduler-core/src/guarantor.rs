@@ -1283,6 +1283,16 @@ impl Guarantor {
         true
     }
 
+    /// `node` reports that GUARANTEED container `id` ended: freed only if the grant is on that
+    /// node, so a worker cannot free bookings on other nodes (which would let the guarantor
+    /// over-commit them). Idempotent.
+    pub fn on_finished_on(&mut self, node: &NodeId, id: ContainerId) -> bool {
+        match self.grants.get(&id) {
+            Some(g) if &g.node == node => self.on_finished(id),
+            _ => false,
+        }
+    }
+
     /// Free grants whose token expired before the container was started.
     pub fn expire_unstarted(&mut self, now_ms: u64) -> Vec<ContainerId> {
         let expired: Vec<ContainerId> = self

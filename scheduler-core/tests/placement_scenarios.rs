@@ -265,7 +265,14 @@ fn guarantor_never_overcommits_and_waits_for_capacity() {
     g.check_invariants().unwrap();
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].ask_key, 2);
-    // Finishing one frees capacity for the waiting one.
+    // Finishing one frees capacity for the waiting one; only its own node can report that.
+    let other = if first[0].token_body.node_id.as_str() == "a" {
+        "b"
+    } else {
+        "a"
+    };
+    assert!(!g.on_finished_on(&NodeId::from(other), first[0].token_body.container_id));
+    g.check_invariants().unwrap();
     assert!(g.on_finished(first[0].token_body.container_id));
     assert!(
         !g.on_finished(first[0].token_body.container_id),
