@@ -832,6 +832,23 @@ impl Handler<FromWorker> for CoordinatorActor {
                 }
                 self.heartbeat(&node_id, hb)
             }
+            WorkerToCoordinator::GuaranteedFinished(f) => {
+                // Guarantor-issued ids only (others are for their issuers, at the heartbeat);
+                // the guarantor frees only grants on this node.
+                let finished: Vec<ContainerId> = f
+                    .finished
+                    .into_iter()
+                    .filter(|id| id.issuer() == 0)
+                    .collect();
+                if !finished.is_empty() {
+                    self.guarantor().do_send(ContainerEvents {
+                        node_id,
+                        started: Vec::new(),
+                        started_here: Vec::new(),
+                        finished,
+                    });
+                }
+            }
             WorkerToCoordinator::AllocateGuaranteed(a) => {
                 self.allocate_guaranteed(m.session_id, tx, a)
             }

@@ -12,7 +12,7 @@ use scheduler_core::protocol::app::{
     ErrorFrame, StartContainer,
 };
 use scheduler_core::protocol::cluster::{
-    ApplyPromotion, Heartbeat, PromotionApplied, WorkerToCoordinator,
+    ApplyPromotion, GuaranteedFinished, Heartbeat, PromotionApplied, WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::{
     MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
@@ -89,6 +89,10 @@ impl NodeActor {
 
     /// Act on what the core decided.
     fn flush(&mut self, ctx: &mut Context<Self>) {
+        // GUARANTEED containers of the guarantor that ended in this flush: told to the
+        // coordinator at once, so their capacity is granted again without waiting for the next
+        // heartbeat.
+        let mut guaranteed_finished = Vec::new();
         for ev in self.node.drain_events() {
             match ev {
                 NodeEvent::Queued { id } | NodeEvent::WaitingGuaranteed { id } => {
@@ -111,6 +115,9 @@ impl NodeActor {
                     }
                     self.launch_specs.remove(&id);
                     self.reports.finished(id);
+                    if id.issuer() == 0 {
+                        guaranteed_finished.push(id);
+                    }
                     self.shared.metrics.killed(reason);
                     info!(container = %id, %reason, "container killed: {message}");
                     self.event(id, ContainerEventKind::Killed { reason, message });
@@ -118,6 +125,9 @@ impl NodeActor {
                 }
                 NodeEvent::Finished { id, exit_code } => {
                     self.reports.finished(id);
+                    if id.issuer() == 0 {
+                        guaranteed_finished.push(id);
+                    }
                     self.event(id, ContainerEventKind::Completed { exit_code });
                     self.owners.remove(&id);
                 }
@@ -125,6 +135,13 @@ impl NodeActor {
                     self.event(id, ContainerEventKind::Promoted { version })
                 }
             }
+        }
+        if !guaranteed_finished.is_empty() && self.shared.connected.get() {
+            let _ = self.link.send(WorkerToCoordinator::GuaranteedFinished(
+                GuaranteedFinished {
+                    finished: guaranteed_finished,
+                },
+            ));
         }
     }
 

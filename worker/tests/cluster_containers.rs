@@ -349,3 +349,42 @@ async fn a_waiting_guaranteed_ask_is_cancelled_when_its_connection_closes() {
     );
     c.stop().await;
 }
+
+/// A finished GUARANTEED container's capacity is granted again without waiting for a heartbeat
+/// (issue 17): with heartbeats an hour apart, a second ask that needs the node's whole capacity
+/// is granted as soon as the first container exits, because the worker tells the coordinator at
+/// once.
+#[actix_rt::test]
+async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_heartbeat() {
+    let c = Cluster::start_with_heartbeat(
+        &["demo"],
+        &[node("node-a", 1000, 1024)],
+        |_| {},
+        None,
+        std::time::Duration::from_secs(3600),
+    )
+    .await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    let first = app.grant(ask(ContainerType::Guaranteed, 1000, 1024)).await;
+    let id = start_running(&mut app, &first, sh("exec sleep 0.2")).await;
+    // The node is full: a second ask waits at the guarantor.
+    let request_id = app.new_request_id();
+    let mut second = ask(ContainerType::Guaranteed, 1000, 1024);
+    second.request_id = request_id;
+    app.send(&scheduler_core::protocol::app::AppRequest::Allocate(second))
+        .await;
+    wait_for_guarantor(&c, "the second ask to wait", |s| s.pending_containers == 1).await;
+    app.event("the first container's end", ended(id)).await;
+    // Granted long before any heartbeat could have reported the end.
+    let answer = tokio::time::timeout(FAILURE_TIMEOUT, app.answer(request_id))
+        .await
+        .expect("granted without a heartbeat");
+    match answer {
+        scheduler_core::protocol::app::AppResponse::Allocated(a) => {
+            assert_eq!(a.containers.len(), 1)
+        }
+        other => panic!("expected a grant, got {other:?}"),
+    }
+    c.stop().await;
+}

@@ -18,7 +18,7 @@ use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 
 /// Version of the cluster protocol; sent in the first frame.
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 2;
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 3;
 
 /// Frames a worker sends to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -32,6 +32,17 @@ pub enum WorkerToCoordinator {
     PromotionApplied(PromotionApplied),
     CancelAllocate(CancelAllocate),
     Reservation(ReservationCall),
+    GuaranteedFinished(GuaranteedFinished),
+}
+
+/// GUARANTEED containers (issued by the guarantor) that ended on the sending node, sent the
+/// moment they end so the guarantor frees their bookings and places waiting work without
+/// waiting for the next heartbeat (issue 17: a node's GUARANTEED throughput was capped at its
+/// slots × heartbeats per second). The next heartbeat lists them in `finished` again; freeing is
+/// idempotent, and only the grant's own node can free it. No answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuaranteedFinished {
+    pub finished: Vec<ContainerId>,
 }
 
 /// First frame: who the worker is and the cluster's join secret.

@@ -100,6 +100,18 @@ impl Cluster {
         adjust: impl Fn(&mut WorkerConfig),
         worker_clock: Option<Clock>,
     ) -> Cluster {
+        Cluster::start_with_heartbeat(apps, nodes, adjust, worker_clock, HEARTBEAT).await
+    }
+
+    /// Like [`Cluster::start_with_clock`], with the heartbeat interval the coordinator gives
+    /// its workers.
+    pub async fn start_with_heartbeat(
+        apps: &[&str],
+        nodes: &[NodeSpec],
+        adjust: impl Fn(&mut WorkerConfig),
+        worker_clock: Option<Clock>,
+        heartbeat: Duration,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = DataDir::new(dir.path());
         let now_ms = std::time::SystemTime::now()
@@ -127,7 +139,7 @@ impl Cluster {
         let mut settings = CoordinatorSettings::new(dir.path());
         settings.listen = "127.0.0.1:0".parse().expect("literal");
         settings.seed = Some(7);
-        settings.heartbeat_interval = HEARTBEAT;
+        settings.heartbeat_interval = heartbeat;
         // Tokens are checked against the workers' wall clock, so the coordinator uses it too.
         let server = coordinator::start(settings, coordinator::clock::system())
             .await
