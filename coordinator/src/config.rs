@@ -243,6 +243,16 @@ pub enum ConfigError {
 mod tests {
     use super::*;
 
+    /// The example shipped for bare-metal installs (deploy/config) stays valid.
+    #[test]
+    fn the_example_config_in_deploy_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/coordinator.toml");
+        let s = FileConfig::load(&path).unwrap().into_settings().unwrap();
+        assert_eq!(s.data_dir, Path::new("/var/lib/hybrid"));
+        assert_eq!(s.top_k, 50);
+        assert_eq!(s.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
+    }
+
     #[test]
     fn flags_win_over_file_and_file_over_defaults() {
         let file: FileConfig = toml::from_str(

@@ -591,3 +591,21 @@ fn machine_memory_mib() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example shipped for bare-metal installs (deploy/config) parses: every key is one
+    /// `worker run` knows (unknown keys are refused).
+    #[test]
+    fn the_example_config_in_deploy_parses() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/worker.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let file: RunArgs = toml::from_str(&text).unwrap();
+        assert_eq!(file.node_id.as_deref(), Some("node-17"));
+        assert_eq!(file.cpu_millis, Some(30_000));
+        assert_eq!(file.metrics_listen, Some("127.0.0.1:9401".parse().unwrap()));
+    }
+}
