@@ -161,12 +161,22 @@ pub async fn start(
                 incoming.refuse();
                 continue;
             };
-            actix_rt::spawn(serve_connection(
-                incoming,
-                coord.clone(),
-                next_session,
-                gate.clone(),
-                unjoined,
+            // Events of the session name it, its peer and (once joined) its node.
+            let span = tracing::info_span!(
+                "worker_session",
+                session = next_session,
+                peer = %incoming.remote_address(),
+                node = tracing::field::Empty
+            );
+            actix_rt::spawn(tracing::Instrument::instrument(
+                serve_connection(
+                    incoming,
+                    coord.clone(),
+                    next_session,
+                    gate.clone(),
+                    unjoined,
+                ),
+                span,
             ));
             next_session += 1;
         }

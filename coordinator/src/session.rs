@@ -323,6 +323,7 @@ pub async fn serve_connection(
                     .await;
                 match outcome {
                     Ok(JoinOutcome::Accepted { node_id, .. }) => {
+                        tracing::Span::current().record("node", node_id.as_str());
                         joined = Some(String::from(node_id));
                         unjoined.joined();
                     }

@@ -299,14 +299,30 @@ impl Endpoint {
         let _ = self.node.send(Settle).await;
     }
 
-    /// Serve one connection until it ends.
+    /// Serve one connection until it ends, in a span carrying the node, the connection and
+    /// (once it said hello) the app, so every event of the connection names them.
     pub async fn serve<S: AsyncRead + AsyncWrite + Unpin + 'static>(
+        self,
+        stream: S,
+        admitted: Admitted,
+    ) {
+        let span = tracing::info_span!(
+            "app_connection",
+            node = %self.node_id,
+            conn = tracing::field::Empty,
+            app = tracing::field::Empty
+        );
+        tracing::Instrument::instrument(self.serve_in_span(stream, admitted), span).await
+    }
+
+    async fn serve_in_span<S: AsyncRead + AsyncWrite + Unpin + 'static>(
         self,
         stream: S,
         admitted: Admitted,
     ) {
         let (mut reader, writer) = tokio::io::split(stream);
         let conn = self.shared.new_connection_id();
+        tracing::Span::current().record("conn", conn);
         let state = ConnState::new(
             conn,
             OutboundLimits {
@@ -646,6 +662,7 @@ impl Session<'_> {
                 .authenticate(&hello.app_id, &hello.app_secret)
             {
                 Ok(()) => {
+                    tracing::Span::current().record("app", hello.app_id.as_str());
                     info!(app = %hello.app_id, client = ?hello.client_name, conn = self.conn, "app connected");
                     self.app = Some(AppId::new(hello.app_id));
                     self.send(AppResponse::Welcome(Welcome {

@@ -160,7 +160,17 @@ impl NodeActor {
         };
         let executor = self.executor.clone();
         let me = ctx.address();
-        actix_rt::spawn(run_container(executor, id, spec, limits, rx, me));
+        // The container's process task logs in a span naming it, its app and job.
+        let (app, job) = self
+            .node
+            .spec(id)
+            .map(|s| (s.app_id.to_string(), s.job_id.to_string()))
+            .unwrap_or_default();
+        let span = tracing::info_span!("container", node = %self.node_id, container = %id, app = %app, job = %job);
+        actix_rt::spawn(tracing::Instrument::instrument(
+            run_container(executor, id, spec, limits, rx, me),
+            span,
+        ));
     }
 
     fn send_heartbeat(&mut self) {
