@@ -100,3 +100,37 @@ assert r["lost_on_victim"] == r["started_on_victim"] > 0, r
 assert r["new_grants_on_victim"] == 0 and r["new_grants"] > 0, r
 print("compose-test: node loss handled:", r)
 '
+
+# 3. Any number of extra workers (`--scale worker=N`), metrics and the dashboard: two more join,
+#    the coordinator counts them (admin socket, inside its container) and its dashboard and
+#    metrics on the host's loopback port show them.
+"${compose[@]}" up -d --scale worker=2 worker
+nodes_now() {
+  "${compose[@]}" exec -T coordinator coordinator status --data-dir /data --json 2>/dev/null |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["nodes"])' 2>/dev/null || echo 0
+}
+for _ in $(seq 1 300); do
+  [ "$(nodes_now)" = 4 ] && break
+  sleep 0.2
+done
+[ "$(nodes_now)" = 4 ] || { echo "compose-test: expected 4 nodes (worker-1, worker-2, 2 scaled), have $(nodes_now)" >&2; exit 1; }
+echo "compose-test: two scaled workers joined (4 nodes with worker-3 lost)"
+dashboard=$("${compose[@]}" port coordinator 9400)
+python3 - "$dashboard" <<'PY'
+import json, sys, time, urllib.request
+base = "http://" + sys.argv[1]
+metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+assert "coordinator_nodes_joined_total" in metrics, metrics[:400]
+page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
+assert "/app.js" in page, page[:400]
+# The first request marks the dashboard watched; the actors publish at their next tick.
+for _ in range(100):
+    state = json.load(urllib.request.urlopen(base + "/api/state", timeout=10))
+    if len(state["cluster"]["nodes"]) == 4:
+        break
+    time.sleep(0.2)
+nodes = sorted(n["node_id"] for n in state["cluster"]["nodes"])
+assert len(nodes) == 4 and {"worker-1", "worker-2"} <= set(nodes), nodes
+print("compose-test: dashboard and metrics on", base, "show", nodes)
+PY
+echo "compose-test: OK"
