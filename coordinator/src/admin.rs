@@ -196,6 +196,7 @@ pub async fn handle(
     guarantor: &Addr<GuarantorActor>,
 ) -> Result<Value, String> {
     let gone = |e: actix::MailboxError| format!("the coordinator is stopping: {e}");
+    let draining = matches!(request, AdminRequest::Drain { .. });
     fn to_json<T: Serialize>(v: &T) -> Result<Value, String> {
         serde_json::to_value(v).map_err(|e| e.to_string())
     }
@@ -262,27 +263,16 @@ pub async fn handle(
                 .collect();
             Ok(Value::Array(nodes))
         }
-        AdminRequest::Drain { node } => {
+        AdminRequest::Drain { node } | AdminRequest::Undrain { node } => {
             let node = node_id(&node)?;
             let changed = coordinator
                 .send(SetDraining {
                     node: node.clone(),
-                    draining: true,
+                    draining,
                 })
                 .await
                 .map_err(gone)??;
-            Ok(json!({"node_id": node.to_string(), "draining": true, "changed": changed}))
-        }
-        AdminRequest::Undrain { node } => {
-            let node = node_id(&node)?;
-            let changed = coordinator
-                .send(SetDraining {
-                    node: node.clone(),
-                    draining: false,
-                })
-                .await
-                .map_err(gone)??;
-            Ok(json!({"node_id": node.to_string(), "draining": false, "changed": changed}))
+            Ok(json!({"node_id": node.to_string(), "draining": draining, "changed": changed}))
         }
         AdminRequest::Apps => {
             let cluster = coordinator.send(AdminCluster).await.map_err(gone)?;

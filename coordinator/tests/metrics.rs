@@ -13,18 +13,32 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// One HTTP/1.1 request; the status line and the body.
-async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+/// One HTTP/1.1 request (`method path`, no body); the whole response.
+async fn request(addr: SocketAddr, method: &str, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).await.unwrap();
+    raw
+}
+
+/// `GET path`; the status line and the body.
+async fn get(addr: SocketAddr, path: &str) -> (String, String) {
+    let raw = request(addr, "GET", path).await;
     let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
     (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// One GUARANTEED container of 1000 millicores / 1024 MiB granted through `w`.
+async fn book_one_guaranteed(w: &mut TestWorker) {
+    w.send(&allocate_guaranteed(7, "demo", 1000, 1024, 1)).await;
+    w.expect("grant", |m| {
+        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+    })
+    .await;
 }
 
 /// The value of the sample `series` (name with its labels, exactly as exposed).
@@ -45,11 +59,7 @@ async fn metrics_count_joins_heartbeats_losses_and_bookings() {
         .await;
     a.expect_ack().await;
     // One GUARANTEED container booked on node-a (the only node yet).
-    a.send(&allocate_guaranteed(7, "demo", 1000, 1024, 1)).await;
-    a.expect("grant", |m| {
-        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
-    })
-    .await;
+    book_one_guaranteed(&mut a).await;
     h.server.guarantor.send(InspectGuarantor).await.unwrap();
 
     // node-b joins, then falls silent and is lost at the next sweep.
@@ -110,14 +120,7 @@ async fn dashboard_state_shows_nodes_containers_bookings_and_waiting_asks() {
         ("/app.js", "text/javascript"),
         ("/style.css", "text/css"),
     ] {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).await.unwrap();
+        let raw = request(addr, "GET", path).await;
         assert!(raw.starts_with("HTTP/1.1 200"), "{path}: {raw}");
         assert!(
             raw.to_lowercase()
@@ -151,11 +154,7 @@ async fn dashboard_state_shows_nodes_containers_bookings_and_waiting_asks() {
     .await;
     a.expect_ack().await;
     // One GUARANTEED container booked, and an ask no node can hold waits.
-    a.send(&allocate_guaranteed(7, "demo", 1000, 1024, 1)).await;
-    a.expect("grant", |m| {
-        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
-    })
-    .await;
+    book_one_guaranteed(&mut a).await;
     a.send(&allocate_guaranteed(8, "demo", 3500, 1024, 2)).await;
 
     // Nobody has watched yet: the tick publishes nothing.
@@ -200,14 +199,7 @@ async fn dashboard_state_shows_nodes_containers_bookings_and_waiting_asks() {
     assert_eq!(g["agenda_horizon_ms"], 86_400_000u64);
 
     // Only GET.
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        b"POST /api/state HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
+    let raw = request(addr, "POST", "/api/state").await;
     assert!(raw.starts_with("HTTP/1.1 405"), "{raw}");
 }
 
