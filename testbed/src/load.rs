@@ -137,6 +137,8 @@ pub struct LoadReport {
     pub allocate_queueable: Latency,
     pub start_guaranteed: Latency,
     pub start_queueable: Latency,
+    /// Per task, from its first `allocate` to its end (re-asks after kills included), µs.
+    pub task: Latency,
     pub granted_by_node: BTreeMap<String, u64>,
     pub wall_time_s: f64,
     pub completed_per_second: f64,
@@ -147,6 +149,7 @@ struct Stats {
     report: LoadReport,
     alloc: HashMap<ContainerType, Histogram<u64>>,
     start: HashMap<ContainerType, Histogram<u64>>,
+    task: Option<Histogram<u64>>,
 }
 
 impl Stats {
@@ -338,8 +341,10 @@ pub async fn run_load(args: &LoadArgs) -> anyhow::Result<LoadReport> {
         get(&s.start, ContainerType::Guaranteed),
         get(&s.start, ContainerType::Queueable),
     );
+    let task = s.task.as_ref().map(latency).unwrap_or_default();
     let r = &mut s.report;
     r.containers = args.containers;
+    r.task = task;
     r.allocate_p50_us = all_alloc.value_at_quantile(0.5);
     r.allocate_p99_us = all_alloc.value_at_quantile(0.99);
     r.start_p50_us = all_start.value_at_quantile(0.5);
@@ -371,6 +376,7 @@ async fn run_task(
 ) -> anyhow::Result<()> {
     let mut kills = 0u32;
     let mut refused_since: Option<Instant> = None;
+    let began = Instant::now();
     loop {
         match attempt(
             runner,
@@ -382,7 +388,14 @@ async fn run_task(
         )
         .await?
         {
-            Attempt::Done => return Ok(()),
+            Attempt::Done => {
+                let mut stats = runner.stats();
+                let h = stats
+                    .task
+                    .get_or_insert_with(|| Histogram::new(3).expect("valid sigfig"));
+                let _ = h.record(began.elapsed().as_micros().max(1) as u64);
+                return Ok(());
+            }
             Attempt::Again => continue,
         }
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury.
+    /// Experiment name: mercury (simulator) or mercury-live (real local cluster).
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -41,12 +41,24 @@ pub struct ExperimentArgs {
     /// simulated seconds per configuration (0: skip it).
     #[arg(long, default_value_t = 0)]
     pub sensitivity_duration_s: u64,
+    /// mercury-live: rounds (each runs every policy once, in alternating order).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// mercury-live: tasks per run of each workload.
+    #[arg(long, default_value_t = 144)]
+    pub tasks: usize,
 }
 
 /// Run `testbed experiment`.
 pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
+    if args.name == "mercury-live" {
+        return mercury_live_cli(args);
+    }
     if args.name != "mercury" {
-        anyhow::bail!("unknown experiment {:?}: expected mercury", args.name);
+        anyhow::bail!(
+            "unknown experiment {:?}: expected mercury or mercury-live",
+            args.name
+        );
     }
     let options = ExperimentOptions {
         seed: args.seed,
@@ -119,6 +131,44 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         for h in &report.headline {
             println!(
                 "  {:<90} {:>+7.1}% {:>+7.1}%",
+                h.claim, h.paper_percent, h.ours_percent
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `testbed experiment mercury-live`: the comparison on a real local cluster.
+fn mercury_live_cli(args: &ExperimentArgs) -> anyhow::Result<()> {
+    use super::mercury_live;
+    anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
+    anyhow::ensure!(args.tasks > 0, "--tasks must be at least 1");
+    let options = mercury_live::LiveOptions {
+        rounds: args.rounds,
+        tasks_short: args.tasks,
+        tasks_hybrid: args.tasks,
+        seed: args.seed,
+        ..Default::default()
+    };
+    let report = mercury_live::run(&options, true)?;
+    if let Some(dir) = &args.report {
+        let command = format!(
+            "testbed {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        );
+        mercury_live::write_report(&report, dir, &command)?;
+        eprintln!("report written to {}", dir.join("report.md").display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "mercury-live, {} rounds, {:.0} s wall",
+            options.rounds, report.wall_s
+        );
+        for h in &report.headline {
+            println!(
+                "  {:<80} {:>+7.1}% {:>+7.1}%",
                 h.claim, h.paper_percent, h.ours_percent
             );
         }
