@@ -112,10 +112,23 @@ impl Local {
 }
 
 impl Drop for Local {
+    /// SIGTERM first, so `testbed local` stops its coordinator and workers and they their
+    /// containers (a SIGKILL would orphan them all); SIGKILL only if it has not exited in time.
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling our own child process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let (tx, exited) = mpsc::channel();
+            let waiter = std::thread::spawn(move || {
+                let status = child.wait();
+                let _ = tx.send(());
+                (child, status)
+            });
+            if exited.recv_timeout(Duration::from_secs(30)).is_err() {
+                // SAFETY: as above; the waiter then returns.
+                unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+            }
+            let _ = waiter.join();
         }
     }
 }
