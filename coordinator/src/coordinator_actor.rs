@@ -444,6 +444,8 @@ impl CoordinatorActor {
                 runtime_estimate_ms: a.runtime_estimate_ms,
                 job_id: JobId::new(a.job_id),
                 job_submit_time_ms: a.job_submit_time_ms,
+                role: a.role,
+                allow_shaping: a.allow_shaping,
             },
             reservation_id: a.reservation_id,
         });

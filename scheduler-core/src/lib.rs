@@ -23,6 +23,7 @@ pub mod quota;
 pub mod reservation;
 pub mod resources;
 pub mod shaper;
+pub mod shaping;
 pub mod time;
 pub mod token;
 

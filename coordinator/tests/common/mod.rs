@@ -191,6 +191,8 @@ pub fn allocate_guaranteed(
             job_id: "job-1".into(),
             job_submit_time_ms: 1_600_000_000_000,
             reservation_id: None,
+            role: Default::default(),
+            allow_shaping: false,
         },
     })
 }

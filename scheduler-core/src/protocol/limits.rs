@@ -470,6 +470,8 @@ mod tests {
             job_id: "j".into(),
             job_submit_time_ms: 0,
             reservation_id: None,
+            role: Default::default(),
+            allow_shaping: false,
         }
     }
 

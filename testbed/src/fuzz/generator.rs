@@ -460,6 +460,8 @@ pub fn allocate(rng: &mut Rng) -> Allocate {
         job_id: rng.word(),
         job_submit_time_ms: rng.interesting_u64(),
         reservation_id: rng.chance(1, 4).then(|| rng.word()),
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 
