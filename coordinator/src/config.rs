@@ -1,7 +1,10 @@
 //! One typed configuration for `coordinator run`: defaults, overridden by the TOML file given
 //! with `--config`, overridden by command-line flags (and their environment variables).
 
+use inference::forecast::shaping::ForecasterKind;
 use scheduler_core::coordinator::SheddingPolicy;
+use scheduler_core::shaper::PreemptionPolicy;
+use scheduler_core::shaping::ShapingConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,15 @@ pub struct CoordinatorSettings {
     pub max_unjoined_per_source: usize,
     /// HTTP address of `GET /metrics` (Prometheus); off when absent.
     pub metrics_listen: Option<SocketAddr>,
+    /// Pace's resource shaper for GUARANTEED containers that allow it; off when absent.
+    pub shaping: Option<ShapingSettings>,
+}
+
+/// The resource shaper's settings (Pace §3, §5; defaults from the paper).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapingSettings {
+    pub config: ShapingConfig,
+    pub forecaster: ForecasterKind,
 }
 
 impl CoordinatorSettings {
@@ -62,6 +74,7 @@ impl CoordinatorSettings {
             max_unjoined_connections: 256,
             max_unjoined_per_source: 32,
             metrics_listen: None,
+            shaping: None,
         }
     }
 
@@ -109,6 +122,11 @@ impl CoordinatorSettings {
         if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
         }
+        if let Some(shaping) = &self.shaping
+            && let Err(reason) = shaping.config.validate()
+        {
+            return bad("shaping", &reason);
+        }
         Ok(())
     }
 }
@@ -132,6 +150,15 @@ pub struct FileConfig {
     pub max_unjoined_connections: Option<usize>,
     pub max_unjoined_per_source: Option<usize>,
     pub metrics_listen: Option<SocketAddr>,
+    /// Turn the resource shaper on.
+    pub shaping: Option<bool>,
+    pub shaping_interval_ms: Option<u64>,
+    pub shaping_k1: Option<f64>,
+    pub shaping_k2: Option<f64>,
+    /// `gp` or `arima`.
+    pub shaping_forecaster: Option<String>,
+    /// `pessimistic` or `optimistic`.
+    pub shaping_policy: Option<String>,
 }
 
 impl FileConfig {
@@ -170,6 +197,12 @@ impl FileConfig {
                 .max_unjoined_per_source
                 .or(lower.max_unjoined_per_source),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
+            shaping: self.shaping.or(lower.shaping),
+            shaping_interval_ms: self.shaping_interval_ms.or(lower.shaping_interval_ms),
+            shaping_k1: self.shaping_k1.or(lower.shaping_k1),
+            shaping_k2: self.shaping_k2.or(lower.shaping_k2),
+            shaping_forecaster: self.shaping_forecaster.or(lower.shaping_forecaster),
+            shaping_policy: self.shaping_policy.or(lower.shaping_policy),
         }
     }
 
@@ -218,6 +251,40 @@ impl FileConfig {
             s.max_unjoined_per_source = v;
         }
         s.metrics_listen = self.metrics_listen;
+        if self.shaping == Some(true) {
+            let mut config = ShapingConfig::default();
+            if let Some(v) = self.shaping_interval_ms {
+                config.interval_ms = v;
+            }
+            if let Some(v) = self.shaping_k1 {
+                config.buffer.k1 = v;
+            }
+            if let Some(v) = self.shaping_k2 {
+                config.buffer.k2 = v;
+            }
+            if let Some(v) = self.shaping_policy {
+                config.policy = match v.as_str() {
+                    "pessimistic" => PreemptionPolicy::Pessimistic,
+                    "optimistic" => PreemptionPolicy::Optimistic,
+                    other => {
+                        return Err(ConfigError::Invalid {
+                            field: "shaping_policy",
+                            reason: format!(
+                                "{other:?}: expected \"pessimistic\" or \"optimistic\""
+                            ),
+                        });
+                    }
+                };
+            }
+            let forecaster = match self.shaping_forecaster {
+                Some(v) => v.parse().map_err(|reason| ConfigError::Invalid {
+                    field: "shaping_forecaster",
+                    reason,
+                })?,
+                None => ForecasterKind::Gp,
+            };
+            s.shaping = Some(ShapingSettings { config, forecaster });
+        }
         s.validate()?;
         Ok(s)
     }

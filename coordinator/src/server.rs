@@ -104,6 +104,9 @@ pub async fn start(
     let mut guarantor =
         GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?;
     guarantor.metrics = metrics.clone();
+    if let Some(shaping) = &settings.shaping {
+        guarantor = guarantor.with_shaping(shaping);
+    }
     let guarantor = guarantor.start();
     coordinator
         .send(SetGuarantor(guarantor.clone()))

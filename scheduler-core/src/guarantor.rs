@@ -1371,11 +1371,13 @@ impl Guarantor {
             }
         }
         let outcome = shaping.pass(crate::Time::from_millis(now_ms), &hosts);
-        for (node_id, id, allocation) in &outcome.resized {
-            let Some(g) = self.grants.get_mut(id) else {
+        for r in &outcome.resized {
+            let Some(g) = self.grants.get_mut(&r.container) else {
                 continue;
             };
-            let old = std::mem::replace(&mut g.resources, *allocation);
+            let old = std::mem::replace(&mut g.resources, r.to);
+            let allocation = &r.to;
+            let node_id = &r.node;
             self.reservations.book(None, &old, false);
             self.reservations.book(None, allocation, true);
             if let Some(n) = self.nodes.get_mut(node_id) {

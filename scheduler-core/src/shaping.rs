@@ -147,12 +147,28 @@ struct Tracked {
 /// What one pass decided, per container (with its node and app, for the caller to act on).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ShapingOutcome {
-    /// Containers whose allocation changed: (node, container, new allocation).
-    pub resized: Vec<(NodeId, ContainerId, Resources)>,
+    /// Containers whose allocation changed.
+    pub resized: Vec<Resize>,
     /// Containers to preempt: (node, container, app, reason). They are no longer tracked.
     pub preempted: Vec<(NodeId, ContainerId, AppId, PreemptionReason)>,
     /// Applications preempted whole.
     pub failed_apps: Vec<AppId>,
+}
+
+/// One container's allocation change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resize {
+    pub node: NodeId,
+    pub container: ContainerId,
+    pub from: Resources,
+    pub to: Resources,
+}
+
+impl Resize {
+    /// It grows in some resource (a node applies growth only into room it has).
+    pub fn grows(&self) -> bool {
+        !self.to.fits_in(&self.from)
+    }
 }
 
 /// The live shaper: histories, forecasters and allocations of the shaped containers.
@@ -344,8 +360,12 @@ impl ShapingState {
             if let Some(t) = self.containers.get_mut(&id)
                 && t.allocation != allocation
             {
-                t.allocation = allocation;
-                outcome.resized.push((t.node.clone(), id, allocation));
+                outcome.resized.push(Resize {
+                    node: t.node.clone(),
+                    container: id,
+                    from: std::mem::replace(&mut t.allocation, allocation),
+                    to: allocation,
+                });
             }
         }
         for (id, reason) in decision.preempt {
@@ -356,7 +376,7 @@ impl ShapingState {
                 self.untrack(id);
             }
         }
-        outcome.resized.sort_by_key(|r| r.1);
+        outcome.resized.sort_by_key(|r| r.container);
         outcome.preempted.sort_by_key(|p| p.1);
         outcome
     }
@@ -490,7 +510,12 @@ mod tests {
                 // 30 % + 5 % of 1000 CPU, 20 % + 5 % of 1000 MiB.
                 assert_eq!(
                     out.resized,
-                    vec![(node.clone(), id, Resources::new(350, 250))]
+                    vec![Resize {
+                        node: node.clone(),
+                        container: id,
+                        from: request,
+                        to: Resources::new(350, 250)
+                    }]
                 );
             }
         }
@@ -498,7 +523,16 @@ mod tests {
         // The use rises: the allocation grows back with the next pass, up to the request.
         s.observe(id, Resources::new(2000, 900));
         let out = s.pass(Time::from_secs(240), &hosts);
-        assert_eq!(out.resized, vec![(node, id, Resources::new(1000, 950))]);
+        assert_eq!(
+            out.resized,
+            vec![Resize {
+                node,
+                container: id,
+                from: Resources::new(350, 250),
+                to: Resources::new(1000, 950)
+            }]
+        );
+        assert!(out.resized[0].grows());
         assert!(s.untrack(id) && s.is_empty());
     }
 }

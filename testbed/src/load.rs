@@ -537,6 +537,7 @@ async fn attempt(
                 KillReason::Shed => s.report.shed += 1,
                 KillReason::PreemptedByGuaranteed => s.report.preempted += 1,
                 KillReason::Lost => s.report.lost += 1,
+                KillReason::ShapedPreemption => s.report.preempted += 1,
                 KillReason::Released => s.report.released += 1,
             }
             s.report.killed += 1;

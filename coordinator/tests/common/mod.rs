@@ -133,6 +133,7 @@ pub fn join_msg(token: &str, node: &str, cpu: u64, mem: u64) -> WorkerToCoordina
 
 pub fn running(id: ContainerId, t: ContainerType, cpu: u64, mem: u64) -> ContainerStatus {
     ContainerStatus {
+        usage: None,
         id,
         app_id: AppId::from("demo"),
         container_type: t,

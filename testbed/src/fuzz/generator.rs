@@ -705,6 +705,7 @@ pub fn app_response(rng: &mut Rng) -> AppResponse {
 
 fn status(rng: &mut Rng) -> ContainerStatus {
     ContainerStatus {
+        usage: None,
         id: cid(rng),
         app_id: AppId::new(rng.word()),
         container_type: container_type(rng),
@@ -963,6 +964,7 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
             token: token(rng),
         }),
         _ => CoordinatorToWorker::StopContainer(cluster::StopContainerOnNode {
+            shaped_preemption: None,
             container_id: cid(rng),
             app_id: rng.word(),
             revoke_until_ms: rng.chance(1, 2).then(|| rng.interesting_u64()),

@@ -366,7 +366,7 @@ impl ContainerCgroup {
         Ok(cgroup)
     }
 
-    fn write_limits(&self, limits: ContainerLimits) -> Result<(), ExecError> {
+    pub(crate) fn write_limits(&self, limits: ContainerLimits) -> Result<(), ExecError> {
         let memory_bytes = limits.memory_mib.saturating_mul(1 << 20);
         let quota_us =
             (limits.cpu_millis.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US);

@@ -394,7 +394,7 @@ impl ContainerProcess {
             container_id,
             leader: pid,
             cgroup,
-            limits,
+            limits: Mutex::new(limits),
             state,
             memory_kill: Mutex::new(None),
             leader_reaped: AtomicBool::new(false),
@@ -544,7 +544,8 @@ struct ContainerTree {
     /// Pid of the main process, which is also the session and process-group id of the tree.
     leader: u32,
     cgroup: Option<ContainerCgroup>,
-    limits: ContainerLimits,
+    /// Current limits (the resource shaper resizes a running container).
+    limits: Mutex<ContainerLimits>,
     /// (used_mib, limit_mib) once the container has been killed for memory.
     memory_kill: Mutex<Option<(u64, u64)>>,
     /// Set once the leader has been reaped: its pid may then be reused, so it is no longer
@@ -619,12 +620,19 @@ impl ContainerTree {
         Ok(())
     }
 
+    fn limits(&self) -> ContainerLimits {
+        *self
+            .limits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn record_memory_kill(&self, used_bytes: u64) {
         let mut verdict = self
             .memory_kill
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        verdict.get_or_insert((used_bytes.div_ceil(MIB), self.limits.memory_mib));
+        verdict.get_or_insert((used_bytes.div_ceil(MIB), self.limits().memory_mib));
     }
 
     fn memory_verdict(&self) -> Option<(u64, u64)> {
@@ -657,11 +665,12 @@ impl ContainerTree {
                 }
                 let rss_bytes =
                     members.iter().map(|m| m.rss_pages).sum::<u64>() * procfs::page_size();
-                if rss_bytes > self.limits.memory_mib.saturating_mul(MIB) {
+                let limit_mib = self.limits().memory_mib;
+                if rss_bytes > limit_mib.saturating_mul(MIB) {
                     tracing::info!(
                         container_id = self.container_id,
                         rss_mib = rss_bytes.div_ceil(MIB),
-                        limit_mib = self.limits.memory_mib,
+                        limit_mib,
                         "container over its memory limit: killing its process tree"
                     );
                     self.record_memory_kill(rss_bytes);
@@ -674,7 +683,7 @@ impl ContainerTree {
     }
 
     fn record_cgroup_oom(&self, cgroup: &ContainerCgroup) {
-        let limit_bytes = self.limits.memory_mib.saturating_mul(MIB);
+        let limit_bytes = self.limits().memory_mib.saturating_mul(MIB);
         let used = cgroup
             .peak_memory_bytes()
             .or_else(|| cgroup.memory_bytes())
@@ -801,7 +810,32 @@ impl ContainerProcess {
     }
 
     pub fn limits(&self) -> ContainerLimits {
-        self.tree.limits
+        self.tree.limits()
+    }
+
+    /// Change the running container's limits without restarting it (Pace §3.2, resizing a
+    /// component): with cgroups the kernel's memory.max and cpu.max (v1: limit_in_bytes and the
+    /// CFS quota), otherwise the memory monitor's RSS limit (no CPU cap there). Says which.
+    pub fn resize(&self, limits: ContainerLimits) -> Result<&'static str, ExecError> {
+        if limits.cpu_millis == 0 || limits.memory_mib == 0 {
+            return Err(ExecError::InvalidLimits {
+                container_id: self.tree.container_id,
+                reason: "cpu_millis and memory_mib must be positive".to_owned(),
+            });
+        }
+        let enforced_by = match &self.tree.cgroup {
+            Some(cgroup) => {
+                cgroup.write_limits(limits)?;
+                "cgroup"
+            }
+            None => "rss_monitor",
+        };
+        *self
+            .tree
+            .limits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = limits;
+        Ok(enforced_by)
     }
 
     /// Waits for the main process, kills anything it left behind, removes the cgroup, and says
