@@ -1341,7 +1341,7 @@ impl Guarantor {
     pub fn shaping_due(&mut self, now_ms: u64) -> bool {
         self.clock_ms = self.clock_ms.max(now_ms);
         self.shaping
-            .as_ref()
+            .as_mut()
             .is_some_and(|s| s.due(crate::Time::from_millis(now_ms)))
     }
 

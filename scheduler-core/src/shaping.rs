@@ -290,12 +290,15 @@ impl ShapingState {
         }
     }
 
-    /// A pass is due at `now`: an interval after the last one (the first one at once: it only
-    /// records what was observed so far).
-    pub fn due(&self, now: Time) -> bool {
-        self.last_pass.is_none_or(|t| {
-            now.as_millis() >= t.as_millis().saturating_add(self.config.interval_ms)
-        })
+    /// A pass is due at `now`: an interval after the last one, or after the first call.
+    pub fn due(&mut self, now: Time) -> bool {
+        match self.last_pass {
+            None => {
+                self.last_pass = Some(now);
+                false
+            }
+            Some(t) => now.as_millis() >= t.as_millis().saturating_add(self.config.interval_ms),
+        }
     }
 
     /// One shaping pass at `now`. `hosts` is each node's capacity for the shaped containers (its

@@ -43,8 +43,11 @@ pub struct ContainerResized {
     pub container_id: ContainerId,
     /// The allocation the node accounts for it now (the old one when the resize was refused).
     pub resources: Resources,
-    /// How the limits are enforced: `cgroup` (memory.max, memory.high, cpu.max), `rss_monitor`
-    /// (the worker kills the tree above the memory limit; no CPU cap), `none` (not running).
+    /// How the shaped size is enforced: `cgroup` (soft limits: memory.high and cpu.max on
+    /// cgroup v2, memory.soft_limit_in_bytes and the CFS quota on v1; the hard memory limit stays
+    /// at the request), `accounting` (no cgroups: the node's books only; its RSS monitor keeps
+    /// killing at the request), `none` (not applied: see `error`, or the process had not
+    /// started).
     pub enforced_by: String,
     /// `None` on success, else why the node refused or could not apply it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

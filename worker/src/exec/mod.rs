@@ -394,7 +394,8 @@ impl ContainerProcess {
             container_id,
             leader: pid,
             cgroup,
-            limits: Mutex::new(limits),
+            limits,
+            shaped: Mutex::new(None),
             state,
             memory_kill: Mutex::new(None),
             leader_reaped: AtomicBool::new(false),
@@ -544,8 +545,10 @@ struct ContainerTree {
     /// Pid of the main process, which is also the session and process-group id of the tree.
     leader: u32,
     cgroup: Option<ContainerCgroup>,
-    /// Current limits (the resource shaper resizes a running container).
-    limits: Mutex<ContainerLimits>,
+    /// The hard limits it was started with (memory: the kill limit).
+    limits: ContainerLimits,
+    /// The resource shaper's allocation, when it resized the container (soft limits).
+    shaped: Mutex<Option<ContainerLimits>>,
     /// (used_mib, limit_mib) once the container has been killed for memory.
     memory_kill: Mutex<Option<(u64, u64)>>,
     /// Set once the leader has been reaped: its pid may then be reused, so it is no longer
@@ -620,19 +623,12 @@ impl ContainerTree {
         Ok(())
     }
 
-    fn limits(&self) -> ContainerLimits {
-        *self
-            .limits
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn record_memory_kill(&self, used_bytes: u64) {
         let mut verdict = self
             .memory_kill
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        verdict.get_or_insert((used_bytes.div_ceil(MIB), self.limits().memory_mib));
+        verdict.get_or_insert((used_bytes.div_ceil(MIB), self.limits.memory_mib));
     }
 
     fn memory_verdict(&self) -> Option<(u64, u64)> {
@@ -665,7 +661,7 @@ impl ContainerTree {
                 }
                 let rss_bytes =
                     members.iter().map(|m| m.rss_pages).sum::<u64>() * procfs::page_size();
-                let limit_mib = self.limits().memory_mib;
+                let limit_mib = self.limits.memory_mib;
                 if rss_bytes > limit_mib.saturating_mul(MIB) {
                     tracing::info!(
                         container_id = self.container_id,
@@ -683,7 +679,7 @@ impl ContainerTree {
     }
 
     fn record_cgroup_oom(&self, cgroup: &ContainerCgroup) {
-        let limit_bytes = self.limits().memory_mib.saturating_mul(MIB);
+        let limit_bytes = self.limits.memory_mib.saturating_mul(MIB);
         let used = cgroup
             .peak_memory_bytes()
             .or_else(|| cgroup.memory_bytes())
@@ -809,32 +805,51 @@ impl ContainerProcess {
         self.tree.container_id
     }
 
+    /// The hard limits the container was started with.
     pub fn limits(&self) -> ContainerLimits {
-        self.tree.limits()
+        self.tree.limits
     }
 
-    /// Change the running container's limits without restarting it (Pace §3.2, resizing a
-    /// component): with cgroups the kernel's memory.max and cpu.max (v1: limit_in_bytes and the
-    /// CFS quota), otherwise the memory monitor's RSS limit (no CPU cap there). Says which.
-    pub fn resize(&self, limits: ContainerLimits) -> Result<&'static str, ExecError> {
-        if limits.cpu_millis == 0 || limits.memory_mib == 0 {
+    /// The resource shaper's allocation, if it resized the container.
+    pub fn shaped_limits(&self) -> Option<ContainerLimits> {
+        *self
+            .tree
+            .shaped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Apply the resource shaper's allocation to the running container without restarting it
+    /// (Pace §3.2, resizing a component), as soft limits: with cgroups the CPU quota and the
+    /// memory reclaim level (`memory.high`; see [`cgroup::ContainerCgroup`]); the hard memory
+    /// limit (and the RSS monitor's kill limit without cgroups) stays at the request, so a burst
+    /// above the forecast is left to the shaper's preemption policy instead of an OOM kill.
+    /// Without cgroups nothing in the OS changes (no CPU cap exists there) and the node's
+    /// accounting alone follows the shaped size. Says which: `cgroup` or `accounting`.
+    pub fn resize(&self, shaped: ContainerLimits) -> Result<&'static str, ExecError> {
+        if shaped.cpu_millis == 0 || shaped.memory_mib == 0 {
             return Err(ExecError::InvalidLimits {
                 container_id: self.tree.container_id,
                 reason: "cpu_millis and memory_mib must be positive".to_owned(),
             });
         }
+        // Never above the hard limits it was started with.
+        let shaped = ContainerLimits {
+            cpu_millis: shaped.cpu_millis.min(self.tree.limits.cpu_millis),
+            memory_mib: shaped.memory_mib.min(self.tree.limits.memory_mib),
+        };
         let enforced_by = match &self.tree.cgroup {
             Some(cgroup) => {
-                cgroup.write_limits(limits)?;
+                cgroup.write_shaped_limits(shaped)?;
                 "cgroup"
             }
-            None => "rss_monitor",
+            None => "accounting",
         };
         *self
             .tree
-            .limits
+            .shaped
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = limits;
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(shaped);
         Ok(enforced_by)
     }
 
