@@ -935,6 +935,20 @@ pub struct StopGrantOnNode {
     pub shaped_preemption: Option<scheduler_core::shaper::PreemptionReason>,
 }
 
+/// From the guarantor, after a shaping pass's resizes and stops: they are queued to the nodes'
+/// streams, so the guarantor may now place waiting asks into the freed room.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShapingSent;
+
+impl Handler<ShapingSent> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, _: ShapingSent, _: &mut Context<Self>) {
+        self.guarantor()
+            .do_send(crate::guarantor_actor::ScheduleWaiting);
+    }
+}
+
 /// From the guarantor: the shaper resized a running GUARANTEED container (Pace §3.2).
 #[derive(Message)]
 #[rtype(result = "()")]

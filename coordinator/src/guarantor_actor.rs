@@ -163,8 +163,13 @@ impl GuarantorActor {
                 failed_apps = outcome.failed_apps.len(),
                 "shaping pass"
             );
+            // Waiting asks are placed into the freed capacity once the coordinator has queued
+            // the resizes and stops to the nodes (it answers ScheduleWaiting): a grant never
+            // overtakes the shrink that made its room on the node's stream.
+            self.coordinator
+                .do_send(crate::coordinator_actor::ShapingSent);
         }
-        self.schedule();
+        self.report_limits();
         outcome
     }
 
@@ -727,6 +732,42 @@ impl Handler<ShapeNow> for GuarantorActor {
     type Result = MessageResult<ShapeNow>;
     fn handle(&mut self, _: ShapeNow, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.shape())
+    }
+}
+
+/// The shaper's state: shaped containers, how many reported their use since the last pass, and
+/// their allocations (`None` when shaping is off). Tests wait on it before driving a pass.
+#[derive(Message)]
+#[rtype(result = "Option<ShapingStatus>")]
+pub struct InspectShaping;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapingStatus {
+    pub tracked: usize,
+    pub observed_since_pass: usize,
+    pub allocations: Vec<(ContainerId, Resources)>,
+}
+
+impl Handler<InspectShaping> for GuarantorActor {
+    type Result = Option<ShapingStatus>;
+    fn handle(&mut self, _: InspectShaping, _: &mut Context<Self>) -> Self::Result {
+        self.core.shaping().map(|s| ShapingStatus {
+            tracked: s.len(),
+            observed_since_pass: s.observed_since_pass(),
+            allocations: s.allocations(),
+        })
+    }
+}
+
+/// Place waiting asks now (after a shaping pass's resizes were sent to the nodes).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ScheduleWaiting;
+
+impl Handler<ScheduleWaiting> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, _: ScheduleWaiting, _: &mut Context<Self>) {
+        self.schedule();
     }
 }
 

@@ -223,6 +223,25 @@ impl ShapingState {
         self.containers.contains_key(&id)
     }
 
+    /// Shaped containers with a use report since the last pass.
+    pub fn observed_since_pass(&self) -> usize {
+        self.containers
+            .values()
+            .filter(|t| t.interval_peak.is_some())
+            .count()
+    }
+
+    /// Every shaped container's current allocation, by id.
+    pub fn allocations(&self) -> Vec<(ContainerId, Resources)> {
+        let mut all: Vec<(ContainerId, Resources)> = self
+            .containers
+            .iter()
+            .map(|(id, t)| (*id, t.allocation))
+            .collect();
+        all.sort_by_key(|a| a.0);
+        all
+    }
+
     /// The current allocation of a shaped container.
     pub fn allocation(&self, id: ContainerId) -> Option<Resources> {
         self.containers.get(&id).map(|t| t.allocation)
