@@ -346,6 +346,61 @@ mod tests {
     }
 
     #[test]
+    fn shaping_is_off_by_default_and_its_bad_values_are_named() {
+        let base = || FileConfig {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        assert_eq!(base().into_settings().unwrap().shaping, None);
+        let file: FileConfig = toml::from_str(
+            "data_dir = \"/d\"\nshaping = true\nshaping_k2 = 1.0\nshaping_forecaster = \"arima\"",
+        )
+        .unwrap();
+        let s = file.into_settings().unwrap().shaping.expect("on");
+        assert_eq!(s.forecaster, ForecasterKind::Arima);
+        assert_eq!((s.config.buffer.k1, s.config.buffer.k2), (0.05, 1.0));
+        assert_eq!(s.config.interval_ms, 60_000);
+        assert_eq!(s.config.policy, PreemptionPolicy::Pessimistic);
+        for (bad, field) in [
+            (
+                FileConfig {
+                    shaping_forecaster: Some("lstm".into()),
+                    ..base()
+                },
+                "shaping_forecaster",
+            ),
+            (
+                FileConfig {
+                    shaping_policy: Some("random".into()),
+                    ..base()
+                },
+                "shaping_policy",
+            ),
+            (
+                FileConfig {
+                    shaping_k1: Some(-1.0),
+                    ..base()
+                },
+                "k1",
+            ),
+            (
+                FileConfig {
+                    shaping_interval_ms: Some(0),
+                    ..base()
+                },
+                "interval_ms",
+            ),
+        ] {
+            let bad = FileConfig {
+                shaping: Some(true),
+                ..bad
+            };
+            let err = bad.into_settings().unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_named() {
         let err = toml::from_str::<FileConfig>("topk = 3").unwrap_err();
         assert!(err.to_string().contains("topk"), "{err}");
