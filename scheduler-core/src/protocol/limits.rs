@@ -643,7 +643,7 @@ mod tests {
     /// its widest msgpack encoding.
     fn largest_status() -> ContainerStatus {
         ContainerStatus {
-            usage: None,
+            usage: Some(Resources::new(u64::MAX, u64::MAX)),
             id: ContainerId(u64::MAX),
             app_id: AppId::from("a".repeat(MAX_APP_ID_BYTES).as_str()),
             container_type: ContainerType::Guaranteed,
