@@ -137,6 +137,16 @@ impl GuarantorActor {
     fn shape(&mut self) -> ShapingOutcome {
         let now_ms = self.clock.now_ms();
         let outcome = self.core.shape(now_ms);
+        self.metrics.shaping_passes.inc();
+        self.metrics
+            .shaping_resizes
+            .inc_by(outcome.resized.len() as u64);
+        self.metrics
+            .shaping_preemptions
+            .inc_by(outcome.preempted.len() as u64);
+        self.metrics
+            .shaped_containers
+            .set(self.core.shaping().map_or(0, |s| s.len()) as i64);
         for (node_id, container_id, app_id, reason) in &outcome.preempted {
             info!(node = %node_id, container = %container_id, app = %app_id, %reason, "shaper preempts");
             self.coordinator.do_send(StopGrantOnNode {

@@ -318,4 +318,13 @@ async fn shaping_frees_capacity_admits_a_waiting_container_and_a_burst_preempts_
     node.invariants.clone().expect("node invariants");
     assert!(node.guaranteed_committed.memory_mib <= 800, "{node:?}");
     assert_eq!(node.running, 3, "{node:?}");
+    let metrics = server.metrics.encode();
+    assert!(
+        metrics.contains("coordinator_shaping_preemptions_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("coordinator_shaped_containers 2"),
+        "{metrics}"
+    );
 }
