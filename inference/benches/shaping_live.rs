@@ -6,10 +6,12 @@
 //! [-- --arima]`;
 //! prints the median and max of 5 passes. Usage is a seeded random walk per container.
 
-use inference::forecast::shaping::ForecasterKind;
+use inference::forecast::GpConfig;
+use inference::forecast::shaping::{ForecasterKind, GpFactory};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::shaper::ComponentRole;
+use scheduler_core::shaping::ForecasterFactory;
 use scheduler_core::shaping::{ShapingConfig, ShapingState};
 use scheduler_core::{AppId, ContainerId, NodeId, Resources, Time};
 use std::collections::HashMap;
@@ -23,13 +25,26 @@ const MINUTE_MS: u64 = 60_000;
 fn main() {
     // `--arima` adds the ARIMA forecaster (its AIC order search on every call takes tens of
     // seconds a pass at this size: docs/benchmarks.md §7).
-    bench(ForecasterKind::Gp);
+    bench(
+        "gp, evidence maximisation every pass",
+        Box::new(ForecasterKind::Gp),
+    );
+    bench(
+        "gp, evidence maximisation every 5th pass",
+        Box::new(GpFactory(GpConfig {
+            refit_every: 5,
+            ..GpConfig::default()
+        })),
+    );
     if std::env::args().any(|a| a == "--arima") {
-        bench(ForecasterKind::Arima);
+        bench(
+            "arima, order search every pass",
+            Box::new(ForecasterKind::Arima),
+        );
     }
 }
 
-fn bench(kind: ForecasterKind) {
+fn bench(label: &str, factory: Box<dyn ForecasterFactory>) {
     let mut rng = StdRng::seed_from_u64(7);
     let request = Resources::new(1_600, 6_553);
     let hosts: HashMap<NodeId, Resources> = (0..HOSTS)
@@ -40,7 +55,7 @@ fn bench(kind: ForecasterKind) {
             )
         })
         .collect();
-    let mut state = ShapingState::new(ShapingConfig::default(), Box::new(kind));
+    let mut state = ShapingState::new(ShapingConfig::default(), factory);
     let mut level: Vec<f64> = Vec::with_capacity(CONTAINERS);
     for i in 0..CONTAINERS {
         state.track(
@@ -90,21 +105,9 @@ fn bench(kind: ForecasterKind) {
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "live shaping pass, {} forecaster, {CONTAINERS} containers on {HOSTS} hosts ({} forecasts a pass, one step ahead; {resized} resized in the last pass, {preempted} preempted in all): median {:.1} ms, max {:.1} ms",
-        kind.name_str(),
+        "live shaping pass, {label}, {CONTAINERS} containers on {HOSTS} hosts ({} forecasts a pass, one step ahead; {resized} resized in the last pass, {preempted} preempted in all): median {:.1} ms, max {:.1} ms",
         2 * CONTAINERS,
         times[2],
         times[4]
     );
-}
-
-trait KindName {
-    fn name_str(&self) -> &'static str;
-}
-
-impl KindName for ForecasterKind {
-    fn name_str(&self) -> &'static str {
-        use scheduler_core::shaping::ForecasterFactory;
-        self.name()
-    }
 }

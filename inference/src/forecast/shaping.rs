@@ -45,6 +45,21 @@ impl ForecasterFactory for ForecasterKind {
     }
 }
 
+/// GP forecasters with a given configuration (e.g. `refit_every` > 1 reuses the evidence
+/// maximisation's hyperparameters between passes).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpFactory(pub GpConfig);
+
+impl ForecasterFactory for GpFactory {
+    fn series(&self) -> Box<dyn SeriesForecaster> {
+        Box::new(Series(GpForecaster::new(self.0)))
+    }
+
+    fn name(&self) -> &'static str {
+        "gp"
+    }
+}
+
 /// One series' forecaster.
 struct Series<F>(F);
 
