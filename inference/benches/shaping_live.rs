@@ -30,8 +30,8 @@ fn main() {
         Box::new(ForecasterKind::Gp),
     );
     bench(
-        "gp, evidence maximisation every 5th pass",
-        Box::new(GpFactory(GpConfig {
+        "gp, evidence maximisation every 5th pass, staggered",
+        Box::new(GpFactory::new(GpConfig {
             refit_every: 5,
             ..GpConfig::default()
         })),

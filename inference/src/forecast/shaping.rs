@@ -45,14 +45,32 @@ impl ForecasterFactory for ForecasterKind {
     }
 }
 
-/// GP forecasters with a given configuration (e.g. `refit_every` > 1 reuses the evidence
-/// maximisation's hyperparameters between passes).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct GpFactory(pub GpConfig);
+/// GP forecasters with a given configuration. With `refit_every` > 1 a series reuses its
+/// evidence maximisation's hyperparameters between passes, and successive series start their
+/// refit schedules one call apart, so one pass never refits every container at once.
+#[derive(Debug)]
+pub struct GpFactory {
+    config: GpConfig,
+    next_phase: std::sync::atomic::AtomicUsize,
+}
+
+impl GpFactory {
+    pub fn new(config: GpConfig) -> GpFactory {
+        GpFactory {
+            config,
+            next_phase: Default::default(),
+        }
+    }
+}
 
 impl ForecasterFactory for GpFactory {
     fn series(&self) -> Box<dyn SeriesForecaster> {
-        Box::new(Series(GpForecaster::new(self.0)))
+        let phase = self
+            .next_phase
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Box::new(Series(
+            GpForecaster::new(self.config).with_refit_phase(phase),
+        ))
     }
 
     fn name(&self) -> &'static str {
@@ -93,6 +111,19 @@ mod tests {
                 "{}: {p:?}",
                 kind.name()
             );
+        }
+        // Configured GP series with staggered refits forecast the same steady series.
+        let factory = GpFactory::new(GpConfig {
+            refit_every: 5,
+            ..GpConfig::default()
+        });
+        let series: Vec<f64> = (0..20).map(|i| 0.4 + 0.02 * ((i % 4) as f64)).collect();
+        for _ in 0..3 {
+            let mut f = factory.series();
+            for _ in 0..6 {
+                let p = f.forecast_next(&series).expect("forecast");
+                assert!((0.3..0.6).contains(&p.peak_fraction), "{p:?}");
+            }
         }
         assert_eq!("arima".parse::<ForecasterKind>(), Ok(ForecasterKind::Arima));
         assert!("lstm".parse::<ForecasterKind>().is_err());
