@@ -53,6 +53,9 @@ pub struct CoordinatorSettings {
 pub struct ShapingSettings {
     pub config: ShapingConfig,
     pub forecaster: ForecasterKind,
+    /// Redo each series' fit every this many passes (1: every pass, as Pace; docs/benchmarks.md
+    /// §7b measures the cost).
+    pub refit_every: usize,
 }
 
 impl CoordinatorSettings {
@@ -159,6 +162,7 @@ pub struct FileConfig {
     pub shaping_forecaster: Option<String>,
     /// `pessimistic` or `optimistic`.
     pub shaping_policy: Option<String>,
+    pub shaping_refit_every: Option<usize>,
 }
 
 impl FileConfig {
@@ -203,6 +207,7 @@ impl FileConfig {
             shaping_k2: self.shaping_k2.or(lower.shaping_k2),
             shaping_forecaster: self.shaping_forecaster.or(lower.shaping_forecaster),
             shaping_policy: self.shaping_policy.or(lower.shaping_policy),
+            shaping_refit_every: self.shaping_refit_every.or(lower.shaping_refit_every),
         }
     }
 
@@ -283,7 +288,18 @@ impl FileConfig {
                 })?,
                 None => ForecasterKind::Gp,
             };
-            s.shaping = Some(ShapingSettings { config, forecaster });
+            let refit_every = self.shaping_refit_every.unwrap_or(1);
+            if refit_every == 0 {
+                return Err(ConfigError::Invalid {
+                    field: "shaping_refit_every",
+                    reason: "must be at least 1".into(),
+                });
+            }
+            s.shaping = Some(ShapingSettings {
+                config,
+                forecaster,
+                refit_every,
+            });
         }
         s.validate()?;
         Ok(s)
@@ -361,7 +377,15 @@ mod tests {
         assert_eq!((s.config.buffer.k1, s.config.buffer.k2), (0.05, 1.0));
         assert_eq!(s.config.interval_ms, 60_000);
         assert_eq!(s.config.policy, PreemptionPolicy::Pessimistic);
+        assert_eq!(s.refit_every, 1);
         for (bad, field) in [
+            (
+                FileConfig {
+                    shaping_refit_every: Some(0),
+                    ..base()
+                },
+                "shaping_refit_every",
+            ),
             (
                 FileConfig {
                     shaping_forecaster: Some("lstm".into()),

@@ -116,9 +116,13 @@ impl GuarantorActor {
             k1 = settings.config.buffer.k1,
             k2 = settings.config.buffer.k2,
             policy = ?settings.config.policy,
+            refit_every = settings.refit_every,
             "resource shaping on"
         );
-        let shaping = ShapingState::new(settings.config.clone(), Box::new(settings.forecaster));
+        let shaping = ShapingState::new(
+            settings.config.clone(),
+            settings.forecaster.factory(settings.refit_every),
+        );
         let core = std::mem::replace(
             &mut self.core,
             Guarantor::new(

@@ -233,6 +233,9 @@ struct RunArgs {
     /// Preemption policy: pessimistic (Algorithm 1) or optimistic [default: pessimistic].
     #[arg(long, env = "COORDINATOR_SHAPING_POLICY")]
     shaping_policy: Option<String>,
+    /// Redo each usage series' forecaster fit every N passes [default: 1, every pass].
+    #[arg(long, env = "COORDINATOR_SHAPING_REFIT_EVERY")]
+    shaping_refit_every: Option<usize>,
 }
 
 impl RunArgs {
@@ -263,6 +266,7 @@ impl RunArgs {
             shaping_k2: self.shaping_k2,
             shaping_forecaster: self.shaping_forecaster,
             shaping_policy: self.shaping_policy,
+            shaping_refit_every: self.shaping_refit_every,
         };
         Ok(flags.or(file).into_settings()?)
     }

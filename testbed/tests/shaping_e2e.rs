@@ -82,6 +82,7 @@ async fn start_cluster(
             ..ShapingConfig::default()
         },
         forecaster: ForecasterKind::Gp,
+        refit_every: 1,
     });
     let server = coordinator::start(settings, coordinator::clock::system())
         .await

@@ -78,6 +78,37 @@ impl ForecasterFactory for GpFactory {
     }
 }
 
+/// ARIMA forecasters with a given configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ArimaFactory(pub ArimaConfig);
+
+impl ForecasterFactory for ArimaFactory {
+    fn series(&self) -> Box<dyn SeriesForecaster> {
+        Box::new(Series(ArimaForecaster::new(self.0)))
+    }
+
+    fn name(&self) -> &'static str {
+        "arima"
+    }
+}
+
+impl ForecasterKind {
+    /// Its factory, redoing the fit (GP evidence maximisation, ARIMA order search) every
+    /// `refit_every` calls of a series (1: every call, the default).
+    pub fn factory(self, refit_every: usize) -> Box<dyn ForecasterFactory> {
+        match self {
+            ForecasterKind::Gp => Box::new(GpFactory::new(GpConfig {
+                refit_every,
+                ..GpConfig::default()
+            })),
+            ForecasterKind::Arima => Box::new(ArimaFactory(ArimaConfig {
+                refit_every,
+                ..ArimaConfig::default()
+            })),
+        }
+    }
+}
+
 /// One series' forecaster.
 struct Series<F>(F);
 
