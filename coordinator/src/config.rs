@@ -1,7 +1,10 @@
 //! One typed configuration for `coordinator run`: defaults, overridden by the TOML file given
 //! with `--config`, overridden by command-line flags (and their environment variables).
 
+use inference::forecast::shaping::ForecasterKind;
 use scheduler_core::coordinator::SheddingPolicy;
+use scheduler_core::shaper::PreemptionPolicy;
+use scheduler_core::shaping::ShapingConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -41,6 +44,18 @@ pub struct CoordinatorSettings {
     pub max_unjoined_per_source: usize,
     /// HTTP address of `GET /metrics` (Prometheus); off when absent.
     pub metrics_listen: Option<SocketAddr>,
+    /// Pace's resource shaper for GUARANTEED containers that allow it; off when absent.
+    pub shaping: Option<ShapingSettings>,
+}
+
+/// The resource shaper's settings (Pace §3, §5; defaults from the paper).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapingSettings {
+    pub config: ShapingConfig,
+    pub forecaster: ForecasterKind,
+    /// Redo each series' fit every this many passes (1: every pass, as Pace; docs/benchmarks.md
+    /// §7b measures the cost).
+    pub refit_every: usize,
 }
 
 impl CoordinatorSettings {
@@ -62,6 +77,7 @@ impl CoordinatorSettings {
             max_unjoined_connections: 256,
             max_unjoined_per_source: 32,
             metrics_listen: None,
+            shaping: None,
         }
     }
 
@@ -109,6 +125,11 @@ impl CoordinatorSettings {
         if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
         }
+        if let Some(shaping) = &self.shaping
+            && let Err(reason) = shaping.config.validate()
+        {
+            return bad("shaping", &reason);
+        }
         Ok(())
     }
 }
@@ -132,6 +153,16 @@ pub struct FileConfig {
     pub max_unjoined_connections: Option<usize>,
     pub max_unjoined_per_source: Option<usize>,
     pub metrics_listen: Option<SocketAddr>,
+    /// Turn the resource shaper on.
+    pub shaping: Option<bool>,
+    pub shaping_interval_ms: Option<u64>,
+    pub shaping_k1: Option<f64>,
+    pub shaping_k2: Option<f64>,
+    /// `gp` or `arima`.
+    pub shaping_forecaster: Option<String>,
+    /// `pessimistic` or `optimistic`.
+    pub shaping_policy: Option<String>,
+    pub shaping_refit_every: Option<usize>,
 }
 
 impl FileConfig {
@@ -170,6 +201,13 @@ impl FileConfig {
                 .max_unjoined_per_source
                 .or(lower.max_unjoined_per_source),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
+            shaping: self.shaping.or(lower.shaping),
+            shaping_interval_ms: self.shaping_interval_ms.or(lower.shaping_interval_ms),
+            shaping_k1: self.shaping_k1.or(lower.shaping_k1),
+            shaping_k2: self.shaping_k2.or(lower.shaping_k2),
+            shaping_forecaster: self.shaping_forecaster.or(lower.shaping_forecaster),
+            shaping_policy: self.shaping_policy.or(lower.shaping_policy),
+            shaping_refit_every: self.shaping_refit_every.or(lower.shaping_refit_every),
         }
     }
 
@@ -218,6 +256,51 @@ impl FileConfig {
             s.max_unjoined_per_source = v;
         }
         s.metrics_listen = self.metrics_listen;
+        if self.shaping == Some(true) {
+            let mut config = ShapingConfig::default();
+            if let Some(v) = self.shaping_interval_ms {
+                config.interval_ms = v;
+            }
+            if let Some(v) = self.shaping_k1 {
+                config.buffer.k1 = v;
+            }
+            if let Some(v) = self.shaping_k2 {
+                config.buffer.k2 = v;
+            }
+            if let Some(v) = self.shaping_policy {
+                config.policy = match v.as_str() {
+                    "pessimistic" => PreemptionPolicy::Pessimistic,
+                    "optimistic" => PreemptionPolicy::Optimistic,
+                    other => {
+                        return Err(ConfigError::Invalid {
+                            field: "shaping_policy",
+                            reason: format!(
+                                "{other:?}: expected \"pessimistic\" or \"optimistic\""
+                            ),
+                        });
+                    }
+                };
+            }
+            let forecaster = match self.shaping_forecaster {
+                Some(v) => v.parse().map_err(|reason| ConfigError::Invalid {
+                    field: "shaping_forecaster",
+                    reason,
+                })?,
+                None => ForecasterKind::Gp,
+            };
+            let refit_every = self.shaping_refit_every.unwrap_or(1);
+            if refit_every == 0 {
+                return Err(ConfigError::Invalid {
+                    field: "shaping_refit_every",
+                    reason: "must be at least 1".into(),
+                });
+            }
+            s.shaping = Some(ShapingSettings {
+                config,
+                forecaster,
+                refit_every,
+            });
+        }
         s.validate()?;
         Ok(s)
     }
@@ -286,6 +369,69 @@ mod tests {
         assert_eq!(s.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
         let err = toml::from_str::<FileConfig>("metrics_listen = \"localhost\"").unwrap_err();
         assert!(err.to_string().contains("metrics_listen"), "{err}");
+    }
+
+    #[test]
+    fn shaping_is_off_by_default_and_its_bad_values_are_named() {
+        let base = || FileConfig {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        assert_eq!(base().into_settings().unwrap().shaping, None);
+        let file: FileConfig = toml::from_str(
+            "data_dir = \"/d\"\nshaping = true\nshaping_k2 = 1.0\nshaping_forecaster = \"arima\"",
+        )
+        .unwrap();
+        let s = file.into_settings().unwrap().shaping.expect("on");
+        assert_eq!(s.forecaster, ForecasterKind::Arima);
+        assert_eq!((s.config.buffer.k1, s.config.buffer.k2), (0.05, 1.0));
+        assert_eq!(s.config.interval_ms, 60_000);
+        assert_eq!(s.config.policy, PreemptionPolicy::Pessimistic);
+        assert_eq!(s.refit_every, 1);
+        for (bad, field) in [
+            (
+                FileConfig {
+                    shaping_refit_every: Some(0),
+                    ..base()
+                },
+                "shaping_refit_every",
+            ),
+            (
+                FileConfig {
+                    shaping_forecaster: Some("lstm".into()),
+                    ..base()
+                },
+                "shaping_forecaster",
+            ),
+            (
+                FileConfig {
+                    shaping_policy: Some("random".into()),
+                    ..base()
+                },
+                "shaping_policy",
+            ),
+            (
+                FileConfig {
+                    shaping_k1: Some(-1.0),
+                    ..base()
+                },
+                "k1",
+            ),
+            (
+                FileConfig {
+                    shaping_interval_ms: Some(0),
+                    ..base()
+                },
+                "interval_ms",
+            ),
+        ] {
+            let bad = FileConfig {
+                shaping: Some(true),
+                ..bad
+            };
+            let err = bad.into_settings().unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
     }
 
     #[test]

@@ -10,7 +10,8 @@ use crate::datadir::new_token_key;
 use crate::guarantor_actor::ReservationRequest;
 use crate::guarantor_actor::{
     AddNode, BookPromotion, CancelAsk, CancelSession, ContainerEvents, ExpireGrants,
-    GuarantorActor, ReleaseGrant, RemoveNode, ReportQueueableLoad, SetKeys, Submit, UndoPromotion,
+    GuarantorActor, ObserveUsage, ReleaseGrant, RemoveNode, ReportQueueableLoad, SetKeys,
+    ShapeIfDue, Submit, UndoPromotion,
 };
 use crate::metrics::CoordinatorMetrics;
 use crate::session::{CloseCode, SessionId, WorkerTx};
@@ -24,7 +25,7 @@ use scheduler_core::coordinator::{
 use scheduler_core::distributed::NodeDirectoryEntry;
 use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError, QueueableLoad};
 use scheduler_core::hosted::{HostedContainers, ReleaseRoute};
-use scheduler_core::node::ContainerStatus;
+use scheduler_core::node::{ContainerStatus, Placement};
 use scheduler_core::promotion::{PromotionAction, Promotions};
 use scheduler_core::protocol::app::ErrorCode;
 use scheduler_core::protocol::cluster::ReservationCall;
@@ -35,7 +36,7 @@ use scheduler_core::protocol::cluster::{
     StopContainerOnNode, WorkerToCoordinator,
 };
 use scheduler_core::token::{GuaranteedSigner, RotationSchedule};
-use scheduler_core::{AppId, ContainerId, JobId, NodeId, Resources};
+use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
@@ -316,6 +317,20 @@ impl CoordinatorActor {
             node_id: node_id.clone(),
             load: QueueableLoad::from_statuses(&hb.containers),
         });
+        if self.settings.shaping.is_some() {
+            let usage: Vec<(ContainerId, Resources)> = hb
+                .containers
+                .iter()
+                .filter(|c| {
+                    c.container_type == ContainerType::Guaranteed
+                        && c.placement == Placement::Running
+                })
+                .filter_map(|c| c.usage.map(|u| (c.id, u)))
+                .collect();
+            if !usage.is_empty() {
+                self.guarantor().do_send(ObserveUsage(usage));
+            }
+        }
         // The node's status of each GUARANTEED container it started: the guarantor books one its
         // books do not hold (started in the window of a re-join), so they follow the node.
         let started_here: Vec<ContainerStatus> = if hb.started.iter().any(|id| id.issuer() == 0) {
@@ -447,6 +462,8 @@ impl CoordinatorActor {
                 runtime_estimate_ms: a.runtime_estimate_ms,
                 job_id: JobId::new(a.job_id),
                 job_submit_time_ms: a.job_submit_time_ms,
+                role: a.role,
+                allow_shaping: a.allow_shaping,
             },
             reservation_id: a.reservation_id,
         });
@@ -571,7 +588,7 @@ impl CoordinatorActor {
     fn release(&mut self, tx: WorkerTx, m: ReleaseContainer) {
         match self.hosted.route_release(m.container_id, &m.app_id) {
             ReleaseRoute::StopOnHost(host) => {
-                if !self.stop_on_node(&host, m.container_id, m.app_id, None) {
+                if !self.stop_on_node(&host, m.container_id, m.app_id, None, None) {
                     return Self::fail(
                         &tx,
                         m.correlation_id,
@@ -656,6 +673,7 @@ impl CoordinatorActor {
         container_id: ContainerId,
         app_id: String,
         revoke_until_ms: Option<u64>,
+        shaped_preemption: Option<scheduler_core::shaper::PreemptionReason>,
     ) -> bool {
         match self.sessions.get(node_id) {
             Some(s) => {
@@ -664,6 +682,7 @@ impl CoordinatorActor {
                         container_id,
                         app_id,
                         revoke_until_ms,
+                        shaped_preemption,
                     }));
                 true
             }
@@ -696,6 +715,9 @@ impl CoordinatorActor {
         self.guarantor().do_send(ExpireGrants {
             now_ms: now_ms.saturating_sub(GRANT_EXPIRY_GRACE_MS),
         });
+        if self.settings.shaping.is_some() {
+            self.guarantor().do_send(ShapeIfDue);
+        }
         let stale = self.promotions.expire(now);
         self.run_promotion(stale);
     }
@@ -860,6 +882,14 @@ impl Handler<FromWorker> for CoordinatorActor {
                 correlation_id: c.correlation_id,
             }),
             WorkerToCoordinator::Reservation(r) => self.reservation(m.session_id, tx, r),
+            WorkerToCoordinator::ContainerResized(r) => match &r.error {
+                None => {
+                    debug!(node = %node_id, container = %r.container_id, resources = %r.resources, enforced_by = %r.enforced_by, "container resized")
+                }
+                Some(e) => {
+                    warn!(node = %node_id, container = %r.container_id, resources = %r.resources, "resize not applied: {e}")
+                }
+            },
         }
     }
 }
@@ -942,6 +972,52 @@ pub struct StopGrantOnNode {
     pub container_id: ContainerId,
     pub app_id: AppId,
     pub revoke_until_ms: Option<u64>,
+    /// The shaper's policy preempted it (killed with reason `shaped_preemption`).
+    pub shaped_preemption: Option<scheduler_core::shaper::PreemptionReason>,
+}
+
+/// From the guarantor, after a shaping pass's resizes and stops: they are queued to the nodes'
+/// streams, so the guarantor may now place waiting asks into the freed room.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShapingSent;
+
+impl Handler<ShapingSent> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, _: ShapingSent, _: &mut Context<Self>) {
+        self.guarantor()
+            .do_send(crate::guarantor_actor::ScheduleWaiting);
+    }
+}
+
+/// From the guarantor: the shaper resized a running GUARANTEED container (Pace §3.2).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResizeOnNode {
+    pub node_id: NodeId,
+    pub container_id: ContainerId,
+    pub resources: Resources,
+}
+
+impl Handler<ResizeOnNode> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: ResizeOnNode, _: &mut Context<Self>) {
+        match self.sessions.get(&m.node_id) {
+            Some(s) => {
+                let _ = s.tx.send(CoordinatorToWorker::ResizeContainer(
+                    scheduler_core::protocol::cluster::ResizeContainer {
+                        container_id: m.container_id,
+                        resources: m.resources,
+                    },
+                ));
+            }
+            // Its booking follows the shaped size; the node keeps the old limit until it
+            // re-joins (its report then re-books what it holds).
+            None => {
+                debug!(node = %m.node_id, container = %m.container_id, "resized container's node not connected")
+            }
+        }
+    }
 }
 
 impl Handler<StopGrantOnNode> for CoordinatorActor {
@@ -952,6 +1028,7 @@ impl Handler<StopGrantOnNode> for CoordinatorActor {
             m.container_id,
             m.app_id.to_string(),
             m.revoke_until_ms,
+            m.shaped_preemption,
         ) {
             // Not connected: when it re-joins under a new session the grant is void there anyway.
             debug!(node = %m.node_id, container = %m.container_id, "released grant's node not connected");

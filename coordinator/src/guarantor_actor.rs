@@ -5,8 +5,9 @@
 //! node's policing limit (§4.3) whenever GUARANTEED bookings change.
 
 use crate::clock::Clock;
+use crate::config::ShapingSettings;
 use crate::coordinator_actor::{
-    CoordinatorActor, PromotionBooked, QueueableLimits, StopGrantOnNode,
+    CoordinatorActor, PromotionBooked, QueueableLimits, ResizeOnNode, StopGrantOnNode,
 };
 use crate::session::{SessionId, WorkerTx};
 use crate::store::Store;
@@ -26,6 +27,7 @@ use scheduler_core::protocol::cluster::{
 use scheduler_core::protocol::limits::MAX_RESERVATIONS_PER_APP;
 use scheduler_core::reservation::Rejection;
 use scheduler_core::reservation::book::{ReprovisionCause, ReservationEvent};
+use scheduler_core::shaping::{ShapingOutcome, ShapingState};
 use scheduler_core::token::{GuaranteedSigner, KeyRing};
 use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
 use std::collections::{BTreeMap, HashMap};
@@ -107,6 +109,85 @@ impl GuarantorActor {
             metrics: Arc::default(),
             dashboard: None,
         })
+    }
+
+    /// Run Pace's resource shaper (before any node joins).
+    pub fn with_shaping(mut self, settings: &ShapingSettings) -> GuarantorActor {
+        info!(
+            forecaster = ?settings.forecaster,
+            interval_ms = settings.config.interval_ms,
+            k1 = settings.config.buffer.k1,
+            k2 = settings.config.buffer.k2,
+            policy = ?settings.config.policy,
+            refit_every = settings.refit_every,
+            "resource shaping on"
+        );
+        let shaping = ShapingState::new(
+            settings.config.clone(),
+            settings.forecaster.factory(settings.refit_every),
+        );
+        let core = std::mem::replace(
+            &mut self.core,
+            Guarantor::new(
+                GuarantorConfig::default(),
+                Box::new(QueueableAware::default()),
+                0,
+            ),
+        );
+        self.core = core.with_shaping(shaping);
+        self
+    }
+
+    /// One shaping pass: victims are stopped at their nodes (reason `shaped_preemption`), then
+    /// shrinks and then growths are sent (a node applies a growth only into room it has), and
+    /// what the pass freed is offered to waiting asks and the QUEUEABLE policing limits.
+    fn shape(&mut self) -> ShapingOutcome {
+        let now_ms = self.clock.now_ms();
+        let outcome = self.core.shape(now_ms);
+        self.metrics.shaping_passes.inc();
+        self.metrics
+            .shaping_resizes
+            .inc_by(outcome.resized.len() as u64);
+        self.metrics
+            .shaping_preemptions
+            .inc_by(outcome.preempted.len() as u64);
+        self.metrics
+            .shaped_containers
+            .set(self.core.shaping().map_or(0, |s| s.len()) as i64);
+        for (node_id, container_id, app_id, reason) in &outcome.preempted {
+            info!(node = %node_id, container = %container_id, app = %app_id, %reason, "shaper preempts");
+            self.coordinator.do_send(StopGrantOnNode {
+                node_id: node_id.clone(),
+                container_id: *container_id,
+                app_id: app_id.clone(),
+                revoke_until_ms: None,
+                shaped_preemption: Some(*reason),
+            });
+        }
+        let (growths, shrinks): (Vec<_>, Vec<_>) = outcome.resized.iter().partition(|r| r.grows());
+        for r in shrinks.into_iter().chain(growths) {
+            debug!(node = %r.node, container = %r.container, from = %r.from, to = %r.to, "shaped");
+            self.coordinator.do_send(ResizeOnNode {
+                node_id: r.node.clone(),
+                container_id: r.container,
+                resources: r.to,
+            });
+        }
+        if !outcome.resized.is_empty() || !outcome.preempted.is_empty() {
+            info!(
+                resized = outcome.resized.len(),
+                preempted = outcome.preempted.len(),
+                failed_apps = outcome.failed_apps.len(),
+                "shaping pass"
+            );
+            // Waiting asks are placed into the freed capacity once the coordinator has queued
+            // the resizes and stops to the nodes (it answers ScheduleWaiting): a grant never
+            // overtakes the shrink that made its room on the node's stream.
+            self.coordinator
+                .do_send(crate::coordinator_actor::ShapingSent);
+        }
+        self.report_limits();
+        outcome
     }
 
     /// Make sure `extra` more ids can be minted without passing the stored reservation.
@@ -593,6 +674,7 @@ impl Handler<ReleaseGrant> for GuarantorActor {
                     container_id: msg.container_id,
                     app_id: msg.app_id.clone(),
                     revoke_until_ms,
+                    shaped_preemption: None,
                 });
                 if revoke_until_ms.is_some() {
                     self.schedule();
@@ -627,6 +709,83 @@ impl Handler<SetKeys> for GuarantorActor {
             // The coordinator built the same signer from these seeds before sending them.
             Err(e) => error!("GUARANTEED key rotation not applied: {e}"),
         }
+    }
+}
+
+/// Measured use of running GUARANTEED containers from a heartbeat (the shaper's input).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ObserveUsage(pub Vec<(ContainerId, Resources)>);
+
+impl Handler<ObserveUsage> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, msg: ObserveUsage, _: &mut Context<Self>) {
+        for (id, used) in msg.0 {
+            self.core.observe_usage(id, used);
+        }
+    }
+}
+
+/// Periodic: run a shaping pass if one is due (Pace §3.2, every shaping interval).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ShapeIfDue;
+
+impl Handler<ShapeIfDue> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, _: ShapeIfDue, _: &mut Context<Self>) {
+        if self.core.shaping_due(self.clock.now_ms()) {
+            self.shape();
+        }
+    }
+}
+
+/// Run a shaping pass now, whatever the interval (operators and tests drive passes with it).
+/// Answers what the pass decided (empty when shaping is off).
+#[derive(Message)]
+#[rtype(result = "ShapingOutcome")]
+pub struct ShapeNow;
+
+impl Handler<ShapeNow> for GuarantorActor {
+    type Result = MessageResult<ShapeNow>;
+    fn handle(&mut self, _: ShapeNow, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.shape())
+    }
+}
+
+/// The shaper's state: shaped containers, how many reported their use since the last pass, and
+/// their allocations (`None` when shaping is off). Tests wait on it before driving a pass.
+#[derive(Message)]
+#[rtype(result = "Option<ShapingStatus>")]
+pub struct InspectShaping;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapingStatus {
+    pub tracked: usize,
+    pub observed_since_pass: usize,
+    pub allocations: Vec<(ContainerId, Resources)>,
+}
+
+impl Handler<InspectShaping> for GuarantorActor {
+    type Result = Option<ShapingStatus>;
+    fn handle(&mut self, _: InspectShaping, _: &mut Context<Self>) -> Self::Result {
+        self.core.shaping().map(|s| ShapingStatus {
+            tracked: s.len(),
+            observed_since_pass: s.observed_since_pass(),
+            allocations: s.allocations(),
+        })
+    }
+}
+
+/// Place waiting asks now (after a shaping pass's resizes were sent to the nodes).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ScheduleWaiting;
+
+impl Handler<ScheduleWaiting> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, _: ScheduleWaiting, _: &mut Context<Self>) {
+        self.schedule();
     }
 }
 

@@ -217,6 +217,27 @@ struct RunArgs {
     /// picks one) [default: off].
     #[arg(long, env = "COORDINATOR_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Run Pace's resource shaper on GUARANTEED containers that allow it [default: off].
+    #[arg(long, env = "COORDINATOR_SHAPING")]
+    shaping: Option<bool>,
+    /// Shaping pass period in ms [default: 60000, Pace §5].
+    #[arg(long, env = "COORDINATOR_SHAPING_INTERVAL_MS")]
+    shaping_interval_ms: Option<u64>,
+    /// K1 of the safeguard buffer, Pace Eq. 9 [default: 0.05].
+    #[arg(long, env = "COORDINATOR_SHAPING_K1")]
+    shaping_k1: Option<f64>,
+    /// K2 of the safeguard buffer, Pace Eq. 9 [default: 3].
+    #[arg(long, env = "COORDINATOR_SHAPING_K2")]
+    shaping_k2: Option<f64>,
+    /// Usage forecaster: gp or arima [default: gp].
+    #[arg(long, env = "COORDINATOR_SHAPING_FORECASTER")]
+    shaping_forecaster: Option<String>,
+    /// Preemption policy: pessimistic (Algorithm 1) or optimistic [default: pessimistic].
+    #[arg(long, env = "COORDINATOR_SHAPING_POLICY")]
+    shaping_policy: Option<String>,
+    /// Redo each usage series' forecaster fit every N passes [default: 1, every pass].
+    #[arg(long, env = "COORDINATOR_SHAPING_REFIT_EVERY")]
+    shaping_refit_every: Option<usize>,
 }
 
 impl RunArgs {
@@ -241,6 +262,13 @@ impl RunArgs {
             max_unjoined_connections: self.max_unjoined_connections,
             max_unjoined_per_source: self.max_unjoined_per_source,
             metrics_listen: self.metrics_listen,
+            shaping: self.shaping,
+            shaping_interval_ms: self.shaping_interval_ms,
+            shaping_k1: self.shaping_k1,
+            shaping_k2: self.shaping_k2,
+            shaping_forecaster: self.shaping_forecaster,
+            shaping_policy: self.shaping_policy,
+            shaping_refit_every: self.shaping_refit_every,
         };
         Ok(flags.or(file).into_settings()?)
     }

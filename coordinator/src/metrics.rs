@@ -32,6 +32,12 @@ pub struct CoordinatorMetrics {
     pub nodes_lost: Counter,
     pub heartbeats: Counter,
     pub promotions: Counter,
+    /// Resource shaping (Pace): passes run, allocations changed, containers preempted by the
+    /// policy, and containers shaped now.
+    pub shaping_passes: Counter,
+    pub shaping_resizes: Counter,
+    pub shaping_preemptions: Counter,
+    pub shaped_containers: Gauge,
     pub shedding_threshold_ms: FloatGauge,
     /// R = Tq + Tr + Tl of each node, as of its last heartbeat.
     pub node_queue_delay_ms: Family<NodeLabels, FloatGauge>,
@@ -52,6 +58,10 @@ impl Default for CoordinatorMetrics {
             nodes_lost: Counter::default(),
             heartbeats: Counter::default(),
             promotions: Counter::default(),
+            shaping_passes: Counter::default(),
+            shaping_resizes: Counter::default(),
+            shaping_preemptions: Counter::default(),
+            shaped_containers: Gauge::default(),
             shedding_threshold_ms: FloatGauge::default(),
             node_queue_delay_ms: Family::default(),
             node_queued: Family::default(),
@@ -76,6 +86,26 @@ impl Default for CoordinatorMetrics {
             "coordinator_heartbeats",
             "Heartbeats received from joined workers",
             m.heartbeats.clone(),
+        );
+        r.register(
+            "coordinator_shaping_passes",
+            "Resource shaping passes run (Pace)",
+            m.shaping_passes.clone(),
+        );
+        r.register(
+            "coordinator_shaping_resizes",
+            "GUARANTEED allocations the resource shaper changed",
+            m.shaping_resizes.clone(),
+        );
+        r.register(
+            "coordinator_shaping_preemptions",
+            "Containers the shaper's preemption policy preempted (kill reason shaped_preemption)",
+            m.shaping_preemptions.clone(),
+        );
+        r.register(
+            "coordinator_shaped_containers",
+            "Running GUARANTEED containers the resource shaper tracks",
+            m.shaped_containers.clone(),
         );
         r.register(
             "coordinator_promotions",

@@ -123,6 +123,9 @@ pub async fn start(
         GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?;
     guarantor.metrics = metrics.clone();
     guarantor.dashboard = dashboard.clone();
+    if let Some(shaping) = &settings.shaping {
+        guarantor = guarantor.with_shaping(shaping);
+    }
     let guarantor = guarantor.start();
     coordinator
         .send(SetGuarantor(guarantor.clone()))

@@ -67,6 +67,8 @@ fn ask(correlation_id: u64, count: u32, reservation_id: Option<&str>) -> WorkerT
             job_id: "job-1".into(),
             job_submit_time_ms: 1_600_000_000_000,
             reservation_id: reservation_id.map(str::to_string),
+            role: Default::default(),
+            allow_shaping: false,
         },
     })
 }

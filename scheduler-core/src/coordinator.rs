@@ -804,6 +804,7 @@ mod tests {
 
     fn status(id: ContainerId) -> ContainerStatus {
         ContainerStatus {
+            usage: None,
             id,
             app_id: crate::AppId::from("app"),
             container_type: crate::ContainerType::Guaranteed,

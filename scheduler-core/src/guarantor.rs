@@ -14,6 +14,8 @@ use crate::node::{ContainerStatus, Placement};
 use crate::protocol::app::Locality;
 use crate::reservation::book::{ReservationBook, ReservationEvent, ReservationInfo};
 use crate::reservation::{AllocationInterval, Rejection, ReservationDefinition};
+use crate::shaper::ComponentRole;
+use crate::shaping::{ShapingOutcome, ShapingState};
 use crate::token::TokenBody;
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -106,6 +108,13 @@ pub struct GuaranteedAsk {
     pub runtime_estimate_ms: Option<u64>,
     pub job_id: JobId,
     pub job_submit_time_ms: u64,
+    /// Pace §2: core (compulsory) or elastic (only speeds the application up).
+    #[serde(default)]
+    pub role: ComponentRole,
+    /// The application lets the shaper (Pace §3.2) resize these containers to their forecast
+    /// use; off by default.
+    #[serde(default)]
+    pub allow_shaping: bool,
 }
 
 /// Chooses the node for one GUARANTEED container among those that fit.
@@ -296,6 +305,14 @@ struct Grant {
     /// The reservation whose allocation it counts against (None: plain GUARANTEED work).
     #[serde(default)]
     reservation: Option<String>,
+    /// Shaping: the role the ask declared and whether it may be shaped. `resources` is the
+    /// shaped allocation while the shaper tracks it, `requested` what was asked.
+    #[serde(default)]
+    role: ComponentRole,
+    #[serde(default)]
+    allow_shaping: bool,
+    #[serde(default)]
+    requested: Resources,
 }
 
 /// An unstarted GUARANTEED grant, for the caller to revoke at its node.
@@ -465,6 +482,8 @@ pub struct Guarantor {
     /// Nodes an operator is draining: they get no new GUARANTEED work and their capacity is out
     /// of the reservation plan; what runs there finishes. Kept across the node's re-joins.
     draining: HashSet<NodeId>,
+    /// Pace's resource shaper (layer 3 of DESIGN.md's guarantor), when enabled.
+    shaping: Option<ShapingState>,
 }
 
 impl std::fmt::Debug for Guarantor {
@@ -496,7 +515,18 @@ impl Guarantor {
             reservations: ReservationBook::default(),
             clock_ms: 0,
             draining: HashSet::new(),
+            shaping: None,
         }
+    }
+
+    /// Shape running GUARANTEED containers that allow it (Pace). Only before grants are made.
+    pub fn with_shaping(mut self, shaping: ShapingState) -> Guarantor {
+        self.shaping = Some(shaping);
+        self
+    }
+
+    pub fn shaping(&self) -> Option<&ShapingState> {
+        self.shaping.as_ref()
     }
 
     /// Use `book` for reservations (a configured or restored one); the default book has the
@@ -569,6 +599,9 @@ impl Guarantor {
             .collect();
         void.sort_unstable();
         for id in &void {
+            if let Some(shaping) = &mut self.shaping {
+                shaping.untrack(*id);
+            }
             if let Some(g) = self.grants.remove(id) {
                 self.reservations
                     .book(g.reservation.as_deref(), &g.resources, false);
@@ -627,6 +660,9 @@ impl Guarantor {
             .into_iter()
             .filter_map(|id| {
                 let g = self.grants.remove(&id)?;
+                if let Some(shaping) = &mut self.shaping {
+                    shaping.untrack(id);
+                }
                 self.reservations
                     .book(g.reservation.as_deref(), &g.resources, false);
                 Some((id, g.app))
@@ -1210,6 +1246,9 @@ impl Guarantor {
                 pending_until_ms: Some(expires_at_ms),
                 epoch,
                 reservation: reservation.map(str::to_string),
+                role: ask.role,
+                allow_shaping: ask.allow_shaping,
+                requested: ask.resources,
             },
         );
         GuaranteedPlacement {
@@ -1264,6 +1303,21 @@ impl Guarantor {
     pub fn on_started(&mut self, id: ContainerId) {
         if let Some(g) = self.grants.get_mut(&id) {
             g.pending_until_ms = None;
+            // Work inside a reservation keeps its reserved size (the plan books it whole).
+            if g.allow_shaping
+                && g.reservation.is_none()
+                && let Some(shaping) = &mut self.shaping
+            {
+                shaping.track(
+                    id,
+                    &g.app,
+                    &g.node,
+                    g.role,
+                    g.requested,
+                    g.resources,
+                    crate::Time::from_millis(self.clock_ms),
+                );
+            }
         }
     }
 
@@ -1272,6 +1326,9 @@ impl Guarantor {
         let Some(g) = self.grants.remove(&id) else {
             return false;
         };
+        if let Some(shaping) = &mut self.shaping {
+            shaping.untrack(id);
+        }
         self.reservations
             .book(g.reservation.as_deref(), &g.resources, false);
         if let Some(n) = self.nodes.get_mut(&g.node) {
@@ -1404,9 +1461,76 @@ impl Guarantor {
                 pending_until_ms: None,
                 epoch: node.epoch,
                 reservation: None,
+                // A promoted QUEUEABLE container declared no role: core, not shaped.
+                role: ComponentRole::Core,
+                allow_shaping: false,
+                requested: resources,
             },
         );
         Ok(())
+    }
+
+    /// A heartbeat reported a GUARANTEED container's measured use (input of the shaper).
+    pub fn observe_usage(&mut self, id: ContainerId, used: Resources) {
+        if let Some(shaping) = &mut self.shaping {
+            shaping.observe(id, used);
+        }
+    }
+
+    /// A shaping pass is due at `now_ms` (false when shaping is off).
+    pub fn shaping_due(&mut self, now_ms: u64) -> bool {
+        self.clock_ms = self.clock_ms.max(now_ms);
+        self.shaping
+            .as_mut()
+            .is_some_and(|s| s.due(crate::Time::from_millis(now_ms)))
+    }
+
+    /// One shaping pass (Pace §3.2): every shaped container's grant is resized to its forecast
+    /// peak + β (between its current use and its request), and, when the shaped allocations of a
+    /// node no longer fit beside its unshaped GUARANTEED work, the policy's victims are freed
+    /// here; the caller resizes the containers at their nodes and stops the victims. Bookings
+    /// follow the shaped sizes, so what shaping frees goes to new placements and to the
+    /// QUEUEABLE policing limit. Never over-commits a node.
+    pub fn shape(&mut self, now_ms: u64) -> ShapingOutcome {
+        self.clock_ms = self.clock_ms.max(now_ms);
+        let Some(shaping) = &mut self.shaping else {
+            return ShapingOutcome::default();
+        };
+        // What each node offers the shaped containers: its capacity less every booking the
+        // shaper does not resize (unshaped, unstarted, reserved grants).
+        let mut hosts: HashMap<NodeId, Resources> = self
+            .nodes
+            .values()
+            .map(|n| (n.node_id.clone(), n.capacity))
+            .collect();
+        for (id, g) in &self.grants {
+            if !shaping.is_tracked(*id)
+                && let Some(free) = hosts.get_mut(&g.node)
+            {
+                *free = free.saturating_sub(&g.resources);
+            }
+        }
+        let outcome = shaping.pass(crate::Time::from_millis(now_ms), &hosts);
+        for r in &outcome.resized {
+            let Some(g) = self.grants.get_mut(&r.container) else {
+                continue;
+            };
+            let old = std::mem::replace(&mut g.resources, r.to);
+            let allocation = &r.to;
+            let node_id = &r.node;
+            self.reservations.book(None, &old, false);
+            self.reservations.book(None, allocation, true);
+            if let Some(n) = self.nodes.get_mut(node_id) {
+                n.guaranteed = n.guaranteed.saturating_sub(&old).saturating_add(allocation);
+                if n.mark_limit_changed() {
+                    self.limits_changed.push(node_id.clone());
+                }
+            }
+        }
+        for (_, id, _, _) in &outcome.preempted {
+            self.on_finished(*id);
+        }
+        outcome
     }
 
     /// Policing limits of the nodes whose GUARANTEED bookings changed since the last call (joined
@@ -1468,6 +1592,32 @@ impl Guarantor {
                 return Err(format!(
                     "node {} over-committed: {} > {}",
                     n.node_id, sum, n.capacity
+                ));
+            }
+        }
+        if let Some(shaping) = &self.shaping {
+            for (id, g) in &self.grants {
+                let Some(allocation) = shaping.allocation(*id) else {
+                    continue;
+                };
+                if allocation != g.resources {
+                    return Err(format!(
+                        "shaped {id}: booked {} but shaped to {allocation}",
+                        g.resources
+                    ));
+                }
+                if !allocation.fits_in(&g.requested) {
+                    return Err(format!(
+                        "shaped {id} above its request: {allocation} > {}",
+                        g.requested
+                    ));
+                }
+            }
+            if shaping.len() > self.grants.len() {
+                return Err(format!(
+                    "the shaper tracks {} containers but only {} are granted",
+                    shaping.len(),
+                    self.grants.len()
                 ));
             }
         }

@@ -133,6 +133,7 @@ mod tests {
 
     fn status(id: ContainerId, app: &str, t: ContainerType) -> ContainerStatus {
         ContainerStatus {
+            usage: None,
             id,
             app_id: AppId::from(app),
             container_type: t,

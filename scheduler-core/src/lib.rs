@@ -23,6 +23,7 @@ pub mod quota;
 pub mod reservation;
 pub mod resources;
 pub mod shaper;
+pub mod shaping;
 pub mod time;
 pub mod token;
 
@@ -65,6 +66,9 @@ pub enum KillReason {
     Failed,
     /// The node running the container was lost.
     Lost,
+    /// The resource shaper's preemption policy (Pace §3.2, Algorithm 1) preempted it: its
+    /// shaped allocation no longer fit its node. The event's message gives the policy's reason.
+    ShapedPreemption,
 }
 
 impl std::fmt::Display for KillReason {
@@ -75,6 +79,7 @@ impl std::fmt::Display for KillReason {
             KillReason::Released => "released",
             KillReason::Failed => "failed",
             KillReason::Lost => "lost",
+            KillReason::ShapedPreemption => "shaped_preemption",
         })
     }
 }

@@ -183,6 +183,10 @@ pub struct ContainerStatus {
     /// clients that do not send it; [`NodeRuntime::statuses`] always fills it.
     #[serde(default)]
     pub job: Option<ContainerJob>,
+    /// The container's measured use (CPU, resident memory) as its node last sampled it: the
+    /// resource shaper's input (Pace §3, "Resource monitor"). Absent when not sampled yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Resources>,
 }
 
 /// Job fields a container's token carries (see [`crate::token::TokenBody`]).
@@ -352,6 +356,7 @@ impl NodeRuntime {
                 priority: c.priority,
                 runtime_estimate_ms: c.runtime_estimate_ms,
             }),
+            usage: None,
         };
         let mut out: Vec<ContainerStatus> = self
             .running
@@ -661,6 +666,42 @@ impl NodeRuntime {
             message,
         });
         self.start_pending(now);
+    }
+
+    /// Resize a running GUARANTEED container to its shaped allocation (Pace §3.2,
+    /// RESIZECOMPONENT): the node's accounting follows, a shrink lets waiting work start, a
+    /// growth takes free room and then preempts QUEUEABLE work like a GUARANTEED start
+    /// (Mercury §3.4). Refused, changing nothing, when the growth does not fit the node's
+    /// GUARANTEED capacity.
+    pub fn resize(&mut self, now: Time, id: ContainerId, to: Resources) -> Result<(), NodeError> {
+        let r = self.running.get(&id).ok_or(NodeError::Unknown(id))?;
+        if r.spec.container_type != ContainerType::Guaranteed {
+            return Err(NodeError::Unknown(id));
+        }
+        let from = r.spec.resources;
+        let growth = to.saturating_sub(&from);
+        if !growth.is_zero() {
+            self.check_guaranteed_fits(id, growth)?;
+            if !growth.fits_in(&self.free()) && !self.preempt_queueable_for(now, growth, id) {
+                return Err(NodeError::GuaranteedCapacityExceeded {
+                    id,
+                    asked: growth,
+                    guaranteed: self.guaranteed_committed(),
+                    capacity: self.config.capacity,
+                });
+            }
+        }
+        let r = self.running.get_mut(&id).expect("checked above");
+        r.spec.resources = to;
+        self.allocated = self.allocated.saturating_sub(&from).saturating_add(&to);
+        if let Ok(at) = self
+            .remaining_work_terms
+            .binary_search_by_key(&id, |t| t.id)
+        {
+            self.remaining_work_terms[at].dominant_share = to.dominant_share(&self.config.capacity);
+        }
+        self.start_pending(now);
+        Ok(())
     }
 
     /// Promote a QUEUEABLE container to GUARANTEED after the central side validated capacity

@@ -330,6 +330,7 @@ mod tests {
 
     fn queueable(id: u64) -> ContainerStatus {
         ContainerStatus {
+            usage: None,
             id: ContainerId::new(4, id),
             app_id: AppId::from("app"),
             container_type: ContainerType::Queueable,

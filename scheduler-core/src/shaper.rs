@@ -94,6 +94,21 @@ pub enum PreemptionReason {
     ElasticDoesNotFit,
 }
 
+impl std::fmt::Display for PreemptionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PreemptionReason::ApplicationCoreDoesNotFit => {
+                "a core component of its application no longer fits its node: the application \
+                 is preempted whole (Pace Algorithm 1)"
+            }
+            PreemptionReason::ElasticDoesNotFit => {
+                "this elastic component's shaped allocation no longer fits its node beside older \
+                 components (Pace Algorithm 1)"
+            }
+        })
+    }
+}
+
 /// What the caller must do this interval.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapingDecision {

@@ -205,6 +205,7 @@ fn queueable_aware_placement_never_overcommits_guaranteed_work() {
 #[test]
 fn queueable_load_is_read_from_a_heartbeats_container_list() {
     let status = |id: u64, t: ContainerType, placement: Placement, n: u64| ContainerStatus {
+        usage: None,
         id: ContainerId::new(3, id),
         app_id: AppId::from("app"),
         container_type: t,

@@ -415,3 +415,50 @@ fn random_walk_keeps_invariants() {
         live.retain(|id| s.node.placement(*id).is_some());
     }
 }
+
+/// Pace §3.2 resizing: a shrunk GUARANTEED container frees room for waiting QUEUEABLE work; its
+/// growth back takes free room and preempts QUEUEABLE work (most recent first), and a growth
+/// beyond the node's GUARANTEED capacity is refused without changing anything.
+#[test]
+fn resizing_a_guaranteed_container_moves_the_nodes_accounting() {
+    let mut s = Scenario::new(4000, 4000);
+    let (g, _) = s.submit(ContainerType::Guaranteed, 3000, 0);
+    let (g2, _) = s.submit(ContainerType::Guaranteed, 1000, 0);
+    let (q, _) = s.submit(ContainerType::Queueable, 1000, 1);
+    assert_eq!(s.node.placement(q), Some(Placement::Queued));
+    // Shrink g to 2000: the queued QUEUEABLE container starts in the freed room.
+    s.node
+        .resize(s.now, g, Resources::new(2000, 2000))
+        .expect("shrink");
+    let events = s.check();
+    assert!(events.contains(&NodeEvent::Start { id: q }), "{events:?}");
+    assert_eq!(s.node.allocated(), Resources::new(4000, 4000));
+    // Growing g2 by 1000 preempts the QUEUEABLE container.
+    s.node
+        .resize(s.now, g2, Resources::new(2000, 2000))
+        .expect("growth");
+    let events = s.check();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            NodeEvent::Killed { id, reason: KillReason::PreemptedByGuaranteed, .. } if *id == q
+        )),
+        "{events:?}"
+    );
+    // GUARANTEED work holds 4000 now: a growth is refused and nothing changes.
+    let err = s
+        .node
+        .resize(s.now, g, Resources::new(2500, 2000))
+        .unwrap_err();
+    assert!(
+        matches!(err, NodeError::GuaranteedCapacityExceeded { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        s.node.spec(g).map(|c| c.resources),
+        Some(Resources::new(2000, 2000))
+    );
+    s.check();
+    // Only running GUARANTEED containers are resized.
+    assert!(s.node.resize(s.now, q, Resources::new(1, 1)).is_err());
+}

@@ -111,6 +111,8 @@ fn allocate() -> AppRequest {
         job_id: "job-1".into(),
         job_submit_time_ms: 1_700_000_000_000,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     })
 }
 

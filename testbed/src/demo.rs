@@ -57,6 +57,8 @@ fn ask(
         job_id: job.to_string(),
         job_submit_time_ms: now_ms(),
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 

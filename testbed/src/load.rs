@@ -421,6 +421,8 @@ async fn attempt(
         job_id: format!("load-job-{}", task / 50),
         job_submit_time_ms: runner.job_submit_time_ms,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     };
     // A refusal that passes (quota, nothing placeable this round, coordinator away): wait for
     // one of our containers to end, then ask again, for at most REFUSAL_PATIENCE in a row.
@@ -548,6 +550,7 @@ async fn attempt(
                 KillReason::Shed => s.report.shed += 1,
                 KillReason::PreemptedByGuaranteed => s.report.preempted += 1,
                 KillReason::Lost => s.report.lost += 1,
+                KillReason::ShapedPreemption => s.report.preempted += 1,
                 KillReason::Released => s.report.released += 1,
             }
             s.report.killed += 1;

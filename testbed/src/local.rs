@@ -53,6 +53,9 @@ pub struct LocalArgs {
     /// How workers serve applications.
     #[arg(long, value_enum, default_value_t = AppTransport::Tls)]
     pub app_transport: AppTransport,
+    /// Run the coordinator's resource shaper (Pace) with passes this often [default: off].
+    #[arg(long)]
+    pub shaping_interval_ms: Option<u64>,
 }
 
 impl Default for LocalArgs {
@@ -67,6 +70,7 @@ impl Default for LocalArgs {
             shedding: "avg+sigma".into(),
             ready_timeout_s: 60,
             app_transport: AppTransport::Tls,
+            shaping_interval_ms: None,
         }
     }
 }
@@ -329,6 +333,15 @@ impl LocalCluster {
             .args(["--node-timeout-ms", &args.node_timeout_ms.to_string()])
             .args(["--shedding", &args.shedding])
             .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(match args.shaping_interval_ms {
+                Some(ms) => vec![
+                    "--shaping".to_string(),
+                    "true".to_string(),
+                    "--shaping-interval-ms".to_string(),
+                    ms.to_string(),
+                ],
+                None => vec![],
+            })
             .stdout(Stdio::piped())
             .stderr(log_file)
             .spawn()

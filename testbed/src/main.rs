@@ -27,6 +27,9 @@ enum Command {
     Load(testbed::load::LoadArgs),
     /// The demo: a local cluster plus a mixed GUARANTEED/QUEUEABLE workload, explained.
     Demo(testbed::demo::DemoArgs),
+    /// The shaping demo: Pace's resource shaper frees reserved-but-unused capacity on a local
+    /// cluster and a waiting GUARANTEED container is admitted into it.
+    DemoShaping(testbed::demo_shaping::DemoShapingArgs),
     /// Build a reservation plan (Morpheus LowCost or greedy) and place the requests of a JSON file.
     Plan(testbed::plan::PlanArgs),
     /// Submit accepted SLO contracts (inference) as recurring reservations to a running
@@ -54,6 +57,7 @@ fn main() -> anyhow::Result<()> {
         Command::Local(args) => testbed::local::run(&args),
         Command::Load(args) => testbed::load::run(&args),
         Command::Demo(args) => testbed::demo::run(&args),
+        Command::DemoShaping(args) => testbed::demo_shaping::run(&args),
         Command::Plan(args) => testbed::plan::run(&args),
         Command::Reservations(args) => testbed::reservations::run(&args),
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),

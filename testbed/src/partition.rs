@@ -74,6 +74,8 @@ fn on_victim(ctype: ContainerType, cpu: u64, victim: &str) -> Allocate {
             .unwrap_or_default()
             .as_millis() as u64,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 

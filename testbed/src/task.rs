@@ -26,6 +26,78 @@ pub struct TaskArgs {
     /// Exit code to return when done, 0..=255.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=255))]
     pub exit_code: i32,
+    /// Memory use over time instead of a constant --memory-mib: `MS:MIB,MS:MIB,...`, times in
+    /// ms from the profile's start, increasing; linear between points (a ramp), constant after
+    /// the last (a plateau); two points close in time make a burst. E.g. `0:40,5000:40,6000:180`.
+    #[arg(long, value_parser = parse_memory_profile)]
+    pub memory_profile: Option<MemoryProfile>,
+    /// The memory profile's clock starts when this file exists (its first point is held until
+    /// then), so a test can trigger a burst on an event instead of a guessed time.
+    #[arg(long)]
+    pub profile_start_file: Option<std::path::PathBuf>,
+}
+
+/// A piecewise-linear memory profile: (ms from start, MiB), times strictly increasing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryProfile(Vec<(u64, u64)>);
+
+impl MemoryProfile {
+    pub fn new(points: Vec<(u64, u64)>) -> Result<MemoryProfile, String> {
+        if points.is_empty() {
+            return Err("--memory-profile needs at least one MS:MIB point".into());
+        }
+        if points.windows(2).any(|w| w[1].0 <= w[0].0) {
+            return Err("--memory-profile times must increase strictly".into());
+        }
+        if let Some((_, mib)) = points
+            .iter()
+            .find(|(_, mib)| mib.checked_mul(MIB).is_none())
+        {
+            return Err(format!("--memory-profile {mib} MiB is too large"));
+        }
+        Ok(MemoryProfile(points))
+    }
+
+    /// MiB wanted `elapsed_ms` after the start.
+    pub fn at(&self, elapsed_ms: u64) -> u64 {
+        let points = &self.0;
+        if elapsed_ms <= points[0].0 {
+            return points[0].1;
+        }
+        for w in points.windows(2) {
+            let ((t0, m0), (t1, m1)) = (w[0], w[1]);
+            if elapsed_ms <= t1 {
+                let f = (elapsed_ms - t0) as f64 / (t1 - t0) as f64;
+                return (m0 as f64 + f * (m1 as f64 - m0 as f64)).round() as u64;
+            }
+        }
+        points[points.len() - 1].1
+    }
+
+    pub fn peak(&self) -> u64 {
+        self.0.iter().map(|p| p.1).max().unwrap_or(0)
+    }
+}
+
+fn parse_memory_profile(raw: &str) -> Result<MemoryProfile, String> {
+    let points = raw
+        .split(',')
+        .map(|p| {
+            let (ms, mib) = p
+                .split_once(':')
+                .ok_or_else(|| format!("`{p}` is not MS:MIB"))?;
+            let ms: u64 = ms
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{ms}` is not a time in ms"))?;
+            let mib: u64 = mib
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{mib}` is not MiB"))?;
+            Ok((ms, mib))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    MemoryProfile::new(points)
 }
 
 /// An argument of `testbed task` outside its range.
@@ -74,12 +146,32 @@ impl TaskArgs {
 pub fn run(args: &TaskArgs) -> anyhow::Result<i32> {
     let memory_bytes = args.validate()?;
     let start = Instant::now();
-    let held = allocate_touched(memory_bytes)
-        .with_context(|| format!("allocating --memory-mib {}", args.memory_mib))?;
-    burn(
-        args.cpu_fraction,
-        start + Duration::from_millis(args.duration_ms),
-    );
+    let deadline = start + Duration::from_millis(args.duration_ms);
+    let Some(profile) = &args.memory_profile else {
+        let held = allocate_touched(memory_bytes)
+            .with_context(|| format!("allocating --memory-mib {}", args.memory_mib))?;
+        burn(args.cpu_fraction, deadline, &mut || Ok(()))?;
+        std::hint::black_box(&held);
+        return Ok(args.exit_code);
+    };
+    // 1-MiB touched chunks, added and dropped as the profile moves.
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut profile_start: Option<Instant> = None;
+    let mut follow = || -> anyhow::Result<()> {
+        let now = Instant::now();
+        if profile_start.is_none() && args.profile_start_file.as_ref().is_none_or(|f| f.exists()) {
+            profile_start = Some(now);
+        }
+        let elapsed_ms = profile_start.map_or(0, |s| now.duration_since(s).as_millis() as u64);
+        let want = profile.at(elapsed_ms) as usize;
+        while held.len() < want {
+            held.push(allocate_touched(MIB as usize).context("following --memory-profile")?);
+        }
+        held.truncate(want);
+        Ok(())
+    };
+    follow()?;
+    burn(args.cpu_fraction, deadline, &mut follow)?;
     std::hint::black_box(&held);
     Ok(args.exit_code)
 }
@@ -102,8 +194,13 @@ fn allocate_touched(bytes: usize) -> anyhow::Result<Vec<u8>> {
     Ok(buffer)
 }
 
-/// Until `deadline`: in each 10 ms period spin for `fraction` of it and sleep for the rest.
-fn burn(fraction: f64, deadline: Instant) {
+/// Until `deadline`: in each 10 ms period call `each_period`, spin for `fraction` of the period
+/// and sleep for the rest.
+fn burn(
+    fraction: f64,
+    deadline: Instant,
+    each_period: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let busy = DUTY_PERIOD.mul_f64(fraction);
     let mut counter = 0u64;
     loop {
@@ -111,6 +208,7 @@ fn burn(fraction: f64, deadline: Instant) {
         if period_start >= deadline {
             break;
         }
+        each_period()?;
         let busy_until = (period_start + busy).min(deadline);
         while Instant::now() < busy_until {
             counter = std::hint::black_box(counter.wrapping_add(1));
@@ -122,6 +220,7 @@ fn burn(fraction: f64, deadline: Instant) {
         }
     }
     std::hint::black_box(counter);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -148,7 +247,9 @@ mod tests {
                 duration_ms: 250,
                 memory_mib: 0,
                 cpu_fraction: 0.0,
-                exit_code: 0
+                exit_code: 0,
+                memory_profile: None,
+                profile_start_file: None,
             }
         );
         assert!(parse(&[]).is_err(), "duration is required");
@@ -188,6 +289,8 @@ mod tests {
             memory_mib: 1,
             cpu_fraction: 0.5,
             exit_code: 3,
+            memory_profile: None,
+            profile_start_file: None,
         };
         assert_eq!(good.validate(), Ok(1 << 20));
         let fraction = TaskArgs {
@@ -222,8 +325,40 @@ mod tests {
             memory_mib: 2,
             cpu_fraction: 1.0,
             exit_code: 7,
+            memory_profile: None,
+            profile_start_file: None,
         };
         assert_eq!(run(&args).expect("runs"), 7);
+    }
+
+    #[test]
+    fn a_memory_profile_ramps_holds_and_bursts() {
+        let args = parse(&[
+            "--duration-ms",
+            "1",
+            "--memory-profile",
+            "0:10,1000:20,3000:20,3100:120",
+        ])
+        .expect("valid");
+        let p = args.memory_profile.expect("profile");
+        assert_eq!(
+            [p.at(0), p.at(500), p.at(2000), p.at(3050), p.at(9000)],
+            [10, 15, 20, 70, 120]
+        );
+        assert_eq!(p.peak(), 120);
+        for bad in ["", "10", "5:1,5:2", "a:1", "1:b", "3:1,2:1"] {
+            let err = parse(&["--duration-ms", "1", "--memory-profile", bad]).expect_err(bad);
+            assert!(err.to_string().contains("--memory-profile"), "{bad}: {err}");
+        }
+        let args = TaskArgs {
+            duration_ms: 30,
+            memory_mib: 0,
+            cpu_fraction: 0.0,
+            exit_code: 0,
+            memory_profile: Some(MemoryProfile::new(vec![(0, 2), (10, 4)]).unwrap()),
+            profile_start_file: None,
+        };
+        assert_eq!(run(&args).expect("runs"), 0);
     }
 
     fn resident_bytes() -> u64 {

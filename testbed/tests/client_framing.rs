@@ -168,6 +168,8 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         job_id: "job-1".into(),
         job_submit_time_ms: 1,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 

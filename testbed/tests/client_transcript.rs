@@ -112,6 +112,8 @@ fn transcript() -> Vec<(&'static str, Frame)> {
                 job_id: "job-42".into(),
                 job_submit_time_ms: t,
                 reservation_id: None,
+                role: Default::default(),
+                allow_shaping: false,
             })),
         ),
         (

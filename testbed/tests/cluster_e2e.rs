@@ -71,6 +71,8 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         job_id: "e2e".into(),
         job_submit_time_ms: 1,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 

@@ -25,6 +25,8 @@ fn guaranteed_ask() -> Allocate {
         job_id: "reliability".into(),
         job_submit_time_ms: 1,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 

@@ -5,7 +5,7 @@
 //! (containers keep running meanwhile).
 
 use crate::node_actor::{
-    ApplyPromotionMsg, NodeActor, NodeHints, NodeJoined, Statuses, StopOnBehalf,
+    ApplyPromotionMsg, NodeActor, NodeHints, NodeJoined, ResizeMsg, Statuses, StopOnBehalf,
 };
 use crate::scheduler_actor::{
     CoordinatorAnswer, LinkDown, SchedulerActor, SchedulerJoined, ViewUpdate,
@@ -318,7 +318,9 @@ impl Link {
                 app: AppId::new(s.app_id),
                 container_id: s.container_id,
                 revoke_until_ms: s.revoke_until_ms,
+                shaped_preemption: s.shaped_preemption,
             }),
+            CoordinatorToWorker::ResizeContainer(r) => self.node.do_send(ResizeMsg(r)),
             other @ (CoordinatorToWorker::GuaranteedAllocated(_)
             | CoordinatorToWorker::PromoteResult(_)
             | CoordinatorToWorker::Released(_)

@@ -166,6 +166,7 @@ pub fn kill_label(r: KillReason) -> &'static str {
         KillReason::Released => "released",
         KillReason::Failed => "failed",
         KillReason::Lost => "lost",
+        KillReason::ShapedPreemption => "shaped_preemption",
     }
 }
 

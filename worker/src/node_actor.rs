@@ -12,7 +12,8 @@ use scheduler_core::protocol::app::{
     ErrorFrame, StartContainer,
 };
 use scheduler_core::protocol::cluster::{
-    ApplyPromotion, GuaranteedFinished, Heartbeat, PromotionApplied, WorkerToCoordinator,
+    ApplyPromotion, ContainerResized, GuaranteedFinished, Heartbeat, PromotionApplied,
+    ResizeContainer, WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::{
     MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
@@ -28,6 +29,8 @@ use tracing::{debug, info, warn};
 /// Commands to a container's process task.
 enum ProcCmd {
     Kill,
+    /// New limits (the resource shaper resized the container).
+    Resize(ContainerLimits),
 }
 
 pub struct NodeActor {
@@ -194,7 +197,7 @@ impl NodeActor {
             queued: (self.node.queued_count() + self.node.waiting_guaranteed_count()) as u32,
             allocated: self.node.allocated(),
             usage,
-            containers: self.node.statuses(),
+            containers: self.with_usage(self.node.statuses()),
             started,
             finished,
             issued: self.shared.issued_counts.borrow().clone(),
@@ -205,6 +208,37 @@ impl NodeActor {
             hb.queue_delay.total_ms(),
         );
         let _ = self.link.send(WorkerToCoordinator::Heartbeat(hb));
+    }
+
+    /// Each running container's last sampled use (the resource shaper's input).
+    fn with_usage(
+        &self,
+        mut statuses: Vec<scheduler_core::node::ContainerStatus>,
+    ) -> Vec<scheduler_core::node::ContainerStatus> {
+        for s in &mut statuses {
+            s.usage = self
+                .usage
+                .get(&s.id)
+                .map(|u| Resources::new(u.cpu_millis, u.memory_mib));
+        }
+        statuses
+    }
+
+    /// Report a resize's result to the coordinator.
+    fn resized(&self, container_id: ContainerId, enforced_by: &str, error: Option<String>) {
+        let resources = self
+            .node
+            .spec(container_id)
+            .map(|s| s.resources)
+            .unwrap_or_default();
+        let _ = self
+            .link
+            .send(WorkerToCoordinator::ContainerResized(ContainerResized {
+                container_id,
+                resources,
+                enforced_by: enforced_by.to_string(),
+                error,
+            }));
     }
 
     fn start_container(&mut self, app: AppId, req: StartContainer) -> AppResponse {
@@ -352,6 +386,10 @@ async fn run_container(
                 });
                 return;
             }
+            Step::Cmd(Some(ProcCmd::Resize(limits))) => {
+                let result = proc.resize(limits).map_err(|e| e.to_string());
+                node.do_send(ResizeApplied { id, result });
+            }
             Step::Cmd(Some(ProcCmd::Kill)) | Step::Cmd(None) => {
                 commands_open = false;
                 if let Err(e) = proc.kill_tree() {
@@ -413,6 +451,64 @@ impl Handler<ProcessEnded> for NodeActor {
         };
         if let Err(e) = result {
             warn!(container = %id, "exit of unknown container: {e}");
+        }
+        self.flush(ctx);
+    }
+}
+
+/// A container process applied (or failed to apply) new limits.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct ResizeApplied {
+    id: ContainerId,
+    result: Result<&'static str, String>,
+}
+
+impl Handler<ResizeApplied> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: ResizeApplied, _: &mut Context<Self>) {
+        match msg.result {
+            Ok(enforced_by) => {
+                info!(container = %msg.id, enforced_by, "container resized");
+                self.resized(msg.id, enforced_by, None);
+            }
+            Err(e) => {
+                // The node accounts the new size; the process keeps its old limits.
+                warn!(container = %msg.id, "resizing the container's limits failed: {e}");
+                self.resized(msg.id, "none", Some(format!("limits not changed: {e}")));
+            }
+        }
+    }
+}
+
+/// The coordinator's resource shaper resized a running GUARANTEED container here (Pace §3.2):
+/// the node's accounting follows at once, the process's limits change without a restart.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ResizeMsg(pub ResizeContainer);
+
+impl Handler<ResizeMsg> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: ResizeMsg, ctx: &mut Context<Self>) {
+        let ResizeContainer {
+            container_id,
+            resources,
+        } = msg.0;
+        let now = self.shared.clock.now();
+        match self.node.resize(now, container_id, resources) {
+            Ok(()) => match self.processes.get(&container_id) {
+                Some(tx) => {
+                    let _ = tx.send(ProcCmd::Resize(ContainerLimits {
+                        cpu_millis: resources.cpu_millis.max(1),
+                        memory_mib: resources.memory_mib.max(1),
+                    }));
+                }
+                None => self.resized(container_id, "none", None),
+            },
+            Err(e) => {
+                warn!(container = %container_id, %resources, "resize refused: {e}");
+                self.resized(container_id, "none", Some(e.to_string()));
+            }
         }
         self.flush(ctx);
     }
@@ -639,6 +735,8 @@ pub struct StopOnBehalf {
     pub container_id: ContainerId,
     /// A released GUARANTEED grant: refuse its token until then if it is not here.
     pub revoke_until_ms: Option<u64>,
+    /// The resource shaper's policy preempted it (Pace §3.2): killed as `shaped_preemption`.
+    pub shaped_preemption: Option<scheduler_core::shaper::PreemptionReason>,
 }
 
 impl Handler<StopOnBehalf> for NodeActor {
@@ -651,7 +749,16 @@ impl Handler<StopOnBehalf> for NodeActor {
             self.verifier
                 .revoke(msg.container_id, until_ms, now.as_millis());
         }
-        if let Err(e) = self.node.stop(now, msg.container_id, &msg.app) {
+        if let Some(reason) = msg.shaped_preemption {
+            if let Err(e) = self.node.kill(
+                now,
+                msg.container_id,
+                KillReason::ShapedPreemption,
+                format!("preempted by the resource shaper: {reason}"),
+            ) {
+                debug!("shaped preemption of {}: {e}", msg.container_id);
+            }
+        } else if let Err(e) = self.node.stop(now, msg.container_id, &msg.app) {
             debug!("stop on behalf of {}: {e}", msg.app);
         }
         self.flush(ctx);

@@ -632,3 +632,55 @@ async fn container_output_beyond_the_log_cap_is_discarded_without_blocking_it() 
         std::fs::read_to_string(logs.path().join("container-77.stderr")).expect("stderr log");
     assert_eq!(stderr, "short-stderr\n", "a stream under the cap is whole");
 }
+
+/// The resource shaper resizes a running container in place: the shaped size is recorded (and
+/// written as soft cgroup limits where cgroups exist), capped at the hard limits, the process
+/// keeps running, and the hard memory limit stays the one it started with.
+#[tokio::test]
+async fn a_running_container_is_resized_without_a_restart() {
+    for (index, executor) in both().into_iter().enumerate() {
+        let id = 950 + index as u64;
+        let mut p = executor
+            .launch(id, &sh("exec sleep 30"), limits(128))
+            .await
+            .expect("launch");
+        let pid = p.pid();
+        let enforced_by = p
+            .resize(ContainerLimits {
+                cpu_millis: 250,
+                memory_mib: 48,
+            })
+            .expect("resize");
+        let expected = match executor.enforcement() {
+            Enforcement::RlimitAndMonitor => "accounting",
+            _ => "cgroup",
+        };
+        assert_eq!(enforced_by, expected);
+        assert_eq!(
+            p.shaped_limits(),
+            Some(ContainerLimits {
+                cpu_millis: 250,
+                memory_mib: 48
+            })
+        );
+        assert_eq!(p.limits(), limits(128));
+        // Growth never passes the hard limits.
+        p.resize(ContainerLimits {
+            cpu_millis: 5000,
+            memory_mib: 4096,
+        })
+        .expect("resize");
+        assert_eq!(p.shaped_limits(), Some(limits(128)));
+        assert!(
+            p.resize(ContainerLimits {
+                cpu_millis: 0,
+                memory_mib: 1
+            })
+            .is_err()
+        );
+        assert_eq!(p.pid(), pid);
+        assert!(proc_state(pid).is_some(), "still running after resizing");
+        p.kill_tree().expect("kill");
+        wait_bounded(&mut p).await;
+    }
+}

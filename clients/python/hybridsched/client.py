@@ -228,7 +228,9 @@ class Client:
         ask is answered in full: QUEUEABLE after its one frame (check ``unplaced``),
         GUARANTEED once the last frame (``remaining == 0``) arrived, which may take until
         capacity frees up: pass ``timeout=None`` to wait without bound. Options: priority,
-        runtime_estimate_ms, job_submit_time_ms, nodes, racks, relax, reservation_id."""
+        runtime_estimate_ms, job_submit_time_ms, nodes, racks, relax, reservation_id, role
+        ("core" or "elastic") and allow_shaping (GUARANTEED: the resource shaper may resize
+        and preempt the containers, docs/protocol.md §6.6)."""
         rid = self.submit(p.allocate_frame(container_type, count, cpu_millis, memory_mib, job_id,
                                            **options))
         deadline = self._deadline(timeout)

@@ -198,7 +198,8 @@ def hello_frame(app_id, app_secret, client_name=None):
 
 def allocate_frame(container_type, count, cpu_millis, memory_mib, job_id, *,
                    job_submit_time_ms=None, priority=None, runtime_estimate_ms=None,
-                   nodes=None, racks=None, relax=None, reservation_id=None):
+                   nodes=None, racks=None, relax=None, reservation_id=None, role=None,
+                   allow_shaping=None):
     if container_type not in CONTAINER_TYPES:
         raise ValueError(f"container_type must be one of {CONTAINER_TYPES}, not {container_type!r}")
     _uint("count", count, 1, MAX_COUNT)
@@ -219,6 +220,14 @@ def allocate_frame(container_type, count, cpu_millis, memory_mib, job_id, *,
         if container_type != "GUARANTEED":
             raise ValueError("reservation_id is for GUARANTEED asks only")
         f["reservation_id"] = str(reservation_id)
+    if role is not None:
+        if role not in ("core", "elastic"):
+            raise ValueError(f"role must be 'core' or 'elastic', not {role!r}")
+        f["role"] = role
+    if allow_shaping is not None:
+        if not isinstance(allow_shaping, bool):
+            raise ValueError("allow_shaping must be a bool")
+        f["allow_shaping"] = allow_shaping
     return f
 
 

@@ -70,10 +70,21 @@ def test_bad_requests_are_refused_before_sending():
         p.allocate_frame("QUEUEABLE", 1, 0, 0, "j")
     with pytest.raises(ValueError, match="reservation_id"):
         p.allocate_frame("QUEUEABLE", 1, 100, 64, "j", reservation_id="r")
+    with pytest.raises(ValueError, match="role"):
+        p.allocate_frame("GUARANTEED", 1, 100, 64, "j", role="spare")
+    with pytest.raises(ValueError, match="allow_shaping"):
+        p.allocate_frame("GUARANTEED", 1, 100, 64, "j", allow_shaping="yes")
     with pytest.raises(ValueError, match="command"):
         p.launch_map("")
     with pytest.raises(ValueError, match="args"):
         p.launch_map("sh", "-c exit")
+
+
+def test_shaping_options_go_on_the_wire_only_when_given():
+    f = p.allocate_frame("GUARANTEED", 1, 100, 64, "j", role="elastic", allow_shaping=True)
+    assert (f["role"], f["allow_shaping"]) == ("elastic", True)
+    f = p.allocate_frame("GUARANTEED", 1, 100, 64, "j")
+    assert "role" not in f and "allow_shaping" not in f
 
 
 def test_tls_needs_a_ca():

@@ -133,6 +133,7 @@ pub fn join_msg(token: &str, node: &str, cpu: u64, mem: u64) -> WorkerToCoordina
 
 pub fn running(id: ContainerId, t: ContainerType, cpu: u64, mem: u64) -> ContainerStatus {
     ContainerStatus {
+        usage: None,
         id,
         app_id: AppId::from("demo"),
         container_type: t,
@@ -191,6 +192,8 @@ pub fn allocate_guaranteed(
             job_id: "job-1".into(),
             job_submit_time_ms: 1_600_000_000_000,
             reservation_id: None,
+            role: Default::default(),
+            allow_shaping: false,
         },
     })
 }

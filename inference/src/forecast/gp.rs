@@ -187,6 +187,13 @@ impl GpForecaster {
         }
     }
 
+    /// Start the refit schedule at `phase` (mod `refit_every`): series made together then do
+    /// not all redo their evidence maximisation on the same call.
+    pub fn with_refit_phase(mut self, phase: usize) -> Self {
+        self.calls = phase % self.config.refit_every;
+        self
+    }
+
     pub fn config(&self) -> &GpConfig {
         &self.config
     }

@@ -5,6 +5,7 @@
 pub mod arima;
 pub mod gp;
 pub mod linalg;
+pub mod shaping;
 
 use serde::{Deserialize, Serialize};
 

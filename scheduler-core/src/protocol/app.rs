@@ -3,6 +3,7 @@
 
 use crate::reservation::book::ReprovisionCause;
 use crate::reservation::{AllocationInterval, ReservationDefinition};
+use crate::shaper::ComponentRole;
 use crate::token::ContainerToken;
 use crate::{ContainerId, ContainerType, KillReason, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -99,6 +100,20 @@ pub struct Allocate {
     /// granted up to the reservation's allocation at that moment and wait beyond it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation_id: Option<String>,
+    /// GUARANTEED only (Pace §2): `core` components are compulsory for the application,
+    /// `elastic` ones only speed it up and are preempted first when shaped allocations no longer
+    /// fit. Default `core`.
+    #[serde(default, skip_serializing_if = "is_core")]
+    pub role: ComponentRole,
+    /// GUARANTEED only (Pace §3.2): the resource shaper may resize the running containers to
+    /// their forecast use plus a safeguard buffer (never below their use, never above the ask)
+    /// and preempt them by its policy. Default false: booked and limited at the ask.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_shaping: bool,
+}
+
+fn is_core(role: &ComponentRole) -> bool {
+    *role == ComponentRole::Core
 }
 
 /// Ask for a (recurring) reservation of GUARANTEED capacity (Morpheus §6.1; YARN's reservation
@@ -479,6 +494,8 @@ mod tests {
             job_id: "j".into(),
             job_submit_time_ms: 5,
             reservation_id: None,
+            role: Default::default(),
+            allow_shaping: false,
         });
         let bytes = to_payload(&req).unwrap();
         assert_eq!(from_payload::<AppRequest>(&bytes).unwrap(), req);

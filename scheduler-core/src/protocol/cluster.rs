@@ -13,6 +13,7 @@ use crate::protocol::app::{
 use crate::queue_delay::QueueDelay;
 use crate::quota::{AppOutstanding, QueueableQuota};
 use crate::reservation::{AllocationInterval, ReservationDefinition};
+use crate::shaper::PreemptionReason;
 use crate::token::{ContainerToken, IssuerNodeKey, NodeSessionSecret, PublicKeyRing};
 use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,7 @@ pub enum WorkerToCoordinator {
     CancelAllocate(CancelAllocate),
     Reservation(ReservationCall),
     GuaranteedFinished(GuaranteedFinished),
+    ContainerResized(ContainerResized),
 }
 
 /// GUARANTEED containers (issued by the guarantor) that ended on the sending node, sent the
@@ -43,6 +45,24 @@ pub enum WorkerToCoordinator {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GuaranteedFinished {
     pub finished: Vec<ContainerId>,
+}
+
+/// The hosting worker's report of a [`ResizeContainer`]: what the container is allocated and
+/// limited to now. No answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ContainerResized {
+    pub container_id: ContainerId,
+    /// The allocation the node accounts for it now (the old one when the resize was refused).
+    pub resources: Resources,
+    /// How the shaped size is enforced: `cgroup` (soft limits: memory.high and cpu.max on
+    /// cgroup v2, memory.soft_limit_in_bytes and the CFS quota on v1; the hard memory limit stays
+    /// at the request), `accounting` (no cgroups: the node's books only; its RSS monitor keeps
+    /// killing at the request), `none` (not applied: see `error`, or the process had not
+    /// started).
+    pub enforced_by: String,
+    /// `None` on success, else why the node refused or could not apply it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// First frame: who the worker is and the cluster's join secret.
@@ -176,6 +196,7 @@ pub enum CoordinatorToWorker {
     StopContainer(StopContainerOnNode),
     ReservationDone(ReservationDone),
     ReservationNotice(ReservationNotice),
+    ResizeContainer(ResizeContainer),
 }
 
 /// A registered application, as workers need it to authenticate and police it.
@@ -332,4 +353,17 @@ pub struct StopContainerOnNode {
     /// not on the node, the node refuses its token until this time (the token's expiry).
     #[serde(default)]
     pub revoke_until_ms: Option<u64>,
+    /// Set when the resource shaper preempts the container (Pace §3.2): it is killed with
+    /// reason `shaped_preemption` and this in its message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shaped_preemption: Option<PreemptionReason>,
+}
+
+/// The resource shaper (Pace §3.2) resized a running GUARANTEED container of this node: the
+/// node changes its limits without restarting it and answers [`ContainerResized`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResizeContainer {
+    pub container_id: ContainerId,
+    /// The shaped allocation: between the container's current use and its request.
+    pub resources: Resources,
 }

@@ -470,6 +470,8 @@ mod tests {
             job_id: "j".into(),
             job_submit_time_ms: 0,
             reservation_id: None,
+            role: Default::default(),
+            allow_shaping: false,
         }
     }
 
@@ -641,6 +643,7 @@ mod tests {
     /// its widest msgpack encoding.
     fn largest_status() -> ContainerStatus {
         ContainerStatus {
+            usage: Some(Resources::new(u64::MAX, u64::MAX)),
             id: ContainerId(u64::MAX),
             app_id: AppId::from("a".repeat(MAX_APP_ID_BYTES).as_str()),
             container_type: ContainerType::Guaranteed,

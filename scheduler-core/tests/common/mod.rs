@@ -15,5 +15,7 @@ pub fn guaranteed_ask(key: u64, resources: Resources, count: u32) -> GuaranteedA
         runtime_estimate_ms: None,
         job_id: JobId::from("j"),
         job_submit_time_ms: 0,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }

@@ -311,6 +311,8 @@ async fn well_behaved_client(endpoint: &str, app_id: &str, secret: &str) -> anyh
         job_id: "fuzz-check".into(),
         job_submit_time_ms: 1,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     };
     let granted = tokio::time::timeout(guard, client.allocate(ask))
         .await

@@ -460,6 +460,8 @@ pub fn allocate(rng: &mut Rng) -> Allocate {
         job_id: rng.word(),
         job_submit_time_ms: rng.interesting_u64(),
         reservation_id: rng.chance(1, 4).then(|| rng.word()),
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 
@@ -703,6 +705,7 @@ pub fn app_response(rng: &mut Rng) -> AppResponse {
 
 fn status(rng: &mut Rng) -> ContainerStatus {
     ContainerStatus {
+        usage: None,
         id: cid(rng),
         app_id: AppId::new(rng.word()),
         container_type: container_type(rng),
@@ -860,6 +863,12 @@ pub fn worker_to_coordinator(rng: &mut Rng) -> WorkerToCoordinator {
             app_id: rng.word(),
             op: reservation_op(rng),
         }),
+        _ if rng.chance(1, 2) => WorkerToCoordinator::ContainerResized(cluster::ContainerResized {
+            container_id: cid(rng),
+            resources: resources(rng),
+            enforced_by: rng.word(),
+            error: rng.chance(1, 2).then(|| rng.word()),
+        }),
         _ => WorkerToCoordinator::CancelAllocate(cluster::CancelAllocate {
             correlation_id: corr,
         }),
@@ -960,7 +969,14 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
             correlation_id: corr,
             token: token(rng),
         }),
+        _ if rng.chance(1, 3) => CoordinatorToWorker::ResizeContainer(cluster::ResizeContainer {
+            container_id: cid(rng),
+            resources: resources(rng),
+        }),
         _ => CoordinatorToWorker::StopContainer(cluster::StopContainerOnNode {
+            shaped_preemption: rng
+                .chance(1, 3)
+                .then_some(scheduler_core::shaper::PreemptionReason::ElasticDoesNotFit),
             container_id: cid(rng),
             app_id: rng.word(),
             revoke_until_ms: rng.chance(1, 2).then(|| rng.interesting_u64()),
@@ -997,6 +1013,8 @@ const OTHER_TAGS: &[&str] = &[
     "reservation_cancelled",
     "reservation_done",
     "reservation_notice",
+    "resize_container",
+    "container_resized",
 ];
 
 /// A tag of either protocol, request tags first (as one list: the same draw picks the same tag).

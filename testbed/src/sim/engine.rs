@@ -880,6 +880,8 @@ impl Simulation {
                 runtime_estimate_ms: (estimated > 0).then(|| sum / estimated),
                 job_id: state.id.clone(),
                 job_submit_time_ms: state.submit_ms,
+                role: Default::default(),
+                allow_shaping: false,
             })
             .collect();
         let nothing_waiting = self.guarantor.pending_asks() == 0;

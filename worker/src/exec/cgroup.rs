@@ -366,6 +366,34 @@ impl ContainerCgroup {
         Ok(cgroup)
     }
 
+    /// The resource shaper's allocation (Pace §3.2) as soft limits on a running container: the
+    /// CPU quota (throttling only) and the memory level above which the kernel reclaims and
+    /// throttles the cgroup (v2 `memory.high`, v1 `memory.soft_limit_in_bytes`). The hard memory
+    /// limit stays at the request, so a use above the forecast is throttled and preempted by the
+    /// shaper's policy rather than OOM-killed at the forecast.
+    pub(crate) fn write_shaped_limits(&self, shaped: ContainerLimits) -> Result<(), ExecError> {
+        let memory_bytes = shaped.memory_mib.saturating_mul(1 << 20);
+        let quota_us =
+            (shaped.cpu_millis.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US);
+        match self {
+            ContainerCgroup::V2 { dir } => {
+                write_file(&dir.join("memory.high"), &memory_bytes.to_string())?;
+                write_file(&dir.join("cpu.max"), &format!("{quota_us} {CPU_PERIOD_US}"))?;
+            }
+            ContainerCgroup::V1 {
+                memory_dir,
+                cpu_dir,
+            } => {
+                write_file(
+                    &memory_dir.join("memory.soft_limit_in_bytes"),
+                    &memory_bytes.to_string(),
+                )?;
+                write_file(&cpu_dir.join("cpu.cfs_quota_us"), &quota_us.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
     fn write_limits(&self, limits: ContainerLimits) -> Result<(), ExecError> {
         let memory_bytes = limits.memory_mib.saturating_mul(1 << 20);
         let quota_us =

@@ -395,6 +395,7 @@ impl ContainerProcess {
             leader: pid,
             cgroup,
             limits,
+            shaped: Mutex::new(None),
             state,
             memory_kill: Mutex::new(None),
             leader_reaped: AtomicBool::new(false),
@@ -544,7 +545,10 @@ struct ContainerTree {
     /// Pid of the main process, which is also the session and process-group id of the tree.
     leader: u32,
     cgroup: Option<ContainerCgroup>,
+    /// The hard limits it was started with (memory: the kill limit).
     limits: ContainerLimits,
+    /// The resource shaper's allocation, when it resized the container (soft limits).
+    shaped: Mutex<Option<ContainerLimits>>,
     /// (used_mib, limit_mib) once the container has been killed for memory.
     memory_kill: Mutex<Option<(u64, u64)>>,
     /// Set once the leader has been reaped: its pid may then be reused, so it is no longer
@@ -657,11 +661,12 @@ impl ContainerTree {
                 }
                 let rss_bytes =
                     members.iter().map(|m| m.rss_pages).sum::<u64>() * procfs::page_size();
-                if rss_bytes > self.limits.memory_mib.saturating_mul(MIB) {
+                let limit_mib = self.limits.memory_mib;
+                if rss_bytes > limit_mib.saturating_mul(MIB) {
                     tracing::info!(
                         container_id = self.container_id,
                         rss_mib = rss_bytes.div_ceil(MIB),
-                        limit_mib = self.limits.memory_mib,
+                        limit_mib,
                         "container over its memory limit: killing its process tree"
                     );
                     self.record_memory_kill(rss_bytes);
@@ -800,8 +805,52 @@ impl ContainerProcess {
         self.tree.container_id
     }
 
+    /// The hard limits the container was started with.
     pub fn limits(&self) -> ContainerLimits {
         self.tree.limits
+    }
+
+    /// The resource shaper's allocation, if it resized the container.
+    pub fn shaped_limits(&self) -> Option<ContainerLimits> {
+        *self
+            .tree
+            .shaped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Apply the resource shaper's allocation to the running container without restarting it
+    /// (Pace §3.2, resizing a component), as soft limits: with cgroups the CPU quota and the
+    /// memory reclaim level (`memory.high`; see [`cgroup::ContainerCgroup`]); the hard memory
+    /// limit (and the RSS monitor's kill limit without cgroups) stays at the request, so a burst
+    /// above the forecast is left to the shaper's preemption policy instead of an OOM kill.
+    /// Without cgroups nothing in the OS changes (no CPU cap exists there) and the node's
+    /// accounting alone follows the shaped size. Says which: `cgroup` or `accounting`.
+    pub fn resize(&self, shaped: ContainerLimits) -> Result<&'static str, ExecError> {
+        if shaped.cpu_millis == 0 || shaped.memory_mib == 0 {
+            return Err(ExecError::InvalidLimits {
+                container_id: self.tree.container_id,
+                reason: "cpu_millis and memory_mib must be positive".to_owned(),
+            });
+        }
+        // Never above the hard limits it was started with.
+        let shaped = ContainerLimits {
+            cpu_millis: shaped.cpu_millis.min(self.tree.limits.cpu_millis),
+            memory_mib: shaped.memory_mib.min(self.tree.limits.memory_mib),
+        };
+        let enforced_by = match &self.tree.cgroup {
+            Some(cgroup) => {
+                cgroup.write_shaped_limits(shaped)?;
+                "cgroup"
+            }
+            None => "accounting",
+        };
+        *self
+            .tree
+            .shaped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(shaped);
+        Ok(enforced_by)
     }
 
     /// Waits for the main process, kills anything it left behind, removes the cgroup, and says

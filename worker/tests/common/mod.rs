@@ -428,6 +428,8 @@ pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> A
         job_id: "job-1".into(),
         job_submit_time_ms: SUBMIT_MS,
         reservation_id: None,
+        role: Default::default(),
+        allow_shaping: false,
     }
 }
 
