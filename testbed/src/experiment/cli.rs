@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury.
+    /// Experiment name: mercury or morpheus.
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -45,8 +45,14 @@ pub struct ExperimentArgs {
 
 /// Run `testbed experiment`.
 pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
+    if args.name == "morpheus" {
+        return super::morpheus::run_cli(args);
+    }
     if args.name != "mercury" {
-        anyhow::bail!("unknown experiment {:?}: expected mercury", args.name);
+        anyhow::bail!(
+            "unknown experiment {:?}: expected mercury or morpheus",
+            args.name
+        );
     }
     let options = ExperimentOptions {
         seed: args.seed,

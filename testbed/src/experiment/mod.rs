@@ -5,6 +5,7 @@
 //! only-G, only-Q, 50%-Q, <5sec-Q and <10sec-70%-Q — with the paper's headline ratios next to ours.
 
 pub mod cli;
+pub mod morpheus;
 mod svg;
 
 use crate::sim::{self, GuaranteedPlacerKind, SimConfig, SimReport, Stragglers};
