@@ -1199,7 +1199,7 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
     writeln!(md, "Command: `{}`  ", report.command)?;
     writeln!(
         md,
-        "Seeds {:?}, {:.0} s wall. Parameters: [parameters.md](parameters.md).\n",
+        "Seeds {:?}, {:.0} s wall. Parameters: [parameters.md](parameters.md); where and why we differ from the paper: [notes.md](notes.md).\n",
         report.seeds, report.wall_s
     )?;
     writeln!(md, "## Headline (paper vs ours, positive = better)\n")?;
@@ -1243,7 +1243,7 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
             };
             writeln!(
                 md,
-                "| {} | {} / {} | {:.1} | {:.1} | {}/{}/{} | {} | {} | {} | {:.0} / {:.0} / {:.0} | {} | {:.0} | {:.0} | {:.0} | {} |",
+                "| {} | {} / {} | {:.1} | {:.1} | {}/{}/{} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} |",
                 name,
                 o.violations,
                 o.instances,
@@ -1256,10 +1256,15 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
                 o.plan_peak_containers,
                 o.reserved_utilization_percent
                     .map_or("–".to_string(), |u| format!("{u:.1}")),
-                o.adhoc_latency_mean_s,
-                o.adhoc_latency_p50_s,
-                o.adhoc_latency_p99_s,
-                o.adhoc_unfinished,
+                if o.adhoc_jobs == 0 {
+                    "–".to_string()
+                } else {
+                    format!(
+                        "{:.0} / {:.0} / {:.0}",
+                        o.adhoc_latency_mean_s, o.adhoc_latency_p50_s, o.adhoc_latency_p99_s
+                    )
+                },
+                format!("{} of {}", o.adhoc_unfinished, o.adhoc_jobs),
                 o.queueable_container_hours,
                 o.queueable_on_reserved_idle_container_hours,
                 o.reserved_idle_container_hours,
