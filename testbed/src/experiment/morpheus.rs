@@ -1243,7 +1243,7 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
             };
             writeln!(
                 md,
-                "| {} | {} / {} | {:.1} | {:.1} | {}/{}/{} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {} |",
+                "| {} | {} / {} | {:.1} | {:.1} | {}/{}/{} | {} | {} | {} | {} | {} of {} | {:.0} | {:.0} | {:.0} | {} |",
                 name,
                 o.violations,
                 o.instances,
@@ -1264,7 +1264,8 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
                         o.adhoc_latency_mean_s, o.adhoc_latency_p50_s, o.adhoc_latency_p99_s
                     )
                 },
-                format!("{} of {}", o.adhoc_unfinished, o.adhoc_jobs),
+                o.adhoc_unfinished,
+                o.adhoc_jobs,
                 o.queueable_container_hours,
                 o.queueable_on_reserved_idle_container_hours,
                 o.reserved_idle_container_hours,
