@@ -166,8 +166,9 @@ struct RecurringJob {
     contract: SloContract,
     /// What its owner provisions in the baseline (containers, held for the whole run).
     user_containers: u64,
-    /// Per instance: (input delay in steps after the window opens, the run's skyline).
-    instances: Vec<(u64, Vec<u64>)>,
+    /// Per instance: (input delay in steps after the window opens, the run's skyline, whether
+    /// the input was late).
+    instances: Vec<(u64, Vec<u64>, bool)>,
     window_steps: u64,
 }
 
@@ -347,10 +348,11 @@ pub fn build_workload(
             .map(|_| {
                 let run = sample(&mut rng);
                 let mut delay = rng.random_range(0.0..=p.input_delay_fraction) * typical as f64;
-                if rng.random_range(0.0..1.0) < p.late_input_probability {
+                let late = rng.random_range(0.0..1.0) < p.late_input_probability;
+                if late {
                     delay = rng.random_range(1.0..2.0) * typical as f64;
                 }
-                (delay.round() as u64, run)
+                (delay.round() as u64, run, late)
             })
             .collect();
         let step_s = (STEP_MS / 1000) as f64;
@@ -375,7 +377,7 @@ pub fn build_workload(
     let steps = u64::from(p.periods) * PERIOD_MS / STEP_MS;
     let recurring_area: u64 = recurring
         .iter()
-        .flat_map(|j| j.instances.iter().map(|(_, r)| r.iter().sum::<u64>()))
+        .flat_map(|j| j.instances.iter().map(|(_, r, _)| r.iter().sum::<u64>()))
         .sum();
     let reserved_area: u64 = recurring
         .iter()
@@ -449,6 +451,11 @@ pub struct RunOutcome {
     pub nodes: u32,
     pub instances: u64,
     pub violations: u64,
+    /// The violations by cause: the job had no reservation (rejected), its input was late (the
+    /// 5 % late runs), or neither (the run outgrew its reservation: stragglers, noise).
+    pub violations_unreserved: u64,
+    pub violations_late_input: u64,
+    pub violations_other: u64,
     pub violation_percent: f64,
     /// The largest share of one job's instances that missed their deadline.
     pub worst_job_violation_percent: f64,
@@ -588,6 +595,9 @@ pub fn simulate(
     let mut live: Vec<Option<Instance>> = (0..w.recurring.len()).map(|_| None).collect();
     let mut periodic_asks: Vec<Asks> = (0..w.recurring.len()).map(|_| Asks::default()).collect();
     let mut violations_by_job = vec![0u64; w.recurring.len()];
+    // Instances that met their deadline (job, instance).
+    let mut met: Vec<(usize, usize)> = Vec::new();
+    let mut counted: Vec<(usize, usize)> = Vec::new();
     let mut instances = 0u64;
     let mut adhoc: Vec<AdhocState> = Vec::new();
     let mut adhoc_next = 0usize;
@@ -619,6 +629,7 @@ pub fn simulate(
                 }
                 if k < job.instances.len() && step < steps_total {
                     instances += 1;
+                    counted.push((j, k));
                     // Counted as violating until it finishes in time.
                     violations_by_job[j] += 1;
                     live[j] = Some(Instance {
@@ -665,7 +676,7 @@ pub fn simulate(
             let Some(inst) = live[j].as_mut() else {
                 continue;
             };
-            let (delay, run) = &job.instances[inst.index];
+            let (delay, run, _) = &job.instances[inst.index];
             let offset = (job.contract.earliest_start as u64 * 1000) / STEP_MS;
             let arrived = step >= offset + inst.index as u64 * period_steps + delay;
             if !arrived {
@@ -885,6 +896,7 @@ pub fn simulate(
                 let deadline = offset + inst.index as u64 * period_steps + job.window_steps;
                 if finish <= deadline {
                     violations_by_job[j] -= 1;
+                    met.push((j, inst.index));
                 }
                 let done = live[j].take().expect("live");
                 for cid in done.held {
@@ -910,6 +922,20 @@ pub fn simulate(
             .map_err(|e| anyhow::anyhow!("guarantor invariant broken at step {step}: {e}"))?;
     }
     let violations: u64 = violations_by_job.iter().sum();
+    met.sort_unstable();
+    let (mut unreserved, mut late_input, mut other) = (0u64, 0u64, 0u64);
+    for &(j, k) in &counted {
+        if met.binary_search(&(j, k)).is_ok() {
+            continue;
+        }
+        if reserved[j].is_none() && configuration.reserves() {
+            unreserved += 1;
+        } else if w.recurring[j].instances[k].2 {
+            late_input += 1;
+        } else {
+            other += 1;
+        }
+    }
     let per_job = u64::from(p.periods).max(1) as f64;
     let mut latencies: Vec<f64> = adhoc
         .iter()
@@ -933,6 +959,9 @@ pub fn simulate(
         nodes,
         instances,
         violations,
+        violations_unreserved: unreserved,
+        violations_late_input: late_input,
+        violations_other: other,
         violation_percent: 100.0 * violations as f64 / instances.max(1) as f64,
         worst_job_violation_percent: violations_by_job
             .iter()
@@ -1224,7 +1253,7 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
         )?;
         writeln!(
             md,
-            "| configuration | violations | % of instances | worst job % | reservations (accepted/rejected/by LowCost) | DRA stretches | plan peak (containers) | reserved used % | ad-hoc latency mean / p50 / p99 s | ad-hoc unfinished | QUEUEABLE c-h | of it on reserved-idle c-h | reserved-idle c-h | QUEUEABLE killed |"
+            "| configuration | violations (no reservation / late input / other) | % of instances | worst job % | reservations (accepted/rejected/by LowCost) | DRA stretches | plan peak (containers) | reserved used % | ad-hoc latency mean / p50 / p99 s | ad-hoc unfinished | QUEUEABLE c-h | of it on reserved-idle c-h | reserved-idle c-h | QUEUEABLE killed |"
         )?;
         writeln!(
             md,
@@ -1243,10 +1272,13 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
             };
             writeln!(
                 md,
-                "| {} | {} / {} | {:.1} | {:.1} | {}/{}/{} | {} | {} | {} | {} | {} of {} | {:.0} | {:.0} | {:.0} | {} |",
+                "| {} | {} / {} ({} / {} / {}) | {:.1} | {:.1} | {}/{}/{} | {} | {} | {} | {} | {} of {} | {:.0} | {:.0} | {:.0} | {} |",
                 name,
                 o.violations,
                 o.instances,
+                o.violations_unreserved,
+                o.violations_late_input,
+                o.violations_other,
                 o.violation_percent,
                 o.worst_job_violation_percent,
                 o.reservations_accepted,
@@ -1386,6 +1418,11 @@ mod tests {
             let o = simulate(&p, &w, c, p.nodes).expect("simulate");
             assert_eq!(o.instances, 6 * 3, "{c:?}");
             assert!(o.violations <= o.instances);
+            assert_eq!(
+                o.violations_unreserved + o.violations_late_input + o.violations_other,
+                o.violations,
+                "{c:?}"
+            );
             if c.reserves() {
                 assert_eq!(o.reservations_accepted + o.reservations_rejected, 6);
                 assert!(o.reserved_utilization_percent.is_some());
