@@ -64,6 +64,10 @@ pub struct GuarantorActor {
     pub(crate) metrics: Arc<crate::metrics::CoordinatorMetrics>,
     /// Where the dashboard's guarantor snapshot is published (with an HTTP port only).
     pub(crate) dashboard: Option<Arc<crate::dashboard::Dashboard>>,
+    /// The plan step of the last agenda published for `GET /reservations`, and whether capacity
+    /// changed since (a join): the periodic tick republishes then, at most once per tick.
+    agenda_published_step: Option<u64>,
+    agenda_stale: bool,
 }
 
 impl GuarantorActor {
@@ -108,6 +112,8 @@ impl GuarantorActor {
             owner_routes: HashMap::new(),
             metrics: Arc::default(),
             dashboard: None,
+            agenda_published_step: None,
+            agenda_stale: true,
         })
     }
 
@@ -348,7 +354,22 @@ impl GuarantorActor {
     }
 
     /// Write the reservations to the store (after every change to them).
+    /// Publish the operator's agenda (`GET /reservations` on the metrics listener).
+    fn publish_agenda(&self) {
+        let now_ms = self.clock.now_ms();
+        let book = self.core.reservations();
+        self.metrics.set_agenda(&crate::metrics::AgendaView {
+            published_at_ms: now_ms,
+            agenda_now_ms: book.agenda_ms(now_ms),
+            agenda_ms: book.plan().config().horizon_ms,
+            plan_capacity: book.plan_capacity(),
+            reservations: self.core.list_reservations(now_ms, None),
+            free: book.free_capacity(),
+        });
+    }
+
     fn save_reservations(&self) -> Result<(), crate::store::StoreError> {
+        self.publish_agenda();
         self.store
             .set_reservations(&self.core.reservations().stored())
             .inspect_err(|e| error!("cannot store the reservations: {e}"))
@@ -483,6 +504,7 @@ impl Handler<AddNode> for GuarantorActor {
         self.adopt(&msg.node_id, &msg.containers);
         self.schedule();
         self.export_node(&msg.node_id);
+        self.agenda_stale = true;
     }
 }
 
@@ -503,6 +525,8 @@ impl Handler<RemoveNode> for GuarantorActor {
         // Losing capacity replans the reservations (Morpheus §6): their owners are told.
         if self.flush_reservation_events() {
             let _ = self.save_reservations();
+        } else {
+            self.publish_agenda();
         }
         self.schedule();
     }
@@ -813,6 +837,14 @@ impl Handler<ExpireGrants> for GuarantorActor {
             }
             self.flush_reservation_events();
             self.schedule();
+        }
+        // The agenda view moves with time (allocations, DRA stretches, use) and capacity:
+        // republished once per plan step, or at the next tick after a join.
+        let step = self.clock.now_ms() / self.core.reservations().plan().config().step_ms.max(1);
+        if self.agenda_stale || self.agenda_published_step != Some(step) {
+            self.publish_agenda();
+            self.agenda_stale = false;
+            self.agenda_published_step = Some(step);
         }
     }
 }

@@ -25,9 +25,29 @@ use crate::dashboard::{self, Dashboard};
 pub type NodeLabels = Vec<(&'static str, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// The operator's view of the reservation agenda, served as JSON at `GET /reservations`: every
+/// reservation (all owners) and the plan's free GUARANTEED capacity over the agenda (the least
+/// common multiple of the periods, so the next period of every reservation).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AgendaView {
+    /// Coordinator clock (ms since the Unix epoch) when the guarantor published it.
+    pub published_at_ms: u64,
+    /// Where `published_at_ms` falls in the agenda (ms).
+    pub agenda_now_ms: u64,
+    pub agenda_ms: u64,
+    pub plan_capacity: Resources,
+    pub reservations: Vec<scheduler_core::reservation::book::ReservationInfo>,
+    /// Free capacity as maximal runs, agenda ms.
+    pub free: Vec<scheduler_core::reservation::AllocationInterval>,
+}
+
 /// Everything the coordinator exports. Cheap to clone handles; the registry owns the series.
 pub struct CoordinatorMetrics {
     registry: Registry,
+    /// The latest [`AgendaView`] as JSON. The guarantor actor publishes it whenever
+    /// reservations or capacity change, so the HTTP task never asks an actor. Never held
+    /// across an await.
+    agenda: std::sync::Mutex<String>,
     pub nodes_joined: Counter,
     pub nodes_lost: Counter,
     pub heartbeats: Counter,
@@ -70,6 +90,9 @@ impl Default for CoordinatorMetrics {
             guaranteed_booked: Family::default(),
             policing_limit: Family::default(),
             registry: Registry::default(),
+            agenda: std::sync::Mutex::new(
+                serde_json::to_string(&AgendaView::default()).unwrap_or_default(),
+            ),
         };
         let r = &mut m.registry;
         r.register(
@@ -201,6 +224,22 @@ impl CoordinatorMetrics {
     }
 
     /// The text exposition (OpenMetrics, which Prometheus scrapes).
+    /// Publish the agenda for `GET /reservations`.
+    pub fn set_agenda(&self, view: &AgendaView) {
+        match serde_json::to_string(view) {
+            Ok(json) => *self.agenda.lock().unwrap_or_else(|e| e.into_inner()) = json,
+            Err(e) => warn!("cannot encode the agenda: {e}"),
+        }
+    }
+
+    /// The latest published agenda, JSON.
+    pub fn agenda(&self) -> String {
+        self.agenda
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
@@ -251,7 +290,11 @@ pub fn spawn_server(
             actix_rt::spawn(async move {
                 let _permit = permit;
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let answer = respond(&req, || metrics.encode(), &dashboard);
+                    let answer = if req.uri().path() == "/reservations" {
+                        respond_agenda(&req, || metrics.agenda())
+                    } else {
+                        respond(&req, || metrics.encode(), &dashboard)
+                    };
                     async move { Ok::<_, Infallible>(answer) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
@@ -266,6 +309,29 @@ pub fn spawn_server(
             });
         }
     });
+}
+
+/// `GET /reservations` gets the operator's agenda (JSON); another method a 405.
+pub fn respond_agenda<B>(
+    req: &Request<B>,
+    agenda: impl FnOnce() -> String,
+) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = if req.method() == Method::GET {
+        (StatusCode::OK, "application/json", agenda())
+    } else {
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only GET\n".to_string(),
+        )
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    r
 }
 
 /// `GET /metrics` gets the exposition, `GET /` the dashboard page (its assets beside it) and

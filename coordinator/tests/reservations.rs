@@ -349,3 +349,55 @@ fn reservations_survive_a_restart_mid_period() {
     );
     drop(dir);
 }
+
+/// The operator's agenda (`GET /reservations` on the metrics listener) lists every app's
+/// reservations and the plan's free capacity, republished at the next tick after a change.
+#[actix_rt::test]
+async fn operator_agenda_lists_reservations_and_free_capacity() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::start_with(|s| {
+        s.node_timeout = Duration::from_secs(48 * 3600);
+        s.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let addr = h.server.metrics_addr.expect("metrics are listening");
+    let (mut w, _) = h.join("n1", 8000, 8192).await;
+    let now_min = (h.clock.now().as_millis() % DAY) / MIN;
+    assert!(now_min + 30 < 1440, "the test's clock starts early enough");
+    let (from, to) = (now_min + 10, now_min + 20);
+    w.send(&call(
+        1,
+        ReservationOp::Reserve {
+            reservation_id: "etl".into(),
+            definition: daily(4, from, to),
+        },
+    ))
+    .await;
+    w.expect("acceptance", answer_to(1)).await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    h.server.guarantor.send(InspectGuarantor).await.unwrap();
+
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /reservations HTTP/1.0\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    let view: coordinator::metrics::AgendaView = serde_json::from_str(body).unwrap();
+    assert_eq!(view.reservations.len(), 1);
+    assert_eq!(view.reservations[0].id, "etl");
+    assert_eq!(view.reservations[0].owner.as_str(), "demo");
+    assert_eq!(view.plan_capacity.cpu_millis, 8000);
+    // Free: 8 cores outside the window, 4 inside it.
+    let at = |min: u64| {
+        view.free
+            .iter()
+            .find(|f| f.start_ms <= min * MIN && min * MIN < f.end_ms)
+            .map(|f| f.cpu_millis)
+    };
+    assert_eq!(at(from), Some(4000));
+    assert_eq!(at(to), Some(8000));
+    assert_eq!(view.agenda_now_ms / MIN, now_min);
+}

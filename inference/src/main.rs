@@ -96,6 +96,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The Morpheus loop's offline half: infer periodic jobs and SLO windows from provenance
+    /// (JSON lines), fit each job's skyline to its past runs, apply the operator's review
+    /// (sign_off / reject / override per job) and write the contracts as a JSON array for
+    /// `testbed reservations submit`.
+    Contracts {
+        /// Provenance events, JSON lines ({"job", "instance", "event", "time"}).
+        #[arg(long)]
+        provenance: PathBuf,
+        /// Past runs' skylines, JSON lines ({"job", "run", "skyline": [...]}), one step per
+        /// plan step (the reservation's step, `--step-ms` of `testbed reservations submit`).
+        #[arg(long)]
+        skylines: PathBuf,
+        /// The operator's review: a JSON object {"job": "sign_off" | "reject" |
+        /// {"override": {"period"?, "earliest_start"?, "deadline"?, "skyline"?}}}. Jobs it does
+        /// not name stay proposed (and are not reserved).
+        #[arg(long)]
+        review: Option<PathBuf>,
+        /// Where to write the contracts.
+        #[arg(long, default_value = "contracts.json")]
+        out: PathBuf,
+        /// Skyline LP α (weight of over-allocation).
+        #[arg(long, default_value_t = 0.1)]
+        alpha: f64,
+        #[arg(long, default_value_t = 5)]
+        min_runs: usize,
+        #[arg(long, default_value_t = 0.1)]
+        max_interarrival_cv: f64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Rolling-origin evaluation of a usage forecaster.
     ForecastEval {
         /// A file or a directory of per-VM files (searched recursively).
@@ -199,6 +229,83 @@ struct SloOutput {
     start_rules: Vec<(SloRule, usize)>,
     periods: Vec<(String, usize)>,
     jobs: Vec<InferredSlo>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn contracts_command(
+    provenance: &Path,
+    skylines: &Path,
+    review: Option<&Path>,
+    out: &Path,
+    alpha: f64,
+    min_runs: usize,
+    max_cv: f64,
+    json: bool,
+) -> Result<()> {
+    let events = traces::read_json_lines_file::<ProvenanceEvent>(provenance)?;
+    let runs = traces::read_json_lines_file::<SkylineRecord>(skylines)?;
+    let review: std::collections::BTreeMap<String, cli::contracts::Decision> = match review {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: expected {{\"job\": \"sign_off\" | \"reject\" | {{\"override\": {{...}}}}}}",
+                    path.display()
+                )
+            })?
+        }
+        None => Default::default(),
+    };
+    let slo_config = SloConfig {
+        periodic: PeriodicConfig {
+            min_runs,
+            max_interarrival_cv: max_cv,
+            ..PeriodicConfig::default()
+        },
+        ..SloConfig::default()
+    };
+    let lp = SkylineLpConfig {
+        alpha,
+        ..SkylineLpConfig::default()
+    };
+    let output = cli::contracts::build(&events, &runs, &review, &slo_config, &lp)?;
+    std::fs::write(out, serde_json::to_string_pretty(&output.contracts)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    if json {
+        return print_json(&output);
+    }
+    println!(
+        "{:<28} {:>9} {:>8} {:>9} {:>6} {:>7}  status",
+        "job", "period s", "start s", "deadline", "steps", "peak"
+    );
+    for c in &output.contracts {
+        let skyline = c.skyline.as_deref().unwrap_or(&[]);
+        println!(
+            "{:<28} {:>9.0} {:>8.0} {:>9.0} {:>6} {:>7}  {:?}{}",
+            c.job.chars().take(28).collect::<String>(),
+            c.period,
+            c.earliest_start,
+            c.deadline,
+            skyline.len(),
+            skyline.iter().max().copied().unwrap_or(0),
+            c.status,
+            if c.overridden.is_empty() {
+                String::new()
+            } else {
+                format!(" (overridden: {})", c.overridden.join(", "))
+            }
+        );
+    }
+    for s in &output.skipped {
+        println!("{:<28} skipped: {}", s.job, s.reason);
+    }
+    eprintln!(
+        "{} contracts written to {}",
+        output.contracts.len(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn slo_command(
@@ -441,6 +548,25 @@ fn run(arguments: Arguments) -> Result<()> {
             show,
             json,
         } => slo_command(&trace, &format, min_runs, max_interarrival_cv, show, json)?,
+        Command::Contracts {
+            provenance,
+            skylines,
+            review,
+            out,
+            alpha,
+            min_runs,
+            max_interarrival_cv,
+            json,
+        } => contracts_command(
+            &provenance,
+            &skylines,
+            review.as_deref(),
+            &out,
+            alpha,
+            min_runs,
+            max_interarrival_cv,
+            json,
+        )?,
         Command::ForecastEval {
             input,
             format,

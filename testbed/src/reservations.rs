@@ -245,6 +245,103 @@ pub enum ReservationsCommand {
         #[command(flatten)]
         endpoint: EndpointArgs,
     },
+    /// Operator-wide: every reservation (all apps) and the plan's free capacity over the next
+    /// period, from the coordinator's `GET /reservations` on its metrics listener
+    /// (`--metrics-listen`). The guarantor republishes it every plan step and on every change.
+    Agenda {
+        /// host:port of the coordinator's metrics listener.
+        #[arg(long)]
+        http: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The largest agenda answer read (a plan of 1,000 reservations is well under it).
+const MAX_AGENDA_BYTES: u64 = 64 << 20;
+
+/// `GET /reservations` from the coordinator at `addr` (plain HTTP/1.0, one request).
+pub fn fetch_agenda(addr: &str) -> anyhow::Result<coordinator::metrics::AgendaView> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let timeout = std::time::Duration::from_secs(10);
+    let target = addr
+        .to_socket_addrs()
+        .with_context(|| format!("--http {addr:?} is not host:port"))?
+        .next()
+        .with_context(|| format!("--http {addr:?} resolves to no address"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&target, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(format!("GET /reservations HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut raw = Vec::new();
+    stream
+        .take(MAX_AGENDA_BYTES)
+        .read_to_end(&mut raw)
+        .with_context(|| format!("reading the answer of {addr}"))?;
+    let text = String::from_utf8(raw).context("the answer is not UTF-8")?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("{addr} did not answer HTTP"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200") {
+        bail!("{addr} answered {status:?} to GET /reservations");
+    }
+    serde_json::from_str(body).context("GET /reservations: not an agenda")
+}
+
+/// The agenda as the operator reads it: reservations, then free capacity from now over one
+/// agenda (wrapping at its end).
+pub fn print_agenda(view: &coordinator::metrics::AgendaView) {
+    let cap = view.plan_capacity;
+    println!(
+        "{} reservation(s); plan capacity {} millicores, {} MiB; agenda {} h, now at {}",
+        view.reservations.len(),
+        cap.cpu_millis,
+        cap.memory_mib,
+        view.agenda_ms / 3_600_000,
+        hours(view.agenda_now_ms)
+    );
+    for r in &view.reservations {
+        let d = &r.definition;
+        println!(
+            "  {} (app {}): window {}-{}, every {} min, {} stage(s); now allocated {}, used {}; allocation {}",
+            r.id,
+            r.owner,
+            hours(d.arrival_ms),
+            hours(d.deadline_ms),
+            d.recurrence_ms.map_or(0, |p| p / 60_000),
+            d.stages.len(),
+            r.allocated_now,
+            r.used,
+            r.allocation
+                .iter()
+                .map(|a| format!(
+                    "{}-{} {}m",
+                    hours(a.start_ms),
+                    hours(a.end_ms),
+                    a.cpu_millis
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!("free GUARANTEED capacity over the next period (agenda time):");
+    let now = view.agenda_now_ms;
+    let from_now = view
+        .free
+        .iter()
+        .filter(|f| f.end_ms > now)
+        .chain(view.free.iter().filter(|f| f.end_ms <= now));
+    for f in from_now {
+        println!(
+            "  {}-{}  {} millicores, {} MiB",
+            hours(f.start_ms.max(if f.end_ms > now { now } else { 0 })),
+            hours(f.end_ms),
+            f.cpu_millis,
+            f.memory_mib
+        );
+    }
 }
 
 async fn connect(e: &EndpointArgs) -> anyhow::Result<AppClient> {
@@ -307,6 +404,15 @@ pub fn run(args: &ReservationsArgs) -> anyhow::Result<()> {
             let failed = results.iter().any(|r| !r.accepted && r.op.is_some());
             if failed {
                 std::process::exit(1);
+            }
+            Ok(())
+        }
+        ReservationsCommand::Agenda { http, json } => {
+            let view = fetch_agenda(http)?;
+            if *json {
+                println!("{}", serde_json::to_string(&view)?);
+            } else {
+                print_agenda(&view);
             }
             Ok(())
         }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury (simulator) or mercury-live (real local cluster).
+    /// Experiment name: mercury (simulator), mercury-live (real local cluster) or morpheus.
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -54,9 +54,12 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     if args.name == "mercury-live" {
         return mercury_live_cli(args);
     }
+    if args.name == "morpheus" {
+        return super::morpheus::run_cli(args);
+    }
     if args.name != "mercury" {
         anyhow::bail!(
-            "unknown experiment {:?}: expected mercury or mercury-live",
+            "unknown experiment {:?}: expected mercury, mercury-live or morpheus",
             args.name
         );
     }

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod mercury_live;
+pub mod morpheus;
 mod svg;
 
 use crate::sim::{self, GuaranteedPlacerKind, SimConfig, SimReport, Stragglers};
