@@ -112,6 +112,34 @@ pub struct Allocate {
     pub allow_shaping: bool,
 }
 
+impl Allocate {
+    /// An ask for `count` containers of `resources` of job `job_id` submitted at
+    /// `job_submit_time_ms`, with every optional field at its default (no priority, locality,
+    /// runtime estimate or reservation; `core`, not shaped). The client sets `request_id`.
+    pub fn new(
+        resources: Resources,
+        count: u32,
+        container_type: ContainerType,
+        job_id: impl Into<String>,
+        job_submit_time_ms: u64,
+    ) -> Allocate {
+        Allocate {
+            request_id: 0,
+            resources,
+            count,
+            priority: 0,
+            container_type,
+            locality: None,
+            runtime_estimate_ms: None,
+            job_id: job_id.into(),
+            job_submit_time_ms,
+            reservation_id: None,
+            role: ComponentRole::Core,
+            allow_shaping: false,
+        }
+    }
+}
+
 fn is_core(role: &ComponentRole) -> bool {
     *role == ComponentRole::Core
 }
