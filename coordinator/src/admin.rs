@@ -12,6 +12,7 @@
 
 use crate::coordinator_actor::{
     AddApp, AdminCluster, CoordinatorActor, RemoveApp, SetAppQuota, SetDraining, SetShedding,
+    SetTopK,
 };
 use crate::guarantor_actor::{AdminDeleteReservation, AdminGuarantor, GuarantorActor};
 use actix::Addr;
@@ -76,6 +77,8 @@ pub enum AdminRequest {
     Waiting,
     /// The waiting asks of one job, with why they wait.
     Explain { job: String },
+    /// Change k of top-k (1 to 10,000); workers adopt it with their next heartbeat ack.
+    TopK { k: usize },
     /// Change the shedding policy (`off`, `avg+sigma`, `avg+2sigma`, `mean+N*sigma`).
     Shedding { policy: String },
 }
@@ -351,6 +354,13 @@ pub async fn handle(
                 ));
             }
             Ok(json!({"job": job, "waiting": asks}))
+        }
+        AdminRequest::TopK { k } => {
+            if !(1..=10_000).contains(&k) {
+                return Err(format!("top-k must be between 1 and 10000, got {k}"));
+            }
+            coordinator.send(SetTopK(k)).await.map_err(gone)?;
+            Ok(json!({"top_k": k}))
         }
         AdminRequest::Shedding { policy } => {
             let parsed: SheddingPolicy = policy

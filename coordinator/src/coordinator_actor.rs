@@ -55,6 +55,8 @@ struct Session {
     keys_sent: u32,
     /// App registry version this worker last received.
     apps_sent: u64,
+    /// Top-k setting version this worker last received.
+    top_k_sent: u64,
     /// The issuer number of this session: GUARANTEED grants for the node carry it.
     issuer: u32,
 }
@@ -77,6 +79,8 @@ pub struct CoordinatorActor {
     rotation: RotationSchedule,
     apps: Vec<AppRecord>,
     apps_version: u64,
+    /// Bumped when an operator changes top-k; each session is sent the new k once.
+    top_k_version: u64,
     guarantor: Option<Addr<GuarantorActor>>,
     sessions: HashMap<NodeId, Session>,
     session_nodes: HashMap<SessionId, NodeId>,
@@ -147,6 +151,7 @@ impl CoordinatorActor {
             keys,
             apps: store.apps()?,
             apps_version: 1,
+            top_k_version: 1,
             store,
             clock,
             rng: StdRng::seed_from_u64(seed),
@@ -295,6 +300,7 @@ impl CoordinatorActor {
                 connection: msg.connection,
                 keys_sent: self.keys.ring.current.key_id,
                 apps_sent: self.apps_version,
+                top_k_sent: self.top_k_version,
                 issuer,
             },
         );
@@ -415,6 +421,8 @@ impl CoordinatorActor {
         session.keys_sent = key_id;
         let apps = (session.apps_sent != self.apps_version).then(|| self.apps.clone());
         session.apps_sent = self.apps_version;
+        let top_k = (session.top_k_sent != self.top_k_version).then_some(self.settings.top_k);
+        session.top_k_sent = self.top_k_version;
         let _ = session
             .tx
             .send(CoordinatorToWorker::HeartbeatAck(HeartbeatAck {
@@ -425,6 +433,7 @@ impl CoordinatorActor {
                 issuer_keys,
                 guaranteed_keys,
                 apps,
+                top_k,
                 outstanding_elsewhere,
             }));
     }
@@ -1161,6 +1170,23 @@ impl Handler<SetAppQuota> for CoordinatorActor {
         self.apps_version += 1;
         info!(app = %m.app_id, quota = ?m.quota, "app quota changed by the operator");
         Ok(())
+    }
+}
+
+/// Change k of top-k while running: the views carry more candidates from the next round, and
+/// every worker's scheduler adopts k with its next heartbeat ack.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetTopK(pub usize);
+
+impl Handler<SetTopK> for CoordinatorActor {
+    type Result = ();
+    fn handle(&mut self, m: SetTopK, _: &mut Context<Self>) {
+        info!(top_k = m.0, "top-k changed by the operator");
+        self.settings.top_k = m.0;
+        self.state.config_mut().top_k = scheduler_core::distributed::view_size(m.0);
+        self.state.invalidate_round();
+        self.top_k_version += 1;
     }
 }
 

@@ -95,6 +95,12 @@ pub enum OperatorCommand {
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Set k of top-k live (1 to 10,000): workers adopt it with their next heartbeat ack.
+    TopK {
+        k: usize,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// A live terminal view of the busiest nodes and their queues (Ctrl-C to leave).
     Top {
         /// Refresh period.
@@ -223,6 +229,7 @@ pub fn run(command: OperatorCommand, out: &mut dyn Write) -> Result<(), AdminErr
         OperatorCommand::Shedding { policy, admin } => {
             (admin, AdminRequest::Shedding { policy }, render_json)
         }
+        OperatorCommand::TopK { k, admin } => (admin, AdminRequest::TopK { k }, render_json),
         OperatorCommand::Top {
             interval_ms,
             iterations,

@@ -1,6 +1,6 @@
 //! The operator's admin socket on a running coordinator: drain keeps new work off a node (top-k
 //! and GUARANTEED placement), apps are added, re-quota'd and removed live (workers get the new
-//! registry with their next ack), the shedding policy changes live, and bad requests get a clear
+//! registry with their next ack), top-k and the shedding policy change live, and bad requests get a clear
 //! error. Requests go through the same blocking client the `coordinator` commands use.
 
 mod common;
@@ -193,6 +193,26 @@ async fn drain_apps_and_shedding_change_live_over_the_admin_socket() {
     .await
     .unwrap_err();
     assert!(err.to_string().contains("bad shedding policy"), "{err}");
+
+    // Top-k live: every worker's next ack carries the new k once; the views follow it.
+    let ack = {
+        admin(&socket, AdminRequest::TopK { k: 1 }).await.unwrap();
+        a.send(&heartbeat("node-a", 0, 10.0, vec![], vec![], vec![]))
+            .await;
+        a.expect_ack().await
+    };
+    assert_eq!(ack.top_k, Some(1));
+    assert!(ack.view.top_k.len() <= scheduler_core::distributed::view_size(1));
+    a.send(&heartbeat("node-a", 0, 10.0, vec![], vec![], vec![]))
+        .await;
+    assert_eq!(a.expect_ack().await.top_k, None, "sent once");
+    b.send(&heartbeat("node-b", 0, 10.0, vec![], vec![], vec![]))
+        .await;
+    assert_eq!(b.expect_ack().await.top_k, Some(1), "to every worker");
+    let err = admin(&socket, AdminRequest::TopK { k: 0 })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("between 1 and 10000"), "{err}");
 
     // A waiting ask explains itself.
     a.send(&allocate_guaranteed(3, "demo", 1000, 1024, 1)).await;

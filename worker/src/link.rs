@@ -310,6 +310,7 @@ impl Link {
                     notices: ack.notices,
                     issuer_keys: ack.issuer_keys,
                     apps: ack.apps,
+                    top_k: ack.top_k,
                     outstanding_elsewhere: ack.outstanding_elsewhere,
                 });
             }

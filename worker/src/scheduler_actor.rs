@@ -547,6 +547,8 @@ pub struct ViewUpdate {
     /// With a new directory: the keys for its nodes.
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     pub apps: Option<Vec<AppRecord>>,
+    /// A new k of top-k (an operator's change).
+    pub top_k: Option<usize>,
     /// What the other workers' schedulers hold per app (cluster-wide quotas).
     pub outstanding_elsewhere: Vec<scheduler_core::quota::AppOutstanding>,
 }
@@ -558,6 +560,9 @@ impl Handler<ViewUpdate> for SchedulerActor {
             .directory_version
             .set(msg.view.directory_version);
         let membership_changed = !msg.view.directory.is_empty();
+        if let Some(k) = msg.top_k {
+            self.ds.set_top_k(k);
+        }
         self.ds.update_view(msg.view);
         let mut actions = Vec::new();
         if membership_changed {

@@ -262,6 +262,10 @@ pub struct HeartbeatAck {
     pub guaranteed_keys: Option<PublicKeyRing>,
     /// New app registry after a change.
     pub apps: Option<Vec<AppRecord>>,
+    /// A new k for top-k after an operator changed it (`coordinator top-k K`); the worker's
+    /// scheduler adopts it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
     /// What all other workers' schedulers have outstanding per app, as of the coordinator's
     /// last round (quotas hold cluster-wide).
     #[serde(default)]

@@ -943,6 +943,7 @@ pub fn coordinator_to_worker(rng: &mut Rng) -> CoordinatorToWorker {
                 .collect(),
             issuer_keys: rng.chance(1, 3).then(|| issuer_keys(rng)),
             guaranteed_keys: rng.chance(1, 3).then(|| public_ring(rng)),
+            top_k: rng.chance(1, 4).then(|| rng.below(300) as usize),
             apps: rng
                 .chance(1, 3)
                 .then(|| (0..rng.below(3)).map(|_| app_record(rng)).collect()),
