@@ -23,6 +23,7 @@ pub mod quota;
 pub mod reservation;
 pub mod resources;
 pub mod shaper;
+pub mod threesigma;
 pub mod time;
 pub mod token;
 
