@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury.
+    /// Experiment name: mercury or 3sigma.
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -41,12 +41,21 @@ pub struct ExperimentArgs {
     /// simulated seconds per configuration (0: skip it).
     #[arg(long, default_value_t = 0)]
     pub sensitivity_duration_s: u64,
+    /// 3sigma: the Google 2011 slice (job_events/, task_events/).
+    #[arg(long, default_value = "../shared/data/traces/google-2011")]
+    pub trace_dir: PathBuf,
 }
 
 /// Run `testbed experiment`.
 pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
+    if args.name == "3sigma" {
+        return super::threesigma::run_cli(args);
+    }
     if args.name != "mercury" {
-        anyhow::bail!("unknown experiment {:?}: expected mercury", args.name);
+        anyhow::bail!(
+            "unknown experiment {:?}: expected mercury or 3sigma",
+            args.name
+        );
     }
     let options = ExperimentOptions {
         seed: args.seed,

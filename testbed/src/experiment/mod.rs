@@ -6,6 +6,7 @@
 
 pub mod cli;
 mod svg;
+pub mod threesigma;
 
 use crate::sim::{self, GuaranteedPlacerKind, SimConfig, SimReport, Stragglers};
 use crate::workload::{Arrivals, Generator};
