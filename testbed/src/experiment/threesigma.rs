@@ -187,13 +187,9 @@ fn interarrival(rng: &mut StdRng, mean: f64, cv2: f64) -> f64 {
         return -mean * u.ln();
     }
     let p1 = 0.5 * (1.0 + ((cv2 - 1.0) / (cv2 + 1.0)).sqrt());
-    let (p, rate) = if rng.random_bool(p1) {
-        (p1, 2.0 * p1 / mean)
-    } else {
-        (1.0 - p1, 2.0 * (1.0 - p1) / mean)
-    };
-    let _ = p;
-    -u.ln() / rate
+    // Branch i is taken with probability p_i and has rate 2 p_i / mean (balanced means).
+    let branch = if rng.random_bool(p1) { p1 } else { 1.0 - p1 };
+    -u.ln() * mean / (2.0 * branch)
 }
 
 fn generate(pool: &TracePool, params: &ThreeSigmaParams, seed: u64) -> Vec<WorkloadJob> {
@@ -392,7 +388,6 @@ fn simulate(
             params.non_preferred_slowdown
         }
     };
-    let _ = seed;
     while now <= end {
         // Completions up to now.
         while let Some(Reverse((at, _, job, epoch))) = completions.peek().copied() {
