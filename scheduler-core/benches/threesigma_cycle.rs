@@ -9,7 +9,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::threesigma::{
     CycleInput, HighsSolver, PartitionChoice, PartitionState, PendingJob, RunningJob,
-    RuntimeBelief, ThreeSigmaConfig, ThreeSigmaScheduler, Utility,
+    RuntimeBelief, ThreeSigmaConfig, ThreeSigmaScheduler, Utility, greedy,
 };
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -127,16 +127,21 @@ fn main() {
             times.push(began.elapsed().as_secs_f64() * 1000.0);
             let r = &decision.record;
             size = (r.columns, r.rows, r.nonzeros);
-            if let Some(bound) = r.lp_bound {
+            if let Some(bound) = r.lp_bound.filter(|b| *b > 0.0) {
                 ratios.push(r.objective / bound);
             }
             *methods.entry(format!("{:?}", r.method)).or_default() += 1;
         }
         times.sort_by(f64::total_cmp);
-        let mean = ratios.iter().sum::<f64>() / ratios.len().max(1) as f64;
-        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let quality = if ratios.is_empty() {
+            "no LP in time".to_string()
+        } else {
+            let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            format!("{mean:.3} ({min:.3})")
+        };
         println!(
-            "| {pending} | {cycles} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {mean:.3} ({min:.3}) | {methods:?} |",
+            "| {pending} | {cycles} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {methods:?} |",
             quantile(&times, 0.5),
             quantile(&times, 0.99),
             times[times.len() - 1],
@@ -144,5 +149,50 @@ fn main() {
             size.1,
             size.2
         );
+    }
+    // Quality without the time limit: how long the LP needs, and what LP rounding and the
+    // greedy fallback reach against its bound.
+    println!();
+    println!(
+        "| pending | cycles | cycle ms (LP + rounding, 30 s limit) | LP bound | rounded / bound | greedy / bound |"
+    );
+    println!("|---:|---:|---|---:|---:|---:|");
+    let untimed = ThreeSigmaConfig {
+        cycle_s: 30.0,
+        time_limit_fraction: 1.0,
+        lp_share: 1.0,
+        mip_improvement: false,
+        ..ThreeSigmaConfig::default()
+    };
+    for (pending, cycles) in [(300, 3), (1000, 2)] {
+        let mut times = Vec::new();
+        let mut rows = Vec::new();
+        for seed in 0..cycles {
+            let (partitions, jobs, running) = instance(1000 + seed, pending);
+            let input = CycleInput {
+                now: 10_000.0,
+                partitions: &partitions,
+                pending: &jobs,
+                running: &running,
+            };
+            let mut scheduler = ThreeSigmaScheduler::new("3Sigma", untimed.clone(), HighsSolver)
+                .expect("valid config");
+            let began = Instant::now();
+            let (decision, cycle) = scheduler.cycle_with_model(&input);
+            times.push(began.elapsed().as_secs_f64() * 1000.0);
+            let r = &decision.record;
+            let bound = r.lp_bound.unwrap_or(f64::NAN);
+            let greedy_objective = cycle.model.objective(&greedy(&cycle.model, jobs.len()));
+            rows.push((
+                bound,
+                r.rounded_objective.unwrap_or(f64::NAN) / bound,
+                greedy_objective / bound,
+            ));
+        }
+        for ((bound, rounded, greedy), ms) in rows.iter().zip(&times) {
+            println!(
+                "| {pending} | {cycles} | {ms:.0} | {bound:.1} | {rounded:.3} | {greedy:.3} |"
+            );
+        }
     }
 }

@@ -424,30 +424,32 @@ impl<'m> Selection<'m> {
         true
     }
 
-    /// Greedy by utility density: expected utility per expected slot-step consumed.
+    /// Greedy by utility density: expected utility per container, earlier starts first among
+    /// equals. (Per slot-step inside the window would favour late starts, whose consumption the
+    /// window cuts off.)
     fn fill_by_density(&mut self) {
-        let mut order: Vec<(usize, f64)> = self
+        let mut order: Vec<(usize, f64, usize)> = self
             .model
             .columns
             .iter()
             .enumerate()
             .filter_map(|(i, c)| match c.kind {
-                ColumnKind::Option { job, .. } if !self.job_taken[job] => {
-                    let used: f64 = c
+                ColumnKind::Option { job, step, .. } if !self.job_taken[job] => {
+                    // The first capacity entry is the gang (survival at the start is 1).
+                    let gang = c
                         .entries
                         .iter()
-                        .filter(|(row, _)| {
+                        .find(|(row, _)| {
                             matches!(self.model.rows[*row].kind, RowKind::Capacity { .. })
                         })
-                        .map(|(_, coef)| coef)
-                        .sum();
-                    Some((i, c.objective / used.max(1e-9)))
+                        .map_or(1.0, |(_, coef)| *coef);
+                    Some((i, c.objective / gang.max(1e-9), step))
                 }
                 _ => None,
             })
             .collect();
-        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        for (column, _) in order {
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
+        for (column, _, _) in order {
             self.try_choose(column);
         }
     }
