@@ -273,9 +273,9 @@ pub fn build_model(config: &ThreeSigmaConfig, input: &CycleInput<'_>) -> CycleMo
     }
     let mut over_committed = Vec::with_capacity(input.partitions.len() * steps);
     for (p, partition) in input.partitions.iter().enumerate() {
-        for step in 0..steps {
+        for (step, used) in running_usage[p].iter().enumerate() {
             let reserved = partition.reserved.get(step).copied().unwrap_or(0.0);
-            let left = partition.capacity - reserved - running_usage[p][step];
+            let left = partition.capacity - reserved - used;
             over_committed.push(left < -FEASIBILITY_TOLERANCE);
             model.rows.push(Row {
                 kind: RowKind::Capacity { partition: p, step },
@@ -315,8 +315,8 @@ pub fn build_model(config: &ThreeSigmaConfig, input: &CycleInput<'_>) -> CycleMo
                     continue;
                 }
                 let mut entries = Vec::with_capacity(steps - step + 1);
-                for later in step..steps {
-                    let still_running = belief.survival(starts[later] - start);
+                for (later, at) in starts.iter().enumerate().skip(step) {
+                    let still_running = belief.survival(at - start);
                     if still_running <= 0.0 {
                         break;
                     }

@@ -831,24 +831,6 @@ pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hyper_exponential_gaps_have_the_asked_mean_and_variability() {
-        let mut rng = StdRng::seed_from_u64(3);
-        let gaps: Vec<f64> = (0..200_000)
-            .map(|_| interarrival(&mut rng, 2.0, 4.0))
-            .collect();
-        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
-        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
-        assert!((mean - 2.0).abs() < 0.05, "mean {mean}");
-        let cv2 = var / (mean * mean);
-        assert!((cv2 - 4.0).abs() < 0.3, "cv2 {cv2}");
-    }
-}
-
 /// `testbed experiment 3sigma [--seed N | --seeds a,b,c] [--json] [--report DIR]`.
 pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
     let seeds = if args.seeds.is_empty() {
@@ -894,4 +876,22 @@ pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hyper_exponential_gaps_have_the_asked_mean_and_variability() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let gaps: Vec<f64> = (0..200_000)
+            .map(|_| interarrival(&mut rng, 2.0, 4.0))
+            .collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+        assert!((mean - 2.0).abs() < 0.05, "mean {mean}");
+        let cv2 = var / (mean * mean);
+        assert!((cv2 - 4.0).abs() < 0.3, "cv2 {cv2}");
+    }
 }
