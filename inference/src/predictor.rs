@@ -261,7 +261,7 @@ impl FeatureHistory {
                 }
             }
             Estimator::RecentMean => {
-                let capacity = self.recent.capacity().max(1);
+                let capacity = ring_size(config);
                 let take = config.recent_mean_count.clamp(1, self.recent.len());
                 let mut sum = 0.0;
                 for back in 1..=take {
@@ -307,7 +307,7 @@ impl FeatureHistory {
         } else {
             config.rolling_alpha * runtime + (1.0 - config.rolling_alpha) * self.rolling
         };
-        let capacity = self.recent.capacity().max(1);
+        let capacity = ring_size(config);
         if self.recent.len() < capacity {
             self.recent.push(runtime);
             self.recent_next = self.recent.len() % capacity;
@@ -316,6 +316,19 @@ impl FeatureHistory {
             self.recent_next = (self.recent_next + 1) % capacity;
         }
         self.histogram.insert(runtime);
+    }
+}
+
+/// Size of the ring of recent values: from the config, not `Vec::capacity`, which a clone or a
+/// deserialised history does not keep (a cloned half-full ring then indexed past its end).
+fn ring_size(config: &PredictorConfig) -> usize {
+    config.recent_window.clamp(1, MAX_RECENT_WINDOW)
+}
+
+impl FeatureHistory {
+    #[cfg(test)]
+    fn recent_len(&self) -> usize {
+        self.recent.len()
     }
 
     /// Bytes this feature value occupies (struct, histogram bins, recent ring).
@@ -796,6 +809,33 @@ mod tests {
             .with("user", user)
             .with("name", name)
             .with("user+name", format!("{user}/{name}"))
+    }
+
+    #[test]
+    fn a_cloned_or_reloaded_predictor_keeps_its_ring_of_recent_runtimes() {
+        let mut predictor = RuntimePredictor::default();
+        let features = job("alice", "etl");
+        for runtime in [10.0, 20.0, 30.0] {
+            predictor.observe(&features, runtime);
+        }
+        let json = serde_json::to_string(&predictor).unwrap();
+        let mut reloaded: RuntimePredictor = serde_json::from_str(&json).unwrap();
+        let mut cloned = predictor.clone();
+        // Past the configured window (20): the ring wraps instead of growing or panicking.
+        for i in 0..30 {
+            cloned.observe(&features, 40.0 + f64::from(i));
+            reloaded.observe(&features, 40.0 + f64::from(i));
+        }
+        let feature = &features.features[0];
+        for p in [&cloned, &reloaded] {
+            let history = p.history(feature).unwrap();
+            assert_eq!(history.recent_len(), 20);
+            // The 20 most recent are 50..=69: their median is 59.5.
+            let median = history
+                .estimate(Estimator::RecentMedian, p.config())
+                .unwrap();
+            assert_eq!(median, 59.5);
+        }
     }
 
     #[test]

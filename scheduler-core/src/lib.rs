@@ -24,6 +24,7 @@ pub mod reservation;
 pub mod resources;
 pub mod shaper;
 pub mod shaping;
+pub mod threesigma;
 pub mod time;
 pub mod token;
 

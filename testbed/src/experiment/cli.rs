@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury (simulator), mercury-live (real local cluster) or morpheus.
+    /// Experiment name: mercury (simulator), mercury-live (real local cluster), morpheus or 3sigma.
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -47,6 +47,9 @@ pub struct ExperimentArgs {
     /// mercury-live: tasks per run of each workload.
     #[arg(long, default_value_t = 144)]
     pub tasks: usize,
+    /// 3sigma: the Google 2011 slice (job_events/, task_events/).
+    #[arg(long, default_value = "../shared/data/traces/google-2011")]
+    pub trace_dir: PathBuf,
 }
 
 /// Run `testbed experiment`.
@@ -57,9 +60,12 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     if args.name == "morpheus" {
         return super::morpheus::run_cli(args);
     }
+    if args.name == "3sigma" {
+        return super::threesigma::run_cli(args);
+    }
     if args.name != "mercury" {
         anyhow::bail!(
-            "unknown experiment {:?}: expected mercury, mercury-live or morpheus",
+            "unknown experiment {:?}: expected mercury, mercury-live, morpheus or 3sigma",
             args.name
         );
     }

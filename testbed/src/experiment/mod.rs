@@ -8,6 +8,7 @@ pub mod cli;
 pub mod mercury_live;
 pub mod morpheus;
 mod svg;
+pub mod threesigma;
 
 use crate::sim::{self, GuaranteedPlacerKind, SimConfig, SimReport, Stragglers};
 use crate::workload::{Arrivals, Generator};

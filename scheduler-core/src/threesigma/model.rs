@@ -1,0 +1,139 @@
+//! The MILP of one cycle as plain data, and the solver interface.
+//!
+//! Every column is a binary indicator (an option `I_jo` or a preemption `I_r`, §4.3.3/§4.3.5);
+//! every row is `Σ coef · x ≤ upper`. Tests inspect this structure directly; solvers receive it
+//! through [`MilpSolver`].
+
+use serde::{Deserialize, Serialize};
+
+/// What a column stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum ColumnKind {
+    /// Start pending job `job` (index into the cycle's pending list) in partition `partition`
+    /// at start step `step` of the plan-ahead window.
+    Option {
+        job: usize,
+        partition: usize,
+        step: usize,
+    },
+    /// Preempt running job `running` (index into the cycle's running list).
+    Preempt { running: usize },
+}
+
+/// One binary column: objective coefficient and its non-zero row entries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Column {
+    pub kind: ColumnKind,
+    pub objective: f64,
+    pub entries: Vec<(usize, f64)>,
+}
+
+/// What a row bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowKind {
+    /// `Σ_o I_jo ≤ 1` for pending job `job` (demand constraint).
+    OneOption { job: usize },
+    /// Capacity of `partition` at window step `step` (Eq. 3 with §4.3.5's credit).
+    Capacity { partition: usize, step: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub kind: RowKind,
+    pub upper: f64,
+}
+
+/// A maximisation MILP over binary columns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MilpModel {
+    pub columns: Vec<Column>,
+    pub rows: Vec<Row>,
+}
+
+/// Slack allowed on a row when checking a solution (solver tolerances).
+pub const FEASIBILITY_TOLERANCE: f64 = 1e-6;
+
+impl MilpModel {
+    pub fn nonzeros(&self) -> usize {
+        self.columns.iter().map(|c| c.entries.len()).sum()
+    }
+
+    /// Objective of a 0/1 selection.
+    pub fn objective(&self, chosen: &[bool]) -> f64 {
+        self.columns
+            .iter()
+            .zip(chosen)
+            .filter(|(_, on)| **on)
+            .map(|(c, _)| c.objective)
+            .sum()
+    }
+
+    /// Row activities of a 0/1 selection.
+    pub fn activities(&self, chosen: &[bool]) -> Vec<f64> {
+        let mut activity = vec![0.0; self.rows.len()];
+        for (column, on) in self.columns.iter().zip(chosen) {
+            if *on {
+                for (row, coef) in &column.entries {
+                    activity[*row] += coef;
+                }
+            }
+        }
+        activity
+    }
+
+    /// The first row a 0/1 selection violates, if any.
+    pub fn violated_row(&self, chosen: &[bool]) -> Option<usize> {
+        if chosen.len() != self.columns.len() {
+            return Some(0);
+        }
+        self.activities(chosen)
+            .iter()
+            .zip(&self.rows)
+            .position(|(a, row)| *a > row.upper + FEASIBILITY_TOLERANCE)
+    }
+}
+
+/// The LP relaxation's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LpSolution {
+    /// Value of each column in `[0, 1]`.
+    pub values: Vec<f64>,
+    /// The relaxation's optimum: an upper bound on any integer solution.
+    pub bound: f64,
+}
+
+/// What came back from a MILP run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MipSolution {
+    pub chosen: Vec<bool>,
+    pub objective: f64,
+}
+
+/// Why a solver gave no answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SolverError {
+    #[error("solver gave no solution: {0}")]
+    NoSolution(String),
+    #[error("solver rejected the model: {0}")]
+    Rejected(String),
+}
+
+/// A solver for [`MilpModel`]s. Time limits are the solver's own (it runs on the caller's
+/// thread; the core never reads a clock).
+pub trait MilpSolver {
+    fn name(&self) -> &'static str;
+    /// Solve the LP relaxation (every column in `[0, 1]`).
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        time_limit_s: f64,
+    ) -> Result<LpSolution, SolverError>;
+    /// Improve on `start` (a feasible 0/1 selection) as a MILP within the time limit. `None`
+    /// when the solver found nothing better or had no time.
+    fn improve(
+        &mut self,
+        model: &MilpModel,
+        start: &[bool],
+        time_limit_s: f64,
+    ) -> Result<Option<MipSolution>, SolverError>;
+}

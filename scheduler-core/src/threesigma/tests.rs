@@ -1,0 +1,456 @@
+use super::*;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// §4.3.4's example: one node, start times 0, 2.5, …, 17.5.
+fn paper_config() -> ThreeSigmaConfig {
+    ThreeSigmaConfig {
+        step_s: 2.5,
+        starts: 8,
+        ..ThreeSigmaConfig::default()
+    }
+}
+
+fn one_partition(capacity: f64) -> Vec<PartitionState> {
+    vec![PartitionState {
+        capacity,
+        reserved: vec![],
+    }]
+}
+
+fn job(id: u64, utility: Utility, runtimes: &[f64], gang: u32) -> PendingJob {
+    PendingJob {
+        id,
+        submit: 0.0,
+        utility,
+        gang,
+        belief: RuntimeBelief::from_runtimes(runtimes.to_vec()).unwrap(),
+        choices: vec![PartitionChoice {
+            partition: 0,
+            runtime_factor: 1.0,
+        }],
+    }
+}
+
+fn be(id: u64, runtimes: &[f64]) -> PendingJob {
+    job(
+        id,
+        Utility::BestEffort {
+            submit: 0.0,
+            value: 1.0,
+            zero_at: 40.0,
+        },
+        runtimes,
+        1,
+    )
+}
+
+fn slo(id: u64, runtimes: &[f64]) -> PendingJob {
+    job(
+        id,
+        Utility::Slo {
+            deadline: 15.0,
+            value: 1.0,
+        },
+        runtimes,
+        1,
+    )
+}
+
+#[test]
+fn the_model_of_the_papers_example_has_the_papers_coefficients() {
+    // Scenario 1: runtime U(0, 10) as four equally likely runtimes.
+    let u = [2.5, 5.0, 7.5, 10.0];
+    let pending = vec![slo(1, &u), be(2, &u)];
+    let partitions = one_partition(1.0);
+    let input = CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &[],
+    };
+    let cycle = build_model(&paper_config(), &input);
+    let model = &cycle.model;
+    // 8 capacity rows + 2 one-option rows.
+    assert_eq!(model.rows.len(), 10);
+    let slo_values: Vec<f64> = model
+        .columns
+        .iter()
+        .filter(|c| matches!(c.kind, ColumnKind::Option { job: 0, .. }))
+        .map(|c| c.objective)
+        .collect();
+    // Starts 0..5 → 1; 7.5 → 0.75; 10 → 0.5; 12.5 → 0.25; 15, 17.5 → 0 (pruned, §4.3.6).
+    assert_eq!(slo_values, vec![1.0, 1.0, 1.0, 0.75, 0.5, 0.25]);
+    // The SLO option starting at 2.5 uses 1, 0.75, 0.5, 0.25 at t = 2.5, 5, 7.5, 10: the
+    // paper's "0.75 I_SLO;0 + 1.0 I_SLO;2.5 + …" row at t = 2.5 reads down the columns.
+    let at_2_5 = model
+        .columns
+        .iter()
+        .find(|c| {
+            c.kind
+                == ColumnKind::Option {
+                    job: 0,
+                    partition: 0,
+                    step: 1,
+                }
+        })
+        .unwrap();
+    assert_eq!(
+        at_2_5.entries,
+        vec![(1, 1.0), (2, 0.75), (3, 0.5), (4, 0.25), (8, 1.0)]
+    );
+    let at_0 = &model.columns[0];
+    assert_eq!(at_0.entries[1], (1, 0.75));
+    assert!(model.rows[..8].iter().all(|r| r.upper == 1.0));
+}
+
+#[test]
+fn slo_job_goes_first_only_when_its_distribution_says_it_must() {
+    let partitions = one_partition(1.0);
+    // Scenario 1, U(0, 10): deferring the SLO job risks its deadline, so it starts now.
+    let wide = [2.5, 5.0, 7.5, 10.0];
+    let pending = vec![slo(1, &wide), be(2, &wide)];
+    let mut scheduler = ThreeSigmaScheduler::new("3Sigma", paper_config(), HighsSolver).unwrap();
+    let decision = scheduler.cycle(&CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &[],
+    });
+    assert_eq!(
+        decision.start_now.iter().map(|p| p.job).collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert!(decision.record.lp_bound.unwrap() >= decision.record.objective - 1e-9);
+    // Scenario 2, U(2.5, 7.5): both fit before the deadline, so the best-effort job goes first
+    // and the SLO job is planned for 7.5.
+    let narrow = [5.0, 7.5];
+    let pending = vec![slo(1, &narrow), be(2, &narrow)];
+    let mut scheduler = ThreeSigmaScheduler::new("3Sigma", paper_config(), HighsSolver).unwrap();
+    let decision = scheduler.cycle(&CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &[],
+    });
+    assert_eq!(
+        decision.start_now.iter().map(|p| p.job).collect::<Vec<_>>(),
+        vec![2]
+    );
+    assert_eq!(decision.deferred.len(), 1);
+    assert_eq!(decision.deferred[0].job, 1);
+    assert_eq!(decision.deferred[0].start, 7.5);
+}
+
+#[test]
+fn an_slo_job_preempts_best_effort_work_when_nothing_else_meets_its_deadline() {
+    let partitions = one_partition(2.0);
+    let running = vec![RunningJob {
+        id: 9,
+        partition: 0,
+        gang: 2,
+        started: 0.0,
+        belief: RuntimeBelief::point(100.0).unwrap(),
+        utility: Utility::BestEffort {
+            submit: 0.0,
+            value: 0.1,
+            zero_at: 400.0,
+        },
+        preemptible: true,
+    }];
+    let mut urgent = job(
+        1,
+        Utility::Slo {
+            deadline: 15.0,
+            value: 10.0,
+        },
+        &[10.0],
+        2,
+    );
+    urgent.submit = 1.0;
+    let pending = vec![urgent];
+    let mut scheduler = ThreeSigmaScheduler::new("3Sigma", paper_config(), HighsSolver).unwrap();
+    // Starting at 1 or 3.5 meets the deadline, 6 does not: the preemption may wait for the
+    // last start that still meets it (equal utility), but no later.
+    let mut preempted_at = None;
+    for now in [1.0, 3.5] {
+        let decision = scheduler.cycle(&CycleInput {
+            now,
+            partitions: &partitions,
+            pending: &pending,
+            running: &running,
+        });
+        if !decision.preempt.is_empty() {
+            assert_eq!(decision.preempt, vec![9]);
+            assert_eq!(decision.start_now.len(), 1);
+            preempted_at = Some(now);
+            break;
+        }
+        assert!(decision.start_now.is_empty());
+        assert_eq!(decision.deferred.len(), 1, "the SLO job stays planned");
+    }
+    assert!(preempted_at.is_some(), "never preempted");
+    // A cheap SLO job is not worth the running job's value: no preemption.
+    let mut cheap = pending[0].clone();
+    cheap.utility = Utility::Slo {
+        deadline: 15.0,
+        value: 0.01,
+    };
+    let decision = scheduler.cycle(&CycleInput {
+        now: 1.0,
+        partitions: &partitions,
+        pending: &[cheap],
+        running: &running,
+    });
+    assert!(decision.preempt.is_empty());
+    assert!(decision.start_now.is_empty());
+}
+
+/// A solver that always fails: exercises the greedy fallback.
+struct NoAnswer;
+
+impl MilpSolver for NoAnswer {
+    fn name(&self) -> &'static str {
+        "no-answer"
+    }
+    fn solve_relaxation(&mut self, _: &MilpModel, _: f64) -> Result<LpSolution, SolverError> {
+        Err(SolverError::NoSolution("time limit".into()))
+    }
+    fn improve(
+        &mut self,
+        _: &MilpModel,
+        _: &[bool],
+        _: f64,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        Err(SolverError::NoSolution("time limit".into()))
+    }
+}
+
+fn random_instance(rng: &mut StdRng) -> (Vec<PartitionState>, Vec<PendingJob>, Vec<RunningJob>) {
+    let partitions: Vec<PartitionState> = (0..rng.random_range(1..4))
+        .map(|_| PartitionState {
+            capacity: f64::from(rng.random_range(2..12u32)),
+            reserved: (0..16)
+                .map(|_| f64::from(rng.random_range(0..2u32)))
+                .collect(),
+        })
+        .collect();
+    let runtimes = |rng: &mut StdRng| -> Vec<f64> {
+        (0..rng.random_range(1..6))
+            .map(|_| rng.random_range(5.0..400.0))
+            .collect()
+    };
+    let pending: Vec<PendingJob> = (0..rng.random_range(1..30))
+        .map(|id| {
+            let utility = if rng.random_bool(0.5) {
+                Utility::Slo {
+                    deadline: rng.random_range(50.0..600.0),
+                    value: rng.random_range(1.0..10.0),
+                }
+            } else {
+                Utility::BestEffort {
+                    submit: 0.0,
+                    value: 1.0,
+                    zero_at: 3600.0,
+                }
+            };
+            PendingJob {
+                id,
+                submit: 0.0,
+                utility,
+                gang: rng.random_range(1..5),
+                belief: RuntimeBelief::from_runtimes(runtimes(rng)).unwrap(),
+                choices: (0..partitions.len())
+                    .map(|p| PartitionChoice {
+                        partition: p,
+                        runtime_factor: if p == 0 { 1.0 } else { 1.5 },
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let mut used = vec![0u32; partitions.len()];
+    let mut running = Vec::new();
+    for id in 100..100 + rng.random_range(0..10) {
+        let p = rng.random_range(0..partitions.len());
+        let gang = rng.random_range(1..3);
+        if f64::from(used[p] + gang) > partitions[p].capacity {
+            continue;
+        }
+        used[p] += gang;
+        running.push(RunningJob {
+            id,
+            partition: p,
+            gang,
+            started: -rng.random_range(0.0..300.0),
+            belief: RuntimeBelief::from_runtimes(runtimes(rng)).unwrap(),
+            utility: Utility::BestEffort {
+                submit: -300.0,
+                value: 1.0,
+                zero_at: 3600.0,
+            },
+            preemptible: rng.random_bool(0.5),
+        });
+    }
+    (partitions, pending, running)
+}
+
+/// What starting `decision` now would hold in each partition, against what is free there.
+fn check_enactable(
+    partitions: &[PartitionState],
+    pending: &[PendingJob],
+    running: &[RunningJob],
+    decision: &CycleDecision,
+) {
+    for (p, partition) in partitions.iter().enumerate() {
+        let held: u32 = running
+            .iter()
+            .filter(|r| r.partition == p && !decision.preempt.contains(&r.id))
+            .map(|r| r.gang)
+            .sum();
+        let started: u32 = decision
+            .start_now
+            .iter()
+            .filter(|s| s.partition == p)
+            .map(|s| pending.iter().find(|j| j.id == s.job).unwrap().gang)
+            .sum();
+        let reserved = partition.reserved.first().copied().unwrap_or(0.0);
+        assert!(
+            f64::from(held + started) <= (partition.capacity - reserved).max(f64::from(held)),
+            "partition {p}: held {held} + started {started} > {} - {reserved}: {decision:?} {running:?}",
+            partition.capacity
+        );
+    }
+    let mut ids: Vec<u64> = decision
+        .start_now
+        .iter()
+        .chain(&decision.deferred)
+        .map(|p| p.job)
+        .collect();
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "a job was chosen twice");
+}
+
+#[test]
+fn every_decision_is_enactable_whatever_the_solver_did() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let config = ThreeSigmaConfig {
+        step_s: 30.0,
+        ..ThreeSigmaConfig::default()
+    };
+    let mut with_highs = ThreeSigmaScheduler::new("3Sigma", config.clone(), HighsSolver).unwrap();
+    let mut failing = ThreeSigmaScheduler::new("fallback", config, NoAnswer).unwrap();
+    let mut methods = std::collections::HashSet::new();
+    for round in 0..40 {
+        let (partitions, pending, running) = random_instance(&mut rng);
+        let input = CycleInput {
+            now: 0.0,
+            partitions: &partitions,
+            pending: &pending,
+            running: &running,
+        };
+        let decision = with_highs.cycle(&input);
+        check_enactable(&partitions, &pending, &running, &decision);
+        if let Some(bound) = decision.record.lp_bound {
+            assert!(
+                decision.record.objective <= bound + 1e-6,
+                "round {round}: objective above the LP bound"
+            );
+        }
+        methods.insert(decision.record.method);
+        let fallback = failing.cycle(&input);
+        check_enactable(&partitions, &pending, &running, &fallback);
+        assert!(fallback.preempt.is_empty());
+        if fallback.record.columns > 0 {
+            // The repaired warm start may beat the greedy; either way the LP's failure is said.
+            assert!(matches!(
+                fallback.record.method,
+                DecisionMethod::GreedyFallback | DecisionMethod::WarmStart
+            ));
+            assert!(
+                fallback
+                    .record
+                    .note
+                    .as_deref()
+                    .unwrap()
+                    .contains("time limit")
+            );
+        }
+        let prio = PrioScheduler.cycle(&input);
+        check_enactable(&partitions, &pending, &running, &prio);
+    }
+    assert!(
+        methods.contains(&DecisionMethod::LpRounding)
+            || methods.contains(&DecisionMethod::MilpImproved)
+    );
+}
+
+#[test]
+fn rounding_never_violates_a_row_whatever_the_lp_values() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let config = ThreeSigmaConfig {
+        step_s: 30.0,
+        ..ThreeSigmaConfig::default()
+    };
+    for _ in 0..60 {
+        let (partitions, pending, running) = random_instance(&mut rng);
+        let cycle = build_model(
+            &config,
+            &CycleInput {
+                now: 0.0,
+                partitions: &partitions,
+                pending: &pending,
+                running: &running,
+            },
+        );
+        // Adversarial "LP" points: anything in [0, 1], including every preemption at 1.
+        let values: Vec<f64> = cycle
+            .model
+            .columns
+            .iter()
+            .map(|_| rng.random_range(0.0..1.0))
+            .collect();
+        let chosen = round_lp(&cycle.model, pending.len(), &values);
+        assert_eq!(cycle.model.violated_row(&chosen), None);
+        let chosen = greedy(&cycle.model, pending.len());
+        assert_eq!(cycle.model.violated_row(&chosen), None);
+    }
+}
+
+#[test]
+fn running_jobs_use_capacity_by_their_conditioned_distribution() {
+    // A running job (2 slots) believed to run 10 or 40 s has run 20 s: Eq. 2 leaves only 40,
+    // so it holds its 2 slots until t = 40 and nothing after.
+    let partitions = one_partition(3.0);
+    let running = vec![RunningJob {
+        id: 5,
+        partition: 0,
+        gang: 2,
+        started: 0.0,
+        belief: RuntimeBelief::from_runtimes(vec![10.0, 40.0]).unwrap(),
+        utility: Utility::Slo {
+            deadline: 100.0,
+            value: 1.0,
+        },
+        preemptible: false,
+    }];
+    let config = ThreeSigmaConfig {
+        step_s: 10.0,
+        starts: 4,
+        ..ThreeSigmaConfig::default()
+    };
+    let cycle = build_model(
+        &config,
+        &CycleInput {
+            now: 20.0,
+            partitions: &partitions,
+            pending: &[],
+            running: &running,
+        },
+    );
+    let uppers: Vec<f64> = cycle.model.rows.iter().map(|r| r.upper).collect();
+    // Rows at t = 20, 30, 40, 50.
+    assert_eq!(uppers, vec![1.0, 1.0, 3.0, 3.0]);
+}

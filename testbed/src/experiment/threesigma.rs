@@ -1,0 +1,897 @@
+//! `testbed experiment 3sigma`: 3Sigma §6.1 (end-to-end comparison) on a simulated cluster.
+//!
+//! The same seeded workload goes through four policies of `scheduler_core::threesigma`, driven
+//! by a virtual clock: 3Sigma (3σPredict's distributions, adaptive over-estimate handling),
+//! PointPerfEst (the exact runtime as a point), PointRealEst (3σPredict's point estimate), both
+//! with the same MILP, exp-inc and preemption but no over-estimate handling (Table 1), and Prio
+//! (strict SLO priority, no runtime knowledge). Parameters and their sources are in
+//! docs/experiments/3sigma/parameters.md; they were fixed before the first run.
+
+use inference::predictor::{JobFeatures, RuntimePredictor};
+use inference::traces::{
+    GoogleJob, google_jobs, read_google_job_events_path, read_google_task_events_path,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use scheduler_core::threesigma::{
+    CycleInput, CyclePolicy, DecisionMethod, HighsSolver, PartitionChoice, PartitionState,
+    PendingJob, PrioScheduler, RunningJob, RuntimeBelief, ThreeSigmaConfig, ThreeSigmaScheduler,
+    Utility,
+};
+use serde::{Deserialize, Serialize};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::path::Path;
+use std::time::Instant;
+
+use super::HeadlineRatio;
+
+/// Fixed parameters of the experiment (docs/experiments/3sigma/parameters.md).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreeSigmaParams {
+    /// Nodes (one container slot each, as 3Sigma's jobs ask for k nodes).
+    pub nodes: usize,
+    /// Racks: the partitions SLO jobs' preferences are expressed in.
+    pub racks: usize,
+    /// Simulated seconds of arrivals.
+    pub duration_s: f64,
+    /// Simulated seconds after the last arrival before the run is cut (late jobs finish).
+    pub drain_s: f64,
+    /// §5: nominal offered load 1.4 (SLO 0.7 + best-effort 0.7).
+    pub offered_load: f64,
+    /// §5: "an even mixture of SLO jobs ... and best effort jobs".
+    pub slo_fraction: f64,
+    /// §5: deadline slack drawn from {20, 40, 60, 80} %.
+    pub slacks_percent: Vec<f64>,
+    /// §5: arrivals with squared coefficient of variation 4.
+    pub arrival_cv2: f64,
+    /// §5: preferred resources are a random 75 % of the cluster.
+    pub preferred_fraction: f64,
+    /// §5: 1.5× longer on non-preferred resources.
+    pub non_preferred_slowdown: f64,
+    /// Value of an SLO job met on time, and of a best-effort job at submission (ours).
+    pub slo_value: f64,
+    pub best_effort_value: f64,
+    /// Best-effort value decays to zero this long after submission (ours).
+    pub best_effort_decay_s: f64,
+    /// Trace jobs kept: runtime within these bounds (ours) and at most one rack of tasks.
+    pub min_runtime_s: f64,
+    pub max_runtime_s: f64,
+    /// Share of the trace (in submission order) used to pre-train 3σPredict (§5 "Estimates").
+    pub pretrain_fraction: f64,
+    /// Quantiles of 3σPredict's distribution handed to 3σSched.
+    pub belief_quantiles: usize,
+    /// Simulated seconds between cycles (live: 1 s; see the parameters file).
+    pub cycle_interval_s: f64,
+    pub scheduler: ThreeSigmaConfig,
+}
+
+impl Default for ThreeSigmaParams {
+    fn default() -> Self {
+        Self {
+            nodes: 64,
+            racks: 4,
+            duration_s: 3600.0,
+            drain_s: 3600.0,
+            offered_load: 1.4,
+            slo_fraction: 0.5,
+            slacks_percent: vec![20.0, 40.0, 60.0, 80.0],
+            arrival_cv2: 4.0,
+            preferred_fraction: 0.75,
+            non_preferred_slowdown: 1.5,
+            slo_value: 10.0,
+            best_effort_value: 1.0,
+            best_effort_decay_s: 7200.0,
+            min_runtime_s: 10.0,
+            max_runtime_s: 3600.0,
+            pretrain_fraction: 0.3,
+            belief_quantiles: 20,
+            cycle_interval_s: 10.0,
+            scheduler: ThreeSigmaConfig::default(),
+        }
+    }
+}
+
+/// A trace job with what the workload needs.
+#[derive(Debug, Clone)]
+struct TraceJob {
+    features: JobFeatures,
+    runtime: f64,
+    gang: u32,
+}
+
+/// One job of the generated workload.
+#[derive(Debug, Clone)]
+struct WorkloadJob {
+    id: u64,
+    submit: f64,
+    /// Runtime on preferred resources.
+    runtime: f64,
+    gang: u32,
+    slo: bool,
+    deadline: f64,
+    /// Racks where the job runs at full speed.
+    preferred: Vec<usize>,
+    features: JobFeatures,
+}
+
+/// The trace, split into the pre-training part and the part workloads are drawn from.
+pub struct TracePool {
+    pretrain: Vec<TraceJob>,
+    draw: Vec<TraceJob>,
+}
+
+fn features_of(job: &GoogleJob) -> JobFeatures {
+    JobFeatures::new()
+        .with("logical", job.logical_job_name.clone())
+        .with("name", job.job_name.clone())
+        .with("user", job.user.clone())
+        .with(
+            "class",
+            job.scheduling_class
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+        )
+}
+
+/// Read the Google 2011 slice: jobs from `job_events`, gang size from `task_events` (tasks
+/// submitted per job; jobs without task rows — outside the first ~3 h — count one task, as 97 %
+/// of the jobs with task rows do).
+pub fn load_trace(dir: &Path, params: &ThreeSigmaParams) -> anyhow::Result<TracePool> {
+    let events = read_google_job_events_path(&dir.join("job_events"))
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.join("job_events").display()))?;
+    let tasks = read_google_task_events_path(&dir.join("task_events"))
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", dir.join("task_events").display()))?;
+    let mut task_count: HashMap<u64, std::collections::HashSet<u64>> = HashMap::new();
+    for t in &tasks {
+        if t.event_type == 0 {
+            task_count.entry(t.job_id).or_default().insert(t.task_index);
+        }
+    }
+    let rack_size = (params.nodes / params.racks.max(1)) as u32;
+    let mut jobs = google_jobs(&events, true);
+    jobs.sort_by(|a, b| a.submit.total_cmp(&b.submit).then(a.job_id.cmp(&b.job_id)));
+    let kept: Vec<TraceJob> = jobs
+        .iter()
+        .filter_map(|job| {
+            let runtime = job.runtime();
+            let gang = task_count.get(&job.job_id).map_or(1, |s| s.len() as u32);
+            (runtime >= params.min_runtime_s
+                && runtime <= params.max_runtime_s
+                && gang >= 1
+                && gang <= rack_size)
+                .then(|| TraceJob {
+                    features: features_of(job),
+                    runtime,
+                    gang,
+                })
+        })
+        .collect();
+    if kept.len() < 100 {
+        anyhow::bail!(
+            "only {} usable jobs in {}: is it the google-2011 slice?",
+            kept.len(),
+            dir.display()
+        );
+    }
+    let split = (kept.len() as f64 * params.pretrain_fraction) as usize;
+    let draw = kept[split..].to_vec();
+    let pretrain = kept[..split].to_vec();
+    Ok(TracePool { pretrain, draw })
+}
+
+/// Hyper-exponential inter-arrival time with mean `mean` and squared CV `cv2` (balanced means).
+fn interarrival(rng: &mut StdRng, mean: f64, cv2: f64) -> f64 {
+    let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+    if cv2 <= 1.0 {
+        return -mean * u.ln();
+    }
+    let p1 = 0.5 * (1.0 + ((cv2 - 1.0) / (cv2 + 1.0)).sqrt());
+    // Branch i is taken with probability p_i and has rate 2 p_i / mean (balanced means).
+    let branch = if rng.random_bool(p1) { p1 } else { 1.0 - p1 };
+    -u.ln() * mean / (2.0 * branch)
+}
+
+fn generate(pool: &TracePool, params: &ThreeSigmaParams, seed: u64) -> Vec<WorkloadJob> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mean_work: f64 = pool
+        .draw
+        .iter()
+        .map(|j| f64::from(j.gang) * j.runtime)
+        .sum::<f64>()
+        / pool.draw.len() as f64;
+    let mean_gap = mean_work / (params.offered_load * params.nodes as f64);
+    // Jobs are replayed in trace order from a seeded offset (recurring jobs keep their order).
+    let mut cursor = rng.random_range(0..pool.draw.len());
+    let mut out = Vec::new();
+    let mut t = 0.0;
+    loop {
+        t += interarrival(&mut rng, mean_gap, params.arrival_cv2);
+        if t >= params.duration_s {
+            break;
+        }
+        let job = &pool.draw[cursor % pool.draw.len()];
+        cursor += 1;
+        let slo = rng.random_bool(params.slo_fraction);
+        let slack = params.slacks_percent[rng.random_range(0..params.slacks_percent.len())];
+        let preferred_racks =
+            ((params.racks as f64 * params.preferred_fraction).round() as usize).max(1);
+        let mut racks: Vec<usize> = (0..params.racks).collect();
+        for i in 0..racks.len() {
+            let j = rng.random_range(i..racks.len());
+            racks.swap(i, j);
+        }
+        let mut preferred = if slo {
+            racks[..preferred_racks].to_vec()
+        } else {
+            (0..params.racks).collect()
+        };
+        preferred.sort_unstable();
+        out.push(WorkloadJob {
+            id: out.len() as u64,
+            submit: t,
+            runtime: job.runtime,
+            gang: job.gang,
+            slo,
+            deadline: t + job.runtime * (1.0 + slack / 100.0),
+            preferred,
+            features: job.features.clone(),
+        });
+    }
+    out
+}
+
+/// The four systems of Table 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum System {
+    #[serde(rename = "3Sigma")]
+    ThreeSigma,
+    PointPerfEst,
+    PointRealEst,
+    Prio,
+}
+
+impl System {
+    pub const ALL: [System; 4] = [
+        System::ThreeSigma,
+        System::PointPerfEst,
+        System::PointRealEst,
+        System::Prio,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            System::ThreeSigma => "3Sigma",
+            System::PointPerfEst => "PointPerfEst",
+            System::PointRealEst => "PointRealEst",
+            System::Prio => "Prio",
+        }
+    }
+}
+
+/// One system's outcome on one seed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SystemResult {
+    pub system: String,
+    pub seed: u64,
+    pub slo_jobs: usize,
+    pub best_effort_jobs: usize,
+    /// % of SLO jobs not finished by their deadline.
+    pub slo_miss_percent: f64,
+    /// Machine-hours of work completed (SLO on time + best effort).
+    pub goodput_machine_hours: f64,
+    /// Mean response time of completed best-effort jobs (s).
+    pub best_effort_latency_s: f64,
+    pub best_effort_completed: usize,
+    pub preemptions: usize,
+    pub cycles: usize,
+    pub cycle_ms_p50: f64,
+    pub cycle_ms_p99: f64,
+    pub cycle_ms_max: f64,
+    pub columns_mean: f64,
+    pub columns_max: usize,
+    pub rows_max: usize,
+    /// Mean over cycles with a positive LP bound of objective / bound.
+    pub solution_over_bound_mean: Option<f64>,
+    pub solution_over_bound_min: Option<f64>,
+    pub methods: BTreeMap<String, usize>,
+    /// Decisions that could not be enacted (must be 0).
+    pub not_enactable: usize,
+}
+
+fn belief_from(
+    prediction: &inference::distribution::RuntimeDistribution,
+    n: usize,
+) -> RuntimeBelief {
+    let levels: Vec<f64> = (0..n).map(|i| (i as f64 + 0.5) / n as f64).collect();
+    let mut q = vec![0.0; n];
+    prediction.quantiles_into(&levels, &mut q);
+    let runtimes: Vec<f64> = q.into_iter().map(|r| r.max(1.0)).collect();
+    RuntimeBelief::from_runtimes(runtimes).unwrap_or_else(|_| {
+        RuntimeBelief::point(prediction.median().max(1.0)).expect("positive point")
+    })
+}
+
+struct Running {
+    job: usize,
+    partition: usize,
+    started: f64,
+    epoch: u64,
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i]
+}
+
+/// Simulate one system on one workload.
+fn simulate(
+    system: System,
+    jobs: &[WorkloadJob],
+    pretrained: &RuntimePredictor,
+    prior: &RuntimeBelief,
+    params: &ThreeSigmaParams,
+    seed: u64,
+) -> SystemResult {
+    let rack_size = (params.nodes / params.racks) as f64;
+    let partitions: Vec<PartitionState> = (0..params.racks)
+        .map(|_| PartitionState {
+            capacity: rack_size,
+            reserved: Vec::new(),
+        })
+        .collect();
+    let mut policy: Box<dyn CyclePolicy> = match system {
+        System::ThreeSigma => Box::new(
+            ThreeSigmaScheduler::new("3Sigma", params.scheduler.clone(), HighsSolver)
+                .expect("valid config"),
+        ),
+        System::PointPerfEst | System::PointRealEst => Box::new(
+            ThreeSigmaScheduler::new(
+                system.name(),
+                ThreeSigmaConfig {
+                    over_estimate: None,
+                    ..params.scheduler.clone()
+                },
+                HighsSolver,
+            )
+            .expect("valid config"),
+        ),
+        System::Prio => Box::new(PrioScheduler),
+    };
+    let mut predictor = pretrained.clone();
+    // Beliefs on preferred resources, made at submission.
+    let mut beliefs: Vec<Option<RuntimeBelief>> = vec![None; jobs.len()];
+    let mut free = vec![rack_size; params.racks];
+    let mut pending: Vec<usize> = Vec::new();
+    let mut running: HashMap<usize, Running> = HashMap::new();
+    let mut finished: Vec<Option<f64>> = vec![None; jobs.len()];
+    let mut epochs = vec![0u64; jobs.len()];
+    // (time, seq) → completion of (job, epoch).
+    let mut completions: BinaryHeap<Reverse<(u64, u64, usize, u64)>> = BinaryHeap::new();
+    let to_key = |t: f64| (t * 1000.0).round() as u64;
+    let mut next_arrival = 0;
+    let mut preemptions = 0;
+    let mut cycle_ms = Vec::new();
+    let mut columns = Vec::new();
+    let mut rows_max = 0;
+    let mut ratios = Vec::new();
+    let mut methods: BTreeMap<String, usize> = BTreeMap::new();
+    let mut not_enactable = 0;
+    let end = params.duration_s + params.drain_s;
+    let mut now = 0.0;
+    let factor = |job: &WorkloadJob, partition: usize| {
+        if job.preferred.contains(&partition) {
+            1.0
+        } else {
+            params.non_preferred_slowdown
+        }
+    };
+    while now <= end {
+        // Completions up to now.
+        while let Some(Reverse((at, _, job, epoch))) = completions.peek().copied() {
+            if at > to_key(now) {
+                break;
+            }
+            completions.pop();
+            if epochs[job] != epoch {
+                continue;
+            }
+            if let Some(r) = running.remove(&job) {
+                free[r.partition] += f64::from(jobs[job].gang);
+                finished[job] = Some(at as f64 / 1000.0);
+                predictor.observe(&jobs[job].features, jobs[job].runtime);
+            }
+        }
+        // Arrivals up to now.
+        while next_arrival < jobs.len() && jobs[next_arrival].submit <= now {
+            let job = &jobs[next_arrival];
+            beliefs[next_arrival] = Some(match system {
+                System::ThreeSigma => predictor
+                    .predict(&job.features)
+                    .map(|p| belief_from(&p.distribution, params.belief_quantiles))
+                    .unwrap_or_else(|| prior.clone()),
+                System::PointPerfEst => RuntimeBelief::point(job.runtime).expect("positive"),
+                System::PointRealEst | System::Prio => predictor
+                    .point_estimate(&job.features)
+                    .and_then(|e| RuntimeBelief::point(e.max(1.0)).ok())
+                    .unwrap_or_else(|| {
+                        RuntimeBelief::point(prior.runtimes()[prior.runtimes().len() / 2])
+                            .expect("positive")
+                    }),
+            });
+            pending.push(next_arrival);
+            next_arrival += 1;
+        }
+        if !pending.is_empty() {
+            let pending_jobs: Vec<PendingJob> = pending
+                .iter()
+                .map(|&j| {
+                    let job = &jobs[j];
+                    PendingJob {
+                        id: job.id,
+                        submit: job.submit,
+                        utility: utility_of(job, params),
+                        gang: job.gang,
+                        belief: beliefs[j].clone().expect("set at arrival"),
+                        choices: (0..params.racks)
+                            .map(|p| PartitionChoice {
+                                partition: p,
+                                runtime_factor: factor(job, p),
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            let mut running_ids: Vec<usize> = running.keys().copied().collect();
+            running_ids.sort_unstable();
+            let running_jobs: Vec<RunningJob> = running_ids
+                .iter()
+                .map(|&j| {
+                    let r = &running[&j];
+                    let job = &jobs[j];
+                    RunningJob {
+                        id: job.id,
+                        partition: r.partition,
+                        gang: job.gang,
+                        started: r.started,
+                        belief: beliefs[j]
+                            .as_ref()
+                            .expect("set at arrival")
+                            .scaled(factor(job, r.partition)),
+                        utility: utility_of(job, params),
+                        preemptible: !job.slo,
+                    }
+                })
+                .collect();
+            let input = CycleInput {
+                now,
+                partitions: &partitions,
+                pending: &pending_jobs,
+                running: &running_jobs,
+            };
+            let began = Instant::now();
+            let decision = policy.cycle(&input);
+            cycle_ms.push(began.elapsed().as_secs_f64() * 1000.0);
+            let record = &decision.record;
+            *methods.entry(format!("{:?}", record.method)).or_default() += 1;
+            if record.method != DecisionMethod::Priority {
+                columns.push(record.columns as f64);
+                rows_max = rows_max.max(record.rows);
+                if let Some(bound) = record.lp_bound
+                    && bound > 1e-9
+                {
+                    ratios.push(record.objective / bound);
+                }
+            }
+            for id in &decision.preempt {
+                let j = *id as usize;
+                if let Some(r) = running.remove(&j) {
+                    free[r.partition] += f64::from(jobs[j].gang);
+                    epochs[j] += 1;
+                    pending.push(j);
+                    preemptions += 1;
+                }
+            }
+            for placement in &decision.start_now {
+                let j = placement.job as usize;
+                let job = &jobs[j];
+                let gang = f64::from(job.gang);
+                if free[placement.partition] + 1e-9 < gang {
+                    not_enactable += 1;
+                    continue;
+                }
+                free[placement.partition] -= gang;
+                pending.retain(|p| *p != j);
+                epochs[j] += 1;
+                let runtime = job.runtime * factor(job, placement.partition);
+                completions.push(Reverse((to_key(now + runtime), j as u64, j, epochs[j])));
+                running.insert(
+                    j,
+                    Running {
+                        job: j,
+                        partition: placement.partition,
+                        started: now,
+                        epoch: epochs[j],
+                    },
+                );
+            }
+            pending.sort_unstable();
+        }
+        now += params.cycle_interval_s;
+    }
+    debug_assert!(running.values().all(|r| r.epoch == epochs[r.job]));
+    // Metrics.
+    let slo: Vec<usize> = (0..jobs.len()).filter(|j| jobs[*j].slo).collect();
+    let be: Vec<usize> = (0..jobs.len()).filter(|j| !jobs[*j].slo).collect();
+    let missed = slo
+        .iter()
+        .filter(|j| finished[**j].is_none_or(|f| f > jobs[**j].deadline + 1e-6))
+        .count();
+    let mut goodput = 0.0;
+    for (j, job) in jobs.iter().enumerate() {
+        if let Some(f) = finished[j]
+            && (!job.slo || f <= job.deadline + 1e-6)
+        {
+            goodput += f64::from(job.gang) * job.runtime / 3600.0;
+        }
+    }
+    let be_latencies: Vec<f64> = be
+        .iter()
+        .filter_map(|j| finished[*j].map(|f| f - jobs[*j].submit))
+        .collect();
+    cycle_ms.sort_by(f64::total_cmp);
+    SystemResult {
+        system: system.name().into(),
+        seed,
+        slo_jobs: slo.len(),
+        best_effort_jobs: be.len(),
+        slo_miss_percent: 100.0 * missed as f64 / slo.len().max(1) as f64,
+        goodput_machine_hours: goodput,
+        best_effort_latency_s: be_latencies.iter().sum::<f64>() / be_latencies.len().max(1) as f64,
+        best_effort_completed: be_latencies.len(),
+        preemptions,
+        cycles: cycle_ms.len(),
+        cycle_ms_p50: quantile(&cycle_ms, 0.5),
+        cycle_ms_p99: quantile(&cycle_ms, 0.99),
+        cycle_ms_max: cycle_ms.last().copied().unwrap_or(0.0),
+        columns_mean: columns.iter().sum::<f64>() / columns.len().max(1) as f64,
+        columns_max: columns.iter().fold(0.0f64, |a, b| a.max(*b)) as usize,
+        rows_max,
+        solution_over_bound_mean: (!ratios.is_empty())
+            .then(|| ratios.iter().sum::<f64>() / ratios.len() as f64),
+        solution_over_bound_min: ratios.iter().copied().reduce(f64::min),
+        methods,
+        not_enactable,
+    }
+}
+
+fn utility_of(job: &WorkloadJob, params: &ThreeSigmaParams) -> Utility {
+    if job.slo {
+        Utility::Slo {
+            deadline: job.deadline,
+            value: params.slo_value,
+        }
+    } else {
+        Utility::BestEffort {
+            submit: job.submit,
+            value: params.best_effort_value,
+            zero_at: job.submit + params.best_effort_decay_s,
+        }
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreeSigmaReport {
+    pub experiment: String,
+    pub command: String,
+    pub seeds: Vec<u64>,
+    pub params: ThreeSigmaParams,
+    pub trace: String,
+    pub jobs_per_seed: Vec<usize>,
+    pub results: Vec<SystemResult>,
+    /// Per system: mean, min and max over seeds of the three metrics.
+    pub summary: Vec<SystemSummary>,
+    pub headline: Vec<HeadlineRatio>,
+    pub wall_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SystemSummary {
+    pub system: String,
+    pub slo_miss_percent: [f64; 3],
+    pub goodput_machine_hours: [f64; 3],
+    pub best_effort_latency_s: [f64; 3],
+    pub cycle_ms_p99_max: f64,
+}
+
+fn mean_min_max(values: &[f64]) -> [f64; 3] {
+    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    [mean, min, max]
+}
+
+/// Run the experiment over `seeds`, `threads` systems side by side.
+pub fn run(
+    trace_dir: &Path,
+    params: &ThreeSigmaParams,
+    seeds: &[u64],
+    threads: usize,
+    command: &str,
+) -> anyhow::Result<ThreeSigmaReport> {
+    params
+        .scheduler
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if params.racks == 0 || params.nodes < params.racks {
+        anyhow::bail!("need at least one node per rack");
+    }
+    let began = Instant::now();
+    let pool = load_trace(trace_dir, params)?;
+    let mut pretrained = RuntimePredictor::default();
+    for job in &pool.pretrain {
+        pretrained.observe(&job.features, job.runtime);
+    }
+    let mut prior_runtimes: Vec<f64> = pool.pretrain.iter().map(|j| j.runtime).collect();
+    prior_runtimes.sort_by(f64::total_cmp);
+    let n = params.belief_quantiles.max(1);
+    let prior = RuntimeBelief::from_runtimes(
+        (0..n)
+            .map(|i| {
+                prior_runtimes[((i as f64 + 0.5) / n as f64 * prior_runtimes.len() as f64) as usize]
+            })
+            .collect(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let workloads: Vec<(u64, Vec<WorkloadJob>)> = seeds
+        .iter()
+        .map(|seed| (*seed, generate(&pool, params, *seed)))
+        .collect();
+    let tasks: Vec<(usize, System)> = (0..workloads.len())
+        .flat_map(|w| System::ALL.iter().map(move |s| (w, *s)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((w, system)) = tasks.get(i).copied() else {
+                        break;
+                    };
+                    let (seed, jobs) = &workloads[w];
+                    let result = simulate(system, jobs, &pretrained, &prior, params, *seed);
+                    eprintln!(
+                        "  seed {seed} {:<13} SLO miss {:>5.1}%  goodput {:>6.1} M-h  BE latency {:>7.0} s  cycles {} p99 {:.1} ms",
+                        result.system,
+                        result.slo_miss_percent,
+                        result.goodput_machine_hours,
+                        result.best_effort_latency_s,
+                        result.cycles,
+                        result.cycle_ms_p99
+                    );
+                    results.lock().expect("no panics while held").push((i, result));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("threads joined");
+    results.sort_by_key(|(i, _)| *i);
+    let results: Vec<SystemResult> = results.into_iter().map(|(_, r)| r).collect();
+    let summary: Vec<SystemSummary> = System::ALL
+        .iter()
+        .map(|s| {
+            let of = |f: &dyn Fn(&SystemResult) -> f64| -> Vec<f64> {
+                results
+                    .iter()
+                    .filter(|r| r.system == s.name())
+                    .map(f)
+                    .collect()
+            };
+            SystemSummary {
+                system: s.name().into(),
+                slo_miss_percent: mean_min_max(&of(&|r| r.slo_miss_percent)),
+                goodput_machine_hours: mean_min_max(&of(&|r| r.goodput_machine_hours)),
+                best_effort_latency_s: mean_min_max(&of(&|r| r.best_effort_latency_s)),
+                cycle_ms_p99_max: of(&|r| r.cycle_ms_p99).into_iter().fold(0.0, f64::max),
+            }
+        })
+        .collect();
+    let headline = headline(&summary);
+    Ok(ThreeSigmaReport {
+        experiment: "3sigma".into(),
+        command: command.into(),
+        seeds: seeds.to_vec(),
+        params: params.clone(),
+        trace: trace_dir.display().to_string(),
+        jobs_per_seed: workloads.iter().map(|(_, w)| w.len()).collect(),
+        results,
+        summary,
+        headline,
+        wall_s: began.elapsed().as_secs_f64(),
+    })
+}
+
+/// §6.1's claims as "x× lower" → percent reduction, goodput as percent higher.
+fn headline(summary: &[SystemSummary]) -> Vec<HeadlineRatio> {
+    let get = |name: &str| summary.iter().find(|s| s.system == name);
+    let (Some(sigma), Some(real), Some(prio), Some(perf)) = (
+        get("3Sigma"),
+        get("PointRealEst"),
+        get("Prio"),
+        get("PointPerfEst"),
+    ) else {
+        return Vec::new();
+    };
+    let reduction = |ours: f64, theirs: f64| {
+        if theirs > 0.0 {
+            100.0 * (1.0 - ours / theirs)
+        } else {
+            0.0
+        }
+    };
+    vec![
+        HeadlineRatio {
+            claim: "SLO miss rate, 3Sigma vs PointRealEst (paper: 4.0x lower), % reduction".into(),
+            paper_percent: 100.0 * (1.0 - 1.0 / 4.0),
+            ours_percent: reduction(sigma.slo_miss_percent[0], real.slo_miss_percent[0]),
+        },
+        HeadlineRatio {
+            claim: "SLO miss rate, 3Sigma vs Prio (paper: 2.3x lower), % reduction".into(),
+            paper_percent: 100.0 * (1.0 - 1.0 / 2.3),
+            ours_percent: reduction(sigma.slo_miss_percent[0], prio.slo_miss_percent[0]),
+        },
+        HeadlineRatio {
+            claim: "Goodput, 3Sigma vs PointRealEst (paper: PointRealEst 5.4% lower), % higher"
+                .into(),
+            paper_percent: 100.0 * (1.0 / (1.0 - 0.054) - 1.0),
+            ours_percent: 100.0
+                * (sigma.goodput_machine_hours[0] / real.goodput_machine_hours[0].max(1e-9) - 1.0),
+        },
+        HeadlineRatio {
+            claim: "SLO miss rate, 3Sigma vs PointPerfEst (paper: close, 3Sigma slightly higher; Fig. 6 ~5% vs ~4%), % reduction".into(),
+            paper_percent: 100.0 * (1.0 - 4.5 / 3.5),
+            ours_percent: reduction(sigma.slo_miss_percent[0], perf.slo_miss_percent[0]),
+        },
+    ]
+}
+
+/// report.md and report.json into `dir`.
+pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    let mut md = format!(
+        "# 3Sigma §6.1 on the simulator\n\nCommand: `{}`\n\nSeeds {:?}; {} nodes in {} racks; {} s of arrivals + {} s drain; jobs per seed {:?}; wall {:.0} s. Parameters and sources: [parameters.md](parameters.md).\n\n## Headline (paper vs ours, mean over seeds)\n\n| claim | paper | ours |\n|---|---:|---:|\n",
+        report.command,
+        report.seeds,
+        report.params.nodes,
+        report.params.racks,
+        report.params.duration_s,
+        report.params.drain_s,
+        report.jobs_per_seed,
+        report.wall_s
+    );
+    for h in &report.headline {
+        md.push_str(&format!(
+            "| {} | {:+.1}% | {:+.1}% |\n",
+            h.claim, h.paper_percent, h.ours_percent
+        ));
+    }
+    md.push_str("\n## Per system (mean [min, max] over seeds)\n\n| system | SLO miss % | goodput (machine-h) | BE latency (s) | cycle p99 max (ms) |\n|---|---:|---:|---:|---:|\n");
+    for s in &report.summary {
+        md.push_str(&format!(
+            "| {} | {:.1} [{:.1}, {:.1}] | {:.1} [{:.1}, {:.1}] | {:.0} [{:.0}, {:.0}] | {:.1} |\n",
+            s.system,
+            s.slo_miss_percent[0],
+            s.slo_miss_percent[1],
+            s.slo_miss_percent[2],
+            s.goodput_machine_hours[0],
+            s.goodput_machine_hours[1],
+            s.goodput_machine_hours[2],
+            s.best_effort_latency_s[0],
+            s.best_effort_latency_s[1],
+            s.best_effort_latency_s[2],
+            s.cycle_ms_p99_max
+        ));
+    }
+    md.push_str("\n## Per run\n\n| seed | system | SLO miss % | goodput | BE latency s | BE done | preemptions | cycles | cycle p50/p99 ms | columns mean/max | rows max | solution / LP bound mean (min) | methods | not enactable |\n|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|---:|\n");
+    for r in &report.results {
+        md.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} | {:.0} | {}/{} | {} | {} | {:.1}/{:.1} | {:.0}/{} | {} | {} | {:?} | {} |\n",
+            r.seed,
+            r.system,
+            r.slo_miss_percent,
+            r.goodput_machine_hours,
+            r.best_effort_latency_s,
+            r.best_effort_completed,
+            r.best_effort_jobs,
+            r.preemptions,
+            r.cycles,
+            r.cycle_ms_p50,
+            r.cycle_ms_p99,
+            r.columns_mean,
+            r.columns_max,
+            r.rows_max,
+            match (r.solution_over_bound_mean, r.solution_over_bound_min) {
+                (Some(m), Some(n)) => format!("{m:.3} ({n:.3})"),
+                _ => "-".into(),
+            },
+            r.methods,
+            r.not_enactable
+        ));
+    }
+    std::fs::write(dir.join("report.md"), md)?;
+    Ok(())
+}
+
+/// `testbed experiment 3sigma [--seed N | --seeds a,b,c] [--json] [--report DIR]`.
+pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
+    let seeds = if args.seeds.is_empty() {
+        vec![args.seed]
+    } else {
+        args.seeds.clone()
+    };
+    let command = format!(
+        "testbed {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
+    let params = ThreeSigmaParams::default();
+    let report = run(&args.trace_dir, &params, &seeds, args.threads, &command)?;
+    if let Some(dir) = &args.report {
+        write(&report, dir)?;
+        eprintln!("report written to {}", dir.join("report.md").display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "3sigma experiment, seeds {:?}, {:.1} s wall",
+            report.seeds, report.wall_s
+        );
+        for s in &report.summary {
+            println!(
+                "  {:<13} SLO miss {:>5.1}% [{:.1}, {:.1}]  goodput {:>6.1} M-h  BE latency {:>7.0} s  cycle p99 ≤ {:.1} ms",
+                s.system,
+                s.slo_miss_percent[0],
+                s.slo_miss_percent[1],
+                s.slo_miss_percent[2],
+                s.goodput_machine_hours[0],
+                s.best_effort_latency_s[0],
+                s.cycle_ms_p99_max
+            );
+        }
+        println!("headline (paper vs ours):");
+        for h in &report.headline {
+            println!(
+                "  {:<100} {:>+7.1}% {:>+7.1}%",
+                h.claim, h.paper_percent, h.ours_percent
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hyper_exponential_gaps_have_the_asked_mean_and_variability() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let gaps: Vec<f64> = (0..200_000)
+            .map(|_| interarrival(&mut rng, 2.0, 4.0))
+            .collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+        assert!((mean - 2.0).abs() < 0.05, "mean {mean}");
+        let cv2 = var / (mean * mean);
+        assert!((cv2 - 4.0).abs() < 0.3, "cv2 {cv2}");
+    }
+}
