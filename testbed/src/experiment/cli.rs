@@ -8,7 +8,7 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury (simulator), mercury-live (real local cluster) or morpheus.
+    /// Experiment name: mercury (simulator), mercury-live (real local cluster), morpheus or pace.
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -57,9 +57,12 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     if args.name == "morpheus" {
         return super::morpheus::run_cli(args);
     }
+    if args.name == "pace" {
+        return super::pace::run_cli(args);
+    }
     if args.name != "mercury" {
         anyhow::bail!(
-            "unknown experiment {:?}: expected mercury, mercury-live or morpheus",
+            "unknown experiment {:?}: expected mercury, mercury-live, morpheus or pace",
             args.name
         );
     }
