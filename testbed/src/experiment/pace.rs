@@ -80,7 +80,7 @@ impl Default for PaceParameters {
             k1: 0.05,
             k2_values: vec![0.0, 1.0, 2.0, 3.0],
             gp_refit_every: 1,
-            arima_refit_every: 1,
+            arima_refit_every: 10,
         }
     }
 }
@@ -1062,6 +1062,41 @@ mod tests {
         assert!(gp.shaping_passes > 0);
         let again = simulate(&p, &w, pick("gp K2=3 pessimistic")).expect("gp again");
         assert_eq!(gp, again);
+    }
+
+    /// Use swinging between 10 % and 90 % of the request: once shaped allocations let more apps
+    /// in, the swings collide. The optimistic policy caps growth at the room left and the OS
+    /// kills; Algorithm 1 preempts instead and no app crashes.
+    #[test]
+    fn under_contention_the_optimistic_oracle_gets_oom_kills_and_the_pessimistic_one_preempts() {
+        let swinging: Vec<UsageSeries> = (0..2)
+            .map(|k| UsageSeries {
+                source: format!("swing/{k}"),
+                cpu: vec![0.3; 120],
+                memory: (0..120)
+                    .map(|i| if (i + 17 * k) % 60 < 30 { 0.1 } else { 0.9 })
+                    .collect(),
+            })
+            .collect();
+        let p = PaceParameters {
+            nodes: 2,
+            apps: 30,
+            duration_min: (60, 120),
+            horizon_min: 20_000,
+            ..PaceParameters::default()
+        };
+        let w = build_workload(&p, swinging, 9).expect("workload");
+        let configs = configurations(&p);
+        let run = |name: &str| {
+            let c = configs.iter().find(|c| c.name == name).expect("config");
+            simulate(&p, &w, c).expect("simulate")
+        };
+        let opt = run("oracle optimistic");
+        let pess = run("oracle pessimistic");
+        assert!(opt.crashes + opt.elastic_oom_kills > 0, "{opt:?}");
+        assert_eq!(pess.crashes + pess.elastic_oom_kills, 0, "{pess:?}");
+        assert!(pess.preempted_components > 0, "{pess:?}");
+        assert_eq!(pess.finished, p.apps, "{pess:?}");
     }
 
     #[test]
