@@ -8,7 +8,8 @@ use std::path::PathBuf;
 /// Arguments of `testbed experiment`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExperimentArgs {
-    /// Experiment name: mercury (simulator), mercury-live (real local cluster), morpheus or 3sigma.
+    /// Experiment name: mercury (simulator), mercury-live (real local cluster), morpheus, 3sigma
+    /// or pace.
     pub name: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -63,9 +64,12 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     if args.name == "3sigma" {
         return super::threesigma::run_cli(args);
     }
+    if args.name == "pace" {
+        return super::pace::run_cli(args);
+    }
     if args.name != "mercury" {
         anyhow::bail!(
-            "unknown experiment {:?}: expected mercury, mercury-live, morpheus or 3sigma",
+            "unknown experiment {:?}: expected mercury, mercury-live, morpheus, 3sigma or pace",
             args.name
         );
     }

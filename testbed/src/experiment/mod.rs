@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod mercury_live;
 pub mod morpheus;
+pub mod pace;
 mod svg;
 pub mod threesigma;
 
