@@ -53,6 +53,25 @@ pub struct ExperimentArgs {
     pub trace_dir: PathBuf,
 }
 
+impl ExperimentArgs {
+    /// `--seeds` if given, else `--seed` alone.
+    pub fn seed_list(&self) -> Vec<u64> {
+        if self.seeds.is_empty() {
+            vec![self.seed]
+        } else {
+            self.seeds.clone()
+        }
+    }
+}
+
+/// This process's command line as a report quotes it (`testbed experiment ...`).
+pub fn command_line() -> String {
+    format!(
+        "testbed {}",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    )
+}
+
 /// Run `testbed experiment`.
 pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     if args.name == "mercury-live" {
@@ -85,10 +104,7 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         },
     };
     if !args.seeds.is_empty() {
-        let command = format!(
-            "testbed {}",
-            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
-        );
+        let command = command_line();
         let report = mercury_seeds(&options, &args.seeds, args.sensitivity_duration_s, &command)
             .map_err(|e| anyhow::anyhow!(e))?;
         if let Some(dir) = &args.report {
@@ -165,10 +181,7 @@ fn mercury_live_cli(args: &ExperimentArgs) -> anyhow::Result<()> {
     };
     let report = mercury_live::run(&options, true)?;
     if let Some(dir) = &args.report {
-        let command = format!(
-            "testbed {}",
-            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
-        );
+        let command = command_line();
         mercury_live::write_report(&report, dir, &command)?;
         eprintln!("report written to {}", dir.join("report.md").display());
     }

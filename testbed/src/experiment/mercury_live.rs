@@ -292,11 +292,7 @@ fn headline(runs: &[LiveRun], rounds: usize) -> Vec<LiveHeadline> {
 
 /// `report.md` and `report.json` in `dir`.
 pub fn write_report(report: &LiveReport, dir: &Path, command: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(report).map_err(std::io::Error::other)?,
-    )?;
+    super::write_report_json(report, dir)?;
     let o = &report.options;
     let mut md = format!(
         "# Mercury on the live cluster\n\n\

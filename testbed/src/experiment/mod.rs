@@ -468,12 +468,18 @@ fn write_group_charts<const N: usize>(
     Ok(())
 }
 
-pub fn write_report(report: &ExperimentReport, dir: &Path) -> std::io::Result<()> {
+/// Create `dir` and write `report` as `dir/report.json` (every experiment's machine-readable
+/// report, headline included).
+pub fn write_report_json<T: Serialize>(report: &T, dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(
         dir.join("report.json"),
         serde_json::to_string_pretty(report).map_err(std::io::Error::other)?,
-    )?;
+    )
+}
+
+pub fn write_report(report: &ExperimentReport, dir: &Path) -> std::io::Result<()> {
+    write_report_json(report, dir)?;
     let mut md = String::new();
     md.push_str(&format!(
         "# Mercury §7 reproduced on the simulator\n\nSeed {}, {} simulated seconds per configuration, task launch overhead {} ms, wall time {:.1} s.\nEvery configuration runs the same seeded workload through the production `scheduler-core` policies (see `docs/benchmarks-sim.md` for the model).\n\n",
@@ -780,11 +786,7 @@ pub fn mercury_seeds(
 
 /// Write `report.md`, `report.json` and one SVG chart per figure group (seed means) into `dir`.
 pub fn write_multi_report(report: &MultiSeedReport, dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(report).map_err(std::io::Error::other)?,
-    )?;
+    write_report_json(report, dir)?;
     let seeds: Vec<String> = report.seeds.iter().map(u64::to_string).collect();
     let mut md = String::new();
     md.push_str(&format!(

@@ -1222,11 +1222,7 @@ pub fn morpheus_seeds(seeds: &[u64], command: &str) -> anyhow::Result<MorpheusMu
 /// report.md and report.json.
 pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<()> {
     use std::fmt::Write;
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(report)?,
-    )?;
+    super::write_report_json(report, dir)?;
     let mut md = String::new();
     writeln!(md, "# Morpheus §9 on the simulator\n")?;
     writeln!(md, "Command: `{}`  ", report.command)?;
@@ -1336,15 +1332,8 @@ pub fn write_report(report: &MorpheusMultiReport, dir: &Path) -> anyhow::Result<
 
 /// `testbed experiment morpheus`.
 pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
-    let seeds = if args.seeds.is_empty() {
-        vec![args.seed]
-    } else {
-        args.seeds.clone()
-    };
-    let command = format!(
-        "testbed {}",
-        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
-    );
+    let seeds = args.seed_list();
+    let command = super::cli::command_line();
     let report = morpheus_seeds(&seeds, &command)?;
     if let Some(dir) = &args.report {
         write_report(&report, dir)?;

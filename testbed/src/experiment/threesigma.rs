@@ -762,11 +762,7 @@ fn headline(summary: &[SystemSummary]) -> Vec<HeadlineRatio> {
 
 /// report.md and report.json into `dir`.
 pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(report)?,
-    )?;
+    super::write_report_json(report, dir)?;
     let mut md = format!(
         "# 3Sigma §6.1 on the simulator\n\nCommand: `{}`\n\nSeeds {:?}; {} nodes in {} racks; {} s of arrivals + {} s drain; jobs per seed {:?}; wall {:.0} s. Parameters and sources: [parameters.md](parameters.md).\n\n## Headline (paper vs ours, mean over seeds)\n\n| claim | paper | ours |\n|---|---:|---:|\n",
         report.command,
@@ -833,15 +829,8 @@ pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
 
 /// `testbed experiment 3sigma [--seed N | --seeds a,b,c] [--json] [--report DIR]`.
 pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
-    let seeds = if args.seeds.is_empty() {
-        vec![args.seed]
-    } else {
-        args.seeds.clone()
-    };
-    let command = format!(
-        "testbed {}",
-        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
-    );
+    let seeds = args.seed_list();
+    let command = super::cli::command_line();
     let params = ThreeSigmaParams::default();
     let report = run(&args.trace_dir, &params, &seeds, args.threads, &command)?;
     if let Some(dir) = &args.report {
