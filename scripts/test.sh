@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# cmake, g++ and libclang for HiGHS (installed with apt-get when run as root).
+bash scripts/prerequisites.sh
 echo "== rustfmt"
 cargo fmt --all -- --check
 echo "== clippy"
