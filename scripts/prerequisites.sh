@@ -6,8 +6,11 @@ set -euo pipefail
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
-if ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null &&
-  ! compgen -G "/usr/lib/*/libclang*.so*" >/dev/null; then
+# bindgen loads libclang itself (libclang.so / libclang-N.so), not libclang-cpp, which other
+# packages install on their own.
+if ! compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null &&
+  ! compgen -G "/usr/lib/*/libclang.so*" >/dev/null &&
+  ! compgen -G "/usr/lib/*/libclang-[0-9]*.so*" >/dev/null; then
   need+=(libclang-dev)
 fi
 if [ ${#need[@]} -eq 0 ]; then
