@@ -181,14 +181,14 @@ pub async fn start_adopting(
             None
         }
     });
-    if adopt_state.is_some() {
-        let keep = handover
-            .as_ref()
-            .map(upgrade::UpgradeState::descriptors)
-            .unwrap_or_default();
-        let closed = upgrade::close_stray_inherited(&keep);
+    if adopt_state.is_some() && handover.is_none() {
+        // The refused hand-over's listeners and pipes must not leak into containers.
+        let closed = upgrade::close_stray_inherited(&[]);
         if closed > 0 {
-            tracing::warn!(closed, "closed inherited descriptors no hand-over claimed");
+            tracing::warn!(
+                closed,
+                "closed the inherited descriptors of the refused hand-over"
+            );
         }
     }
     let identity = exec::user::decide(

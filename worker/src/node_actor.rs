@@ -420,11 +420,21 @@ async fn supervise(
                 node.do_send(ProcessEnded { id });
                 return;
             }
-            Step::Cmd(Some(ProcCmd::HandOver(reply))) => {
-                let _ = reply.send(proc.hand_over().map_err(|e| e.to_string()));
-                // Kept (never dropped, never waited for): the next image owns the process.
-                std::future::pending::<()>().await;
-            }
+            Step::Cmd(Some(ProcCmd::HandOver(reply))) => match proc.hand_over() {
+                Ok(handover) => {
+                    let _ = reply.send(Ok(handover));
+                    // Kept (never dropped, never waited for): the next image owns the process.
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => {
+                    // Its leader was reaped already: finish the wait so the end is handed over.
+                    let outcome = proc.wait().await;
+                    ended.borrow_mut().insert(id, ProcessEnd::Exited(outcome));
+                    let _ = reply.send(Err(e.to_string()));
+                    node.do_send(ProcessEnded { id });
+                    return;
+                }
+            },
             Step::Cmd(Some(ProcCmd::Resize(limits))) => {
                 let result = proc.resize(limits).map_err(|e| e.to_string());
                 node.do_send(ResizeApplied { id, result });

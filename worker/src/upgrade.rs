@@ -267,8 +267,9 @@ pub fn keep_across_exec(fd: RawFd) -> io::Result<()> {
 
 /// Closes every descriptor above the standard three that lacks close-on-exec and is not in
 /// `keep`: everything this process opens itself is close-on-exec, so such a descriptor was
-/// inherited across an upgrade and not taken (a refused state file), and would otherwise leak
-/// into containers. Returns how many were closed.
+/// inherited (across a refused upgrade: its listeners and pipes, which would otherwise leak
+/// into containers; or from the worker's own parent, which gives a worker nothing it needs
+/// beyond the standard three). Returns how many were closed.
 pub fn close_stray_inherited(keep: &[RawFd]) -> usize {
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
         return 0;

@@ -142,8 +142,11 @@ impl AdoptedLeader {
         // SAFETY: the syscall returned a fresh descriptor that nothing else owns (close-on-exec
         // is set by pidfd_open).
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let pidfd = AsyncFd::with_interest(owned, tokio::io::Interest::READABLE)
-            .map_err(|e| watch_err(format!("registering the pidfd: {e}")))?;
+        // SAFETY: the AsyncFd takes the OwnedFd, which stays open and returns the same
+        // descriptor until the AsyncFd is dropped.
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+                .map_err(|e| watch_err(format!("registering the pidfd: {e}")))?;
         Ok(AdoptedLeader {
             pid: pid_t,
             pidfd,
@@ -179,9 +182,16 @@ impl ContainerProcess {
     /// for the next image. The pipes' read ends are duplicated (close-on-exec still set: the
     /// upgrade clears it right before `execve`) and this image's copying stops. Afterwards
     /// [`ContainerProcess::wait`] never returns and dropping the handle leaves the container
-    /// alone. Fails if the container has already ended (its outcome is then known here).
+    /// alone. Fails if the leader has been reaped already (finish [`ContainerProcess::wait`]
+    /// then: the outcome is known here, not in the next image).
     pub fn hand_over(&mut self) -> Result<ProcessHandover, ExecError> {
-        if self.outcome.is_some() || self.handed_over {
+        if self.outcome.is_some()
+            || self.handed_over
+            || self
+                .tree
+                .leader_reaped
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
             return Err(ExecError::Task(format!(
                 "container {} has ended or was handed over already",
                 self.tree.container_id
