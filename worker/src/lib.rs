@@ -432,13 +432,16 @@ fn inherited_tcp(fd: std::os::fd::RawFd, what: &str) -> Option<tokio::net::TcpLi
     // SAFETY: the descriptor was handed over for this listener alone (checked by the state
     // file's validation to be named once); it is owned from here on.
     let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
-    let ready = (|| -> std::io::Result<tokio::net::TcpListener> {
+    fn ready(
+        fd: std::os::fd::RawFd,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<tokio::net::TcpListener> {
         listener.local_addr()?; // a socket, of the IP family
         listener.set_nonblocking(true)?;
         set_cloexec(fd)?;
         tokio::net::TcpListener::from_std(listener)
-    })();
-    match ready {
+    }
+    match ready(fd, listener) {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(fd, error = %e, "the handed-over {what} listener is unusable: binding afresh");
@@ -455,7 +458,11 @@ fn inherited_unix(
     use std::os::fd::FromRawFd;
     // SAFETY: as in `inherited_tcp`.
     let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
-    let ready = (|| -> std::io::Result<tokio::net::UnixListener> {
+    fn ready(
+        fd: std::os::fd::RawFd,
+        listener: std::os::unix::net::UnixListener,
+        path: &std::path::Path,
+    ) -> std::io::Result<tokio::net::UnixListener> {
         let addr = listener.local_addr()?;
         if addr.as_pathname() != Some(path) {
             return Err(std::io::Error::other(format!(
@@ -466,8 +473,8 @@ fn inherited_unix(
         listener.set_nonblocking(true)?;
         set_cloexec(fd)?;
         tokio::net::UnixListener::from_std(listener)
-    })();
-    match ready {
+    }
+    match ready(fd, listener, path) {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(fd, error = %e, "the handed-over app socket is unusable: binding afresh");
