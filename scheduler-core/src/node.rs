@@ -111,6 +111,16 @@ pub enum NodeError {
         guaranteed: Resources,
         capacity: Resources,
     },
+    #[error(
+        "running container {id} ({asked}) cannot be taken back: only {free} of the node is free"
+    )]
+    NoRoomToAdopt {
+        id: ContainerId,
+        asked: Resources,
+        free: Resources,
+    },
+    #[error("the worker is upgrading in place: retry in a moment")]
+    Upgrading,
     #[error("the QUEUEABLE queue is full ({0} containers)")]
     QueueFull(usize),
     #[error("container {0} is not on this node")]
@@ -454,6 +464,35 @@ impl NodeRuntime {
             && self.queue.is_empty()
             && headroom.cpu_millis > 0
             && headroom.memory_mib > 0
+    }
+
+    /// Books a container that is already running here, started at `started_at`, without a
+    /// `Start` event: a worker that upgraded in place (`execve`) takes its running containers
+    /// back this way before it re-joins. Refused, changing nothing, if it is already known or
+    /// would take the node, or its GUARANTEED work, past the capacity (the caller then kills it).
+    pub fn adopt_running(
+        &mut self,
+        started_at: Time,
+        spec: ContainerSpec,
+    ) -> Result<(), NodeError> {
+        if self.placement(spec.id).is_some() {
+            return Err(NodeError::Duplicate(spec.id));
+        }
+        if !spec.resources.fits_in(&self.free()) {
+            return Err(NodeError::NoRoomToAdopt {
+                id: spec.id,
+                asked: spec.resources,
+                free: self.free(),
+            });
+        }
+        if spec.container_type == ContainerType::Guaranteed {
+            self.check_guaranteed_fits(spec.id, spec.resources)?;
+        }
+        self.launch(started_at, spec);
+        if let Some(NodeEvent::Start { .. }) = self.events.last() {
+            self.events.pop();
+        }
+        Ok(())
     }
 
     fn launch(&mut self, now: Time, spec: ContainerSpec) {

@@ -462,3 +462,49 @@ fn resizing_a_guaranteed_container_moves_the_nodes_accounting() {
     // Only running GUARANTEED containers are resized.
     assert!(s.node.resize(s.now, q, Resources::new(1, 1)).is_err());
 }
+
+/// A worker upgraded in place books the containers it took over as running since they started,
+/// without asking to launch them, and refuses one that would over-commit the node.
+#[test]
+fn an_adopted_running_container_is_booked_without_a_start_and_never_over_commits() {
+    let mut s = Scenario::new(1000, 1000);
+    s.at(100);
+    let g = s.container(ContainerType::Guaranteed, 600, 0);
+    let q = s.container(ContainerType::Queueable, 300, 0);
+    s.node
+        .adopt_running(Time::from_secs(40), g.clone())
+        .expect("fits");
+    s.node
+        .adopt_running(Time::from_secs(90), q.clone())
+        .expect("fits");
+    assert!(s.check().is_empty(), "no Start for a running container");
+    assert_eq!(s.node.placement(g.id), Some(Placement::Running));
+    assert_eq!(s.node.allocated(), Resources::new(900, 900));
+    assert_eq!(s.node.guaranteed_allocated(), Resources::new(600, 600));
+    assert_eq!(
+        s.node.elapsed(s.now, g.id),
+        Some(std::time::Duration::from_secs(60))
+    );
+    // Already known, or more than the free room: refused, nothing changes.
+    assert_eq!(
+        s.node.adopt_running(s.now, g.clone()),
+        Err(NodeError::Duplicate(g.id))
+    );
+    let too_big = s.container(ContainerType::Queueable, 200, 0);
+    assert!(matches!(
+        s.node.adopt_running(s.now, too_big),
+        Err(NodeError::NoRoomToAdopt { .. })
+    ));
+    assert!(s.check().is_empty());
+    assert_eq!(s.node.allocated(), Resources::new(900, 900));
+    // Adopted containers end like any other, and queued work starts in their room.
+    let (waiting, events) = s.submit(ContainerType::Queueable, 400, 0);
+    assert!(started(&events).is_empty());
+    s.node.on_exit(s.now, q.id, 3).expect("known");
+    let events = s.check();
+    assert!(events.contains(&NodeEvent::Finished {
+        id: q.id,
+        exit_code: 3
+    }));
+    assert_eq!(started(&events), vec![waiting]);
+}

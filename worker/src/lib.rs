@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod node_actor;
 pub mod scheduler_actor;
 pub mod shared;
+pub mod upgrade;
 
 use actix::{Actor, Addr};
 use anyhow::Context;
@@ -37,12 +38,103 @@ pub struct WorkerHandle {
     pub shared: std::rc::Rc<shared::Shared>,
     /// Bound address of `GET /metrics`, when `metrics_listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// Running containers taken back from the previous image (in-place upgrade), if any.
+    pub adopted: usize,
+    /// What an in-place upgrade hands on besides the containers.
+    upgrade: UpgradeContext,
+}
+
+/// The listeners (close-on-exec duplicates, kept open for the hand-over), the state dir and
+/// the executor's cgroup name: what [`WorkerHandle::upgrade`] passes to the next image.
+struct UpgradeContext {
+    node_id: String,
+    state_dir: std::path::PathBuf,
+    cgroup_name: String,
+    app_tcp: Option<std::os::fd::OwnedFd>,
+    app_unix: Option<std::os::fd::OwnedFd>,
+    metrics: Option<std::os::fd::OwnedFd>,
+}
+
+/// A close-on-exec duplicate of a listener's descriptor.
+fn dup_listener(fd: std::os::fd::BorrowedFd<'_>) -> anyhow::Result<std::os::fd::OwnedFd> {
+    fd.try_clone_to_owned()
+        .context("duplicating a listener for in-place upgrades")
 }
 
 impl WorkerHandle {
     /// Kill every container (orderly shutdown).
     pub async fn shutdown(&self) {
         let _ = self.node.send(node_actor::KillAll).await;
+    }
+
+    /// Upgrade in place: hand the containers over, write the upgrade state (0600) into the
+    /// state dir and `execve` `binary` with this process's arguments plus `--adopt-state`
+    /// (module [`upgrade`]). Returns only on failure, saying whether the containers had been
+    /// handed over already (then this image can no longer serve them and should exit: the
+    /// next start kills them from the state dir's records).
+    pub async fn upgrade(&self, binary: &std::path::Path) -> (anyhow::Error, bool) {
+        use std::os::fd::AsRawFd;
+        if !upgrade::is_executable(binary) {
+            return (
+                anyhow::anyhow!(
+                    "the worker binary {} is not an executable file: nothing changed",
+                    binary.display()
+                ),
+                false,
+            );
+        }
+        let node = match self.node.send(node_actor::HandOverAll).await {
+            Ok(node) => node,
+            Err(e) => return (anyhow::anyhow!("the node runtime is gone: {e}"), true),
+        };
+        let ctx = &self.upgrade;
+        let state = upgrade::UpgradeState {
+            format: upgrade::STATE_FORMAT,
+            node_id: ctx.node_id.clone(),
+            pid: std::process::id(),
+            written_at_ms: shared::wall_now().as_millis(),
+            session: self.shared.session.get(),
+            cgroup_name: ctx.cgroup_name.clone(),
+            listeners: upgrade::HandedListeners {
+                app_tcp: ctx.app_tcp.as_ref().map(AsRawFd::as_raw_fd),
+                app_unix: ctx.app_unix.as_ref().map(AsRawFd::as_raw_fd),
+                metrics: ctx.metrics.as_ref().map(AsRawFd::as_raw_fd),
+            },
+            node,
+        };
+        for fd in state.descriptors() {
+            if let Err(e) = upgrade::keep_across_exec(fd) {
+                return (
+                    anyhow::anyhow!("keeping descriptor {fd} across the exec: {e}"),
+                    true,
+                );
+            }
+        }
+        let path = ctx.state_dir.join(upgrade::STATE_FILE);
+        if let Err(e) = upgrade::write(&path, &state) {
+            return (
+                anyhow::anyhow!("writing the upgrade state {}: {e}", path.display()),
+                true,
+            );
+        }
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        let args = upgrade::next_args(&args, &path);
+        tracing::info!(
+            binary = %binary.display(),
+            running = state.node.running.len(),
+            pending = state.node.pending.len(),
+            "executing the new worker image"
+        );
+        let error = upgrade::exec(binary, &args);
+        tracing::error!(binary = %binary.display(), %error, "exec of the new worker binary failed: re-executing this image");
+        let again = upgrade::exec(std::path::Path::new("/proc/self/exe"), &args);
+        (
+            anyhow::anyhow!(
+                "exec of {} failed ({error}), and of this image too ({again})",
+                binary.display()
+            ),
+            true,
+        )
     }
 }
 
@@ -57,6 +149,48 @@ pub async fn start_with_clock(
     config: WorkerConfig,
     clock: scheduler_core::time::Clock,
 ) -> anyhow::Result<WorkerHandle> {
+    start_adopting(config, clock, None).await
+}
+
+/// [`start_with_clock`], taking over the containers and listeners an earlier image of this
+/// process handed over (`worker run --adopt-state FILE`, after [`WorkerHandle::upgrade`]). A
+/// state file that fails its checks is reported and nothing in it is trusted: the containers
+/// the state dir records are then killed as after a crash.
+pub async fn start_adopting(
+    config: WorkerConfig,
+    clock: scheduler_core::time::Clock,
+    adopt_state: Option<&std::path::Path>,
+) -> anyhow::Result<WorkerHandle> {
+    use std::os::fd::AsFd;
+    let handover = adopt_state.and_then(|path| match upgrade::load(path, &config.node_id) {
+        Ok(state) => {
+            tracing::info!(
+                file = %path.display(),
+                written_at_ms = state.written_at_ms,
+                previous_session = state.session,
+                running = state.node.running.len(),
+                pending = state.node.pending.len(),
+                "taking over from the previous worker image"
+            );
+            Some(state)
+        }
+        Err(e) => {
+            tracing::error!(
+                "{e}: adopting nothing; the containers recorded in the state dir are killed"
+            );
+            None
+        }
+    });
+    if adopt_state.is_some() && handover.is_none() {
+        // The refused hand-over's listeners and pipes must not leak into containers.
+        let closed = upgrade::close_stray_inherited(&[]);
+        if closed > 0 {
+            tracing::warn!(
+                closed,
+                "closed the inherited descriptors of the refused hand-over"
+            );
+        }
+    }
     let identity = exec::user::decide(
         config.container_user.clone(),
         config.allow_root_containers,
@@ -86,7 +220,11 @@ pub async fn start_with_clock(
             .with_context(|| "opening the worker state dir (--state-dir)".to_string())?,
     );
     let reaping = Arc::clone(&state);
-    let report = tokio::task::spawn_blocking(move || reaping.reap_leftovers())
+    let keep: std::collections::HashSet<u64> = handover
+        .as_ref()
+        .map(|h| h.node.processes().map(|p| p.container_id).collect())
+        .unwrap_or_default();
+    let report = tokio::task::spawn_blocking(move || reaping.reap_leftovers_except(&keep))
         .await
         .context("reaping leftover containers")??;
     if report != exec::state::ReapReport::default() {
@@ -101,15 +239,19 @@ pub async fn start_with_clock(
         );
     }
     // The app endpoints: TCP (TLS, or plaintext chosen explicitly) and/or the Unix socket.
+    let handed = handover.as_ref().map(|h| h.listeners).unwrap_or_default();
     let tcp = match &config.app_tcp {
         Some(tcp) => {
             let acceptor = match &tcp.tls {
                 Some(tls) => Some(app_endpoint::tls_acceptor(&tls.cert, &tls.key)?),
                 None => None,
             };
-            let listener = tokio::net::TcpListener::bind(tcp.listen)
-                .await
-                .with_context(|| format!("binding the app endpoint on {}", tcp.listen))?;
+            let listener = match handed.app_tcp.and_then(|fd| inherited_tcp(fd, "app")) {
+                Some(listener) => listener,
+                None => tokio::net::TcpListener::bind(tcp.listen)
+                    .await
+                    .with_context(|| format!("binding the app endpoint on {}", tcp.listen))?,
+            };
             Some((listener, acceptor))
         }
         None => None,
@@ -119,7 +261,13 @@ pub async fn start_with_clock(
         None => None,
     };
     let unix = match &config.app_socket {
-        Some(socket) => Some(bind_app_socket(socket)?),
+        Some(socket) => match handed
+            .app_unix
+            .and_then(|fd| inherited_unix(fd, &socket.path))
+        {
+            Some(listener) => Some(listener),
+            None => Some(bind_app_socket(socket)?),
+        },
         None => None,
     };
     let app_endpoint = advertised_endpoint(
@@ -145,13 +293,19 @@ pub async fn start_with_clock(
     node_config.reorder_by_job_submit_time = !config.fifo_queue;
     node_config.default_runtime_estimate_ms = config.default_runtime_estimate_ms;
     node_config.max_queue_length = config.max_queue_length;
-    let executor = Rc::new(exec::Executor::detect(exec::ExecutorConfig {
+    let mut executor_config = exec::ExecutorConfig {
         log_dir: config.container_log_dir.clone(),
         log_max_bytes: config.container_log_max_bytes,
         run_as: identity.run_as(),
         state: Some(state),
         ..Default::default()
-    }));
+    };
+    if let Some(h) = &handover {
+        // Adopted containers' cgroups are below the previous image's root.
+        executor_config.cgroup_name = h.cgroup_name.clone();
+    }
+    let cgroup_name = executor_config.cgroup_name.clone();
+    let executor = Rc::new(exec::Executor::detect(executor_config));
     tracing::info!(
         enforcement = executor.enforcement().name(),
         "container executor ready"
@@ -159,12 +313,29 @@ pub async fn start_with_clock(
 
     // Bound before the actors start, so a taken port fails start-up naming the setting.
     let metrics_listener = match config.metrics_listen {
-        Some(addr) => Some(
-            metrics::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?,
-        ),
+        Some(addr) => match handed.metrics.and_then(|fd| inherited_tcp(fd, "metrics")) {
+            Some(listener) => Some(listener),
+            None => Some(
+                metrics::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?,
+            ),
+        },
         None => None,
+    };
+    let upgrade_context = UpgradeContext {
+        node_id: config.node_id.clone(),
+        state_dir: config.state_dir.clone(),
+        cgroup_name,
+        app_tcp: tcp
+            .as_ref()
+            .map(|(l, _)| dup_listener(l.as_fd()))
+            .transpose()?,
+        app_unix: unix.as_ref().map(|l| dup_listener(l.as_fd())).transpose()?,
+        metrics: metrics_listener
+            .as_ref()
+            .map(|l| dup_listener(l.as_fd()))
+            .transpose()?,
     };
     let shared = Rc::new(Shared::with_clock(clock));
     let metrics_addr = match metrics_listener {
@@ -185,6 +356,14 @@ pub async fn start_with_clock(
     )
     .start();
     let scheduler = scheduler_actor::SchedulerActor::new(shared.clone(), link_tx, seed).start();
+    // Before the join, so the join reports the adopted containers running.
+    let adopted = match handover {
+        Some(h) => node
+            .send(node_actor::Restore(h.node))
+            .await
+            .context("restoring the handed-over containers")?,
+        None => 0,
+    };
 
     let endpoint = app_endpoint::Endpoint {
         node_id: node_id.clone(),
@@ -241,7 +420,75 @@ pub async fn start_with_clock(
         node,
         scheduler,
         shared,
+        adopted,
+        upgrade: upgrade_context,
     })
+}
+
+/// An app or metrics TCP listener inherited across an upgrade, if `fd` is one (else logged and
+/// `None`: the caller binds afresh).
+fn inherited_tcp(fd: std::os::fd::RawFd, what: &str) -> Option<tokio::net::TcpListener> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the descriptor was handed over for this listener alone (checked by the state
+    // file's validation to be named once); it is owned from here on.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    fn ready(
+        fd: std::os::fd::RawFd,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<tokio::net::TcpListener> {
+        listener.local_addr()?; // a socket, of the IP family
+        listener.set_nonblocking(true)?;
+        set_cloexec(fd)?;
+        tokio::net::TcpListener::from_std(listener)
+    }
+    match ready(fd, listener) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(fd, error = %e, "the handed-over {what} listener is unusable: binding afresh");
+            None
+        }
+    }
+}
+
+/// The app Unix-socket listener inherited across an upgrade, if `fd` is one bound to `path`.
+fn inherited_unix(
+    fd: std::os::fd::RawFd,
+    path: &std::path::Path,
+) -> Option<tokio::net::UnixListener> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: as in `inherited_tcp`.
+    let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+    fn ready(
+        fd: std::os::fd::RawFd,
+        listener: std::os::unix::net::UnixListener,
+        path: &std::path::Path,
+    ) -> std::io::Result<tokio::net::UnixListener> {
+        let addr = listener.local_addr()?;
+        if addr.as_pathname() != Some(path) {
+            return Err(std::io::Error::other(format!(
+                "it is bound to {addr:?}, not {}",
+                path.display()
+            )));
+        }
+        listener.set_nonblocking(true)?;
+        set_cloexec(fd)?;
+        tokio::net::UnixListener::from_std(listener)
+    }
+    match ready(fd, listener, path) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(fd, error = %e, "the handed-over app socket is unusable: binding afresh");
+            None
+        }
+    }
+}
+
+fn set_cloexec(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor this image owns.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The endpoint grants name for this node (docs/protocol.md §1): `--app-advertise` verbatim if

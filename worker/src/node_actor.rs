@@ -31,6 +31,8 @@ enum ProcCmd {
     Kill,
     /// New limits (the resource shaper resized the container).
     Resize(ContainerLimits),
+    /// Hand the process over to the next worker image (in-place upgrade) and stop serving it.
+    HandOver(tokio::sync::oneshot::Sender<Result<exec::adopt::ProcessHandover, String>>),
 }
 
 pub struct NodeActor {
@@ -49,6 +51,15 @@ pub struct NodeActor {
     /// Starts and ends not yet reported; each heartbeat reports a bounded prefix.
     reports: ReportLog,
     heartbeat: Option<(SpawnHandle, Duration)>,
+    /// How each process task's container ended, left by the task before it tells the actor
+    /// ([`ProcessEnded`]), so an upgrade's hand-over finds ends whose message is still queued.
+    ended: Rc<std::cell::RefCell<HashMap<ContainerId, ProcessEnd>>>,
+    /// Set once the containers were handed over for an in-place upgrade: the node changes
+    /// nothing any more (the next image takes over from the hand-over).
+    upgrading: bool,
+    /// Containers taken back after an upgrade: their events are held for apps that have not
+    /// re-subscribed yet (their connections dropped with the old image).
+    adopted: std::collections::HashSet<ContainerId>,
 }
 
 impl NodeActor {
@@ -72,21 +83,26 @@ impl NodeActor {
             usage: HashMap::new(),
             reports: ReportLog::default(),
             heartbeat: None,
+            ended: Rc::default(),
+            upgrading: false,
+            adopted: Default::default(),
         }
     }
 
     fn event(&self, id: ContainerId, kind: ContainerEventKind) {
         if let Some(app) = self.owners.get(&id) {
             let at_ms = self.shared.clock.now().as_millis();
-            self.shared.notify(
-                app,
-                ContainerEvent {
-                    container_id: id,
-                    node_id: self.node_id.clone(),
-                    event: kind,
-                    at_ms,
-                },
-            );
+            let event = ContainerEvent {
+                container_id: id,
+                node_id: self.node_id.clone(),
+                event: kind,
+                at_ms,
+            };
+            if self.adopted.contains(&id) {
+                self.shared.notify_or_hold(app, event);
+            } else {
+                self.shared.notify(app, event);
+            }
         }
     }
 
@@ -171,7 +187,7 @@ impl NodeActor {
             .unwrap_or_default();
         let span = tracing::info_span!("container", node = %self.node_id, container = %id, app = %app, job = %job);
         actix_rt::spawn(tracing::Instrument::instrument(
-            run_container(executor, id, spec, limits, rx, me),
+            run_container(executor, id, spec, limits, rx, me, self.ended.clone()),
             span,
         ));
     }
@@ -242,6 +258,13 @@ impl NodeActor {
     }
 
     fn start_container(&mut self, app: AppId, req: StartContainer) -> AppResponse {
+        if self.upgrading {
+            return error(
+                req.request_id,
+                ErrorCode::CoordinatorUnavailable,
+                "start_container refused: the worker is upgrading in place; retry in a moment",
+            );
+        }
         let now = self.shared.clock.now();
         let token = &req.token;
         if let Err(e) = self.verifier.check(token, &app, now.as_millis()) {
@@ -351,20 +374,33 @@ async fn run_container(
     id: ContainerId,
     spec: exec::LaunchSpec,
     limits: ContainerLimits,
-    mut cmd_rx: mpsc::UnboundedReceiver<ProcCmd>,
+    cmd_rx: mpsc::UnboundedReceiver<ProcCmd>,
     node: Addr<NodeActor>,
+    ended: Rc<std::cell::RefCell<HashMap<ContainerId, ProcessEnd>>>,
 ) {
-    let mut proc: ContainerProcess = match executor.launch(id.0, &spec, limits).await {
+    let proc: ContainerProcess = match executor.launch(id.0, &spec, limits).await {
         Ok(p) => p,
         Err(e) => {
-            node.do_send(ProcessEnded {
-                id,
-                end: ProcessEnd::LaunchFailed(e.to_string()),
-            });
+            ended
+                .borrow_mut()
+                .insert(id, ProcessEnd::LaunchFailed(e.to_string()));
+            node.do_send(ProcessEnded { id });
             return;
         }
     };
     debug!(container = %id, pid = proc.pid(), "container process started");
+    supervise(proc, id, cmd_rx, node, ended).await;
+}
+
+/// Wait for a running container's exit while serving kill, resize and hand-over commands and
+/// sampling its usage.
+async fn supervise(
+    mut proc: ContainerProcess,
+    id: ContainerId,
+    mut cmd_rx: mpsc::UnboundedReceiver<ProcCmd>,
+    node: Addr<NodeActor>,
+    ended: Rc<std::cell::RefCell<HashMap<ContainerId, ProcessEnd>>>,
+) {
     let mut sample = tokio::time::interval(Duration::from_secs(1));
     let mut commands_open = true;
     loop {
@@ -380,17 +416,36 @@ async fn run_container(
         };
         match step {
             Step::Exit(outcome) => {
-                node.do_send(ProcessEnded {
-                    id,
-                    end: ProcessEnd::Exited(outcome),
-                });
+                ended.borrow_mut().insert(id, ProcessEnd::Exited(outcome));
+                node.do_send(ProcessEnded { id });
                 return;
             }
+            Step::Cmd(Some(ProcCmd::HandOver(reply))) => match proc.hand_over() {
+                Ok(handover) => {
+                    let _ = reply.send(Ok(handover));
+                    // Kept (never dropped, never waited for): the next image owns the process.
+                    std::future::pending::<()>().await;
+                }
+                Err(e) => {
+                    // Its leader was reaped already: finish the wait so the end is handed over.
+                    let outcome = proc.wait().await;
+                    ended.borrow_mut().insert(id, ProcessEnd::Exited(outcome));
+                    let _ = reply.send(Err(e.to_string()));
+                    node.do_send(ProcessEnded { id });
+                    return;
+                }
+            },
             Step::Cmd(Some(ProcCmd::Resize(limits))) => {
                 let result = proc.resize(limits).map_err(|e| e.to_string());
                 node.do_send(ResizeApplied { id, result });
             }
-            Step::Cmd(Some(ProcCmd::Kill)) | Step::Cmd(None) => {
+            Step::Cmd(Some(ProcCmd::Kill)) => {
+                // Commands stay open: a hand-over may still come before the exit is reaped.
+                if let Err(e) = proc.kill_tree() {
+                    warn!(container = %id, "kill failed: {e}");
+                }
+            }
+            Step::Cmd(None) => {
                 commands_open = false;
                 if let Err(e) = proc.kill_tree() {
                     warn!(container = %id, "kill failed: {e}");
@@ -405,7 +460,10 @@ async fn run_container(
     }
 }
 
-enum ProcessEnd {
+/// How a container's process ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessEnd {
     LaunchFailed(String),
     Exited(ExitOutcome),
 }
@@ -414,20 +472,32 @@ enum ProcessEnd {
 #[rtype(result = "()")]
 struct ProcessEnded {
     id: ContainerId,
-    end: ProcessEnd,
 }
 
 impl Handler<ProcessEnded> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: ProcessEnded, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            return; // the end stays in `ended` for the hand-over
+        }
         let id = msg.id;
+        let Some(end) = self.ended.borrow_mut().remove(&id) else {
+            return;
+        };
+        self.process_ended(ctx, id, end);
+    }
+}
+
+impl NodeActor {
+    /// A container's process ended: tell the runtime (and so the app and coordinator).
+    fn process_ended(&mut self, ctx: &mut Context<Self>, id: ContainerId, end: ProcessEnd) {
         self.processes.remove(&id);
         self.usage.remove(&id);
         if self.node.placement(id) != Some(Placement::Running) {
             return; // already killed by the runtime (preempted, released, shed, lost)
         }
         let now = self.shared.clock.now();
-        let result = match msg.end {
+        let result = match end {
             ProcessEnd::LaunchFailed(e) => {
                 self.node.on_failure(now, id, format!("launch failed: {e}"))
             }
@@ -490,6 +560,9 @@ pub struct ResizeMsg(pub ResizeContainer);
 impl Handler<ResizeMsg> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: ResizeMsg, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            return;
+        }
         let ResizeContainer {
             container_id,
             resources,
@@ -567,6 +640,9 @@ pub struct StopLocal {
 impl Handler<StopLocal> for NodeActor {
     type Result = Result<(), NodeError>;
     fn handle(&mut self, msg: StopLocal, ctx: &mut Context<Self>) -> Self::Result {
+        if self.upgrading {
+            return Err(NodeError::Upgrading);
+        }
         self.node
             .stop(self.shared.clock.now(), msg.container_id, &msg.app)?;
         self.flush(ctx);
@@ -614,6 +690,9 @@ pub struct NodeJoined {
 impl Handler<NodeJoined> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeJoined, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            return;
+        }
         if let Err(e) = self.verifier.set_node_session(&msg.node_secret) {
             // Tokens of the new session are refused until a join brings usable material.
             tracing::error!("the coordinator's session secret is unusable: {e}");
@@ -667,6 +746,9 @@ pub struct NodeHints {
 impl Handler<NodeHints> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: NodeHints, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            return;
+        }
         let now = self.shared.clock.now();
         if let Some(keys) = msg.guaranteed_keys {
             self.verifier.set_guaranteed_keys(keys);
@@ -694,6 +776,10 @@ pub struct ApplyPromotionMsg(pub ApplyPromotion);
 impl Handler<ApplyPromotionMsg> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: ApplyPromotionMsg, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            // Unanswered: the coordinator's promotion fails with the node's session.
+            return;
+        }
         let ApplyPromotion {
             correlation_id,
             token,
@@ -742,6 +828,9 @@ pub struct StopOnBehalf {
 impl Handler<StopOnBehalf> for NodeActor {
     type Result = ();
     fn handle(&mut self, msg: StopOnBehalf, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            return;
+        }
         let now = self.shared.clock.now();
         if let Some(until_ms) = msg.revoke_until_ms {
             // Revoke first: whether or not the container started meanwhile, its token must not
@@ -773,6 +862,9 @@ pub struct KillAll;
 impl Handler<KillAll> for NodeActor {
     type Result = ();
     fn handle(&mut self, _: KillAll, ctx: &mut Context<Self>) {
+        if self.upgrading {
+            return;
+        }
         self.node.kill_all(
             self.shared.clock.now(),
             KillReason::Lost,
@@ -815,5 +907,275 @@ impl Handler<Inspect> for NodeActor {
             revoked_grants: self.verifier.revoked_count(),
             invariants: self.node.check_invariants(),
         })
+    }
+}
+
+/// One running container in a hand-over.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunningHandover {
+    pub spec: ContainerSpec,
+    /// When it started (the worker's wall clock, ms since the Unix epoch).
+    pub started_at_ms: u64,
+    pub process: HandedProcess,
+}
+
+/// The state of a running container's process at the hand-over.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandedProcess {
+    /// Still running (or exited and not reaped yet): the next image adopts it.
+    Alive(exec::adopt::ProcessHandover),
+    /// It ended before the hand-over; the next image reports the end.
+    Ended(ProcessEnd),
+    /// Its process could not be handed over (named): the next image reports it failed.
+    Lost(String),
+}
+
+/// A container accepted but not started yet (queued QUEUEABLE, or GUARANTEED waiting).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PendingHandover {
+    pub spec: ContainerSpec,
+    pub launch: exec::LaunchSpec,
+}
+
+/// Everything the node runtime hands to the next worker image.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeHandover {
+    pub running: Vec<RunningHandover>,
+    /// In submission order (container ids ascend with it per issuer).
+    pub pending: Vec<PendingHandover>,
+    /// Processes already killed by the runtime and not reaped yet: the next image reaps them.
+    pub draining: Vec<exec::adopt::ProcessHandover>,
+}
+
+impl NodeHandover {
+    /// Every process handed over (adopted or reaped by the next image).
+    pub fn processes(&self) -> impl Iterator<Item = &exec::adopt::ProcessHandover> {
+        self.running
+            .iter()
+            .filter_map(|r| match &r.process {
+                HandedProcess::Alive(h) => Some(h),
+                _ => None,
+            })
+            .chain(self.draining.iter())
+    }
+}
+
+/// Stop serving containers and hand them over for an in-place upgrade (the actor then refuses
+/// every change; only an `execve` follows).
+#[derive(Message)]
+#[rtype(result = "NodeHandover")]
+pub struct HandOverAll;
+
+impl Handler<HandOverAll> for NodeActor {
+    type Result = AtomicResponse<Self, NodeHandover>;
+    fn handle(&mut self, _: HandOverAll, _: &mut Context<Self>) -> Self::Result {
+        self.upgrading = true;
+        let mut replies = Vec::new();
+        for (id, tx) in &self.processes {
+            let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
+            if tx.send(ProcCmd::HandOver(reply_tx)).is_ok() {
+                replies.push((*id, reply_rx));
+            }
+        }
+        let collect = async move {
+            let mut out = HashMap::new();
+            for (id, rx) in replies {
+                if let Ok(Ok(handover)) = rx.await {
+                    out.insert(id, handover);
+                }
+            }
+            out
+        };
+        AtomicResponse::new(Box::pin(
+            collect
+                .into_actor(self)
+                .map(|mut handed, act, _| act.build_handover(&mut handed)),
+        ))
+    }
+}
+
+impl NodeActor {
+    fn build_handover(
+        &mut self,
+        handed: &mut HashMap<ContainerId, exec::adopt::ProcessHandover>,
+    ) -> NodeHandover {
+        let now = self.shared.clock.now();
+        let mut out = NodeHandover::default();
+        let mut ended = self.ended.borrow_mut();
+        for status in self.node.statuses() {
+            let Some(spec) = self.node.spec(status.id).cloned() else {
+                continue;
+            };
+            if status.placement == Placement::Running {
+                let elapsed = self.node.elapsed(now, status.id).unwrap_or_default();
+                let started_at_ms = now
+                    .as_millis()
+                    .saturating_sub(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+                let process = match (handed.remove(&status.id), ended.remove(&status.id)) {
+                    (Some(h), _) => HandedProcess::Alive(h),
+                    (None, Some(end)) => HandedProcess::Ended(end),
+                    (None, None) => HandedProcess::Lost(
+                        "its process was neither running nor reported ended at the hand-over"
+                            .into(),
+                    ),
+                };
+                out.running.push(RunningHandover {
+                    spec,
+                    started_at_ms,
+                    process,
+                });
+            } else {
+                out.pending.push(PendingHandover {
+                    launch: self
+                        .launch_specs
+                        .get(&status.id)
+                        .cloned()
+                        .unwrap_or_default(),
+                    spec,
+                });
+            }
+        }
+        // Killed by the runtime, exit not reaped yet.
+        let mut draining: Vec<_> = handed.drain().map(|(_, h)| h).collect();
+        draining.sort_by_key(|h| h.container_id);
+        out.draining = draining;
+        info!(
+            running = out.running.len(),
+            pending = out.pending.len(),
+            draining = out.draining.len(),
+            "containers handed over for the upgrade"
+        );
+        out
+    }
+}
+
+/// Take back what an earlier image of this worker handed over (before the first join, so the
+/// join reports the adopted containers running). Returns how many running containers were
+/// adopted.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Restore(pub NodeHandover);
+
+impl Handler<Restore> for NodeActor {
+    type Result = usize;
+    fn handle(&mut self, msg: Restore, ctx: &mut Context<Self>) -> usize {
+        let NodeHandover {
+            running,
+            pending,
+            draining,
+        } = msg.0;
+        let now = self.shared.clock.now();
+        let mut adopted = 0;
+        let mut ends = Vec::new();
+        for r in running {
+            let id = r.spec.id;
+            self.owners.insert(id, r.spec.app_id.clone());
+            self.adopted.insert(id);
+            let started_at = Time::from_millis(r.started_at_ms.min(now.as_millis()));
+            if let Err(e) = self.node.adopt_running(started_at, r.spec) {
+                // Not booked here, so killed, and its end told to its app and the coordinator.
+                if let HandedProcess::Alive(h) = &r.process {
+                    exec::adopt::kill_unadoptable(h);
+                }
+                let message = format!("could not be taken back after the worker upgrade: {e}");
+                warn!(container = %id, "{message}");
+                self.reports.finished(id);
+                if id.issuer() == 0 && self.shared.connected.get() {
+                    let _ = self.link.send(WorkerToCoordinator::GuaranteedFinished(
+                        GuaranteedFinished { finished: vec![id] },
+                    ));
+                }
+                self.event(
+                    id,
+                    ContainerEventKind::Killed {
+                        reason: KillReason::Lost,
+                        message,
+                    },
+                );
+                self.owners.remove(&id);
+                continue;
+            }
+            match r.process {
+                HandedProcess::Alive(h) => match self.executor.adopt(&h) {
+                    Ok(proc) => {
+                        adopted += 1;
+                        self.supervise_adopted(ctx, id, proc);
+                    }
+                    Err(e) => {
+                        exec::adopt::kill_unadoptable(&h);
+                        let message = format!(
+                            "killed: its process could not be taken back after the worker upgrade: {e}"
+                        );
+                        warn!(container = %id, "{message}");
+                        let _ = self.node.on_failure(now, id, message);
+                    }
+                },
+                HandedProcess::Ended(end) => ends.push((id, end)),
+                HandedProcess::Lost(why) => {
+                    let _ =
+                        self.node
+                            .on_failure(now, id, format!("lost in the worker upgrade: {why}"));
+                }
+            }
+        }
+        for (id, end) in ends {
+            self.process_ended(ctx, id, end);
+        }
+        for p in pending {
+            let id = p.spec.id;
+            self.owners.insert(id, p.spec.app_id.clone());
+            self.adopted.insert(id);
+            self.launch_specs.insert(id, p.launch);
+            if let Err(e) = self.node.submit(now, p.spec) {
+                self.launch_specs.remove(&id);
+                warn!(container = %id, "a waiting container could not be taken back after the upgrade: {e}");
+                self.reports.finished(id);
+                self.event(
+                    id,
+                    ContainerEventKind::Killed {
+                        reason: KillReason::Lost,
+                        message: format!("could not be taken back after the worker upgrade: {e}"),
+                    },
+                );
+                self.owners.remove(&id);
+            }
+        }
+        for h in draining {
+            // Killed before the upgrade: only reaped (and its cgroup and record removed).
+            match self.executor.adopt(&h) {
+                Ok(mut proc) => {
+                    let _ = proc.kill_tree();
+                    actix_rt::spawn(async move {
+                        proc.wait().await;
+                    });
+                }
+                Err(_) => exec::adopt::kill_unadoptable(&h),
+            }
+        }
+        self.flush(ctx);
+        adopted
+    }
+}
+
+impl NodeActor {
+    fn supervise_adopted(
+        &mut self,
+        ctx: &mut Context<Self>,
+        id: ContainerId,
+        proc: ContainerProcess,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.processes.insert(id, tx);
+        let (app, job) = self
+            .node
+            .spec(id)
+            .map(|s| (s.app_id.to_string(), s.job_id.to_string()))
+            .unwrap_or_default();
+        let span = tracing::info_span!("container", node = %self.node_id, container = %id, app = %app, job = %job);
+        actix_rt::spawn(tracing::Instrument::instrument(
+            supervise(proc, id, rx, ctx.address(), self.ended.clone()),
+            span,
+        ));
     }
 }

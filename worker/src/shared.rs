@@ -261,6 +261,9 @@ pub fn wall_now() -> Time {
     Time::from_micros(d.as_micros() as u64)
 }
 
+/// Most container events held for apps that have not re-subscribed after an upgrade.
+pub const MAX_HELD_EVENTS: usize = 10_000;
+
 #[derive(Default)]
 pub struct Shared {
     /// The time source of this worker's actors.
@@ -271,6 +274,8 @@ pub struct Shared {
     pub directory_version: Cell<u64>,
     /// Whether the cluster link is joined right now.
     pub connected: Cell<bool>,
+    /// Events of adopted containers held for apps with no subscription yet ([`Shared::notify_or_hold`]).
+    held_events: RefCell<HashMap<AppId, Vec<ContainerEvent>>>,
     /// The node's session (its issuer number at the last join; 0 before the first), for
     /// diagnostics and tests.
     pub session: Cell<u32>,
@@ -372,10 +377,29 @@ impl Shared {
     }
 
     pub fn subscribe(&self, app: AppId, conn: u64, tx: ConnTx) {
+        // Events of containers adopted across an upgrade that no connection heard yet.
+        let held = self.held_events.borrow_mut().remove(&app);
+        for event in held.into_iter().flatten() {
+            let _ = tx.send(AppResponse::Event(event));
+        }
         let mut subs = self.subscribers.borrow_mut();
         let list = subs.entry(app).or_default();
         if !list.iter().any(|(c, _)| *c == conn) {
             list.push((conn, tx));
+        }
+    }
+
+    /// Push `event` to `app`'s subscribed connections; with none (its connections dropped
+    /// when the worker upgraded in place), keep it for the app's next `subscribe` on this
+    /// worker, up to [`MAX_HELD_EVENTS`] in all.
+    pub fn notify_or_hold(&self, app: &AppId, event: ContainerEvent) {
+        if self.subscribers.borrow().contains_key(app) {
+            self.notify(app, event);
+            return;
+        }
+        let mut held = self.held_events.borrow_mut();
+        if held.values().map(Vec::len).sum::<usize>() < MAX_HELD_EVENTS {
+            held.entry(app.clone()).or_default().push(event);
         }
     }
 

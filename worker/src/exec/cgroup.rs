@@ -328,6 +328,24 @@ impl ContainerCgroup {
         Self::create_named(enforcement, &format!("c{container_id}"), limits).map(Some)
     }
 
+    /// The cgroup [`ContainerCgroup::create`] makes for `container_id`, without touching it.
+    pub(crate) fn at(enforcement: &Enforcement, container_id: u64) -> Option<Self> {
+        let name = format!("c{container_id}");
+        match enforcement {
+            Enforcement::RlimitAndMonitor => None,
+            Enforcement::CgroupV2 { root } => Some(ContainerCgroup::V2 {
+                dir: root.join(name),
+            }),
+            Enforcement::CgroupV1 {
+                memory_root,
+                cpu_root,
+            } => Some(ContainerCgroup::V1 {
+                memory_dir: memory_root.join(&name),
+                cpu_dir: cpu_root.join(name),
+            }),
+        }
+    }
+
     fn create_named(
         enforcement: &Enforcement,
         name: &str,

@@ -24,6 +24,7 @@
 //!   exec (after joining its cgroups and starting its session, which need the worker's
 //!   privileges), then enters its working directory as that user ([`user`]).
 
+pub mod adopt;
 mod cgroup;
 mod error;
 mod procfs;
@@ -326,10 +327,20 @@ impl Executor {
         if let Some((stdout_file, stderr_file)) = logs {
             let max = self.config.log_max_bytes;
             if let Some(pipe) = child.stdout.take() {
-                log_copiers.push(tokio::spawn(copy_capped_log(pipe, stdout_file, max)));
+                let fd = pipe.as_raw_fd();
+                log_copiers.push(LogCopier {
+                    stream: adopt::LogStream::Stdout,
+                    fd,
+                    task: tokio::spawn(copy_capped_log(pipe, stdout_file, max, 0)),
+                });
             }
             if let Some(pipe) = child.stderr.take() {
-                log_copiers.push(tokio::spawn(copy_capped_log(pipe, stderr_file, max)));
+                let fd = pipe.as_raw_fd();
+                log_copiers.push(LogCopier {
+                    stream: adopt::LogStream::Stderr,
+                    fd,
+                    task: tokio::spawn(copy_capped_log(pipe, stderr_file, max, 0)),
+                });
             }
         }
         let record_error = self.config.state.as_ref().and_then(|state| {
@@ -347,7 +358,7 @@ impl Executor {
             state.record(&record).err()
         });
         let process = ContainerProcess::new(
-            child,
+            adopt::Leader::Spawned(child),
             container_id,
             pid,
             cgroup,
@@ -381,27 +392,43 @@ fn record_roots(config: &ExecutorConfig, enforcement: &Enforcement) {
 impl ContainerProcess {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        child: tokio::process::Child,
+        leader: adopt::Leader,
         container_id: u64,
         pid: u32,
         cgroup: Option<ContainerCgroup>,
         limits: ContainerLimits,
         executor: &Executor,
         state: Option<Arc<state::StateDir>>,
-        log_copiers: Vec<JoinHandle<u64>>,
+        log_copiers: Vec<LogCopier>,
     ) -> ContainerProcess {
-        let tree = Arc::new(ContainerTree {
-            container_id,
-            leader: pid,
-            cgroup,
-            limits,
-            shaped: Mutex::new(None),
-            state,
-            memory_kill: Mutex::new(None),
-            leader_reaped: AtomicBool::new(false),
-            cgroup_removed: AtomicBool::new(false),
-            _roots: Arc::clone(&executor.roots),
-        });
+        ContainerProcess::with_tree(
+            leader,
+            ContainerTree {
+                container_id,
+                leader: pid,
+                cgroup,
+                limits,
+                shaped: Mutex::new(None),
+                state,
+                memory_kill: Mutex::new(None),
+                leader_reaped: AtomicBool::new(false),
+                cgroup_removed: AtomicBool::new(false),
+                _roots: Arc::clone(&executor.roots),
+            },
+            executor,
+            log_copiers,
+        )
+    }
+
+    fn with_tree(
+        leader: adopt::Leader,
+        tree: ContainerTree,
+        executor: &Executor,
+        log_copiers: Vec<LogCopier>,
+    ) -> ContainerProcess {
+        let container_id = tree.container_id;
+        let pid = tree.leader;
+        let tree = Arc::new(tree);
         let monitor = tokio::spawn(monitor_memory(
             Arc::clone(&tree),
             executor.config.monitor_interval,
@@ -413,15 +440,25 @@ impl ContainerProcess {
             "container started"
         );
         ContainerProcess {
-            child: Some(child),
+            child: Some(leader),
             tree,
             monitor: Some(monitor),
             log_copiers,
             last_sample_at: Instant::now(),
             last_cpu_us: 0,
             outcome: None,
+            handed_over: false,
         }
     }
+}
+
+/// A task copying one of a container's output pipes into its log file.
+#[derive(Debug)]
+struct LogCopier {
+    stream: adopt::LogStream,
+    /// The pipe's read end (owned by the task), so an upgrade can hand it on.
+    fd: std::os::unix::io::RawFd,
+    task: JoinHandle<u64>,
 }
 
 /// How long [`ContainerProcess::wait`] waits for a container's log copies after it ended.
@@ -449,11 +486,12 @@ async fn copy_capped_log(
     mut pipe: impl tokio::io::AsyncRead + Unpin,
     file: File,
     max_bytes: u64,
+    already_kept: u64,
 ) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut file = tokio::fs::File::from_std(file);
     let mut buf = vec![0u8; 64 * 1024];
-    let mut kept = 0u64;
+    let mut kept = already_kept;
     let mut discarded = 0u64;
     let mut writable = true;
     loop {
@@ -785,14 +823,17 @@ fn outcome_of(status: io::Result<ExitStatus>) -> ExitOutcome {
 #[derive(Debug)]
 pub struct ContainerProcess {
     /// `None` only while being dropped.
-    child: Option<tokio::process::Child>,
+    child: Option<adopt::Leader>,
     tree: Arc<ContainerTree>,
     monitor: Option<JoinHandle<()>>,
     /// The tasks copying its stdout/stderr into the log files (none without a log dir).
-    log_copiers: Vec<JoinHandle<u64>>,
+    log_copiers: Vec<LogCopier>,
     last_sample_at: Instant,
     last_cpu_us: u64,
     outcome: Option<ExitOutcome>,
+    /// Handed over to the next worker image ([`ContainerProcess::hand_over`]): never killed,
+    /// reaped or waited for by this one.
+    handed_over: bool,
 }
 
 impl ContainerProcess {
@@ -860,6 +901,10 @@ impl ContainerProcess {
         if let Some(outcome) = self.outcome {
             return outcome;
         }
+        if self.handed_over {
+            // The next worker image waits for it; this one parks (never reaps it).
+            return std::future::pending().await;
+        }
         let Some(child) = self.child.as_mut() else {
             return ExitOutcome::WaitFailed {
                 errno: libc::ECHILD,
@@ -883,7 +928,7 @@ impl ContainerProcess {
         };
         self.tree.remove_cgroup().await;
         self.tree.forget();
-        for copier in self.log_copiers.drain(..) {
+        for copier in self.log_copiers.drain(..).map(|c| c.task) {
             // Every process of the container is gone, so its pipes are closed and the copy ends
             // with the last bytes written: the logs are whole when the end is reported. The bound
             // only guards against a pipe held open by a process that escaped the container.
@@ -955,6 +1000,13 @@ impl Drop for ContainerProcess {
     fn drop(&mut self) {
         if let Some(monitor) = self.monitor.take() {
             monitor.abort();
+        }
+        if self.handed_over {
+            // Neither killed nor reaped (tokio would reap a dropped child): the next image owns it.
+            if let Some(child) = self.child.take() {
+                std::mem::forget(child);
+            }
+            return;
         }
         if self.outcome.is_some() {
             return;

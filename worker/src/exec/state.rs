@@ -252,7 +252,22 @@ impl StateDir {
     /// Kills what a previous incarnation left running and removes its cgroups (see the module
     /// docs). Blocking: it waits (bounded) for killed cgroup members to exit.
     pub fn reap_leftovers(&self) -> Result<ReapReport, StateError> {
-        let records = self.records()?;
+        self.reap_leftovers_except(&HashSet::new())
+    }
+
+    /// [`StateDir::reap_leftovers`], sparing the containers in `keep` (adopted across an
+    /// upgrade: their records and cgroups stay).
+    pub fn reap_leftovers_except(&self, keep: &HashSet<u64>) -> Result<ReapReport, StateError> {
+        let all = self.records()?;
+        let kept_cgroups: HashSet<PathBuf> = all
+            .iter()
+            .filter(|r| keep.contains(&r.container_id))
+            .flat_map(|r| r.cgroups.iter().cloned())
+            .collect();
+        let records: Vec<ContainerRecord> = all
+            .into_iter()
+            .filter(|r| !keep.contains(&r.container_id))
+            .collect();
         let mut report = ReapReport {
             records: records.len(),
             ..ReapReport::default()
@@ -276,10 +291,15 @@ impl StateDir {
         for root in self.cgroup_roots() {
             if let Ok(entries) = fs::read_dir(&root) {
                 for entry in entries.flatten() {
-                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    if entry.file_type().is_ok_and(|t| t.is_dir())
+                        && !kept_cgroups.contains(&entry.path())
+                    {
                         reap_cgroup(&entry.path(), &mut report);
                     }
                 }
+            }
+            if kept_cgroups.iter().any(|c| c.starts_with(&root)) {
+                continue; // still holds adopted containers; the executor reuses it
             }
             match fs::remove_dir(&root) {
                 Ok(()) => {}
@@ -294,6 +314,16 @@ impl StateDir {
         }
         self.set_cgroup_roots(&[])?;
         Ok(report)
+    }
+}
+
+/// Kills the container of `record` (process tree, and its cgroups emptied and removed) if its
+/// leader is still the recorded process. Blocking (bounded).
+pub(crate) fn kill_container(record: &ContainerRecord) {
+    kill_recorded_container(record);
+    let mut report = ReapReport::default();
+    for dir in &record.cgroups {
+        reap_cgroup(dir, &mut report);
     }
 }
 
@@ -313,6 +343,13 @@ fn kill_recorded_container(record: &ContainerRecord) -> usize {
     unsafe { libc::kill(-group, libc::SIGKILL) };
     let mut killed = HashSet::new();
     killed.insert(record.pgid);
+    if leader.ppid == std::process::id() {
+        // Our own child (handed over by an earlier image of this process across an upgrade):
+        // reap it, or it stays a zombie of this worker.
+        let mut status = 0;
+        // SAFETY: waitpid on our child after SIGKILL (it exits promptly); writes a live local.
+        unsafe { libc::waitpid(group, &mut status, 0) };
+    }
     for _ in 0..KILL_PASSES {
         let Ok(all) = procfs::scan_all() else { break };
         let fresh: Vec<u32> = procfs::container_members(&all, record.pgid)
