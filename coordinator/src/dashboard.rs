@@ -17,6 +17,7 @@ use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::quota::QueueableQuota;
 use scheduler_core::reservation::AllocationInterval;
 use scheduler_core::reservation::book::ReservationInfo;
+use scheduler_core::threesigma::{CycleRecord, JobExplanation, SloAttainment};
 use scheduler_core::{ContainerType, Resources, Time};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -119,6 +120,21 @@ pub struct GuarantorSnapshot {
     /// At most [`RESERVATIONS_LISTED`], in id order.
     pub reservations: Vec<ReservationInfo>,
     pub reservations_total: usize,
+    /// 3σSched (layer 2), when enabled.
+    pub threesigma: Option<ThreeSigmaView>,
+}
+
+/// The 3Sigma queue as the dashboard shows it (issue 18).
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreeSigmaView {
+    pub cycle_ms: u64,
+    pub pending_jobs: usize,
+    /// The last cycle: method, MILP size, LP bound and objective.
+    pub last_cycle: Option<CycleRecord>,
+    /// SLO jobs finished since the coordinator started: met / missed, in all and per app.
+    pub attainment: SloAttainment,
+    /// The first [`WAITING_LISTED`] waiting jobs with their `explain` data.
+    pub waiting_jobs: Vec<JobExplanation>,
 }
 
 /// The snapshots the HTTP task serves; actors publish, requests read. Locks are held only to
@@ -300,7 +316,20 @@ pub fn guarantor_snapshot(now_ms: u64, core: &Guarantor) -> GuarantorSnapshot {
         plan_free: book.free_capacity(),
         reservations: all.into_iter().take(RESERVATIONS_LISTED).collect(),
         reservations_total,
+        threesigma: threesigma_view(core),
     }
+}
+
+/// The 3Sigma part of the guarantor's snapshot (`None` when 3Sigma is off).
+pub fn threesigma_view(core: &Guarantor) -> Option<ThreeSigmaView> {
+    let live = core.threesigma()?;
+    Some(ThreeSigmaView {
+        cycle_ms: live.config().cycle_ms,
+        pending_jobs: core.threesigma_pending(),
+        last_cycle: core.last_threesigma_record().cloned(),
+        attainment: core.slo_attainment().cloned().unwrap_or_default(),
+        waiting_jobs: core.explain_jobs(None, WAITING_LISTED),
+    })
 }
 
 /// The page and its assets, built into the binary.
