@@ -74,15 +74,21 @@ struct Demo {
 impl Demo {
     /// Start the granted containers and wait until they all completed.
     async fn run_to_completion(&mut self, grants: &[Allocated], ms: u64) -> anyhow::Result<()> {
-        let mut left: HashSet<ContainerId> = HashSet::new();
+        let mut ids = Vec::new();
         for a in grants {
             for g in &a.containers {
                 self.client
                     .start_container(g.token.clone(), task(ms)?)
                     .await?;
-                left.insert(g.container_id);
+                ids.push(g.container_id);
             }
         }
+        self.wait_completed(ids).await
+    }
+
+    /// Wait until every container of `ids` completed.
+    async fn wait_completed(&mut self, ids: Vec<ContainerId>) -> anyhow::Result<()> {
+        let mut left: HashSet<ContainerId> = ids.into_iter().collect();
         while !left.is_empty() {
             let e = tokio::time::timeout_at(self.deadline, self.events.recv())
                 .await
@@ -92,13 +98,8 @@ impl Demo {
                 ContainerEventKind::Completed { .. } => {
                     left.remove(&e.container_id);
                 }
-                ContainerEventKind::Killed { reason, message }
-                    if left.contains(&e.container_id) =>
-                {
-                    bail!(
-                        "container {} was killed ({reason}): {message}",
-                        e.container_id
-                    )
+                ContainerEventKind::Killed { reason, message } if left.contains(&e.container_id) => {
+                    bail!("container {} was killed ({reason}): {message}", e.container_id)
                 }
                 _ => {}
             }
@@ -153,22 +154,25 @@ impl Demo {
         let etl_id = etl.job_id.clone();
         let started = Instant::now();
         let client = &self.client;
-        let (report_grant, etl_grant, explained) = tokio::join!(
-            async {
-                let a = client.allocate(report).await;
-                (a, started.elapsed())
-            },
-            async {
-                let a = client.allocate(etl).await;
-                (a, started.elapsed())
-            },
-            async {
-                tokio::time::sleep(Duration::from_millis(1200)).await;
-                self.explain(&etl_id).await
+        let job_ms = self.job_ms;
+        // Each job's containers start the moment it is granted (the other may wait for them to
+        // finish).
+        let run = |ask: Allocate| async move {
+            let a = client.allocate(ask).await?;
+            let at = started.elapsed();
+            let mut ids = Vec::new();
+            for g in &a.containers {
+                client.start_container(g.token.clone(), task(job_ms)?).await?;
+                ids.push(g.container_id);
             }
-        );
-        let (report_grant, report_at) = (report_grant.0?, report_grant.1);
-        let (etl_grant, etl_at) = (etl_grant.0?, etl_grant.1);
+            anyhow::Ok((ids, at))
+        };
+        let (report_run, etl_run, explained) = tokio::join!(run(report), run(etl), async {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            self.explain(&etl_id).await
+        });
+        let (report_ids, report_at) = report_run?;
+        let (etl_ids, etl_at) = etl_run?;
         if let Some(e) = explained {
             let b = &e["belief"];
             println!(
@@ -182,24 +186,14 @@ impl Demo {
                 e["reason"].as_str().unwrap_or("")
             );
         }
-        let first = if etl_at < report_at {
-            "slo"
-        } else {
-            "best_effort"
-        };
+        let first = if etl_at < report_at { "slo" } else { "best_effort" };
         println!(
             "   granted: SLO job (etl) after {:.1} s, best-effort job (report) after {:.1} s",
             etl_at.as_secs_f64(),
             report_at.as_secs_f64()
         );
-        // Run them in the order granted.
-        let (a, b) = if first == "slo" {
-            (etl_grant, report_grant)
-        } else {
-            (report_grant, etl_grant)
-        };
-        self.run_to_completion(&[a], self.job_ms).await?;
-        self.run_to_completion(&[b], self.job_ms).await?;
+        self.wait_completed(report_ids.into_iter().chain(etl_ids).collect())
+            .await?;
         Ok(first)
     }
 }
@@ -210,13 +204,13 @@ pub fn run(args: &Demo3SigmaArgs) -> anyhow::Result<()> {
     let local = LocalArgs {
         workers: 1,
         cpu_millis: 2000,
-        memory_mib: 1024,
+        memory_mib: 2048,
         heartbeat_interval_ms: 200,
         ..LocalArgs::default()
     };
     println!(
         "== A local cluster: a coordinator (3Sigma cycle every 1 s, plan-ahead window 16 × 2 s) \
-         and one worker of two slots (2 cores, 1 GiB)"
+         and one worker of two slots (2 cores, 2 GiB)"
     );
     let cluster = LocalCluster::start(&local)?;
     let rt = tokio::runtime::Runtime::new()?;
