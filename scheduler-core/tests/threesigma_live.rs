@@ -166,8 +166,13 @@ fn constraints_pick_the_nodes_and_a_gang_never_over_commits() {
         NOW_MS,
     )
     .unwrap();
-    let (placements, _) = g.run_threesigma_cycle(NOW_MS).unwrap();
-    assert_eq!(placements.len(), 3);
+    let (placements, report) = g.run_threesigma_cycle(NOW_MS).unwrap();
+    assert_eq!(
+        placements.len(),
+        3,
+        "{report:?} {:?}",
+        g.explain_jobs(None, 5)
+    );
     assert!(
         placements
             .iter()

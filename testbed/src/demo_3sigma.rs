@@ -98,8 +98,13 @@ impl Demo {
                 ContainerEventKind::Completed { .. } => {
                     left.remove(&e.container_id);
                 }
-                ContainerEventKind::Killed { reason, message } if left.contains(&e.container_id) => {
-                    bail!("container {} was killed ({reason}): {message}", e.container_id)
+                ContainerEventKind::Killed { reason, message }
+                    if left.contains(&e.container_id) =>
+                {
+                    bail!(
+                        "container {} was killed ({reason}): {message}",
+                        e.container_id
+                    )
                 }
                 _ => {}
             }
@@ -162,7 +167,9 @@ impl Demo {
             let at = started.elapsed();
             let mut ids = Vec::new();
             for g in &a.containers {
-                client.start_container(g.token.clone(), task(job_ms)?).await?;
+                client
+                    .start_container(g.token.clone(), task(job_ms)?)
+                    .await?;
                 ids.push(g.container_id);
             }
             anyhow::Ok((ids, at))
@@ -186,7 +193,11 @@ impl Demo {
                 e["reason"].as_str().unwrap_or("")
             );
         }
-        let first = if etl_at < report_at { "slo" } else { "best_effort" };
+        let first = if etl_at < report_at {
+            "slo"
+        } else {
+            "best_effort"
+        };
         println!(
             "   granted: SLO job (etl) after {:.1} s, best-effort job (report) after {:.1} s",
             etl_at.as_secs_f64(),
