@@ -343,7 +343,15 @@ pub async fn handle(
                 .iter()
                 .filter(|w| w.job_id.as_str() == job)
                 .collect();
-            if asks.is_empty() {
+            // 3Sigma jobs by job id or ask key: distribution, options and the last cycle's
+            // reason.
+            let jobs: Vec<_> = g
+                .threesigma
+                .iter()
+                .flat_map(|t| &t.waiting_jobs)
+                .filter(|j| j.job_id.as_str() == job || j.ask_key.to_string() == job)
+                .collect();
+            if asks.is_empty() && jobs.is_empty() {
                 let listed = if g.pending_asks > g.waiting.len() {
                     format!(" among the first {} waiting asks", g.waiting.len())
                 } else {
@@ -353,7 +361,7 @@ pub async fn handle(
                     "job {job:?} has no waiting GUARANTEED ask{listed} (placed, finished or never asked)"
                 ));
             }
-            Ok(json!({"job": job, "waiting": asks}))
+            Ok(json!({"job": job, "waiting": asks, "threesigma": jobs}))
         }
         AdminRequest::TopK { k } => {
             if !(1..=10_000).contains(&k) {

@@ -46,6 +46,9 @@ pub struct CoordinatorSettings {
     pub metrics_listen: Option<SocketAddr>,
     /// Pace's resource shaper for GUARANTEED containers that allow it; off when absent.
     pub shaping: Option<ShapingSettings>,
+    /// 3σSched for GUARANTEED asks with a job description; off when absent (such asks are
+    /// then refused).
+    pub threesigma: Option<scheduler_core::threesigma::LiveThreeSigmaConfig>,
 }
 
 /// The resource shaper's settings (Pace §3, §5; defaults from the paper).
@@ -78,6 +81,7 @@ impl CoordinatorSettings {
             max_unjoined_per_source: 32,
             metrics_listen: None,
             shaping: None,
+            threesigma: Some(Default::default()),
         }
     }
 
@@ -130,6 +134,11 @@ impl CoordinatorSettings {
         {
             return bad("shaping", &reason);
         }
+        if let Some(threesigma) = &self.threesigma
+            && let Err(reason) = threesigma.validate()
+        {
+            return bad("threesigma", &reason);
+        }
         Ok(())
     }
 }
@@ -163,6 +172,10 @@ pub struct FileConfig {
     /// `pessimistic` or `optimistic`.
     pub shaping_policy: Option<String>,
     pub shaping_refit_every: Option<usize>,
+    /// Plan asks with a job description with 3Sigma (default on).
+    pub threesigma: Option<bool>,
+    pub threesigma_cycle_ms: Option<u64>,
+    pub threesigma_step_s: Option<f64>,
 }
 
 impl FileConfig {
@@ -208,6 +221,9 @@ impl FileConfig {
             shaping_forecaster: self.shaping_forecaster.or(lower.shaping_forecaster),
             shaping_policy: self.shaping_policy.or(lower.shaping_policy),
             shaping_refit_every: self.shaping_refit_every.or(lower.shaping_refit_every),
+            threesigma: self.threesigma.or(lower.threesigma),
+            threesigma_cycle_ms: self.threesigma_cycle_ms.or(lower.threesigma_cycle_ms),
+            threesigma_step_s: self.threesigma_step_s.or(lower.threesigma_step_s),
         }
     }
 
@@ -300,6 +316,16 @@ impl FileConfig {
                 forecaster,
                 refit_every,
             });
+        }
+        if self.threesigma == Some(false) {
+            s.threesigma = None;
+        } else if let Some(t) = &mut s.threesigma {
+            if let Some(v) = self.threesigma_cycle_ms {
+                t.cycle_ms = v;
+            }
+            if let Some(v) = self.threesigma_step_s {
+                t.step_s = v;
+            }
         }
         s.validate()?;
         Ok(s)

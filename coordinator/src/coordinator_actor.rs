@@ -262,6 +262,7 @@ impl CoordinatorActor {
             endpoint: j.app_endpoint.clone(),
             containers,
             epoch: issuer,
+            attributes: j.attributes.clone(),
         });
         if !lost_containers.is_empty() {
             warn!(node = %node_id, count = lost_containers.len(), "re-joined after being declared lost: its containers are killed");
@@ -475,6 +476,7 @@ impl CoordinatorActor {
                 allow_shaping: a.allow_shaping,
             },
             reservation_id: a.reservation_id,
+            job: a.job,
         });
     }
 

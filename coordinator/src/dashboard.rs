@@ -17,6 +17,7 @@ use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::quota::QueueableQuota;
 use scheduler_core::reservation::AllocationInterval;
 use scheduler_core::reservation::book::ReservationInfo;
+use scheduler_core::threesigma::{CycleRecord, JobExplanation, SloAttainment};
 use scheduler_core::{ContainerType, Resources, Time};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -119,6 +120,21 @@ pub struct GuarantorSnapshot {
     /// At most [`RESERVATIONS_LISTED`], in id order.
     pub reservations: Vec<ReservationInfo>,
     pub reservations_total: usize,
+    /// 3σSched (layer 2), when enabled.
+    pub threesigma: Option<ThreeSigmaView>,
+}
+
+/// The 3Sigma queue as the dashboard shows it (issue 18).
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreeSigmaView {
+    pub cycle_ms: u64,
+    pub pending_jobs: usize,
+    /// The last cycle: method, MILP size, LP bound and objective.
+    pub last_cycle: Option<CycleRecord>,
+    /// SLO jobs finished since the coordinator started: met / missed, in all and per app.
+    pub attainment: SloAttainment,
+    /// The first [`WAITING_LISTED`] waiting jobs with their `explain` data.
+    pub waiting_jobs: Vec<JobExplanation>,
 }
 
 /// The snapshots the HTTP task serves; actors publish, requests read. Locks are held only to
@@ -300,10 +316,111 @@ pub fn guarantor_snapshot(now_ms: u64, core: &Guarantor) -> GuarantorSnapshot {
         plan_free: book.free_capacity(),
         reservations: all.into_iter().take(RESERVATIONS_LISTED).collect(),
         reservations_total,
+        threesigma: threesigma_view(core),
     }
+}
+
+/// The 3Sigma part of the guarantor's snapshot (`None` when 3Sigma is off).
+pub fn threesigma_view(core: &Guarantor) -> Option<ThreeSigmaView> {
+    let live = core.threesigma()?;
+    Some(ThreeSigmaView {
+        cycle_ms: live.config().cycle_ms,
+        pending_jobs: core.threesigma_pending(),
+        last_cycle: core.last_threesigma_record().cloned(),
+        attainment: core.slo_attainment().cloned().unwrap_or_default(),
+        waiting_jobs: core.explain_jobs(None, WAITING_LISTED),
+    })
 }
 
 /// The page and its assets, built into the binary.
 pub const INDEX_HTML: &str = include_str!("dashboard/index.html");
 pub const APP_JS: &str = include_str!("dashboard/app.js");
 pub const STYLE_CSS: &str = include_str!("dashboard/style.css");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scheduler_core::guarantor::{BestFit, GuaranteedAsk, GuarantorConfig};
+    use scheduler_core::threesigma::{
+        JobDescription, LiveThreeSigma, LiveThreeSigmaConfig, RuntimeBelief, Utility,
+    };
+    use scheduler_core::{AppId, JobId, NodeId};
+
+    fn ask(key: u64, job: &str) -> GuaranteedAsk {
+        GuaranteedAsk {
+            ask_key: key,
+            app_id: AppId::from("etl-team"),
+            resources: Resources::new(1000, 1024),
+            count: 1,
+            priority: 0,
+            locality: None,
+            runtime_estimate_ms: None,
+            job_id: JobId::from(job),
+            job_submit_time_ms: 0,
+            role: Default::default(),
+            allow_shaping: false,
+        }
+    }
+
+    /// The `/api/state` guarantor part carries SLO attainment and, per waiting 3Sigma job, its
+    /// distribution, options and reason.
+    #[test]
+    fn threesigma_json_has_attainment_and_explanations() {
+        let now_ms = 1_000_000;
+        let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0)
+            .with_threesigma(LiveThreeSigma::new(LiveThreeSigmaConfig::default()).unwrap());
+        g.add_node(NodeId::from("n1"), "r".into(), Resources::new(1000, 1024));
+        let slo = |deadline_s: f64| JobDescription {
+            utility: Utility::Slo {
+                deadline: deadline_s,
+                value: 1.0,
+            },
+            features: vec![],
+            gang: 1,
+            container: Resources::new(1000, 1024),
+            required: vec![],
+            preferred: vec![],
+            non_preferred_slowdown: 1.5,
+        };
+        let belief = RuntimeBelief::from_runtimes(vec![4.0, 6.0]).unwrap();
+        g.submit_job(
+            ask(1, "first"),
+            slo(1_010.0),
+            belief.clone(),
+            "prior".into(),
+            now_ms,
+        )
+        .unwrap();
+        g.submit_job(
+            ask(2, "second"),
+            slo(1_030.0),
+            belief,
+            "prior".into(),
+            now_ms,
+        )
+        .unwrap();
+        let (placed, _) = g.run_threesigma_cycle(now_ms).unwrap();
+        assert_eq!(placed.len(), 1);
+        let id = placed[0].token_body.container_id;
+        g.on_started(id);
+        g.observe_time(now_ms + 5_000);
+        g.on_finished(id);
+        let json: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&guarantor_snapshot(now_ms, &g)).unwrap())
+                .unwrap();
+        let t = &json["threesigma"];
+        assert_eq!(t["attainment"]["slo_met"], 1, "{t}");
+        assert_eq!(t["attainment"]["attainment"], 1.0);
+        assert_eq!(t["attainment"]["per_app"]["etl-team"]["slo_met"], 1);
+        assert_eq!(t["pending_jobs"], 1);
+        let waiting = &t["waiting_jobs"][0];
+        assert_eq!(waiting["job_id"], "second");
+        assert_eq!(waiting["belief"]["p90_s"], 6.0);
+        assert!(
+            waiting["options"].as_array().is_some_and(|o| !o.is_empty()),
+            "{waiting}"
+        );
+        assert!(waiting["reason"].as_str().is_some_and(|r| !r.is_empty()));
+        assert!(t["last_cycle"]["columns"].as_u64().is_some_and(|c| c > 0));
+    }
+}

@@ -34,6 +34,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tracing::{debug, error, info, warn};
 
+#[path = "guarantor_threesigma.rs"]
+mod threesigma;
+
 /// Container sequence numbers reserved per store write: a restart skips at most this many ids,
 /// and a grant never waits for a disk write.
 pub const SEQ_RESERVATION_BLOCK: u64 = 4096;
@@ -68,6 +71,8 @@ pub struct GuarantorActor {
     /// changed since (a join): the periodic tick republishes then, at most once per tick.
     agenda_published_step: Option<u64>,
     agenda_stale: bool,
+    /// 3σPredict and the unsaved job history, when 3Sigma is on.
+    threesigma: Option<threesigma::ActorThreeSigma>,
 }
 
 impl GuarantorActor {
@@ -114,6 +119,7 @@ impl GuarantorActor {
             dashboard: None,
             agenda_published_step: None,
             agenda_stale: true,
+            threesigma: None,
         })
     }
 
@@ -412,6 +418,10 @@ impl GuarantorActor {
 
 impl Actor for GuarantorActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.start_threesigma_timer(ctx);
+    }
 }
 
 /// A GUARANTEED ask forwarded by a worker (already checked against the app registry).
@@ -424,6 +434,8 @@ pub struct Submit {
     pub ask: GuaranteedAsk,
     /// The app's reservation the job runs in (Morpheus §4), if any.
     pub reservation_id: Option<String>,
+    /// The job's description: the ask is planned by the 3Sigma cycle.
+    pub job: Option<scheduler_core::protocol::app::JobSpec>,
 }
 
 impl Handler<Submit> for GuarantorActor {
@@ -432,13 +444,30 @@ impl Handler<Submit> for GuarantorActor {
         let ask_key = self.next_ask_key;
         self.next_ask_key += 1;
         msg.ask.ask_key = ask_key;
-        let submitted = match &msg.reservation_id {
-            Some(id) => {
+        let submitted = match (&msg.reservation_id, msg.job.take()) {
+            (None, Some(spec)) => {
+                let now_ms = self.clock.now_ms();
+                match spec.description(msg.ask.app_id.as_str(), msg.ask.resources, msg.ask.count, now_ms) {
+                    Err(m) => Err(GuarantorError::BadJob(m)),
+                    Ok(description) => match &self.threesigma {
+                        None => Err(GuarantorError::BadJob(
+                            "3Sigma scheduling is off on this coordinator (threesigma = false); send the ask without `job`".into(),
+                        )),
+                        Some(t) => {
+                            let (belief, source) =
+                                t.belief(&description, msg.ask.runtime_estimate_ms);
+                            self.core
+                                .submit_job(msg.ask, description, belief, source, now_ms)
+                        }
+                    },
+                }
+            }
+            (Some(id), _) => {
                 self.owner_routes
                     .insert(msg.ask.app_id.clone(), (msg.session_id, msg.tx.clone()));
                 self.core.submit_reserved(msg.ask, id)
             }
-            None => self.core.submit(msg.ask),
+            (None, None) => self.core.submit(msg.ask),
         };
         match submitted {
             Ok(()) => {
@@ -458,6 +487,7 @@ impl Handler<Submit> for GuarantorActor {
                     | GuarantorError::LargerThanReservation { .. } => ErrorCode::AskTooLarge,
                     GuarantorError::UnknownReservation(_) => ErrorCode::UnknownReservation,
                     GuarantorError::NotReservationOwner(_) => ErrorCode::ReservationRejected,
+                    GuarantorError::JobQueueFull { .. } => ErrorCode::GuaranteedCapacityExceeded,
                     _ => ErrorCode::InvalidRequest,
                 };
                 let _ = msg
@@ -484,6 +514,8 @@ pub struct AddNode {
     pub containers: Vec<ContainerStatus>,
     /// The session's issuer number (GUARANTEED grants of other sessions are void).
     pub epoch: u32,
+    /// Its attributes (`worker run --attribute k=v`): 3Sigma's equivalence sets.
+    pub attributes: BTreeMap<String, String>,
 }
 
 impl Handler<AddNode> for GuarantorActor {
@@ -501,6 +533,7 @@ impl Handler<AddNode> for GuarantorActor {
             info!(node = %msg.node_id, count = void.len(), "GUARANTEED bookings freed at the node's join: grants of its previous session, or containers it no longer holds");
         }
         self.endpoints.insert(msg.node_id.clone(), msg.endpoint);
+        self.core.set_node_attributes(&msg.node_id, msg.attributes);
         self.adopt(&msg.node_id, &msg.containers);
         self.schedule();
         self.export_node(&msg.node_id);
@@ -546,6 +579,7 @@ pub struct ContainerEvents {
 impl Handler<ContainerEvents> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, msg: ContainerEvents, _: &mut Context<Self>) {
+        self.core.observe_time(self.clock.now_ms());
         for id in msg.started {
             self.core.on_started(id);
         }

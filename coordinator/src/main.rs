@@ -238,6 +238,15 @@ struct RunArgs {
     /// Redo each usage series' forecaster fit every N passes [default: 1, every pass].
     #[arg(long, env = "COORDINATOR_SHAPING_REFIT_EVERY")]
     shaping_refit_every: Option<usize>,
+    /// Plan GUARANTEED asks that carry a job description with 3Sigma [default: true].
+    #[arg(long, env = "COORDINATOR_THREESIGMA")]
+    threesigma: Option<bool>,
+    /// 3Sigma scheduling interval in ms [default: 1000, 3Sigma §4.3.1].
+    #[arg(long, env = "COORDINATOR_THREESIGMA_CYCLE_MS")]
+    threesigma_cycle_ms: Option<u64>,
+    /// Spacing of start times in 3Sigma's plan-ahead window, seconds [default: 2].
+    #[arg(long, env = "COORDINATOR_THREESIGMA_STEP_S")]
+    threesigma_step_s: Option<f64>,
 }
 
 impl RunArgs {
@@ -269,6 +278,9 @@ impl RunArgs {
             shaping_forecaster: self.shaping_forecaster,
             shaping_policy: self.shaping_policy,
             shaping_refit_every: self.shaping_refit_every,
+            threesigma: self.threesigma,
+            threesigma_cycle_ms: self.threesigma_cycle_ms,
+            threesigma_step_s: self.threesigma_step_s,
         };
         Ok(flags.or(file).into_settings()?)
     }

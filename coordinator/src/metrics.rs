@@ -11,6 +11,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use scheduler_core::{NodeId, Resources};
 use std::convert::Infallible;
@@ -69,6 +70,15 @@ pub struct CoordinatorMetrics {
     pub node_capacity: Family<NodeLabels, Gauge>,
     pub guaranteed_booked: Family<NodeLabels, Gauge>,
     pub policing_limit: Family<NodeLabels, Gauge>,
+    /// 3σSched's live cycle: solve time, MILP size, waiting jobs, objective over LP bound,
+    /// and finished SLO jobs by outcome.
+    pub threesigma_cycle_seconds: Histogram,
+    pub threesigma_columns: Gauge,
+    pub threesigma_rows: Gauge,
+    pub threesigma_pending_jobs: Gauge,
+    pub threesigma_solution_over_bound: FloatGauge,
+    pub threesigma_slo_met: Counter,
+    pub threesigma_slo_missed: Counter,
 }
 
 impl Default for CoordinatorMetrics {
@@ -89,6 +99,15 @@ impl Default for CoordinatorMetrics {
             node_capacity: Family::default(),
             guaranteed_booked: Family::default(),
             policing_limit: Family::default(),
+            threesigma_cycle_seconds: Histogram::new(
+                [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0].into_iter(),
+            ),
+            threesigma_columns: Gauge::default(),
+            threesigma_rows: Gauge::default(),
+            threesigma_pending_jobs: Gauge::default(),
+            threesigma_solution_over_bound: FloatGauge::default(),
+            threesigma_slo_met: Counter::default(),
+            threesigma_slo_missed: Counter::default(),
             registry: Registry::default(),
             agenda: std::sync::Mutex::new(
                 serde_json::to_string(&AgendaView::default()).unwrap_or_default(),
@@ -169,6 +188,41 @@ impl Default for CoordinatorMetrics {
             "coordinator_policing_limit",
             "QUEUEABLE policing limit of each node (capacity minus GUARANTEED bookings), by resource",
             m.policing_limit.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_cycle_seconds",
+            "Time of each 3Sigma cycle's solve (snapshot to decision), seconds",
+            m.threesigma_cycle_seconds.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_milp_columns",
+            "Columns (options) of the last 3Sigma cycle's MILP",
+            m.threesigma_columns.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_milp_rows",
+            "Rows of the last 3Sigma cycle's MILP",
+            m.threesigma_rows.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_pending_jobs",
+            "Jobs waiting in the 3Sigma queue",
+            m.threesigma_pending_jobs.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_solution_over_bound",
+            "Objective of the last 3Sigma decision over its LP relaxation's bound",
+            m.threesigma_solution_over_bound.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_slo_met",
+            "Finished 3Sigma SLO jobs that met their deadline",
+            m.threesigma_slo_met.clone(),
+        );
+        r.register(
+            "coordinator_threesigma_slo_missed",
+            "Finished 3Sigma SLO jobs that missed their deadline",
+            m.threesigma_slo_missed.clone(),
         );
         m
     }

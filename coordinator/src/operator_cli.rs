@@ -224,7 +224,7 @@ pub fn run(command: OperatorCommand, out: &mut dyn Write) -> Result<(), AdminErr
         },
         OperatorCommand::Waiting(a) => (a, AdminRequest::Waiting, render_waiting),
         OperatorCommand::Explain { job, admin } => {
-            (admin, AdminRequest::Explain { job }, render_waiting)
+            (admin, AdminRequest::Explain { job }, render_explain)
         }
         OperatorCommand::Shedding { policy, admin } => {
             (admin, AdminRequest::Shedding { policy }, render_json)
@@ -525,6 +525,56 @@ fn render_reservations(v: &Value) -> String {
         })
         .collect();
     out.push_str(&table(&["AGENDA", "FREE"], free));
+    out
+}
+
+/// `explain`: the job's plain waiting asks, then each 3Sigma job's runtime distribution, the
+/// options the last cycle considered and why it was not placed.
+fn render_explain(v: &Value) -> String {
+    let mut out = String::new();
+    if v["waiting"].as_array().is_some_and(|a| !a.is_empty()) {
+        out.push_str(&render_waiting(v));
+    }
+    for j in v["threesigma"].as_array().into_iter().flatten() {
+        let b = &j["belief"];
+        out.push_str(&format!(
+            "3Sigma job {} (ask {}, app {}): {} x {}\n  utility: {}\n  runtime distribution: p10 {:.1} s, p50 {:.1} s, p90 {:.1} s, mean {:.1} s ({})\n  why it waits: {}\n",
+            text(&j["job_id"]),
+            text(&j["ask_key"]),
+            text(&j["app_id"]),
+            text(&j["gang"]),
+            res(&j["resources"]),
+            j["utility"],
+            b["p10_s"].as_f64().unwrap_or(0.0),
+            b["p50_s"].as_f64().unwrap_or(0.0),
+            b["p90_s"].as_f64().unwrap_or(0.0),
+            b["mean_s"].as_f64().unwrap_or(0.0),
+            text(&b["source"]),
+            text(&j["reason"]),
+        ));
+        let rows = j["options"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                vec![
+                    format!(
+                        "{} ({} nodes)",
+                        text(&o["partition"]),
+                        text(&o["node_count"])
+                    ),
+                    format!("+{:.0} s", o["start_in_s"].as_f64().unwrap_or(0.0)),
+                    format!("{:.3}", o["expected_utility"].as_f64().unwrap_or(0.0)),
+                    if o["chosen"].as_bool() == Some(true) {
+                        "chosen".into()
+                    } else {
+                        String::new()
+                    },
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["SET", "START", "EXPECTED UTILITY", ""], rows));
+    }
     out
 }
 

@@ -33,6 +33,8 @@ pub enum StartError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error("3Sigma: {0}")]
+    ThreeSigma(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -125,6 +127,11 @@ pub async fn start(
     guarantor.dashboard = dashboard.clone();
     if let Some(shaping) = &settings.shaping {
         guarantor = guarantor.with_shaping(shaping);
+    }
+    if let Some(threesigma) = &settings.threesigma {
+        guarantor = guarantor
+            .with_threesigma(threesigma)
+            .map_err(StartError::ThreeSigma)?;
     }
     let guarantor = guarantor.start();
     coordinator

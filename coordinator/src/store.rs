@@ -65,6 +65,25 @@ const K_LOST_NODES: &str = "lost_nodes";
 /// The guarantor's reservations (Morpheus §6): the plan (each reservation's definition, its
 /// recurrence and the allocation of its instance) and the owners.
 const K_RESERVATIONS: &str = "reservations";
+/// Runtimes of finished 3Sigma jobs with their features (3σPredict's history), newest last,
+/// at most [`MAX_JOB_HISTORY`].
+const K_JOB_HISTORY: &str = "threesigma_job_history";
+
+/// Finished-job records kept for 3σPredict across restarts (the oldest are dropped).
+pub const MAX_JOB_HISTORY: usize = 5000;
+
+/// One finished 3Sigma job as 3σPredict learns from it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobHistoryRecord {
+    pub features: Vec<(String, String)>,
+    pub runtime_s: f64,
+    pub finish_ms: u64,
+    #[serde(default)]
+    pub app_id: String,
+    /// SLO jobs: whether it met its deadline.
+    #[serde(default)]
+    pub slo_met: Option<bool>,
+}
 
 /// The token key ring and the wall-clock ms of its last rotation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -603,6 +622,9 @@ impl Store {
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             K_RESERVATIONS => decode_reservations(value).map(|_| ()),
+            K_JOB_HISTORY => rmp_serde::from_slice::<Vec<JobHistoryRecord>>(value)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             K_LEGACY_JOIN_TOKEN => Ok(()),
             other => Err(format!("unknown record {other:?}")),
         }
@@ -855,6 +877,31 @@ impl Store {
 
     pub fn set_reservations(&self, reservations: &StoredReservations) -> Result<(), StoreError> {
         self.put_meta(K_RESERVATIONS, &encode(reservations))
+    }
+
+    /// 3σPredict's history of finished jobs, oldest first (empty when never written).
+    pub fn job_history(&self) -> Result<Vec<JobHistoryRecord>, StoreError> {
+        let bytes = match self.get_meta(K_JOB_HISTORY) {
+            Ok(b) => b,
+            Err(StoreError::MissingRecord { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        rmp_serde::from_slice(&bytes).map_err(|e| self.corrupted(K_JOB_HISTORY, e.to_string()))
+    }
+
+    /// Append finished jobs to the history in one transaction, keeping the newest
+    /// [`MAX_JOB_HISTORY`].
+    pub fn append_job_history(&self, records: &[JobHistoryRecord]) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut all = self.job_history()?;
+        all.extend_from_slice(records);
+        if all.len() > MAX_JOB_HISTORY {
+            let drop = all.len() - MAX_JOB_HISTORY;
+            all.drain(..drop);
+        }
+        self.put_meta(K_JOB_HISTORY, &encode(&all))
     }
 
     pub fn apps(&self) -> Result<Vec<AppRecord>, StoreError> {

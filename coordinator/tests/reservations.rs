@@ -69,6 +69,7 @@ fn ask(correlation_id: u64, count: u32, reservation_id: Option<&str>) -> WorkerT
             reservation_id: reservation_id.map(str::to_string),
             role: Default::default(),
             allow_shaping: false,
+            job: None,
         },
     })
 }

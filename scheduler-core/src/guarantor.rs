@@ -21,6 +21,11 @@ use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
 
+/// 3σSched in the live guarantor (layer 2 of DESIGN.md's guarantor); a child module so it books
+/// through the private grant path. Its items are re-exported from [`crate::threesigma`].
+#[path = "threesigma/live.rs"]
+pub(crate) mod threesigma_live;
+
 /// A node as the guarantor sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GuarantorNode {
@@ -254,6 +259,12 @@ pub enum GuarantorError {
     },
     #[error("ask has zero resources or zero count")]
     Empty,
+    /// A job description (3Sigma) that cannot be planned.
+    #[error("job description: {0}")]
+    BadJob(String),
+    /// The 3Sigma queue holds its maximum of waiting jobs.
+    #[error("the 3Sigma queue holds its maximum of {max} waiting jobs; retry later")]
+    JobQueueFull { max: usize },
     #[error("no node with name {0}")]
     UnknownNode(String),
     #[error(
@@ -288,7 +299,9 @@ impl GuarantorError {
     pub fn retryable(&self) -> bool {
         matches!(
             self,
-            GuarantorError::NoCapacityForPromotion { .. } | GuarantorError::ReservedCapacity
+            GuarantorError::NoCapacityForPromotion { .. }
+                | GuarantorError::ReservedCapacity
+                | GuarantorError::JobQueueFull { .. }
         )
     }
 }
@@ -484,6 +497,8 @@ pub struct Guarantor {
     draining: HashSet<NodeId>,
     /// Pace's resource shaper (layer 3 of DESIGN.md's guarantor), when enabled.
     shaping: Option<ShapingState>,
+    /// 3σSched's queue (layer 2), when enabled.
+    threesigma: Option<threesigma_live::LiveThreeSigma>,
 }
 
 impl std::fmt::Debug for Guarantor {
@@ -516,6 +531,7 @@ impl Guarantor {
             clock_ms: 0,
             draining: HashSet::new(),
             shaping: None,
+            threesigma: None,
         }
     }
 
@@ -602,6 +618,7 @@ impl Guarantor {
             if let Some(shaping) = &mut self.shaping {
                 shaping.untrack(*id);
             }
+            self.threesigma_grant_ended(*id, true);
             if let Some(g) = self.grants.remove(id) {
                 self.reservations
                     .book(g.reservation.as_deref(), &g.resources, false);
@@ -660,6 +677,7 @@ impl Guarantor {
             .into_iter()
             .filter_map(|id| {
                 let g = self.grants.remove(&id)?;
+                self.threesigma_grant_ended(id, true);
                 if let Some(shaping) = &mut self.shaping {
                     shaping.untrack(id);
                 }
@@ -788,7 +806,7 @@ impl Guarantor {
 
     /// Drop the pending containers of an ask (the application went away).
     pub fn cancel(&mut self, ask_key: u64) -> u32 {
-        let mut n = 0;
+        let mut n = self.cancel_job(ask_key);
         self.pending.retain(|p| {
             if p.ask.ask_key == ask_key {
                 n += p.ask.count;
@@ -1326,6 +1344,7 @@ impl Guarantor {
         let Some(g) = self.grants.remove(&id) else {
             return false;
         };
+        self.threesigma_grant_ended(id, g.pending_until_ms.is_some());
         if let Some(shaping) = &mut self.shaping {
             shaping.untrack(id);
         }

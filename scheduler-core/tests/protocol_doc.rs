@@ -113,6 +113,7 @@ fn allocate() -> AppRequest {
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     })
 }
 

@@ -59,6 +59,7 @@ fn ask(
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

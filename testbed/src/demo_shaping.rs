@@ -48,6 +48,7 @@ fn ask(memory_mib: u64, role: ComponentRole, allow_shaping: bool) -> Allocate {
         reservation_id: None,
         role,
         allow_shaping,
+        job: None,
     }
 }
 

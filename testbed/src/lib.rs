@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod demo;
+pub mod demo_3sigma;
 pub mod demo_shaping;
 pub mod experiment;
 pub mod fuzz;

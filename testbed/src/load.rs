@@ -423,6 +423,7 @@ async fn attempt(
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     };
     // A refusal that passes (quota, nothing placeable this round, coordinator away): wait for
     // one of our containers to end, then ask again, for at most REFUSAL_PATIENCE in a row.

@@ -30,6 +30,10 @@ enum Command {
     /// The shaping demo: Pace's resource shaper frees reserved-but-unused capacity on a local
     /// cluster and a waiting GUARANTEED container is admitted into it.
     DemoShaping(testbed::demo_shaping::DemoShapingArgs),
+    /// The 3Sigma demo: an SLO job goes ahead of best-effort work on a local cluster only when
+    /// its runtime distribution says it must.
+    #[command(name = "demo-3sigma")]
+    Demo3Sigma(testbed::demo_3sigma::Demo3SigmaArgs),
     /// Build a reservation plan (Morpheus LowCost or greedy) and place the requests of a JSON file.
     Plan(testbed::plan::PlanArgs),
     /// Submit accepted SLO contracts (inference) as recurring reservations to a running
@@ -58,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         Command::Load(args) => testbed::load::run(&args),
         Command::Demo(args) => testbed::demo::run(&args),
         Command::DemoShaping(args) => testbed::demo_shaping::run(&args),
+        Command::Demo3Sigma(args) => testbed::demo_3sigma::run(&args),
         Command::Plan(args) => testbed::plan::run(&args),
         Command::Reservations(args) => testbed::reservations::run(&args),
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),

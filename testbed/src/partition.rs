@@ -76,6 +76,7 @@ fn on_victim(ctype: ContainerType, cpu: u64, victim: &str) -> Allocate {
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

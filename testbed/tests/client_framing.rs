@@ -170,6 +170,7 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

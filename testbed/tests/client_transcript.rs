@@ -114,6 +114,7 @@ fn transcript() -> Vec<(&'static str, Frame)> {
                 reservation_id: None,
                 role: Default::default(),
                 allow_shaping: false,
+                job: None,
             })),
         ),
         (

@@ -73,6 +73,7 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

@@ -27,6 +27,7 @@ fn guaranteed_ask() -> Allocate {
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

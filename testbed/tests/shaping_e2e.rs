@@ -56,6 +56,7 @@ fn ask(memory_mib: u64, role: ComponentRole, allow_shaping: bool) -> Allocate {
         reservation_id: None,
         role,
         allow_shaping,
+        job: None,
     }
 }
 
@@ -94,6 +95,7 @@ async fn start_cluster(
         join_token_file: Some(data.join_token()),
         node_id: "n1".to_string(),
         rack: "rack-a".to_string(),
+        attributes: Default::default(),
         cpu_millis: 4000,
         memory_mib: node_memory_mib,
         app_tcp: Some(AppTcp::plaintext("127.0.0.1:0".parse().expect("literal"))),

@@ -33,6 +33,12 @@ pub struct RunArgs {
     /// Rack name (locality) [default: default-rack].
     #[arg(long, env = "WORKER_RACK")]
     pub rack: Option<String>,
+    /// A node attribute KEY=VALUE (repeatable), e.g. `--attribute gpu=yes`: 3Sigma job
+    /// descriptions name them in their constraints (equivalence sets). In the TOML file: a
+    /// list of "KEY=VALUE" strings.
+    #[arg(long = "attribute", value_name = "KEY=VALUE")]
+    #[serde(default)]
+    pub attribute: Vec<String>,
     /// CPU given to containers, in millicores [default: 1000 per core of this machine].
     #[arg(long, env = "WORKER_CPU_MILLIS")]
     pub cpu_millis: Option<u64>,
@@ -146,6 +152,8 @@ pub struct WorkerConfig {
     pub join_token_file: Option<PathBuf>,
     pub node_id: String,
     pub rack: String,
+    /// `--attribute KEY=VALUE` (3Sigma's node constraints).
+    pub attributes: std::collections::BTreeMap<String, String>,
     pub cpu_millis: u64,
     pub memory_mib: u64,
     /// The TCP app endpoint, if any.
@@ -332,6 +340,35 @@ impl Default for AppLimits {
     }
 }
 
+/// Most attributes a node may carry, and bytes of each key and value.
+pub const MAX_NODE_ATTRIBUTES: usize = 32;
+pub const MAX_ATTRIBUTE_BYTES: usize = 128;
+
+/// `KEY=VALUE` strings into a map; a bad one is named.
+pub fn parse_attributes(
+    given: &[String],
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    if given.len() > MAX_NODE_ATTRIBUTES {
+        bail!("--attribute: at most {MAX_NODE_ATTRIBUTES} attributes");
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for a in given {
+        let Some((k, v)) = a.split_once('=') else {
+            bail!("--attribute {a:?}: expected KEY=VALUE");
+        };
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() || k.len() > MAX_ATTRIBUTE_BYTES || v.len() > MAX_ATTRIBUTE_BYTES {
+            bail!(
+                "--attribute {a:?}: the key must be non-empty and key and value at most {MAX_ATTRIBUTE_BYTES} bytes"
+            );
+        }
+        if out.insert(k.to_string(), v.to_string()).is_some() {
+            bail!("--attribute {k:?} is given twice");
+        }
+    }
+    Ok(out)
+}
+
 macro_rules! merge {
     ($flags:ident, $file:ident, $($f:ident),*) => {
         $( if $flags.$f.is_none() { $flags.$f = $file.$f.clone(); } )*
@@ -346,6 +383,9 @@ impl RunArgs {
                 .with_context(|| format!("reading config file {}", path.display()))?;
             let file: RunArgs = toml::from_str(&text)
                 .with_context(|| format!("parsing config file {}", path.display()))?;
+            if self.attribute.is_empty() {
+                self.attribute = file.attribute.clone();
+            }
             merge!(
                 self,
                 file,
@@ -507,7 +547,9 @@ impl RunArgs {
                 .min(app_limits.max_queued_bytes / 4),
             ..app_limits
         };
+        let attributes = parse_attributes(&self.attribute)?;
         Ok(WorkerConfig {
+            attributes,
             coordinator,
             ca_cert,
             join_token,

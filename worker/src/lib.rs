@@ -391,6 +391,7 @@ pub async fn start_adopting(
     let identity = link::Identity {
         node_id: node_id.clone(),
         rack: config.rack.clone(),
+        attributes: config.attributes.clone(),
         capacity,
         app_endpoint: app_endpoint.clone(),
         join_token: config.join_token.clone(),

@@ -39,6 +39,8 @@ pub const SERVER_NAME: &str = "hybrid-coordinator";
 pub struct Identity {
     pub node_id: NodeId,
     pub rack: String,
+    /// `--attribute KEY=VALUE` (3Sigma's node constraints), sent with every join.
+    pub attributes: std::collections::BTreeMap<String, String>,
     pub capacity: Resources,
     pub app_endpoint: String,
     pub join_token: String,
@@ -190,6 +192,7 @@ impl Link {
             capacity: self.identity.capacity,
             app_endpoint: self.identity.app_endpoint.clone(),
             containers,
+            attributes: self.identity.attributes.clone(),
         });
         if let Err(e) = write(&mut send, &join).await {
             return SessionEnd::Lost(e);

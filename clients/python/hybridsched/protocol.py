@@ -199,7 +199,7 @@ def hello_frame(app_id, app_secret, client_name=None):
 def allocate_frame(container_type, count, cpu_millis, memory_mib, job_id, *,
                    job_submit_time_ms=None, priority=None, runtime_estimate_ms=None,
                    nodes=None, racks=None, relax=None, reservation_id=None, role=None,
-                   allow_shaping=None):
+                   allow_shaping=None, job=None):
     if container_type not in CONTAINER_TYPES:
         raise ValueError(f"container_type must be one of {CONTAINER_TYPES}, not {container_type!r}")
     _uint("count", count, 1, MAX_COUNT)
@@ -228,7 +228,46 @@ def allocate_frame(container_type, count, cpu_millis, memory_mib, job_id, *,
         if not isinstance(allow_shaping, bool):
             raise ValueError("allow_shaping must be a bool")
         f["allow_shaping"] = allow_shaping
+    if job is not None:
+        if container_type != "GUARANTEED" or reservation_id is not None:
+            raise ValueError("job is for GUARANTEED asks outside reservations only")
+        f["job"] = job_spec(**job) if isinstance(job, dict) and "utility" not in job else job
     return f
+
+
+def job_spec(*, deadline_ms=None, value=1.0, zero_after_ms=None, features=None,
+             required=None, preferred=None, non_preferred_slowdown=None):
+    """A 3Sigma job description (docs/protocol.md §6.7): an SLO job (``deadline_ms``, ms since
+    the Unix epoch) or a latency-sensitive best-effort job (``zero_after_ms``: its value decays
+    linearly to zero that long after submission). ``features`` (str → str, e.g. ``name``) key
+    3σPredict's runtime history; ``required`` / ``preferred`` map a node attribute to its
+    allowed values."""
+    if (deadline_ms is None) == (zero_after_ms is None):
+        raise ValueError("give exactly one of deadline_ms (SLO job) or zero_after_ms (best effort)")
+    if not (isinstance(value, (int, float)) and value > 0):
+        raise ValueError("value must be a positive number")
+    if deadline_ms is not None:
+        utility = {"kind": "slo", "deadline_ms": _uint("deadline_ms", deadline_ms),
+                   "value": float(value)}
+    else:
+        utility = {"kind": "best_effort", "value": float(value),
+                   "zero_after_ms": _uint("zero_after_ms", zero_after_ms, 1)}
+    spec = {"utility": utility}
+    if features:
+        if len(features) > 16 or not all(isinstance(k, str) and isinstance(v, str)
+                                         and len(k.encode()) <= 128 and len(v.encode()) <= 128
+                                         for k, v in dict(features).items()):
+            raise ValueError("features: at most 16 str → str entries of at most 128 bytes")
+        spec["features"] = dict(features)
+    for name, given in (("required", required), ("preferred", preferred)):
+        if given:
+            spec[name] = [{"key": str(k), "values": [str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs])]}
+                          for k, vs in dict(given).items()]
+    if non_preferred_slowdown is not None:
+        if not (isinstance(non_preferred_slowdown, (int, float)) and non_preferred_slowdown >= 1):
+            raise ValueError("non_preferred_slowdown must be ≥ 1")
+        spec["non_preferred_slowdown"] = float(non_preferred_slowdown)
+    return spec
 
 
 def launch_map(command, args=(), env=None, working_dir=None):

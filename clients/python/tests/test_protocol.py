@@ -87,6 +87,22 @@ def test_shaping_options_go_on_the_wire_only_when_given():
     assert "role" not in f and "allow_shaping" not in f
 
 
+def test_job_description_goes_on_the_wire_as_the_spec_says():
+    f = p.allocate_frame("GUARANTEED", 2, 1000, 512, "etl-1",
+                         job={"deadline_ms": 1_700_000_060_000, "value": 2,
+                              "features": {"name": "etl"}, "required": {"gpu": "yes"}})
+    assert f["job"] == {"utility": {"kind": "slo", "deadline_ms": 1_700_000_060_000, "value": 2.0},
+                        "features": {"name": "etl"},
+                        "required": [{"key": "gpu", "values": ["yes"]}]}
+    be = p.job_spec(zero_after_ms=60_000)
+    assert be["utility"] == {"kind": "best_effort", "value": 1.0, "zero_after_ms": 60_000}
+    with pytest.raises(ValueError, match="exactly one"):
+        p.job_spec(deadline_ms=1, zero_after_ms=1)
+    with pytest.raises(ValueError, match="GUARANTEED"):
+        p.allocate_frame("QUEUEABLE", 1, 100, 64, "j", job=be)
+    assert "job" not in p.allocate_frame("GUARANTEED", 1, 100, 64, "j")
+
+
 def test_tls_needs_a_ca():
     with pytest.raises(hs.ConnectError, match="cluster CA"):
         hs.Client("tls://127.0.0.1:1", "demo", "x")

@@ -151,6 +151,40 @@ function viewWaiting() {
     g.pending_asks > g.waiting.length ? el("p", { class: "muted" }, `First ${g.waiting.length} shown.`) : null];
 }
 
+function ratioPct(x) {
+  return x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)} %`;
+}
+
+// 3Sigma (issue 13/18): SLO attainment of finished jobs, the last cycle, and the waiting jobs
+// with their explain data (runtime distribution, best options, why not placed).
+function viewThreeSigma() {
+  const t = state.guarantor.threesigma;
+  if (!t) return [el("h2", {}, "3Sigma"), el("p", { class: "muted" }, "3Sigma scheduling is off on this coordinator.")];
+  const a = t.attainment;
+  const cards = el("div", { class: "cards" },
+    card("SLO attainment", ratioPct(a.attainment), "slo-attainment"),
+    card("SLO met", a.slo_met, "slo-met"),
+    card("SLO missed", a.slo_missed, "slo-missed"),
+    card("best effort finished", a.best_effort_finished, "be-finished"),
+    card("waiting jobs", t.pending_jobs, "threesigma-pending"));
+  const perApp = Object.entries(a.per_app).map(([app, p]) => el("tr", {},
+    el("td", {}, app), el("td", { class: "num" }, p.slo_met), el("td", { class: "num" }, p.slo_missed),
+    el("td", { class: "num" }, ratioPct(p.attainment)), el("td", { class: "num" }, p.best_effort_finished)));
+  const c = t.last_cycle;
+  const cycle = c ? el("p", { class: "muted" },
+    `Last cycle: ${c.method}, ${c.pending} jobs, MILP ${c.columns} columns × ${c.rows} rows, objective ${c.objective.toFixed(3)}` +
+    (c.lp_bound ? ` of bound ${c.lp_bound.toFixed(3)}` : "")) : el("p", { class: "muted" }, "No cycle yet.");
+  const jobs = t.waiting_jobs.map((j) => el("tr", {},
+    el("td", {}, j.app_id), el("td", {}, j.job_id), el("td", { class: "num" }, j.gang),
+    el("td", {}, `${j.belief.p10_s.toFixed(1)} / ${j.belief.p50_s.toFixed(1)} / ${j.belief.p90_s.toFixed(1)} s`),
+    el("td", {}, j.options.slice(0, 3).map((o) => `+${o.start_in_s.toFixed(0)} s: ${o.expected_utility.toFixed(2)}${o.chosen ? " (chosen)" : ""}`).join(", ") || "–"),
+    el("td", { class: "reason" }, j.reason)));
+  return [el("h2", {}, "3Sigma: SLO attainment"), cards,
+    table(["app", "SLO met#", "SLO missed#", "attainment", "best effort#"], perApp, { id: "slo-per-app" }),
+    el("h2", {}, `Waiting 3Sigma jobs: ${t.pending_jobs}`), cycle,
+    table(["app", "job", "containers#", "runtime p10 / p50 / p90", "best options (start: expected utility)", "why not placed"], jobs, { id: "threesigma-waiting" })];
+}
+
 const palette = ["#3566c9", "#2a9d8f", "#8e5cc4", "#e76f51", "#6a994e", "#bc4749", "#277da1", "#f4a261"];
 
 // The agenda over one horizon as a stacked step chart of CPU: each reservation's allocation,
@@ -216,6 +250,7 @@ function render() {
   const [view, arg] = hash.split(/\/(.*)/s);
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view);
   const views = { cluster: viewCluster, apps: viewApps, waiting: viewWaiting, reservations: viewReservations,
+    threesigma: viewThreeSigma,
     node: () => viewNode(arg || "") };
   const main = document.getElementById("main");
   main.replaceChildren(...[].concat((views[view] || viewCluster)()).filter((x) => x));

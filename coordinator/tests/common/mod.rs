@@ -128,6 +128,7 @@ pub fn join_msg(token: &str, node: &str, cpu: u64, mem: u64) -> WorkerToCoordina
         capacity: Resources::new(cpu, mem),
         app_endpoint: format!("{node}.example:7500"),
         containers: vec![],
+        attributes: Default::default(),
     })
 }
 
@@ -194,6 +195,7 @@ pub fn allocate_guaranteed(
             reservation_id: None,
             role: Default::default(),
             allow_shaping: false,
+            job: None,
         },
     })
 }

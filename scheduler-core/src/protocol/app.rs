@@ -78,7 +78,7 @@ pub struct Locality {
 }
 
 /// Ask for `count` containers of one shape.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Allocate {
     pub request_id: u64,
     pub resources: Resources,
@@ -110,6 +110,118 @@ pub struct Allocate {
     /// and preempt them by its policy. Default false: booked and limited at the ask.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_shaping: bool,
+    /// GUARANTEED only (3Sigma): what the job is worth and what it is like. An ask with a job
+    /// description is planned by the guarantor's 3Sigma cycle (its `count` containers start
+    /// together, a gang) instead of being placed at once where capacity is free.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobSpec>,
+}
+
+/// A GUARANTEED ask's job description (3Sigma §3.1, §4.1, §4.3.3).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub utility: JobUtility,
+    /// What 3σPredict keys runtime histories on, e.g. `name`, `logical_name`, `queue`. The
+    /// app id (`user`) and the requested resources are added by the cluster.
+    #[serde(default)]
+    pub features: BTreeMap<String, String>,
+    /// Node attributes every node of the job must have (`worker run --attribute k=v`).
+    #[serde(default)]
+    pub required: Vec<crate::threesigma::NodeConstraint>,
+    /// Node attributes the job prefers; elsewhere it runs `non_preferred_slowdown` × longer.
+    #[serde(default)]
+    pub preferred: Vec<crate::threesigma::NodeConstraint>,
+    /// Default 1.5 (3Sigma §5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_preferred_slowdown: Option<f64>,
+}
+
+/// What a job's completion is worth (3Sigma §3.1, Fig. 3).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobUtility {
+    /// `value` if the job completes by `deadline_ms` (ms since the Unix epoch), nothing after.
+    Slo { deadline_ms: u64, value: f64 },
+    /// Latency-sensitive best effort: `value` at submission, decaying linearly to zero
+    /// `zero_after_ms` after it.
+    BestEffort { value: f64, zero_after_ms: u64 },
+}
+
+/// Features one job description may carry, and bytes of each name and value.
+pub const MAX_JOB_FEATURES: usize = 16;
+pub const MAX_JOB_FEATURE_BYTES: usize = 128;
+
+impl JobSpec {
+    /// The job description 3σSched plans with (times in seconds since the Unix epoch), or what
+    /// is wrong with the spec.
+    pub fn description(
+        &self,
+        app_id: &str,
+        resources: Resources,
+        count: u32,
+        submit_ms: u64,
+    ) -> Result<crate::threesigma::JobDescription, String> {
+        use crate::threesigma::Utility;
+        if self.features.len() > MAX_JOB_FEATURES {
+            return Err(format!("job.features: at most {MAX_JOB_FEATURES} entries"));
+        }
+        for (k, v) in &self.features {
+            if k.len() > MAX_JOB_FEATURE_BYTES || v.len() > MAX_JOB_FEATURE_BYTES {
+                return Err(format!(
+                    "job.features: names and values are at most {MAX_JOB_FEATURE_BYTES} bytes"
+                ));
+            }
+        }
+        let utility = match self.utility {
+            JobUtility::Slo { deadline_ms, value } => Utility::Slo {
+                deadline: deadline_ms as f64 / 1000.0,
+                value,
+            },
+            JobUtility::BestEffort {
+                value,
+                zero_after_ms,
+            } => {
+                if zero_after_ms == 0 {
+                    return Err("job.utility.zero_after_ms must be positive".into());
+                }
+                Utility::BestEffort {
+                    submit: submit_ms as f64 / 1000.0,
+                    value,
+                    zero_at: submit_ms.saturating_add(zero_after_ms) as f64 / 1000.0,
+                }
+            }
+        };
+        if !(utility.peak().is_finite() && utility.peak() > 0.0) {
+            return Err("job.utility.value must be a positive number".into());
+        }
+        // Most specific first (3σPredict's most-specific rule reads them in this order).
+        let mut features = Vec::new();
+        if let Some(name) = self.features.get("name") {
+            features.push(("user+name".to_string(), format!("{app_id}/{name}")));
+        }
+        for (k, v) in &self.features {
+            features.push((k.clone(), v.clone()));
+        }
+        features.push((
+            "resources".to_string(),
+            format!(
+                "{}m/{}Mi x{count}",
+                resources.cpu_millis, resources.memory_mib
+            ),
+        ));
+        features.push(("user".to_string(), app_id.to_string()));
+        let description = crate::threesigma::JobDescription {
+            utility,
+            features,
+            gang: count,
+            container: resources,
+            required: self.required.clone(),
+            preferred: self.preferred.clone(),
+            non_preferred_slowdown: self.non_preferred_slowdown.unwrap_or(1.5),
+        };
+        description.validate().map_err(|e| e.to_string())?;
+        Ok(description)
+    }
 }
 
 impl Allocate {
@@ -136,6 +248,7 @@ impl Allocate {
             reservation_id: None,
             role: ComponentRole::Core,
             allow_shaping: false,
+            job: None,
         }
     }
 }
@@ -524,6 +637,7 @@ mod tests {
             reservation_id: None,
             role: Default::default(),
             allow_shaping: false,
+            job: None,
         });
         let bytes = to_payload(&req).unwrap();
         assert_eq!(from_payload::<AppRequest>(&bytes).unwrap(), req);

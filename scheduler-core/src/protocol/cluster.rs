@@ -78,6 +78,10 @@ pub struct Join {
     /// Containers the worker still runs (after a coordinator restart or a network partition),
     /// for reconciliation.
     pub containers: Vec<ContainerStatus>,
+    /// The node's attributes (`worker run --attribute k=v`), which 3Sigma's job constraints
+    /// name (equivalence sets, 3Sigma §4.3.3).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub attributes: std::collections::BTreeMap<String, String>,
 }
 
 /// Periodic load and container report.

@@ -157,6 +157,23 @@ pub fn validate_request(request: &AppRequest) -> Result<(), ErrorFrame> {
                 }
                 check_reservation_id(id, r)?;
             }
+            if let Some(job) = &a.job {
+                if a.container_type != crate::ContainerType::Guaranteed {
+                    return refuse(
+                        id,
+                        "`job`: only GUARANTEED asks carry a job description".into(),
+                    );
+                }
+                if a.reservation_id.is_some() {
+                    return refuse(
+                        id,
+                        "`job`: an ask inside a reservation is not planned by 3Sigma; send one or the other".into(),
+                    );
+                }
+                if let Err(m) = job.description("", a.resources, a.count.max(1), 0) {
+                    return refuse(id, format!("`{m}`"));
+                }
+            }
             Ok(())
         }
         AppRequest::Reserve(crate::protocol::app::Reserve {
@@ -472,6 +489,7 @@ mod tests {
             reservation_id: None,
             role: Default::default(),
             allow_shaping: false,
+            job: None,
         }
     }
 

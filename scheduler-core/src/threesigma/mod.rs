@@ -29,6 +29,11 @@ pub use model::{
 pub use partition::{JobDescription, NodeConstraint, Partitioning, equivalence_partitions};
 pub use prio::PrioScheduler;
 
+pub use crate::guarantor::threesigma_live::{
+    AppAttainment, BeliefSummary, CompletedJob, ConsideredOption, JobExplanation, LiveCycle,
+    LiveCycleReport, LiveThreeSigma, LiveThreeSigmaConfig, SloAttainment, SolvedCycle,
+};
+
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 

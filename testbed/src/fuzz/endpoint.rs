@@ -313,6 +313,7 @@ async fn well_behaved_client(endpoint: &str, app_id: &str, secret: &str) -> anyh
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     };
     let granted = tokio::time::timeout(guard, client.allocate(ask))
         .await

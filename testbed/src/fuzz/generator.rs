@@ -462,6 +462,7 @@ pub fn allocate(rng: &mut Rng) -> Allocate {
         reservation_id: rng.chance(1, 4).then(|| rng.word()),
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

@@ -155,6 +155,7 @@ impl Cluster {
                 join_token_file: Some(data.join_token()),
                 node_id: n.name.to_string(),
                 rack: "rack-a".to_string(),
+                attributes: Default::default(),
                 cpu_millis: n.cpu_millis,
                 memory_mib: n.memory_mib,
                 // Plaintext: these tests write raw (and malformed) frames.
@@ -430,6 +431,7 @@ pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> A
         reservation_id: None,
         role: Default::default(),
         allow_shaping: false,
+        job: None,
     }
 }
 

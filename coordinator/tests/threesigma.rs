@@ -1,0 +1,141 @@
+//! 3Sigma in the live coordinator: a GUARANTEED ask with a job description is planned by the
+//! guarantor's cycle and granted as a gang; its runtime goes into the store's job history, and
+//! after a restart 3σPredict predicts the next job of the same features from it (`explain`
+//! shows the distribution, the options and why the job waits).
+
+mod common;
+
+use common::*;
+use coordinator::guarantor_actor::AdminGuarantor;
+use scheduler_core::ContainerType;
+use scheduler_core::protocol::app::{JobSpec, JobUtility};
+use scheduler_core::protocol::cluster::{CoordinatorToWorker, WorkerToCoordinator};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const CYCLE_MS: u64 = 20;
+
+fn job_ask(correlation_id: u64, deadline_ms: u64) -> WorkerToCoordinator {
+    let mut msg = allocate_guaranteed(correlation_id, "demo", 1000, 1024, 2);
+    if let WorkerToCoordinator::AllocateGuaranteed(a) = &mut msg {
+        a.allocate.runtime_estimate_ms = None;
+        a.allocate.job = Some(JobSpec {
+            utility: JobUtility::Slo {
+                deadline_ms,
+                value: 1.0,
+            },
+            features: BTreeMap::from([("name".to_string(), "etl".to_string())]),
+            required: vec![],
+            preferred: vec![],
+            non_preferred_slowdown: None,
+        });
+    }
+    msg
+}
+
+/// Wait (bounded) until `done` holds, letting the actors run in between.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..500 {
+        if done().await {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn first_run(dir: tempfile::TempDir) -> tempfile::TempDir {
+    let h = Harness::start_in_with(dir, |s| {
+        s.threesigma.as_mut().expect("on by default").cycle_ms = CYCLE_MS;
+    })
+    .await;
+    let (mut w, _) = h.join("node-a", 2000, 2048).await;
+    let now = h.clock.now_ms();
+    w.send(&job_ask(1, now + 60_000)).await;
+    let grant = match w
+        .expect("the job's gang", |m| {
+            matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+        })
+        .await
+    {
+        CoordinatorToWorker::GuaranteedAllocated(g) => g,
+        _ => unreachable!(),
+    };
+    assert_eq!(grant.containers.len(), 2, "the whole gang in one frame");
+    assert_eq!(grant.remaining, 0);
+    let ids: Vec<_> = grant.containers.iter().map(|c| c.container_id).collect();
+    let running: Vec<_> = ids
+        .iter()
+        .map(|id| running(*id, ContainerType::Guaranteed, 1000, 1024))
+        .collect();
+    w.send(&heartbeat("node-a", 0, 1.0, running, ids.clone(), vec![]))
+        .await;
+    w.expect_ack().await;
+    h.clock.advance(Duration::from_secs(5));
+    w.send(&heartbeat("node-a", 0, 1.0, vec![], vec![], ids))
+        .await;
+    w.expect_ack().await;
+    // The finished job is learned and stored at the next cycle tick.
+    let metrics = h.server.metrics.clone();
+    until("the finished job to be recorded", async || {
+        metrics.threesigma_slo_met.get() == 1
+    })
+    .await;
+    let g = h.server.guarantor.send(AdminGuarantor).await.unwrap();
+    let t = g.threesigma.expect("3Sigma on");
+    assert_eq!(t.attainment.slo_met, 1);
+    assert_eq!(t.attainment.attainment, Some(1.0));
+    assert_eq!(t.attainment.recent[0].runtime_s, 5.0);
+    h.server.shutdown();
+    h.dir
+}
+
+async fn second_run(dir: tempfile::TempDir) {
+    let h = Harness::start_in_with(dir, |s| {
+        s.threesigma.as_mut().expect("on by default").cycle_ms = CYCLE_MS;
+    })
+    .await;
+    let (mut w, _) = h.join("node-a", 2000, 2048).await;
+    // Plain GUARANTEED work fills the node: the job waits and is explained.
+    w.send(&allocate_guaranteed(1, "demo", 2000, 2048, 1)).await;
+    w.expect("the plain grant", |m| {
+        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+    })
+    .await;
+    let now = h.clock.now_ms();
+    w.send(&job_ask(2, now + 60_000)).await;
+    let guarantor = h.server.guarantor.clone();
+    let clock = h.clock.clone();
+    until("a cycle to explain the waiting job", async || {
+        clock.advance(Duration::from_millis(CYCLE_MS));
+        let g = guarantor.send(AdminGuarantor).await.unwrap();
+        g.threesigma.is_some_and(|t| {
+            t.waiting_jobs
+                .first()
+                .is_some_and(|j| j.cycle_at_ms.is_some())
+        })
+    })
+    .await;
+    let g = guarantor.send(AdminGuarantor).await.unwrap();
+    let job = &g.threesigma.unwrap().waiting_jobs[0];
+    assert!(
+        job.belief.source.starts_with("3σPredict"),
+        "the prediction uses the history stored before the restart: {:?}",
+        job.belief
+    );
+    assert!(
+        (job.belief.p50_s - 5.0).abs() < 1.0,
+        "predicted around the 5 s it ran: {:?}",
+        job.belief
+    );
+    assert!(job.reason.contains("capacity"), "{}", job.reason);
+    assert!(!job.options.is_empty(), "options with expected utility");
+    h.server.shutdown();
+}
+
+#[test]
+fn a_job_is_planned_as_a_gang_and_its_runtime_feeds_predictions_after_a_restart() {
+    let dir = initialised_data_dir();
+    let dir = actix_rt::System::new().block_on(first_run(dir));
+    actix_rt::System::new().block_on(second_run(dir));
+}
