@@ -8,6 +8,7 @@ pub mod client;
 pub mod demo;
 pub mod demo_shaping;
 pub mod experiment;
+pub mod fleet;
 pub mod fuzz;
 pub mod load;
 pub mod local;
