@@ -412,8 +412,13 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     let fleet1 = process_cpu_s(std::process::id())?;
     let acks = shared.acks.load(Ordering::Relaxed) - acks0;
     let rss = rss_mib(pid)?;
-    // Let the last answers arrive before reading the latencies.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Wait for the answers still on their way (bounded: a lost answer is reported as missing).
+    let answers_by = Instant::now() + Duration::from_secs(10);
+    while shared.granted.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) < asked
+        && Instant::now() < answers_by
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let cost = |cpu: f64| ProcessCost {
         cpu_s: cpu,
         core_fraction: cpu / window_s,
