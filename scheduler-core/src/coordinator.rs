@@ -110,6 +110,15 @@ struct NodeEntry {
 /// shedding threshold) from the nodes' latest estimates, and sends with every heartbeat answer
 /// until the next round. A round lasts one heartbeat interval, so each heartbeat costs O(k), not
 /// O(nodes) (the simulator runs the same aggregation once per round).
+///
+/// Staleness is bounded by one round, as in Mercury §4.2, where the coordinator propagates the
+/// aggregated queue-delay view to the schedulers periodically and they place against a view up
+/// to one period old (YARN's opportunistic containers do the same: the top-k list is refreshed
+/// on a timer, `../shared/notes/yarn-opportunistic-reference.md`). Membership changes do not
+/// force a recomputation (issue 17: during a join storm of 10,000 nodes that made every
+/// heartbeat O(nodes)); they patch the cached list in O(k) instead: a joining node, which has
+/// no queue yet, is put first (it must not wait a round to be offered work), and a removed node
+/// is taken out at once. The threshold and the per-app totals wait for the next round.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct AggregateRound {
     pub top_k: Vec<NodeLoad>,
@@ -117,9 +126,8 @@ pub struct AggregateRound {
     /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
-    /// When it was computed, and at which directory version.
+    /// When it was computed.
     at: Option<Time>,
-    directory_version: u64,
 }
 
 /// The coordinator's aggregate view.
@@ -284,17 +292,17 @@ impl CoordinatorState {
     }
 
     /// The current round's aggregate: recomputed (O(nodes)) when the last one is `interval`
-    /// old or membership changed since, otherwise the cached one.
+    /// old, otherwise the cached one (patched by joins and removals, see [`AggregateRound`]).
     pub fn round<R: Rng + ?Sized>(
         &mut self,
         now: Time,
         interval: Duration,
         rng: &mut R,
     ) -> &AggregateRound {
-        let fresh = self.round.at.is_some_and(|at| {
-            now.saturating_since(at) < interval
-                && self.round.directory_version == self.directory_version
-        });
+        let fresh = self
+            .round
+            .at
+            .is_some_and(|at| now.saturating_since(at) < interval);
         if !fresh {
             let mut outstanding_totals: BTreeMap<crate::AppId, (u32, u32)> = BTreeMap::new();
             for a in self.nodes.values().flat_map(|n| &n.issued) {
@@ -307,7 +315,6 @@ impl CoordinatorState {
                 shedding_threshold_ms: self.shedding_threshold_ms(),
                 outstanding_totals,
                 at: Some(now),
-                directory_version: self.directory_version,
             };
         }
         &self.round
@@ -455,6 +462,7 @@ impl CoordinatorState {
     /// A node joins (or re-joins after a restart of either side). Returns the issuer prefix its
     /// distributed scheduler must mint container ids with: always fresh, so ids never repeat.
     pub fn join(&mut self, now: Time, dir: NodeDirectoryEntry) -> u32 {
+        let node_id = dir.node_id.clone();
         let issuer = self.next_issuer;
         self.next_issuer += 1;
         let secret = self
@@ -480,7 +488,28 @@ impl CoordinatorState {
         }
         self.live_issuers.insert(issuer);
         self.directory_version += 1;
+        self.patch_round_top_k(&node_id, true);
         issuer
+    }
+
+    /// Keep the cached round's top-k consistent with membership in O(k): `node` taken out, and
+    /// put first when it `joined` (no queue yet) unless it is draining.
+    fn patch_round_top_k(&mut self, node: &NodeId, joined: bool) {
+        if self.round.at.is_none() {
+            return;
+        }
+        let top_k = &mut self.round.top_k;
+        top_k.retain(|l| &l.node_id != node);
+        if joined && !self.draining.contains(node) && self.config.top_k > 0 {
+            top_k.insert(
+                0,
+                NodeLoad {
+                    node_id: node.clone(),
+                    queue_delay_ms: 0.0,
+                },
+            );
+            top_k.truncate(self.config.top_k);
+        }
     }
 
     /// A heartbeat: the node's queue-delay estimate and the containers it holds.
@@ -536,6 +565,7 @@ impl CoordinatorState {
         self.outbox.remove(&entry.issuer);
         self.live_issuers.remove(&entry.issuer);
         self.directory_version += 1;
+        self.patch_round_top_k(node, false);
         for &id in &entry.containers {
             self.route_notice(ContainerNotice {
                 container_id: id,
@@ -762,7 +792,7 @@ mod tests {
     }
 
     #[test]
-    fn the_aggregate_is_computed_once_per_round_or_when_membership_changes() {
+    fn the_aggregate_is_computed_once_per_round_and_patched_by_membership_changes() {
         let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
         let mut rng = StdRng::seed_from_u64(5);
         let second = Duration::from_secs(1);
@@ -787,11 +817,29 @@ mod tests {
         // The next round sees them.
         let next = c.round(Time::from_millis(1000), second, &mut rng).clone();
         assert_eq!(next.top_k[0].queue_delay_ms, 900.0);
-        // A join is seen at once: a new node must not wait a round to be offered work.
+        // A join is seen at once, without recomputing the round: a new node must not wait a
+        // round to be offered work.
+        c.heartbeat(
+            Time::from_millis(1050),
+            &NodeId::from("a"),
+            load(100.0),
+            vec![],
+        );
         c.join(Time::from_millis(1100), dir("b"));
         let joined = c.round(Time::from_millis(1100), second, &mut rng).clone();
         assert_eq!(joined.top_k.len(), 2);
         assert_eq!(joined.top_k[0].node_id.as_str(), "b");
+        assert_eq!(
+            joined.top_k[1].queue_delay_ms, 900.0,
+            "a's estimate waits for the round"
+        );
+        assert_eq!(joined.at, next.at);
+        // A removed node leaves the list at once.
+        c.remove_node(&NodeId::from("a"));
+        let removed = c.round(Time::from_millis(1200), second, &mut rng).clone();
+        assert_eq!(removed.top_k.len(), 1);
+        assert_eq!(removed.top_k[0].node_id.as_str(), "b");
+        c.join(Time::from_millis(1300), dir("a"));
         let view = c.view_with(0, joined.top_k.clone());
         assert_eq!(view.directory.len(), 2);
         assert!(

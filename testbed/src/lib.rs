@@ -9,6 +9,7 @@ pub mod demo;
 pub mod demo_3sigma;
 pub mod demo_shaping;
 pub mod experiment;
+pub mod fleet;
 pub mod fuzz;
 pub mod load;
 pub mod local;

@@ -182,57 +182,12 @@ impl LocalCluster {
         if args.workers == 0 {
             bail!("--workers must be at least 1");
         }
-        let coordinator_bin = sibling_binary("coordinator")?;
         let worker_bin = sibling_binary("worker")?;
-        let (temp, data_dir) = match &args.data_dir {
-            Some(d) => {
-                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-                (None, d.clone())
-            }
-            None => {
-                let t = tempfile::tempdir().context("creating a temporary data dir")?;
-                let p = t.path().to_path_buf();
-                (Some(t), p)
-            }
-        };
+        let mut cluster = LocalCluster::start_coordinator(args)?;
+        let data_dir = cluster.data_dir.clone();
         let coord_dir = data_dir.join("coordinator");
-        let cluster_json = coord_dir.join("cluster.json");
-        if !cluster_json.exists() {
-            let out = Command::new(&coordinator_bin)
-                .args(["init", "--data-dir"])
-                .arg(&coord_dir)
-                .args(["--app", "demo"])
-                .output()
-                .context("running coordinator init")?;
-            if !out.status.success() {
-                bail!(
-                    "coordinator init failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
-        let creds: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(&cluster_json)
-                .with_context(|| format!("reading {}", cluster_json.display()))?,
-        )?;
-        let app = &creds["apps"][0];
-        let (app_id, app_secret) = match (app["app_id"].as_str(), app["app_secret"].as_str()) {
-            (Some(i), Some(s)) => (i.to_string(), s.to_string()),
-            _ => bail!("{} names no app with a secret", cluster_json.display()),
-        };
-        let mut cluster = LocalCluster {
-            coordinator: String::new(),
-            coordinator_http: None,
-            workers: vec![],
-            app_id,
-            app_secret,
-            data_dir: data_dir.clone(),
-            ca_cert: coord_dir.join("ca.pem"),
-            children: vec![],
-            temp_dir: temp,
-        };
+        let coordinator_bin = sibling_binary("coordinator")?;
         let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_s);
-        cluster.coordinator = cluster.spawn_coordinator(args, "127.0.0.1:0", deadline)?;
         let mut pending = vec![];
         for i in 1..=args.workers {
             let name = format!("worker-{i}");
@@ -304,6 +259,62 @@ impl LocalCluster {
                 http: ready["metrics_addr"].as_str().map(str::to_string),
             });
         }
+        Ok(cluster)
+    }
+
+    /// The coordinator alone (initialised in the data dir, running, ready), without workers:
+    /// `testbed fleet` brings its own nodes. `args.workers` is not used.
+    pub fn start_coordinator(args: &LocalArgs) -> anyhow::Result<LocalCluster> {
+        let coordinator_bin = sibling_binary("coordinator")?;
+        let (temp, data_dir) = match &args.data_dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                (None, d.clone())
+            }
+            None => {
+                let t = tempfile::tempdir().context("creating a temporary data dir")?;
+                let p = t.path().to_path_buf();
+                (Some(t), p)
+            }
+        };
+        let coord_dir = data_dir.join("coordinator");
+        let cluster_json = coord_dir.join("cluster.json");
+        if !cluster_json.exists() {
+            let out = Command::new(&coordinator_bin)
+                .args(["init", "--data-dir"])
+                .arg(&coord_dir)
+                .args(["--app", "demo"])
+                .output()
+                .context("running coordinator init")?;
+            if !out.status.success() {
+                bail!(
+                    "coordinator init failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        let creds: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&cluster_json)
+                .with_context(|| format!("reading {}", cluster_json.display()))?,
+        )?;
+        let app = &creds["apps"][0];
+        let (app_id, app_secret) = match (app["app_id"].as_str(), app["app_secret"].as_str()) {
+            (Some(i), Some(s)) => (i.to_string(), s.to_string()),
+            _ => bail!("{} names no app with a secret", cluster_json.display()),
+        };
+        let mut cluster = LocalCluster {
+            coordinator: String::new(),
+            coordinator_http: None,
+            workers: vec![],
+            app_id,
+            app_secret,
+            data_dir: data_dir.clone(),
+            ca_cert: coord_dir.join("ca.pem"),
+            children: vec![],
+            temp_dir: temp,
+        };
+        let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_s);
+        cluster.coordinator = cluster.spawn_coordinator(args, "127.0.0.1:0", deadline)?;
         Ok(cluster)
     }
 

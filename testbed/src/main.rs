@@ -50,6 +50,10 @@ enum Command {
     /// container on the victim until it is reported lost; `--phase after` checks the re-joined
     /// victim's whole capacity can be granted and started again.
     PartitionCheck(testbed::partition::PartitionArgs),
+    /// One real coordinator against N lightweight nodes (real QUIC sessions, synthetic
+    /// containers): its CPU per heartbeat, memory per node, GUARANTEED allocate latency and
+    /// lost-node detection time.
+    Fleet(testbed::fleet::FleetArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,5 +72,6 @@ fn main() -> anyhow::Result<()> {
         Command::NodeLossCheck(args) => testbed::demo::node_loss_check(&args),
         Command::Fuzz(args) => testbed::fuzz::run(&args),
         Command::PartitionCheck(args) => testbed::partition::run(&args),
+        Command::Fleet(args) => testbed::fleet::run(&args),
     }
 }

@@ -17,7 +17,8 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
 use scheduler_core::liveness::{
-    DEFAULT_LINK_TIMEOUT_HEARTBEATS, LinkLiveness, REJOIN_BACKOFF_START, next_rejoin_backoff,
+    DEFAULT_LINK_TIMEOUT_HEARTBEATS, JOIN_TIMEOUT, LinkLiveness, REJOIN_BACKOFF_START,
+    next_rejoin_backoff,
 };
 use scheduler_core::protocol::cluster::{
     CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, Join, JoinAccepted, WorkerToCoordinator,
@@ -151,59 +152,35 @@ impl Link {
         endpoint: &quinn::Endpoint,
         on_first_join: &mut Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
     ) -> SessionEnd {
-        let addr = match lookup_host(&self.identity.coordinator)
-            .await
-            .map(|mut a| a.next())
-        {
-            Ok(Some(a)) => a,
-            Ok(None) => {
-                return SessionEnd::Lost(format!(
-                    "{} resolves to no address",
-                    self.identity.coordinator
-                ));
-            }
-            Err(e) => {
-                return SessionEnd::Lost(format!(
-                    "cannot resolve {}: {e}",
-                    self.identity.coordinator
-                ));
-            }
-        };
-        let connecting = match endpoint.connect(addr, SERVER_NAME) {
-            Ok(c) => c,
-            Err(e) => return SessionEnd::Lost(format!("connect to {addr}: {e}")),
-        };
-        let connection = match connecting.await {
-            Ok(c) => c,
-            Err(e) => return SessionEnd::Lost(format!("QUIC handshake with {addr}: {e}")),
-        };
-        let (mut send, mut recv) = match connection.open_bi().await {
-            Ok(s) => s,
-            Err(e) => return SessionEnd::Lost(format!("opening the stream: {e}")),
-        };
         // Anything queued while disconnected is stale (old heartbeats; forwarded requests were failed).
         while self.outbox.try_recv().is_ok() {}
         let containers = self.node.send(Statuses).await.unwrap_or_default();
-        let join = WorkerToCoordinator::Join(Join {
-            protocol_version: CLUSTER_PROTOCOL_VERSION,
-            join_token: self.identity.join_token.clone(),
-            node_id: self.identity.node_id.clone(),
-            rack: self.identity.rack.clone(),
-            capacity: self.identity.capacity,
-            app_endpoint: self.identity.app_endpoint.clone(),
-            containers,
-            attributes: self.identity.attributes.clone(),
-        });
-        if let Err(e) = write(&mut send, &join).await {
-            return SessionEnd::Lost(e);
-        }
-        let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
+        let joined_session = match join_cluster(endpoint, &self.identity, containers).await {
+            Ok(s) => s,
+            Err(JoinError::Rejected(reason)) => return SessionEnd::Rejected(reason),
+            Err(JoinError::Lost(reason)) => return SessionEnd::Lost(reason),
+        };
+        let JoinedSession {
+            connection: _connection,
+            mut send,
+            mut recv,
+            mut decoder,
+            accepted,
+        } = joined_session;
         let mut buf = vec![0u8; 64 * 1024];
-        let mut joined = false;
         // A monotonic clock for the liveness rule (never the wall clock: it can jump).
         let epoch = tokio::time::Instant::now();
         let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
         let mut liveness = LinkLiveness::joining(mono());
+        liveness.joined(
+            mono(),
+            Duration::from_millis(accepted.settings.heartbeat_interval_ms),
+            DEFAULT_LINK_TIMEOUT_HEARTBEATS,
+        );
+        self.on_joined(accepted);
+        if let Some(tx) = on_first_join.take() {
+            let _ = tx.send(Ok(()));
+        }
         let mut liveness_tick = tokio::time::interval(LIVENESS_CHECK_PERIOD);
         liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -217,32 +194,7 @@ impl Link {
                     }
                 };
                 liveness.heard(mono());
-                if !joined {
-                    match frame {
-                        CoordinatorToWorker::JoinAccepted(acc) => {
-                            joined = true;
-                            liveness.joined(
-                                mono(),
-                                Duration::from_millis(acc.settings.heartbeat_interval_ms),
-                                DEFAULT_LINK_TIMEOUT_HEARTBEATS,
-                            );
-                            self.on_joined(acc);
-                            if let Some(tx) = on_first_join.take() {
-                                let _ = tx.send(Ok(()));
-                            }
-                        }
-                        CoordinatorToWorker::JoinRejected(r) => {
-                            return SessionEnd::Rejected(r.reason);
-                        }
-                        other => {
-                            return SessionEnd::Lost(format!(
-                                "expected join_accepted, got {other:?}"
-                            ));
-                        }
-                    }
-                } else {
-                    self.dispatch(frame);
-                }
+                self.dispatch(frame);
             }
             tokio::select! {
                 read = recv.read(&mut buf) => match read {
@@ -254,7 +206,7 @@ impl Link {
                     Some(msg) => {
                         // A paused coordinator stops granting flow-control credit: bound the
                         // write by the same silence limit instead of blocking the session.
-                        match tokio::time::timeout(liveness.timeout(), write(&mut send, &msg)).await {
+                        match tokio::time::timeout(liveness.timeout(), write_frame(&mut send, &msg)).await {
                             Ok(Ok(())) => {}
                             Ok(Err(e)) => return SessionEnd::Lost(e),
                             Err(_) => {
@@ -340,7 +292,134 @@ impl Link {
     }
 }
 
-async fn write(send: &mut quinn::SendStream, msg: &WorkerToCoordinator) -> Result<(), String> {
+/// A session that has joined: the QUIC connection, its one bidirectional stream, the frames
+/// already read past the join answer, and the answer itself.
+pub struct JoinedSession {
+    /// Kept so the connection lives as long as the session.
+    pub connection: quinn::Connection,
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+    pub decoder: FrameDecoder,
+    pub accepted: JoinAccepted,
+}
+
+/// Why a join did not complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinError {
+    /// The coordinator answered `join_rejected`: retrying with the same settings cannot help.
+    Rejected(String),
+    /// Connection, handshake or stream failure, or no answer within the join timeout: retryable.
+    Lost(String),
+}
+
+impl std::fmt::Display for JoinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JoinError::Rejected(r) => write!(f, "join rejected: {r}"),
+            JoinError::Lost(r) => write!(f, "join failed: {r}"),
+        }
+    }
+}
+
+/// The cluster side of a worker's session, without the node runtime: resolve the coordinator,
+/// connect over `endpoint` (one endpoint can carry many sessions: `testbed fleet` runs thousands
+/// of them on a few UDP sockets), open the stream, send `join` with `containers` and wait for
+/// the answer within the join timeout ([`scheduler_core::liveness::JOIN_TIMEOUT`]).
+pub async fn join_cluster(
+    endpoint: &quinn::Endpoint,
+    identity: &Identity,
+    containers: Vec<scheduler_core::node::ContainerStatus>,
+) -> Result<JoinedSession, JoinError> {
+    let addr = match lookup_host(&identity.coordinator)
+        .await
+        .map(|mut a| a.next())
+    {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            return Err(JoinError::Lost(format!(
+                "{} resolves to no address",
+                identity.coordinator
+            )));
+        }
+        Err(e) => {
+            return Err(JoinError::Lost(format!(
+                "cannot resolve {}: {e}",
+                identity.coordinator
+            )));
+        }
+    };
+    let connecting = endpoint
+        .connect(addr, SERVER_NAME)
+        .map_err(|e| JoinError::Lost(format!("connect to {addr}: {e}")))?;
+    let connection = connecting
+        .await
+        .map_err(|e| JoinError::Lost(format!("QUIC handshake with {addr}: {e}")))?;
+    let (mut send, mut recv) = connection
+        .open_bi()
+        .await
+        .map_err(|e| JoinError::Lost(format!("opening the stream: {e}")))?;
+    let join = WorkerToCoordinator::Join(Join {
+        protocol_version: CLUSTER_PROTOCOL_VERSION,
+        join_token: identity.join_token.clone(),
+        node_id: identity.node_id.clone(),
+        rack: identity.rack.clone(),
+        capacity: identity.capacity,
+        app_endpoint: identity.app_endpoint.clone(),
+        containers,
+        attributes: identity.attributes.clone(),
+    });
+    write_frame(&mut send, &join)
+        .await
+        .map_err(JoinError::Lost)?;
+    let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
+    let answer = tokio::time::timeout(
+        JOIN_TIMEOUT,
+        read_frame(&mut recv, &mut decoder, &mut vec![0u8; 16 * 1024]),
+    )
+    .await
+    .map_err(|_| JoinError::Lost(format!("no join answer within {JOIN_TIMEOUT:?}")))?
+    .map_err(JoinError::Lost)?;
+    match answer {
+        CoordinatorToWorker::JoinAccepted(accepted) => Ok(JoinedSession {
+            connection,
+            send,
+            recv,
+            decoder,
+            accepted,
+        }),
+        CoordinatorToWorker::JoinRejected(r) => Err(JoinError::Rejected(r.reason)),
+        other => Err(JoinError::Lost(format!(
+            "expected join_accepted, got {other:?}"
+        ))),
+    }
+}
+
+/// The next frame from the coordinator: one already buffered in `decoder`, else read into `buf`
+/// until one is complete.
+pub async fn read_frame(
+    recv: &mut quinn::RecvStream,
+    decoder: &mut FrameDecoder,
+    buf: &mut [u8],
+) -> Result<CoordinatorToWorker, String> {
+    loop {
+        match decoder.next_message::<CoordinatorToWorker>() {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(format!("bad frame from the coordinator: {e}")),
+        }
+        match recv.read(buf).await {
+            Ok(Some(n)) => decoder.push(&buf[..n]),
+            Ok(None) => return Err("the coordinator closed the stream".into()),
+            Err(e) => return Err(format!("reading from the coordinator: {e}")),
+        }
+    }
+}
+
+/// Write one frame to the coordinator.
+pub async fn write_frame(
+    send: &mut quinn::SendStream,
+    msg: &WorkerToCoordinator,
+) -> Result<(), String> {
     let frame =
         encode_frame(msg, CLUSTER_MAX_FRAME).map_err(|e| format!("encoding a frame: {e}"))?;
     send.write_all(&frame)

@@ -1,0 +1,766 @@
+//! `testbed fleet`: one real coordinator process against N lightweight nodes in this process.
+//!
+//! Each node is the worker's own cluster-side session ([`worker::link::join_cluster`],
+//! [`worker::link::read_frame`], [`worker::link::write_frame`]: real QUIC with TLS, the real
+//! join token, the same frames) without a node runtime: it reports a few synthetic QUEUEABLE
+//! containers (no processes; one of them replaced every heartbeat, so notices flow), a queue
+//! delay that varies by node and round, and keeps the directory version it was last sent, as a
+//! worker does. Sessions share a few QUIC client endpoints (a quinn endpoint multiplexes any
+//! number of connections over its one UDP socket), so 10,000 nodes need a handful of sockets.
+//!
+//! What it measures (issue 17): the coordinator's CPU per heartbeat (utime + stime of its
+//! process from `/proc/PID/stat` over a window in which every node heartbeats at the configured
+//! period), its resident memory per node, GUARANTEED allocate latency (asks forwarded over a
+//! node's session as a worker forwards an application's ask, answered by the guarantor, timed
+//! here from write to answer) and the time to detect lost nodes (sessions stopped; time until
+//! a live node's heartbeat answer carries a directory without them). This process's own CPU is
+//! reported separately: on a 2-core machine it competes with the coordinator.
+
+use crate::local::{LocalArgs, LocalCluster};
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use rand::{RngExt, SeedableRng};
+use scheduler_core::node::{ContainerStatus, Placement};
+use scheduler_core::protocol::app::Allocate;
+use scheduler_core::protocol::cluster::{
+    AllocateGuaranteed, CoordinatorToWorker, Heartbeat, ReleaseContainer, WorkerToCoordinator,
+};
+use scheduler_core::queue_delay::QueueDelay;
+use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use worker::link::{Identity, JoinError, JoinedSession, join_cluster, read_frame, write_frame};
+
+/// Options of `testbed fleet`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FleetArgs {
+    /// Number of lightweight nodes.
+    #[arg(long, default_value_t = 1000)]
+    pub nodes: usize,
+    /// Heartbeat period the coordinator is started with (and the nodes keep).
+    #[arg(long, default_value_t = 1000)]
+    pub heartbeat_ms: u64,
+    /// Length of the measurement window, after every node joined and the directory settled.
+    #[arg(long, default_value_t = 20)]
+    pub duration_s: u64,
+    /// A node silent this long is declared lost by the coordinator.
+    #[arg(long, default_value_t = 3000)]
+    pub node_timeout_ms: u64,
+    /// Nodes stopped after the window to time lost-node detection (0: skip).
+    #[arg(long, default_value_t = 10)]
+    pub lose: usize,
+    /// GUARANTEED asks per second during the window, each from a random live node.
+    #[arg(long, default_value_t = 20.0)]
+    pub allocate_per_s: f64,
+    /// Synthetic QUEUEABLE containers each node reports.
+    #[arg(long, default_value_t = 4)]
+    pub containers_per_node: usize,
+    /// Sessions per QUIC client endpoint (UDP socket).
+    #[arg(long, default_value_t = 1000)]
+    pub sessions_per_endpoint: usize,
+    /// Joins started per second (a ramp, so the handshakes do not all land at once).
+    #[arg(long, default_value_t = 1000.0)]
+    pub joins_per_s: f64,
+    /// Worker threads of this process's runtime.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Give up if the fleet has not joined (or the directory not settled) within this.
+    #[arg(long, default_value_t = 600)]
+    pub ready_timeout_s: u64,
+    /// Data dir of the coordinator [default: a fresh temporary dir].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Seed of the nodes' synthetic load and of the choice of asking nodes.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Default for FleetArgs {
+    fn default() -> Self {
+        FleetArgs {
+            nodes: 1000,
+            heartbeat_ms: 1000,
+            duration_s: 20,
+            node_timeout_ms: 3000,
+            lose: 10,
+            allocate_per_s: 20.0,
+            containers_per_node: 4,
+            sessions_per_endpoint: 1000,
+            joins_per_s: 1000.0,
+            threads: 1,
+            ready_timeout_s: 600,
+            data_dir: None,
+            seed: 1,
+            json: false,
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    pub nodes: usize,
+    pub heartbeat_ms: u64,
+    pub joined: u64,
+    /// From the first join started until every node had joined.
+    pub join_s: f64,
+    /// From the last join until a whole heartbeat period passed without a directory being sent.
+    pub settle_s: f64,
+    pub window_s: f64,
+    /// Heartbeat answers received by the fleet in the window (each is one heartbeat the
+    /// coordinator handled).
+    pub heartbeats_answered: u64,
+    pub coordinator: ProcessCost,
+    pub fleet: ProcessCost,
+    /// Coordinator resident memory before any node joined and at the end of the window.
+    pub coordinator_rss_base_mib: f64,
+    pub coordinator_rss_mib: f64,
+    pub coordinator_rss_per_node_kib: f64,
+    /// Heartbeat answers that carried the whole directory, and their entries, over the run
+    /// (every membership change sends the directory to every node: O(nodes) each).
+    pub directory_answers: u64,
+    pub directory_entries: u64,
+    pub allocate: AllocateFigures,
+    pub lost: LostFigures,
+    /// The coordinator's own counters at the end (`GET /metrics`).
+    pub coordinator_nodes_joined: Option<u64>,
+    pub coordinator_nodes_lost: Option<u64>,
+    pub coordinator_heartbeats: Option<u64>,
+}
+
+/// CPU of one process over the window.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProcessCost {
+    pub cpu_s: f64,
+    /// Share of one core busy over the window.
+    pub core_fraction: f64,
+    /// CPU per heartbeat answered in the window.
+    pub cpu_us_per_heartbeat: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AllocateFigures {
+    pub asked: u64,
+    pub granted: u64,
+    pub failed: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LostFigures {
+    pub stopped: usize,
+    /// From stopping the sessions until a live node was sent a directory without any of them;
+    /// `None` if that did not happen within three node timeouts plus the ready timeout.
+    pub detect_ms: Option<u64>,
+    pub node_timeout_ms: u64,
+}
+
+/// What the sessions share with the driver.
+#[derive(Default)]
+struct FleetShared {
+    joined: AtomicU64,
+    acks: AtomicU64,
+    directory_answers: AtomicU64,
+    directory_entries: AtomicU64,
+    last_directory_at_us: AtomicU64,
+    granted: AtomicU64,
+    failed: AtomicU64,
+    latencies: Mutex<Option<Histogram<u64>>>,
+    /// Stopped nodes and when, for lost-node detection.
+    stopped: Mutex<Option<(Instant, HashSet<NodeId>)>>,
+    lost_seen_us: AtomicU64,
+    lost_seen: AtomicBool,
+    fatal: Mutex<Option<String>>,
+}
+
+enum Command {
+    Allocate { correlation_id: u64 },
+    Stop,
+}
+
+struct SessionPlan {
+    index: usize,
+    identity: Identity,
+    app_id: AppId,
+    containers_per_node: usize,
+    start_at: tokio::time::Instant,
+    epoch: Instant,
+}
+
+/// Run `testbed fleet` and print its report.
+pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
+    let report = measure(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn print_report(r: &FleetReport) {
+    println!(
+        "fleet: {} nodes, {} ms heartbeats, joined {} in {:.1} s, settled {:.1} s",
+        r.nodes, r.heartbeat_ms, r.joined, r.join_s, r.settle_s
+    );
+    println!(
+        "window {:.1} s, {} heartbeats answered",
+        r.window_s, r.heartbeats_answered
+    );
+    for (name, c) in [("coordinator", &r.coordinator), ("fleet", &r.fleet)] {
+        println!(
+            "{name}: {:.2} s CPU, {:.1}% of one core, {:.1} µs per heartbeat",
+            c.cpu_s,
+            100.0 * c.core_fraction,
+            c.cpu_us_per_heartbeat
+        );
+    }
+    println!(
+        "coordinator RSS {:.1} MiB (base {:.1}), {:.1} KiB per node",
+        r.coordinator_rss_mib, r.coordinator_rss_base_mib, r.coordinator_rss_per_node_kib
+    );
+    println!(
+        "GUARANTEED allocate: {} asked, {} granted, {} failed, p50 {} µs, p99 {} µs, max {} µs",
+        r.allocate.asked,
+        r.allocate.granted,
+        r.allocate.failed,
+        r.allocate.p50_us,
+        r.allocate.p99_us,
+        r.allocate.max_us
+    );
+    println!(
+        "lost: {} stopped, detected after {:?} ms (node timeout {} ms)",
+        r.lost.stopped, r.lost.detect_ms, r.lost.node_timeout_ms
+    );
+    println!(
+        "directory answers {} ({} entries); coordinator counters: joined {:?}, lost {:?}, heartbeats {:?}",
+        r.directory_answers,
+        r.directory_entries,
+        r.coordinator_nodes_joined,
+        r.coordinator_nodes_lost,
+        r.coordinator_heartbeats
+    );
+}
+
+/// Start the coordinator, run the fleet against it, and measure.
+pub fn measure(args: &FleetArgs) -> anyhow::Result<FleetReport> {
+    if args.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    if args.lose >= args.nodes {
+        bail!(
+            "--lose ({}) must be below --nodes ({}): a live node observes the loss",
+            args.lose,
+            args.nodes
+        );
+    }
+    if args.heartbeat_ms == 0 || args.sessions_per_endpoint == 0 || args.threads == 0 {
+        bail!("--heartbeat-ms, --sessions-per-endpoint and --threads must be positive");
+    }
+    if !(args.joins_per_s > 0.0 && args.allocate_per_s >= 0.0) {
+        bail!("--joins-per-s must be positive and --allocate-per-s not negative");
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let local = LocalArgs {
+        workers: 0,
+        data_dir: args.data_dir.clone(),
+        heartbeat_interval_ms: args.heartbeat_ms,
+        node_timeout_ms: args.node_timeout_ms,
+        ..LocalArgs::default()
+    };
+    let mut cluster = LocalCluster::start_coordinator(&local)?;
+    let pid = cluster
+        .pid("coordinator")
+        .context("the coordinator has no pid")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads)
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(drive(args, &cluster, pid));
+    rt.shutdown_timeout(Duration::from_secs(2));
+    cluster.stop();
+    result
+}
+
+async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Result<FleetReport> {
+    let rss_base = rss_mib(pid)?;
+    let coord_dir = cluster.data_dir.join("coordinator");
+    let join_token = std::fs::read_to_string(coord_dir.join("join-token"))
+        .context("reading the join token")?
+        .trim()
+        .to_string();
+    let client = worker::link::client_config(&cluster.ca_cert)?;
+    let shared = Arc::new(FleetShared {
+        latencies: Mutex::new(Some(Histogram::new(3)?)),
+        ..FleetShared::default()
+    });
+    let epoch = Instant::now();
+    let mut endpoints = Vec::new();
+    let mut commands = Vec::with_capacity(args.nodes);
+    let mut tasks = Vec::with_capacity(args.nodes);
+    let start = tokio::time::Instant::now();
+    for index in 0..args.nodes {
+        if index % args.sessions_per_endpoint == 0 {
+            let mut e = quinn::Endpoint::client("127.0.0.1:0".parse().expect("literal"))
+                .context("opening a QUIC client endpoint")?;
+            e.set_default_client_config(client.clone());
+            endpoints.push(e);
+        }
+        let endpoint = endpoints.last().expect("pushed above").clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        commands.push(tx);
+        let plan = SessionPlan {
+            index,
+            identity: Identity {
+                node_id: NodeId::new(format!("fleet-{index:05}")),
+                rack: format!("rack-{}", index % 40),
+                attributes: Default::default(),
+                capacity: Resources::new(4000, 4096),
+                app_endpoint: format!("tcp://127.0.0.1:{}", 20000 + index % 40000),
+                join_token: join_token.clone(),
+                coordinator: cluster.coordinator.clone(),
+            },
+            app_id: AppId::new(cluster.app_id.clone()),
+            containers_per_node: args.containers_per_node,
+            start_at: start + Duration::from_secs_f64(index as f64 / args.joins_per_s),
+            epoch,
+        };
+        tasks.push(tokio::spawn(session(
+            plan,
+            endpoint,
+            rx,
+            shared.clone(),
+            Duration::from_millis(args.heartbeat_ms),
+            args.seed,
+        )));
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_s);
+    let fail = |what: &str| -> anyhow::Error {
+        let fatal = shared
+            .fatal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        anyhow::anyhow!(
+            "{what} within {} s ({} of {} joined){}",
+            args.ready_timeout_s,
+            shared.joined.load(Ordering::Relaxed),
+            args.nodes,
+            fatal
+                .map(|f| format!("; a session failed: {f}"))
+                .unwrap_or_default()
+        )
+    };
+    while shared.joined.load(Ordering::Relaxed) < args.nodes as u64 {
+        if Instant::now() > deadline {
+            return Err(fail("the fleet did not join"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let join_s = start.elapsed().as_secs_f64();
+    // Settled: a whole heartbeat period (plus slack) without a directory answer.
+    let hb = Duration::from_millis(args.heartbeat_ms);
+    let quiet = hb + hb / 2;
+    loop {
+        let last = Duration::from_micros(shared.last_directory_at_us.load(Ordering::Relaxed));
+        if epoch.elapsed().saturating_sub(last) > quiet {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(fail("the directory did not settle"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let settle_s = start.elapsed().as_secs_f64() - join_s;
+
+    // The window: every node heartbeats; GUARANTEED asks from random live nodes.
+    let acks0 = shared.acks.load(Ordering::Relaxed);
+    let coord0 = process_cpu_s(pid)?;
+    let fleet0 = process_cpu_s(std::process::id())?;
+    let t0 = Instant::now();
+    let window = Duration::from_secs(args.duration_s);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed ^ 0xa110c);
+    let mut asked = 0u64;
+    if args.allocate_per_s > 0.0 {
+        let gap = Duration::from_secs_f64(1.0 / args.allocate_per_s);
+        let mut next = tokio::time::Instant::now();
+        while t0.elapsed() < window {
+            next += gap;
+            tokio::time::sleep_until(next).await;
+            // Nodes that will be stopped later ask too: all are alive now.
+            let node = rng.random_range(0..args.nodes);
+            asked += 1;
+            let _ = commands[node].send(Command::Allocate {
+                correlation_id: asked,
+            });
+        }
+    } else {
+        tokio::time::sleep(window).await;
+    }
+    let window_s = t0.elapsed().as_secs_f64();
+    let coord1 = process_cpu_s(pid)?;
+    let fleet1 = process_cpu_s(std::process::id())?;
+    let acks = shared.acks.load(Ordering::Relaxed) - acks0;
+    let rss = rss_mib(pid)?;
+    // Wait for the answers still on their way (bounded: a lost answer is reported as missing).
+    let answers_by = Instant::now() + Duration::from_secs(10);
+    while shared.granted.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) < asked
+        && Instant::now() < answers_by
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cost = |cpu: f64| ProcessCost {
+        cpu_s: cpu,
+        core_fraction: cpu / window_s,
+        cpu_us_per_heartbeat: if acks == 0 {
+            0.0
+        } else {
+            cpu * 1e6 / acks as f64
+        },
+    };
+
+    // Lost nodes: the last `lose` sessions stop (their connections close; the coordinator
+    // keeps a node until it has been silent for the node timeout).
+    let mut lost = LostFigures {
+        stopped: args.lose,
+        detect_ms: None,
+        node_timeout_ms: args.node_timeout_ms,
+    };
+    if args.lose > 0 {
+        let stopped: HashSet<NodeId> = (args.nodes - args.lose..args.nodes)
+            .map(|i| NodeId::new(format!("fleet-{i:05}")))
+            .collect();
+        let at = Instant::now();
+        *shared.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, stopped));
+        for c in &commands[args.nodes - args.lose..] {
+            let _ = c.send(Command::Stop);
+        }
+        let limit = Duration::from_millis(3 * args.node_timeout_ms)
+            + Duration::from_secs(args.ready_timeout_s);
+        while at.elapsed() < limit && !shared.lost_seen.load(Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if shared.lost_seen.load(Ordering::Acquire) {
+            let seen = Duration::from_micros(shared.lost_seen_us.load(Ordering::Relaxed));
+            lost.detect_ms = Some(seen.saturating_sub(at - epoch).as_millis() as u64);
+        }
+    }
+    let metrics = match &cluster.coordinator_http {
+        Some(addr) => scrape(addr).unwrap_or_default(),
+        None => String::new(),
+    };
+    for c in &commands {
+        let _ = c.send(Command::Stop);
+    }
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    let hist = shared
+        .latencies
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .expect("taken once");
+    Ok(FleetReport {
+        nodes: args.nodes,
+        heartbeat_ms: args.heartbeat_ms,
+        joined: shared.joined.load(Ordering::Relaxed),
+        join_s,
+        settle_s,
+        window_s,
+        heartbeats_answered: acks,
+        coordinator: cost(coord1 - coord0),
+        fleet: cost(fleet1 - fleet0),
+        coordinator_rss_base_mib: rss_base,
+        coordinator_rss_mib: rss,
+        coordinator_rss_per_node_kib: (rss - rss_base) * 1024.0 / args.nodes as f64,
+        directory_answers: shared.directory_answers.load(Ordering::Relaxed),
+        directory_entries: shared.directory_entries.load(Ordering::Relaxed),
+        allocate: AllocateFigures {
+            asked,
+            granted: shared.granted.load(Ordering::Relaxed),
+            failed: shared.failed.load(Ordering::Relaxed),
+            p50_us: hist.value_at_quantile(0.5),
+            p99_us: hist.value_at_quantile(0.99),
+            max_us: hist.max(),
+        },
+        lost,
+        coordinator_nodes_joined: metric(&metrics, "coordinator_nodes_joined_total"),
+        coordinator_nodes_lost: metric(&metrics, "coordinator_nodes_lost_total"),
+        coordinator_heartbeats: metric(&metrics, "coordinator_heartbeats_total"),
+    })
+}
+
+/// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
+/// commands, until stopped.
+async fn session(
+    plan: SessionPlan,
+    endpoint: quinn::Endpoint,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    shared: Arc<FleetShared>,
+    period: Duration,
+    seed: u64,
+) {
+    tokio::time::sleep_until(plan.start_at).await;
+    let mut rng =
+        rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1_000_003) ^ plan.index as u64);
+    let mut backoff = Duration::from_millis(200);
+    let joined = loop {
+        match join_cluster(&endpoint, &plan.identity, Vec::new()).await {
+            Ok(j) => break j,
+            Err(JoinError::Rejected(r)) => {
+                *shared.fatal.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                return;
+            }
+            Err(JoinError::Lost(_)) => {
+                // Drop commands sent meanwhile; stop if asked.
+                while let Ok(c) = commands.try_recv() {
+                    if matches!(c, Command::Stop) {
+                        return;
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    };
+    let JoinedSession {
+        connection: _connection,
+        mut send,
+        mut recv,
+        mut decoder,
+        accepted,
+    } = joined;
+    shared.joined.fetch_add(1, Ordering::Relaxed);
+    let issuer = accepted.issuer;
+    let mut known_version = accepted.view.directory_version;
+    let mut seq = 0u64;
+    let mut containers: Vec<ContainerStatus> = (0..plan.containers_per_node)
+        .map(|_| {
+            seq += 1;
+            synthetic(ContainerId::new(issuer, seq), &plan.app_id)
+        })
+        .collect();
+    let mut pending: HashMap<u64, Instant> = HashMap::new();
+    let mut release_seq = 1u64 << 40;
+    let mut buf = vec![0u8; 64 * 1024];
+    // A random phase, so heartbeats spread over the period as real nodes' do.
+    let phase = Duration::from_micros(rng.random_range(0..period.as_micros() as u64));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut round = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                round += 1;
+                let mut started = Vec::new();
+                let mut finished = Vec::new();
+                if !containers.is_empty() {
+                    // One container ends and another starts each heartbeat.
+                    let slot = (round as usize) % containers.len();
+                    seq += 1;
+                    let new = synthetic(ContainerId::new(issuer, seq), &plan.app_id);
+                    finished.push(containers[slot].id);
+                    started.push(new.id);
+                    containers[slot] = new;
+                }
+                let tq = ((plan.index as u64 * 37 + round * 11) % 400) as f64;
+                let hb = WorkerToCoordinator::Heartbeat(Heartbeat {
+                    node_id: plan.identity.node_id.clone(),
+                    directory_version: known_version,
+                    queue_delay: QueueDelay { tq_ms: tq, tr_ms: 0.0, tl_ms: 0.0 },
+                    running: containers.len() as u32,
+                    queued: 0,
+                    allocated: Resources::new(250 * containers.len() as u64, 256 * containers.len() as u64),
+                    usage: None,
+                    containers: containers.clone(),
+                    started,
+                    finished,
+                    issued: Vec::new(),
+                });
+                if write_frame(&mut send, &hb).await.is_err() {
+                    return;
+                }
+            }
+            frame = read_frame(&mut recv, &mut decoder, &mut buf) => {
+                let Ok(frame) = frame else { return };
+                match frame {
+                    CoordinatorToWorker::HeartbeatAck(ack) => {
+                        shared.acks.fetch_add(1, Ordering::Relaxed);
+                        known_version = ack.view.directory_version;
+                        if !ack.view.directory.is_empty() {
+                            let now_us = plan.epoch.elapsed().as_micros() as u64;
+                            shared.directory_answers.fetch_add(1, Ordering::Relaxed);
+                            shared
+                                .directory_entries
+                                .fetch_add(ack.view.directory.len() as u64, Ordering::Relaxed);
+                            shared.last_directory_at_us.fetch_max(now_us, Ordering::Relaxed);
+                            if !shared.lost_seen.load(Ordering::Relaxed) {
+                                let stopped = shared.stopped.lock().unwrap_or_else(|e| e.into_inner());
+                                if let Some((_, gone)) = stopped.as_ref()
+                                    && !ack.view.directory.iter().any(|d| gone.contains(&d.node_id))
+                                    && !shared.lost_seen.swap(true, Ordering::AcqRel)
+                                {
+                                    shared.lost_seen_us.store(now_us, Ordering::Release);
+                                }
+                            }
+                        }
+                    }
+                    CoordinatorToWorker::GuaranteedAllocated(a) => {
+                        if a.remaining == 0 && let Some(sent) = pending.remove(&a.correlation_id) {
+                            let us = sent.elapsed().as_micros() as u64;
+                            if let Some(h) = shared.latencies.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                                let _ = h.record(us.max(1));
+                            }
+                            shared.granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // The app releases each grant at once (as `testbed load --allocate-only`).
+                        for c in a.containers {
+                            release_seq += 1;
+                            let release = WorkerToCoordinator::Release(ReleaseContainer {
+                                correlation_id: release_seq,
+                                app_id: plan.app_id.as_str().to_string(),
+                                container_id: c.container_id,
+                            });
+                            if write_frame(&mut send, &release).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    CoordinatorToWorker::RequestFailed(f) => {
+                        if pending.remove(&f.correlation_id).is_some() {
+                            shared.failed.fetch_add(1, Ordering::Relaxed);
+                            let mut fatal = shared.fatal.lock().unwrap_or_else(|e| e.into_inner());
+                            if fatal.is_none() {
+                                *fatal = Some(format!("allocate failed: {:?} {}", f.code, f.message));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            command = commands.recv() => match command {
+                Some(Command::Allocate { correlation_id }) => {
+                    let ask = Allocate::new(
+                        Resources::new(100, 64),
+                        1,
+                        ContainerType::Guaranteed,
+                        format!("fleet-job-{correlation_id}"),
+                        worker::shared::wall_now().as_millis(),
+                    );
+                    pending.insert(correlation_id, Instant::now());
+                    let msg = WorkerToCoordinator::AllocateGuaranteed(AllocateGuaranteed {
+                        correlation_id,
+                        app_id: plan.app_id.as_str().to_string(),
+                        allocate: ask,
+                    });
+                    if write_frame(&mut send, &msg).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Command::Stop) | None => return,
+            },
+        }
+    }
+}
+
+fn synthetic(id: ContainerId, app: &AppId) -> ContainerStatus {
+    ContainerStatus {
+        id,
+        app_id: app.clone(),
+        container_type: ContainerType::Queueable,
+        resources: Resources::new(250, 256),
+        placement: Placement::Running,
+        version: 1,
+        job: None,
+        usage: None,
+    }
+}
+
+/// utime + stime of a process, in seconds (`/proc/PID/stat`, clock ticks of 1/100 s).
+pub fn process_cpu_s(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime field 15.
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .context("malformed /proc/PID/stat")
+    };
+    let hz = clock_ticks_per_s();
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf reads a constant of the running system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as f64 } else { 100.0 }
+}
+
+/// Resident memory of a process (`VmRSS`), MiB.
+pub fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+        .context("no VmRSS in /proc/PID/status")
+}
+
+/// `GET /metrics` of the coordinator's HTTP server (HTTP/1.0, read to the end).
+fn scrape(addr: &str) -> anyhow::Result<String> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// The value of an unlabelled series in a text exposition.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name).then(|| v.trim().parse::<f64>().ok().map(|v| v as u64))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlabelled_series_are_read_from_the_exposition() {
+        let text = "# HELP x\ncoordinator_nodes_lost_total 3\ncoordinator_nodes_joined_total 50\n";
+        assert_eq!(metric(text, "coordinator_nodes_lost_total"), Some(3));
+        assert_eq!(metric(text, "coordinator_nodes_joined_total"), Some(50));
+        assert_eq!(metric(text, "coordinator_heartbeats_total"), None);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let me = std::process::id();
+        assert!(process_cpu_s(me).unwrap() >= 0.0);
+        assert!(rss_mib(me).unwrap() > 0.0);
+    }
+}

@@ -1,0 +1,39 @@
+//! `testbed fleet` at a small scale against the real `coordinator` binary (built by
+//! `cargo test --workspace`, or `cargo build -p coordinator`): every lightweight node joins and
+//! heartbeats over its own QUIC session, GUARANTEED asks are all answered, and the nodes that
+//! stop are declared lost. Assertions are on counts only; timeouts only guard against hangs.
+
+use testbed::fleet::{FleetArgs, measure};
+
+#[test]
+fn the_coordinator_sees_every_fleet_node_and_declares_the_stopped_ones_lost() {
+    let report = measure(&FleetArgs {
+        nodes: 50,
+        heartbeat_ms: 200,
+        duration_s: 2,
+        node_timeout_ms: 1000,
+        lose: 5,
+        allocate_per_s: 20.0,
+        containers_per_node: 3,
+        // Several endpoints, so sessions sharing one UDP socket and several sockets are both used.
+        sessions_per_endpoint: 20,
+        joins_per_s: 500.0,
+        threads: 2,
+        ready_timeout_s: 120,
+        ..FleetArgs::default()
+    })
+    .expect("the fleet runs");
+    assert_eq!(report.joined, 50);
+    assert_eq!(report.coordinator_nodes_joined, Some(50));
+    assert_eq!(report.coordinator_nodes_lost, Some(5));
+    assert!(
+        report.lost.detect_ms.is_some(),
+        "a live node was sent a directory without the stopped ones"
+    );
+    assert!(report.heartbeats_answered > 0);
+    assert!(report.allocate.asked > 0);
+    assert_eq!(report.allocate.granted, report.allocate.asked);
+    assert_eq!(report.allocate.failed, 0);
+    // Every node was sent the directory at least once after the last join.
+    assert!(report.directory_answers >= 50);
+}
