@@ -120,7 +120,17 @@ pub async fn start(
     coordinator.dashboard = dashboard.clone();
     let coordinator = coordinator.start();
     let mut guarantor =
-        GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?;
+        GuarantorActor::new(
+            store,
+            signer,
+            token_ttl_ms,
+            clock,
+            coordinator.clone(),
+            &crate::guarantor_actor::PlanSettings {
+                plan: settings.plan.clone(),
+                dra: settings.dra,
+            },
+        )?;
     guarantor.metrics = metrics.clone();
     guarantor.dashboard = dashboard.clone();
     if let Some(shaping) = &settings.shaping {

@@ -61,6 +61,32 @@ pub struct TokenBody {
     /// their key is the node session's ([`NodeSessionSecret`]), so they die with the session.
     #[serde(default)]
     pub node_epoch: u32,
+    /// For GUARANTEED grants booked other than as plain, unshaped core work: how the guarantor
+    /// booked it (its reservation, its Pace role and shaping permission, its request). Signed
+    /// with the rest, so a worker or an application cannot change how a re-adopted container is
+    /// booked after a coordinator restart. Left out of the encoding when absent (last field), so
+    /// the signed bytes of every other token are those of a body without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booking: Option<GrantBooking>,
+}
+
+/// How the guarantor booked a GUARANTEED grant, carried in its signed token so that it can be
+/// booked again exactly as it was when its node reports it running after a coordinator restart
+/// (issues 12 and 14).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantBooking {
+    /// The reservation whose allocation the container counts against (Morpheus §4, §6).
+    #[serde(default)]
+    pub reservation_id: Option<String>,
+    /// Pace §2: core or elastic.
+    #[serde(default)]
+    pub role: crate::shaper::ComponentRole,
+    /// The application let the shaper resize the container (Pace §3.2).
+    #[serde(default)]
+    pub allow_shaping: bool,
+    /// What the application asked for; the token's `resources`, the node's booking and the
+    /// status a node reports may be a shaped size at or below it.
+    pub requested: Resources,
 }
 
 /// A signed grant. Opaque to applications: they pass it back unchanged in `start_container`.
@@ -715,6 +741,7 @@ mod tests {
             expires_at_ms: 10_000,
             key_id: 0,
             node_epoch: 0,
+            booking: None,
         }
     }
 

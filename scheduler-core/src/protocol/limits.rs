@@ -236,6 +236,19 @@ fn check_token(id: Option<u64>, token: &ContainerToken) -> Result<(), ErrorFrame
         token.body.node_id.as_str(),
         MAX_LOCALITY_NAME_BYTES,
     )?;
+    if let Some(reservation_id) = token
+        .body
+        .booking
+        .as_ref()
+        .and_then(|b| b.reservation_id.as_deref())
+    {
+        check_len(
+            id,
+            "token.body.booking.reservation_id",
+            reservation_id,
+            MAX_RESERVATION_ID_BYTES,
+        )?;
+    }
     check_len(id, "token.signature", &token.signature, MAX_SIGNATURE_BYTES)
 }
 
@@ -583,6 +596,7 @@ mod tests {
             expires_at_ms: u64::MAX,
             key_id: u32::MAX,
             node_epoch: u32::MAX,
+            booking: None,
         }
     }
 
@@ -656,6 +670,7 @@ mod tests {
                 priority: u32::MAX,
                 runtime_estimate_ms: Some(u64::MAX),
             }),
+            grant_token: None,
         }
     }
 
@@ -694,7 +709,23 @@ mod tests {
             hb_bytes <= CLUSTER_MAX_FRAME,
             "worst-case heartbeat is {hb_bytes} bytes ({MAX_CONTAINERS_PER_NODE} × {status_bytes}-byte statuses), over the {CLUSTER_MAX_FRAME}-byte cluster frame"
         );
-        // A re-join carries the same containers.
+        // A re-join carries the same containers, with the token of every GUARANTEED one that
+        // was booked other than as plain work (at most all of them).
+        let mut with_token = status.clone();
+        let mut token_body = body(&"j".repeat(MAX_JOB_ID_BYTES));
+        token_body.container_type = ContainerType::Guaranteed;
+        token_body.booking = Some(crate::token::GrantBooking {
+            reservation_id: Some("r".repeat(MAX_RESERVATION_ID_BYTES)),
+            role: crate::shaper::ComponentRole::Elastic,
+            allow_shaping: true,
+            requested: Resources::new(u64::MAX, u64::MAX),
+        });
+        with_token.grant_token = Some(ContainerToken {
+            body: token_body,
+            signature: "f".repeat(MAX_SIGNATURE_BYTES),
+        });
+        let status_with_token_bytes = to_payload(&with_token).unwrap().len();
+        let status = with_token;
         let join = Join {
             protocol_version: u32::MAX,
             join_token: "t".repeat(256),
@@ -705,7 +736,10 @@ mod tests {
             containers: vec![status; MAX_CONTAINERS_PER_NODE],
         };
         let join_bytes = to_payload(&join).unwrap().len();
-        assert!(join_bytes <= CLUSTER_MAX_FRAME, "{join_bytes}");
+        assert!(
+            join_bytes <= CLUSTER_MAX_FRAME,
+            "worst-case join is {join_bytes} bytes ({MAX_CONTAINERS_PER_NODE} × {status_with_token_bytes}-byte statuses with tokens)"
+        );
         // Headroom: the frame would hold this many more containers.
         println!(
             "largest status {status_bytes} B; worst heartbeat {hb_bytes} B = {:.1}% of the {CLUSTER_MAX_FRAME} B cluster frame",
