@@ -441,6 +441,8 @@ mod tests {
         assert_eq!(s.data_dir, Path::new("/var/lib/hybrid"));
         assert_eq!(s.top_k, 50);
         assert_eq!(s.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
+        assert_eq!(s.plan, PlanConfig::default());
+        assert_eq!(s.dra, Dra::default());
     }
 
     #[test]

@@ -1072,4 +1072,54 @@ mod tests {
         ));
         assert_eq!(v.revoked_count(), 0);
     }
+
+    /// A token without booking terms is encoded (and signed) exactly as before the field
+    /// existed: thirteen positional fields. One with terms has a fourteenth, covered by the
+    /// signature.
+    #[test]
+    fn booking_terms_are_signed_and_absent_terms_leave_the_encoding_unchanged() {
+        let mut body = guaranteed_body_for_booking_test();
+        let bytes = body_bytes(&body).unwrap();
+        assert_eq!(bytes[0], 0x90 | 13, "a fixarray of the 13 original fields");
+        let signer = GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [5; 32]))).unwrap();
+        body.booking = Some(GrantBooking {
+            reservation_id: Some("nightly".into()),
+            role: crate::shaper::ComponentRole::Elastic,
+            allow_shaping: true,
+            requested: Resources::new(2000, 2048),
+        });
+        assert_eq!(body_bytes(&body).unwrap()[0], 0x90 | 14);
+        let token = signer.sign(body).unwrap();
+        let ring = signer.public_ring();
+        ring.verify_signature(&token).unwrap();
+        // Through the app protocol's named encoding and back: still verifies.
+        let named = rmp_serde::to_vec_named(&token).unwrap();
+        let back: ContainerToken = rmp_serde::from_slice(&named).unwrap();
+        ring.verify_signature(&back).unwrap();
+        let mut moved = token.clone();
+        moved.body.booking.as_mut().unwrap().reservation_id = Some("other".into());
+        assert_eq!(ring.verify_signature(&moved), Err(TokenError::Forged));
+        let mut dropped = token;
+        dropped.body.booking = None;
+        assert_eq!(ring.verify_signature(&dropped), Err(TokenError::Forged));
+    }
+
+    fn guaranteed_body_for_booking_test() -> TokenBody {
+        TokenBody {
+            container_id: ContainerId::new(0, 7),
+            node_id: NodeId::from("n1"),
+            app_id: AppId::from("a"),
+            resources: Resources::new(2000, 2048),
+            container_type: ContainerType::Guaranteed,
+            version: 0,
+            job_id: crate::JobId::from("j"),
+            job_submit_time_ms: 1,
+            priority: 0,
+            runtime_estimate_ms: None,
+            expires_at_ms: 10,
+            key_id: 0,
+            node_epoch: 1,
+            booking: None,
+        }
+    }
 }

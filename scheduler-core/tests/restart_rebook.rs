@@ -97,8 +97,9 @@ fn shaping() -> ShapingState {
     )
 }
 
-fn guarantor(book: ReservationBook) -> Guarantor {
-    Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0)
+/// Container ids resume after `last_seq` (the coordinator stores how far it minted).
+fn guarantor(book: ReservationBook, last_seq: u64) -> Guarantor {
+    Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), last_seq)
         .with_reservations(book)
         .with_shaping(shaping())
 }
@@ -144,7 +145,7 @@ struct Before {
 /// Two containers of reservation "nightly", one shapeable elastic container shaped down to its
 /// use, one plain container; all started.
 fn before_restart() -> Before {
-    let mut g = guarantor(book());
+    let mut g = guarantor(book(), 0);
     join_all(&mut g, 1);
     let now = DAY0 + 10 * MIN;
     g.reserve(now, "nightly", AppId::from("owner"), nightly())
@@ -203,7 +204,10 @@ fn before_restart() -> Before {
 /// each adopted with what its token proves.
 fn restart(before: &Before, statuses: &[(NodeId, ContainerStatus)]) -> Guarantor {
     let stored = before.g.reservations().stored();
-    let mut g = guarantor(ReservationBook::restore(stored, Dra::default()).unwrap());
+    let mut g = guarantor(
+        ReservationBook::restore(stored, Dra::default()).unwrap(),
+        before.g.last_seq(),
+    );
     join_all(&mut g, 2);
     let keys: PublicKeyRing = signer().public_ring();
     g.shaping_due(before.now);
@@ -281,12 +285,12 @@ fn a_readopted_shaped_container_grows_back_up_to_its_request_not_beyond() {
     let before = before_restart();
     let mut after = restart(&before, &reports(&before));
     let shaped_size = after.grant_resources(before.shaped).unwrap();
-    // Its use rises to its full request: the shaper grows it back (it knows the request from
-    // the token), never above the request.
+    // Its use rises to three quarters of its request: the shaper grows it back to that + β
+    // (it knows the request from the token), not above the request.
     let mut t = before.now;
     for _ in 0..3 {
         t += MIN;
-        after.observe_usage(before.shaped, CORE.scale(2));
+        after.observe_usage(before.shaped, Resources::new(1500, 1536));
         after.shape(t);
         after.check_invariants().unwrap();
     }
@@ -380,7 +384,10 @@ fn a_deleted_reservation_s_container_comes_back_as_plain_work() {
     let mut stored_from = before_restart();
     stored_from.g.delete_reservation("nightly", None).unwrap();
     let after_book = stored_from.g.reservations().stored();
-    let mut g = guarantor(ReservationBook::restore(after_book, Dra::default()).unwrap());
+    let mut g = guarantor(
+        ReservationBook::restore(after_book, Dra::default()).unwrap(),
+        before.g.last_seq(),
+    );
     join_all(&mut g, 2);
     let keys = signer().public_ring();
     for (node, s) in reports(&before) {

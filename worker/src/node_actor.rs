@@ -16,7 +16,7 @@ use scheduler_core::protocol::cluster::{
     ResizeContainer, WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::{
-    MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
+    MAX_GRANT_TOKENS_PER_JOIN, MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
 };
 use scheduler_core::token::{NodeSessionSecret, PublicKeyRing, TokenVerifier};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources, Time};
@@ -594,9 +594,12 @@ impl Handler<Statuses> for NodeActor {
     type Result = Vec<scheduler_core::node::ContainerStatus>;
     fn handle(&mut self, _: Statuses, _: &mut Context<Self>) -> Self::Result {
         let mut statuses = self.node.statuses();
+        // Bounded so the join fits its frame; the rest are re-booked as plain work.
+        let mut tokens_left = MAX_GRANT_TOKENS_PER_JOIN;
         for s in &mut statuses {
-            if s.container_type == ContainerType::Guaranteed {
+            if tokens_left > 0 && s.container_type == ContainerType::Guaranteed {
                 s.grant_token = self.grant_tokens.get(&s.id).cloned();
+                tokens_left -= usize::from(s.grant_token.is_some());
             }
         }
         statuses

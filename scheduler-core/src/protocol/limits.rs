@@ -47,6 +47,12 @@ pub const MAX_SIGNATURE_BYTES: usize = 128;
 /// the bounds above, a heartbeat listing all of them fits the cluster frame
 /// ([`crate::codec::CLUSTER_MAX_FRAME`]; checked by `worst_case_heartbeat_fits_the_cluster_frame`).
 pub const MAX_CONTAINERS_PER_NODE: usize = 16_384;
+/// Statuses of a `join` that carry their container's signed token (GUARANTEED containers booked
+/// in a reservation or for shaping, so a restarted coordinator books them exactly again): with
+/// the rest of a full node's statuses the join still fits the cluster frame (checked by
+/// `worst_case_heartbeat_fits_the_cluster_frame`). Containers beyond it are re-booked as plain
+/// GUARANTEED work.
+pub const MAX_GRANT_TOKENS_PER_JOIN: usize = 4096;
 
 /// `reservation_id` (in `reserve`, `update_reservation`, `delete_reservation`, `allocate`).
 pub const MAX_RESERVATION_ID_BYTES: usize = crate::reservation::book::MAX_RESERVATION_ID_LEN;
@@ -725,7 +731,8 @@ mod tests {
             signature: "f".repeat(MAX_SIGNATURE_BYTES),
         });
         let status_with_token_bytes = to_payload(&with_token).unwrap().len();
-        let status = with_token;
+        let mut statuses = vec![with_token; MAX_GRANT_TOKENS_PER_JOIN];
+        statuses.resize(MAX_CONTAINERS_PER_NODE, status);
         let join = Join {
             protocol_version: u32::MAX,
             join_token: "t".repeat(256),
@@ -733,12 +740,12 @@ mod tests {
             rack: "r".repeat(MAX_LOCALITY_NAME_BYTES),
             capacity: Resources::new(u64::MAX, u64::MAX),
             app_endpoint: "e".repeat(MAX_LOCALITY_NAME_BYTES + 6),
-            containers: vec![status; MAX_CONTAINERS_PER_NODE],
+            containers: statuses,
         };
         let join_bytes = to_payload(&join).unwrap().len();
         assert!(
             join_bytes <= CLUSTER_MAX_FRAME,
-            "worst-case join is {join_bytes} bytes ({MAX_CONTAINERS_PER_NODE} × {status_with_token_bytes}-byte statuses with tokens)"
+            "worst-case join is {join_bytes} bytes ({MAX_GRANT_TOKENS_PER_JOIN} of {MAX_CONTAINERS_PER_NODE} statuses with a token, {status_with_token_bytes} bytes each)"
         );
         // Headroom: the frame would hold this many more containers.
         println!(
