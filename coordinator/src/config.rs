@@ -551,7 +551,10 @@ mod tests {
         };
         let s = base().into_settings().unwrap();
         assert_eq!(s.plan, PlanConfig::default());
-        assert_eq!((s.plan.step_ms, s.plan.horizon_ms), (60_000, MIN_PLAN_HORIZON_MS));
+        assert_eq!(
+            (s.plan.step_ms, s.plan.horizon_ms),
+            (60_000, MIN_PLAN_HORIZON_MS)
+        );
         assert_eq!(s.plan.algorithm, Algorithm::LowCost);
         assert_eq!(
             (s.dra.extension_ms, s.dra.rho, s.dra.recent_ms),

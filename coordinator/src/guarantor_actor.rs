@@ -12,6 +12,7 @@ use crate::coordinator_actor::{
 use crate::session::{SessionId, WorkerTx};
 use crate::store::Store;
 use actix::prelude::*;
+use scheduler_core::guarantor::verified_booking;
 use scheduler_core::guarantor::{
     GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorError, QueueableAware,
     QueueableLoad,
@@ -28,7 +29,6 @@ use scheduler_core::protocol::limits::MAX_RESERVATIONS_PER_APP;
 use scheduler_core::reservation::Rejection;
 use scheduler_core::reservation::book::{ReprovisionCause, ReservationBook, ReservationEvent};
 use scheduler_core::shaping::{ShapingOutcome, ShapingState};
-use scheduler_core::guarantor::verified_booking;
 use scheduler_core::token::{GuaranteedSigner, KeyRing};
 use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
 use std::collections::{BTreeMap, HashMap};
@@ -104,7 +104,12 @@ impl GuarantorActor {
                     "the stored plan keeps its step and agenda (its reservations were placed on them); delete its reservations to change them"
                 );
             }
-            book.set_settings(plan.plan.algorithm, plan.plan.allocate_left, plan.plan.smoothness, plan.dra);
+            book.set_settings(
+                plan.plan.algorithm,
+                plan.plan.allocate_left,
+                plan.plan.smoothness,
+                plan.dra,
+            );
             core = core.with_reservations(book);
         } else {
             match ReservationBook::new(plan.plan.clone(), plan.dra) {

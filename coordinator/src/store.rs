@@ -850,8 +850,7 @@ impl Store {
             Err(StoreError::MissingRecord { .. }) => return Ok(BTreeSet::new()),
             Err(e) => return Err(e),
         };
-        rmp_serde::from_slice(&bytes)
-            .map_err(|e| self.corrupted(K_DRAINING_NODES, e.to_string()))
+        rmp_serde::from_slice(&bytes).map_err(|e| self.corrupted(K_DRAINING_NODES, e.to_string()))
     }
 
     pub fn set_draining_nodes(&self, nodes: &BTreeSet<NodeId>) -> Result<(), StoreError> {

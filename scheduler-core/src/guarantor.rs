@@ -1703,7 +1703,10 @@ impl BookingTerms {
 }
 
 fn max_each(a: Resources, b: Resources) -> Resources {
-    Resources::new(a.cpu_millis.max(b.cpu_millis), a.memory_mib.max(b.memory_mib))
+    Resources::new(
+        a.cpu_millis.max(b.cpu_millis),
+        a.memory_mib.max(b.memory_mib),
+    )
 }
 
 /// Why a reported container's token does not prove how it was booked.

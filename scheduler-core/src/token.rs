@@ -1081,7 +1081,8 @@ mod tests {
         let mut body = guaranteed_body_for_booking_test();
         let bytes = body_bytes(&body).unwrap();
         assert_eq!(bytes[0], 0x90 | 13, "a fixarray of the 13 original fields");
-        let signer = GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [5; 32]))).unwrap();
+        let signer =
+            GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [5; 32]))).unwrap();
         body.booking = Some(GrantBooking {
             reservation_id: Some("nightly".into()),
             role: crate::shaper::ComponentRole::Elastic,

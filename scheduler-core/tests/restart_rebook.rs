@@ -258,7 +258,10 @@ fn a_restart_books_reserved_shaped_and_plain_containers_as_they_were() {
     let shaping = after.shaping().unwrap();
     assert_eq!(
         shaping.allocations(),
-        vec![(before.shaped, before.g.grant_resources(before.shaped).unwrap())]
+        vec![(
+            before.shaped,
+            before.g.grant_resources(before.shaped).unwrap()
+        )]
     );
     after.check_invariants().unwrap();
 }
@@ -348,7 +351,15 @@ fn a_token_a_worker_altered_or_moved_proves_nothing() {
         .find(|t| t.body.container_id == before.shaped)
         .unwrap();
     let mut grown = status(&before.g, shaped_token);
-    grown.grant_token.as_mut().unwrap().body.booking.as_mut().unwrap().requested = CORE.scale(4);
+    grown
+        .grant_token
+        .as_mut()
+        .unwrap()
+        .body
+        .booking
+        .as_mut()
+        .unwrap()
+        .requested = CORE.scale(4);
     assert_eq!(
         verified_booking(&keys, &shaped_token.body.node_id, &grown),
         Err(BookingProofError::Signature(TokenError::Forged))

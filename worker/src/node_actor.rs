@@ -19,7 +19,9 @@ use scheduler_core::protocol::limits::{
     MAX_GRANT_TOKENS_PER_JOIN, MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
 };
 use scheduler_core::token::{NodeSessionSecret, PublicKeyRing, TokenVerifier};
-use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources, Time};
+use scheduler_core::{
+    AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources, Time,
+};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;

@@ -204,8 +204,15 @@ impl ReservationBook {
     /// Apply configured settings to a restored book: the placement algorithm, its direction and
     /// smoothness, and DRA. The step and agenda stay the stored plan's (its reservations were
     /// placed on them).
-    pub fn set_settings(&mut self, algorithm: Algorithm, allocate_left: bool, smoothness: u32, dra: Dra) {
-        self.plan.set_placement(algorithm, allocate_left, smoothness);
+    pub fn set_settings(
+        &mut self,
+        algorithm: Algorithm,
+        allocate_left: bool,
+        smoothness: u32,
+        dra: Dra,
+    ) {
+        self.plan
+            .set_placement(algorithm, allocate_left, smoothness);
         self.dra = dra;
     }
 
