@@ -153,7 +153,7 @@ impl CoordinatorSettings {
                 ),
             );
         }
-        if plan.horizon_ms % plan.step_ms != 0 {
+        if !plan.horizon_ms.is_multiple_of(plan.step_ms) {
             return bad(
                 "plan_horizon_ms",
                 &format!(
