@@ -3,6 +3,8 @@
 
 use inference::forecast::shaping::ForecasterKind;
 use scheduler_core::coordinator::SheddingPolicy;
+use scheduler_core::reservation::dra::Dra;
+use scheduler_core::reservation::{Algorithm, PlanConfig};
 use scheduler_core::shaper::PreemptionPolicy;
 use scheduler_core::shaping::ShapingConfig;
 use serde::Deserialize;
@@ -49,6 +51,12 @@ pub struct CoordinatorSettings {
     /// 3σSched for GUARANTEED asks with a job description; off when absent (such asks are
     /// then refused).
     pub threesigma: Option<scheduler_core::threesigma::LiveThreeSigmaConfig>,
+    /// The reservation plan (Morpheus §6): step, agenda length, placement algorithm. A plan
+    /// restored from the store keeps its own step and agenda (its reservations were placed on
+    /// them); the rest applies.
+    pub plan: PlanConfig,
+    /// Dynamic reprovisioning (Morpheus §7): T, ρ and how far back "recent" goes.
+    pub dra: Dra,
 }
 
 /// The resource shaper's settings (Pace §3, §5; defaults from the paper).
@@ -82,6 +90,8 @@ impl CoordinatorSettings {
             metrics_listen: None,
             shaping: None,
             threesigma: Some(Default::default()),
+            plan: PlanConfig::default(),
+            dra: Dra::default(),
         }
     }
 
@@ -139,9 +149,49 @@ impl CoordinatorSettings {
         {
             return bad("threesigma", &reason);
         }
+        let plan = &self.plan;
+        if plan.step_ms == 0 {
+            return bad("plan_step_ms", "must be positive");
+        }
+        if plan.horizon_ms < MIN_PLAN_HORIZON_MS {
+            return bad(
+                "plan_horizon_ms",
+                &format!(
+                    "{} ms is shorter than the longest period a reservation may recur with (one day, {MIN_PLAN_HORIZON_MS} ms)",
+                    plan.horizon_ms
+                ),
+            );
+        }
+        if !plan.horizon_ms.is_multiple_of(plan.step_ms) {
+            return bad(
+                "plan_horizon_ms",
+                &format!(
+                    "{} ms is not a whole number of plan steps ({} ms)",
+                    plan.horizon_ms, plan.step_ms
+                ),
+            );
+        }
+        if plan.smoothness == 0 {
+            return bad("plan_smoothness", "must be at least 1");
+        }
+        if self.dra.extension_ms == 0 {
+            return bad("dra_extension_ms", "must be positive");
+        }
+        if !self.dra.rho.is_finite() || self.dra.rho < 1.0 {
+            return bad(
+                "dra_rho",
+                "must be a number of at least 1 (ρ caps a stretch at ρ times the recent allocation)",
+            );
+        }
+        if self.dra.recent_ms == 0 {
+            return bad("dra_recent_ms", "must be positive");
+        }
         Ok(())
     }
 }
+
+/// The plan's agenda must hold the longest period a reservation may recur with (one day).
+pub const MIN_PLAN_HORIZON_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// The TOML file: the same keys as the `run` flags, all optional.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -176,6 +226,22 @@ pub struct FileConfig {
     pub threesigma: Option<bool>,
     pub threesigma_cycle_ms: Option<u64>,
     pub threesigma_step_s: Option<f64>,
+    /// Length of a plan step (Morpheus §6.1), ms.
+    pub plan_step_ms: Option<u64>,
+    /// Length of the agenda, ms: at least one day, a multiple of every period.
+    pub plan_horizon_ms: Option<u64>,
+    /// `lowcost` (LowCost, greedy fallback) or `greedy`.
+    pub plan_algorithm: Option<String>,
+    /// Place reservations early in their window instead of late.
+    pub plan_allocate_left: Option<bool>,
+    /// LowCost's smoothness factor.
+    pub plan_smoothness: Option<u32>,
+    /// DRA's T: how long one stretch lasts, ms.
+    pub dra_extension_ms: Option<u64>,
+    /// DRA's ρ.
+    pub dra_rho: Option<f64>,
+    /// How far back DRA's "recent allocation" goes, ms.
+    pub dra_recent_ms: Option<u64>,
 }
 
 impl FileConfig {
@@ -224,6 +290,14 @@ impl FileConfig {
             threesigma: self.threesigma.or(lower.threesigma),
             threesigma_cycle_ms: self.threesigma_cycle_ms.or(lower.threesigma_cycle_ms),
             threesigma_step_s: self.threesigma_step_s.or(lower.threesigma_step_s),
+            plan_step_ms: self.plan_step_ms.or(lower.plan_step_ms),
+            plan_horizon_ms: self.plan_horizon_ms.or(lower.plan_horizon_ms),
+            plan_algorithm: self.plan_algorithm.or(lower.plan_algorithm),
+            plan_allocate_left: self.plan_allocate_left.or(lower.plan_allocate_left),
+            plan_smoothness: self.plan_smoothness.or(lower.plan_smoothness),
+            dra_extension_ms: self.dra_extension_ms.or(lower.dra_extension_ms),
+            dra_rho: self.dra_rho.or(lower.dra_rho),
+            dra_recent_ms: self.dra_recent_ms.or(lower.dra_recent_ms),
         }
     }
 
@@ -327,6 +401,39 @@ impl FileConfig {
                 t.step_s = v;
             }
         }
+        if let Some(v) = self.plan_step_ms {
+            s.plan.step_ms = v;
+        }
+        if let Some(v) = self.plan_horizon_ms {
+            s.plan.horizon_ms = v;
+        }
+        if let Some(v) = self.plan_algorithm {
+            s.plan.algorithm = match v.as_str() {
+                "lowcost" => Algorithm::LowCost,
+                "greedy" => Algorithm::Greedy,
+                other => {
+                    return Err(ConfigError::Invalid {
+                        field: "plan_algorithm",
+                        reason: format!("{other:?}: expected \"lowcost\" or \"greedy\""),
+                    });
+                }
+            };
+        }
+        if let Some(v) = self.plan_allocate_left {
+            s.plan.allocate_left = v;
+        }
+        if let Some(v) = self.plan_smoothness {
+            s.plan.smoothness = v;
+        }
+        if let Some(v) = self.dra_extension_ms {
+            s.dra.extension_ms = v;
+        }
+        if let Some(v) = self.dra_rho {
+            s.dra.rho = v;
+        }
+        if let Some(v) = self.dra_recent_ms {
+            s.dra.recent_ms = v;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -360,6 +467,8 @@ mod tests {
         assert_eq!(s.data_dir, Path::new("/var/lib/hybrid"));
         assert_eq!(s.top_k, 50);
         assert_eq!(s.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
+        assert_eq!(s.plan, PlanConfig::default());
+        assert_eq!(s.dra, Dra::default());
     }
 
     #[test]
@@ -455,6 +564,97 @@ mod tests {
                 shaping: Some(true),
                 ..bad
             };
+            let err = bad.into_settings().unwrap_err().to_string();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
+
+    #[test]
+    fn plan_settings_default_to_the_paper_s_and_their_bad_values_are_named() {
+        let base = || FileConfig {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let s = base().into_settings().unwrap();
+        assert_eq!(s.plan, PlanConfig::default());
+        assert_eq!(
+            (s.plan.step_ms, s.plan.horizon_ms),
+            (60_000, MIN_PLAN_HORIZON_MS)
+        );
+        assert_eq!(s.plan.algorithm, Algorithm::LowCost);
+        assert_eq!(
+            (s.dra.extension_ms, s.dra.rho, s.dra.recent_ms),
+            (60_000, 2.0, 120_000)
+        );
+        let file: FileConfig = toml::from_str(
+            "data_dir = \"/d\"\nplan_step_ms = 300000\nplan_horizon_ms = 604800000\nplan_algorithm = \"greedy\"\nplan_allocate_left = true\ndra_rho = 1.5",
+        )
+        .unwrap();
+        let s = file.into_settings().unwrap();
+        assert_eq!(
+            (s.plan.step_ms, s.plan.horizon_ms, s.plan.algorithm),
+            (300_000, 7 * MIN_PLAN_HORIZON_MS, Algorithm::Greedy)
+        );
+        assert!(s.plan.allocate_left);
+        assert_eq!(s.dra.rho, 1.5);
+        for (bad, field) in [
+            (
+                FileConfig {
+                    plan_step_ms: Some(0),
+                    ..base()
+                },
+                "plan_step_ms",
+            ),
+            (
+                FileConfig {
+                    plan_horizon_ms: Some(3_600_000),
+                    ..base()
+                },
+                "plan_horizon_ms",
+            ),
+            (
+                FileConfig {
+                    plan_step_ms: Some(7_000),
+                    ..base()
+                },
+                "plan_horizon_ms",
+            ),
+            (
+                FileConfig {
+                    plan_algorithm: Some("milp".into()),
+                    ..base()
+                },
+                "plan_algorithm",
+            ),
+            (
+                FileConfig {
+                    plan_smoothness: Some(0),
+                    ..base()
+                },
+                "plan_smoothness",
+            ),
+            (
+                FileConfig {
+                    dra_rho: Some(0.5),
+                    ..base()
+                },
+                "dra_rho",
+            ),
+            (
+                FileConfig {
+                    dra_extension_ms: Some(0),
+                    ..base()
+                },
+                "dra_extension_ms",
+            ),
+            (
+                FileConfig {
+                    dra_recent_ms: Some(0),
+                    ..base()
+                },
+                "dra_recent_ms",
+            ),
+        ] {
             let err = bad.into_settings().unwrap_err().to_string();
             assert!(err.contains(field), "{field}: {err}");
         }

@@ -124,6 +124,10 @@ impl CoordinatorActor {
             store.next_issuer()?,
         )
         .with_lost_nodes(store.lost_nodes()?);
+        // An operator's drain outlives a restart: the node stays out of top-k when it re-joins.
+        for node in store.draining_nodes()? {
+            state.set_draining(&node, true);
+        }
         let keys = store.key_state()?;
         let corrupted = |message: String| crate::store::StoreError::Corrupted {
             path: store.path().to_path_buf(),
@@ -1115,6 +1119,12 @@ impl Handler<SetDraining> for CoordinatorActor {
             return Err(format!("no joined node named {:?}", m.node.as_str()));
         }
         let changed = self.state.set_draining(&m.node, m.draining);
+        if changed && let Err(e) = self.store.set_draining_nodes(self.state.draining_nodes()) {
+            // Not applied unless saved: a drain that a restart would forget is worse than a
+            // refused one the operator can retry.
+            self.state.set_draining(&m.node, !m.draining);
+            return Err(format!("could not save the drain in the store: {e}"));
+        }
         info!(node = %m.node, draining = m.draining, changed, "operator drain");
         self.guarantor()
             .do_send(crate::guarantor_actor::SetNodeDraining {

@@ -12,6 +12,7 @@ use crate::coordinator_actor::{
 use crate::session::{SessionId, WorkerTx};
 use crate::store::Store;
 use actix::prelude::*;
+use scheduler_core::guarantor::verified_booking;
 use scheduler_core::guarantor::{
     GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorError, QueueableAware,
     QueueableLoad,
@@ -26,7 +27,7 @@ use scheduler_core::protocol::cluster::{
 };
 use scheduler_core::protocol::limits::MAX_RESERVATIONS_PER_APP;
 use scheduler_core::reservation::Rejection;
-use scheduler_core::reservation::book::{ReprovisionCause, ReservationEvent};
+use scheduler_core::reservation::book::{ReprovisionCause, ReservationBook, ReservationEvent};
 use scheduler_core::shaping::{ShapingOutcome, ShapingState};
 use scheduler_core::token::{GuaranteedSigner, KeyRing};
 use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
@@ -83,6 +84,7 @@ impl GuarantorActor {
         token_ttl_ms: u64,
         clock: Clock,
         coordinator: Addr<CoordinatorActor>,
+        plan: &PlanSettings,
     ) -> Result<GuarantorActor, crate::store::StoreError> {
         let reserved_seq = store.guarantor_reserved_seq()?;
         let mut core = Guarantor::new(
@@ -92,12 +94,38 @@ impl GuarantorActor {
         );
         // Reservations survive a restart (Morpheus §6: the plan is the cluster's promise); the
         // plan keeps its stored capacity while the nodes re-join.
-        if let Some(book) = store.reservations()? {
+        if let Some(mut book) = store.reservations()? {
             info!(
                 reservations = book.ids().count(),
                 "reservations restored from the store"
             );
+            let stored = book.plan().config().clone();
+            if (stored.step_ms, stored.horizon_ms) != (plan.plan.step_ms, plan.plan.horizon_ms) {
+                warn!(
+                    stored_step_ms = stored.step_ms,
+                    stored_horizon_ms = stored.horizon_ms,
+                    configured_step_ms = plan.plan.step_ms,
+                    configured_horizon_ms = plan.plan.horizon_ms,
+                    "the stored plan keeps its step and agenda (its reservations were placed on them); delete its reservations to change them"
+                );
+            }
+            book.set_settings(
+                plan.plan.algorithm,
+                plan.plan.allocate_left,
+                plan.plan.smoothness,
+                plan.dra,
+            );
             core = core.with_reservations(book);
+        } else {
+            match ReservationBook::new(plan.plan.clone(), plan.dra) {
+                Ok(book) => core = core.with_reservations(book),
+                // Validated with the settings; a plan that cannot be built is a bug there.
+                Err(e) => error!("invalid plan settings, using the defaults: {e}"),
+            }
+        }
+        // Drained nodes stay drained (their capacity stays out of the plan when they re-join).
+        for node in store.draining_nodes()? {
+            core.set_draining(&node, true);
         }
         info!(
             placer = core.placer_name(),
@@ -281,13 +309,25 @@ impl GuarantorActor {
         }
     }
 
-    /// Book the GUARANTEED containers a node reports running that the books do not hold.
+    /// Book the GUARANTEED containers a node reports running that the books do not hold, each
+    /// as its signed token says it was booked (its reservation, shaping terms), so a restart
+    /// books them exactly as before. A token that does not verify proves nothing: the container
+    /// is booked as plain work (a worker cannot lie its way into a reservation).
     fn adopt(&mut self, node_id: &NodeId, containers: &[ContainerStatus]) {
+        let keys = self.signer.public_ring();
         for c in containers
             .iter()
             .filter(|c| c.container_type == ContainerType::Guaranteed)
         {
-            if let Err(e) = self.core.adopt_running(node_id, c) {
+            let booking = if self.core.is_guaranteed(c.id) {
+                None // booked already; its grant keeps its terms
+            } else {
+                verified_booking(&keys, node_id, c).unwrap_or_else(|e| {
+                    warn!(node = %node_id, container = %c.id, "the token reported with a running GUARANTEED container proves nothing, booking it as plain work: {e}");
+                    None
+                })
+            };
+            if let Err(e) = self.core.adopt_running(node_id, c, booking.as_ref()) {
                 warn!(node = %node_id, container = %c.id, "cannot book a GUARANTEED container the node reports: {e}");
             }
         }
@@ -500,6 +540,13 @@ impl Handler<Submit> for GuarantorActor {
             }
         }
     }
+}
+
+/// The reservation plan's settings (Morpheus §6, §7) from the coordinator's config.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanSettings {
+    pub plan: scheduler_core::reservation::PlanConfig,
+    pub dra: scheduler_core::reservation::dra::Dra,
 }
 
 /// A node joined (or re-joined): its capacity, app endpoint and the GUARANTEED containers it

@@ -247,6 +247,31 @@ struct RunArgs {
     /// Spacing of start times in 3Sigma's plan-ahead window, seconds [default: 2].
     #[arg(long, env = "COORDINATOR_THREESIGMA_STEP_S")]
     threesigma_step_s: Option<f64>,
+    /// Reservation plan step in ms, Morpheus §6.1 [default: 60000].
+    #[arg(long, env = "COORDINATOR_PLAN_STEP_MS")]
+    plan_step_ms: Option<u64>,
+    /// Reservation agenda length in ms: at least one day, a multiple of the step and of every
+    /// reservation period [default: 86400000].
+    #[arg(long, env = "COORDINATOR_PLAN_HORIZON_MS")]
+    plan_horizon_ms: Option<u64>,
+    /// Reservation placement: lowcost (Morpheus §6.3, greedy fallback) or greedy [default: lowcost].
+    #[arg(long, env = "COORDINATOR_PLAN_ALGORITHM")]
+    plan_algorithm: Option<String>,
+    /// Place reservations early in their window instead of late [default: false].
+    #[arg(long, env = "COORDINATOR_PLAN_ALLOCATE_LEFT")]
+    plan_allocate_left: Option<bool>,
+    /// LowCost's smoothness factor [default: 10].
+    #[arg(long, env = "COORDINATOR_PLAN_SMOOTHNESS")]
+    plan_smoothness: Option<u32>,
+    /// DRA's T: how long one stretch lasts, ms, Morpheus §7 [default: 60000].
+    #[arg(long, env = "COORDINATOR_DRA_EXTENSION_MS")]
+    dra_extension_ms: Option<u64>,
+    /// DRA's ρ: a stretch gives at most ρ times the recent allocation [default: 2].
+    #[arg(long, env = "COORDINATOR_DRA_RHO")]
+    dra_rho: Option<f64>,
+    /// How far back DRA's recent allocation goes, ms [default: 120000].
+    #[arg(long, env = "COORDINATOR_DRA_RECENT_MS")]
+    dra_recent_ms: Option<u64>,
 }
 
 impl RunArgs {
@@ -281,6 +306,14 @@ impl RunArgs {
             threesigma: self.threesigma,
             threesigma_cycle_ms: self.threesigma_cycle_ms,
             threesigma_step_s: self.threesigma_step_s,
+            plan_step_ms: self.plan_step_ms,
+            plan_horizon_ms: self.plan_horizon_ms,
+            plan_algorithm: self.plan_algorithm,
+            plan_allocate_left: self.plan_allocate_left,
+            plan_smoothness: self.plan_smoothness,
+            dra_extension_ms: self.dra_extension_ms,
+            dra_rho: self.dra_rho,
+            dra_recent_ms: self.dra_recent_ms,
         };
         Ok(flags.or(file).into_settings()?)
     }

@@ -121,8 +121,17 @@ pub async fn start(
     coordinator.metrics = metrics.clone();
     coordinator.dashboard = dashboard.clone();
     let coordinator = coordinator.start();
-    let mut guarantor =
-        GuarantorActor::new(store, signer, token_ttl_ms, clock, coordinator.clone())?;
+    let mut guarantor = GuarantorActor::new(
+        store,
+        signer,
+        token_ttl_ms,
+        clock,
+        coordinator.clone(),
+        &crate::guarantor_actor::PlanSettings {
+            plan: settings.plan.clone(),
+            dra: settings.dra,
+        },
+    )?;
     guarantor.metrics = metrics.clone();
     guarantor.dashboard = dashboard.clone();
     if let Some(shaping) = &settings.shaping {

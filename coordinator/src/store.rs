@@ -62,6 +62,8 @@ const K_KEYS: &str = "key_state";
 const K_NEXT_ISSUER: &str = "next_issuer";
 const K_GUARANTOR_SEQ: &str = "guarantor_reserved_seq";
 const K_LOST_NODES: &str = "lost_nodes";
+/// Nodes an operator is draining (`coordinator node drain`): they stay drained across a restart.
+const K_DRAINING_NODES: &str = "draining_nodes";
 /// The guarantor's reservations (Morpheus §6): the plan (each reservation's definition, its
 /// recurrence and the allocation of its instance) and the owners.
 const K_RESERVATIONS: &str = "reservations";
@@ -483,6 +485,7 @@ impl Store {
             self.next_issuer()?;
             self.guarantor_reserved_seq()?;
             self.lost_nodes()?;
+            self.draining_nodes()?;
             self.reservations()?;
             self.apps()?;
             Ok(())
@@ -618,7 +621,7 @@ impl Store {
             K_KEYS => rmp_serde::from_slice::<KeyState>(value)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            K_LOST_NODES => rmp_serde::from_slice::<BTreeSet<NodeId>>(value)
+            K_LOST_NODES | K_DRAINING_NODES => rmp_serde::from_slice::<BTreeSet<NodeId>>(value)
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             K_RESERVATIONS => decode_reservations(value).map(|_| ()),
@@ -860,6 +863,20 @@ impl Store {
 
     pub fn set_lost_nodes(&self, nodes: &BTreeSet<NodeId>) -> Result<(), StoreError> {
         self.put_meta(K_LOST_NODES, &encode(nodes))
+    }
+
+    /// Nodes an operator is draining. Empty when never written.
+    pub fn draining_nodes(&self) -> Result<BTreeSet<NodeId>, StoreError> {
+        let bytes = match self.get_meta(K_DRAINING_NODES) {
+            Ok(b) => b,
+            Err(StoreError::MissingRecord { .. }) => return Ok(BTreeSet::new()),
+            Err(e) => return Err(e),
+        };
+        rmp_serde::from_slice(&bytes).map_err(|e| self.corrupted(K_DRAINING_NODES, e.to_string()))
+    }
+
+    pub fn set_draining_nodes(&self, nodes: &BTreeSet<NodeId>) -> Result<(), StoreError> {
+        self.put_meta(K_DRAINING_NODES, &encode(nodes))
     }
 
     /// The guarantor's reservations, checked (the plan's invariants hold, every owner's

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use coordinator::coordinator_actor::Tick;
 use coordinator::guarantor_actor::InspectGuarantor;
+use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::{Allocate, ErrorCode};
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, CoordinatorToWorker, ReservationCall, ReservationNoticeKind, ReservationOp,
@@ -401,4 +402,100 @@ async fn operator_agenda_lists_reservations_and_free_capacity() {
     assert_eq!(at(from), Some(4000));
     assert_eq!(at(to), Some(8000));
     assert_eq!(view.agenda_now_ms / MIN, now_min);
+}
+
+/// Issue 12: GUARANTEED containers running inside a reservation when the coordinator restarts
+/// count against that reservation again once their node re-joins reporting them with their
+/// signed tokens: the reservation's use is what runs, and the owner's next asks get only what is
+/// left of its allocation (as plain work, they would have eaten reserved capacity and the owner
+/// would have been granted the whole allocation again).
+#[test]
+fn containers_running_in_a_reservation_count_against_it_after_a_restart() {
+    let dir = initialised_data_dir();
+    let start_min = (1_700_000_000_000u64 % DAY) / MIN;
+    let (from, to) = (start_min + 10, start_min + 30);
+    let granted = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let keep = granted.clone();
+    let dir = actix_rt::System::new().block_on(run_phase(dir, 15, |h, mut w| async move {
+        w.send(&call(
+            1,
+            ReservationOp::Reserve {
+                reservation_id: "etl".into(),
+                definition: daily(4, from, to),
+            },
+        ))
+        .await;
+        assert!(matches!(
+            w.expect("acceptance", answer_to(1)).await,
+            CoordinatorToWorker::ReservationDone(_)
+        ));
+        w.send(&ask(2, 2, Some("etl"))).await;
+        match w.expect("reserved grants", answer_to(2)).await {
+            CoordinatorToWorker::GuaranteedAllocated(g) => {
+                assert_eq!(g.containers.len(), 2);
+                keep.borrow_mut().extend(g.containers);
+            }
+            other => panic!("{other:?}"),
+        }
+        h
+    }));
+    let running: Vec<ContainerStatus> = granted
+        .borrow()
+        .iter()
+        .map(|g| {
+            let mut s = running(g.container_id, ContainerType::Guaranteed, 1000, 1024);
+            s.grant_token = Some(g.token.clone());
+            s
+        })
+        .collect();
+    assert!(running.iter().all(|s| {
+        s.grant_token
+            .as_ref()
+            .unwrap()
+            .body
+            .booking
+            .as_ref()
+            .unwrap()
+            .reservation_id
+            == Some("etl".to_string())
+    }));
+
+    let _dir = actix_rt::System::new().block_on(async move {
+        let h =
+            Harness::start_in_with(dir, |s| s.node_timeout = Duration::from_secs(48 * 3600)).await;
+        h.clock.advance(Duration::from_millis(16 * MIN));
+        let mut w = h.connect().await;
+        let mut join = join_msg(&h.join_token(), "n1", 8000, 8192);
+        if let WorkerToCoordinator::Join(j) = &mut join {
+            j.containers = running;
+        }
+        w.send(&join).await;
+        assert!(matches!(
+            w.next().await,
+            Ok(CoordinatorToWorker::JoinAccepted(_))
+        ));
+        w.send(&call(3, ReservationOp::List)).await;
+        match w.expect("list", answer_to(3)).await {
+            CoordinatorToWorker::ReservationDone(d) => match d.reply {
+                ReservationReply::Listed { reservations, .. } => {
+                    assert_eq!(reservations[0].allocated_now, CORE.scale(4));
+                    assert_eq!(reservations[0].used, CORE.scale(2), "re-booked against etl");
+                }
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+        // Three more asked: two fit the allocation, one waits.
+        w.send(&ask(4, 3, Some("etl"))).await;
+        match w.expect("reserved grants", answer_to(4)).await {
+            CoordinatorToWorker::GuaranteedAllocated(g) => {
+                assert_eq!((g.containers.len(), g.remaining), (2, 1))
+            }
+            other => panic!("{other:?}"),
+        }
+        let stats = h.server.guarantor.send(InspectGuarantor).await.unwrap();
+        assert_eq!(stats.invariants, Ok(()));
+        h.server.shutdown();
+        h.dir
+    });
 }

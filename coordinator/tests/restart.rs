@@ -115,3 +115,67 @@ fn a_restart_tightens_loose_modes_and_migrates_a_clear_join_token() {
         "the clear token is gone from the store file"
     );
 }
+
+/// An operator's drain is saved in the store: the restarted coordinator still treats the node as
+/// draining when it re-joins (`nodes` shows it, GUARANTEED work waits instead of going there),
+/// until `undrain`.
+#[test]
+fn a_drain_outlives_a_coordinator_restart() {
+    use coordinator::admin::{self, AdminRequest};
+    async fn call(socket: std::path::PathBuf, request: AdminRequest) -> serde_json::Value {
+        tokio::task::spawn_blocking(move || admin::call(&socket, &request))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+    let dir = initialised_data_dir();
+    let dir = actix_rt::System::new().block_on(async move {
+        let h = Harness::start_in(dir).await;
+        let (_w, _) = h.join("node-a", 2000, 2048).await;
+        let drained = call(
+            h.server.admin_socket.clone(),
+            AdminRequest::Drain {
+                node: "node-a".into(),
+            },
+        )
+        .await;
+        assert_eq!(drained["changed"], true);
+        h.server.shutdown();
+        h.dir
+    });
+    let _dir = actix_rt::System::new().block_on(async move {
+        let h = Harness::start_in(dir).await;
+        let (mut w, _) = h.join("node-a", 2000, 2048).await;
+        let nodes = call(h.server.admin_socket.clone(), AdminRequest::Nodes).await;
+        assert_eq!(nodes[0]["node_id"], "node-a", "{nodes}");
+        assert_eq!(nodes[0]["draining"], true, "{nodes}");
+        // No GUARANTEED work goes to the drained node: the ask waits.
+        w.send(&allocate_guaranteed(1, "demo", 100, 100, 1)).await;
+        w.send(&heartbeat("node-a", 0, 10.0, vec![], vec![], vec![]))
+            .await;
+        w.expect_ack().await;
+        let waiting = call(h.server.admin_socket.clone(), AdminRequest::Waiting).await;
+        assert_eq!(waiting["pending_containers"], 1, "{waiting}");
+        // Undrained: it goes there, and the undrain is saved too.
+        call(
+            h.server.admin_socket.clone(),
+            AdminRequest::Undrain {
+                node: "node-a".into(),
+            },
+        )
+        .await;
+        assert!(matches!(
+            w.expect("grant", |m| matches!(
+                m,
+                CoordinatorToWorker::GuaranteedAllocated(_)
+            ))
+            .await,
+            CoordinatorToWorker::GuaranteedAllocated(_)
+        ));
+        h.server.shutdown();
+        h.dir
+    });
+    let store = coordinator::datadir::DataDir::new(_dir.path()).store();
+    let s = coordinator::store::Store::open(&store).unwrap();
+    assert!(s.draining_nodes().unwrap().is_empty());
+}

@@ -30,7 +30,8 @@ fn body(t: ContainerType, seq: u64) -> TokenBody {
         runtime_estimate_ms: Some(30_000),
         expires_at_ms: u64::MAX / 2,
         key_id: 0,
-        node_epoch: 27, // worker-17's session in the directory below
+        node_epoch: 27, // worker-17's session in the directory below,
+        booking: None,
     }
 }
 

@@ -442,6 +442,11 @@ impl CoordinatorState {
         self.draining.contains(node)
     }
 
+    /// Nodes an operator is draining (joined or not).
+    pub fn draining_nodes(&self) -> &BTreeSet<NodeId> {
+        &self.draining
+    }
+
     /// Nodes declared lost that have not re-joined since.
     pub fn lost_nodes(&self) -> &BTreeSet<NodeId> {
         &self.lost_nodes
@@ -860,6 +865,7 @@ mod tests {
             placement: crate::node::Placement::Running,
             version: 0,
             job: None,
+            grant_token: None,
         }
     }
 

@@ -428,6 +428,7 @@ impl DistributedScheduler {
                     expires_at_ms,
                     key_id: 0,
                     node_epoch: 0,
+                    booking: None,
                 },
             });
         }

@@ -16,7 +16,7 @@ use crate::reservation::book::{ReservationBook, ReservationEvent, ReservationInf
 use crate::reservation::{AllocationInterval, Rejection, ReservationDefinition};
 use crate::shaper::ComponentRole;
 use crate::shaping::{ShapingOutcome, ShapingState};
-use crate::token::TokenBody;
+use crate::token::{ContainerToken, GrantBooking, PublicKeyRing, TokenBody, TokenError};
 use crate::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -1254,6 +1254,17 @@ impl Guarantor {
         }
         let epoch = node.epoch;
         let container_id = self.minter.next_id();
+        // Plain, unshaped core work needs nothing beyond the token's resources to be booked
+        // again after a restart; everything else carries its booking (signed).
+        let booking = (reservation.is_some()
+            || ask.allow_shaping
+            || ask.role != ComponentRole::Core)
+            .then(|| GrantBooking {
+                reservation_id: reservation.map(str::to_string),
+                role: ask.role,
+                allow_shaping: ask.allow_shaping,
+                requested: ask.resources,
+            });
         let expires_at_ms = now_ms.saturating_add(self.config.token_ttl_ms);
         self.grants.insert(
             container_id,
@@ -1289,32 +1300,67 @@ impl Guarantor {
                 expires_at_ms,
                 key_id: 0,
                 node_epoch: epoch,
+                booking,
             },
         }
     }
 
     /// A node reports running a GUARANTEED container: a grant of ours no longer expires; one we
-    /// do not book (granted in a previous session, or started in the window of a re-join) is
-    /// booked as it runs, exactly as a validated promotion (Mercury §3.4), so the books follow
-    /// what nodes hold. Fails only if the node has no GUARANTEED room for it by our books (the
-    /// node itself never over-commits: it refuses such a start).
+    /// do not book (granted in a previous session of the coordinator, or started in the window
+    /// of a re-join) is booked as it runs, so the books follow what nodes hold. `booking` is what
+    /// the container's signed token says about how it was booked (see [`verified_booking`]):
+    /// with it, a container of a reservation that still exists (and still belongs to the
+    /// container's application) counts against that reservation's allocation again, and a
+    /// shapeable one goes back to the shaper with its request, role and current (shaped) size;
+    /// without it the container is plain GUARANTEED core work, exactly as a validated promotion
+    /// (Mercury §3.4). It runs already, so it is booked even where it eats into reserved
+    /// capacity or exceeds its reservation's allocation at this moment. Fails only if the node
+    /// has no GUARANTEED room for it by our books (the node itself never over-commits: it
+    /// refuses such a start).
     pub fn adopt_running(
         &mut self,
         node_id: &NodeId,
         container: &ContainerStatus,
+        booking: Option<&GrantBooking>,
     ) -> Result<(), GuarantorError> {
         if self.grants.contains_key(&container.id) {
             self.on_started(container.id);
             return Ok(());
         }
-        // It runs already: booked even where it eats into reserved capacity.
-        self.book_promotion(
+        let terms = match booking {
+            None => BookingTerms::plain(container.resources),
+            Some(b) => BookingTerms {
+                reservation: b
+                    .reservation_id
+                    .clone()
+                    .filter(|id| self.reservations.owner(id) == Some(&container.app_id)),
+                role: b.role,
+                allow_shaping: b.allow_shaping,
+                // A node never reports more than was granted; if it did, its report wins (the
+                // books follow what nodes hold) and the shaper may not grow it further.
+                requested: max_each(b.requested, container.resources),
+            },
+        };
+        self.book_running(
             container.id,
             node_id,
             &container.app_id,
             container.resources,
             false,
-        )
+            terms,
+        )?;
+        self.on_started(container.id);
+        Ok(())
+    }
+
+    /// The reservation a GUARANTEED grant counts against (None: plain work or no such grant).
+    pub fn grant_reservation(&self, id: ContainerId) -> Option<&str> {
+        self.grants.get(&id).and_then(|g| g.reservation.as_deref())
+    }
+
+    /// What a GUARANTEED grant is booked at now (its shaped size while the shaper tracks it).
+    pub fn grant_resources(&self, id: ContainerId) -> Option<Resources> {
+        self.grants.get(&id).map(|g| g.resources)
     }
 
     /// The node accepted a GUARANTEED container: it no longer expires.
@@ -1434,16 +1480,27 @@ impl Guarantor {
         app: &AppId,
         resources: Resources,
     ) -> Result<(), GuarantorError> {
-        self.book_promotion(id, node_id, app, resources, true)
+        self.book_running(
+            id,
+            node_id,
+            app,
+            resources,
+            true,
+            BookingTerms::plain(resources),
+        )
     }
 
-    fn book_promotion(
+    /// Book a container that is (or is about to be) running on `node_id` at `resources` under
+    /// `terms`; with `respect_reservations`, plain work is refused where it would take reserved
+    /// capacity.
+    fn book_running(
         &mut self,
         id: ContainerId,
         node_id: &NodeId,
         app: &AppId,
         resources: Resources,
         respect_reservations: bool,
+        terms: BookingTerms,
     ) -> Result<(), GuarantorError> {
         if self.grants.contains_key(&id) {
             return Err(GuarantorError::AlreadyGuaranteed(id));
@@ -1466,7 +1523,8 @@ impl Guarantor {
         {
             return Err(GuarantorError::ReservedCapacity);
         }
-        self.reservations.book(None, &resources, true);
+        self.reservations
+            .book(terms.reservation.as_deref(), &resources, true);
         node.guaranteed = node.guaranteed.saturating_add(&resources);
         if node.mark_limit_changed() {
             self.limits_changed.push(node_id.clone());
@@ -1479,11 +1537,10 @@ impl Guarantor {
                 resources,
                 pending_until_ms: None,
                 epoch: node.epoch,
-                reservation: None,
-                // A promoted QUEUEABLE container declared no role: core, not shaped.
-                role: ComponentRole::Core,
-                allow_shaping: false,
-                requested: resources,
+                reservation: terms.reservation,
+                role: terms.role,
+                allow_shaping: terms.allow_shaping,
+                requested: terms.requested,
             },
         );
         Ok(())
@@ -1642,4 +1699,99 @@ impl Guarantor {
         }
         Ok(())
     }
+}
+
+/// How a running container is booked (see [`Guarantor::adopt_running`]).
+struct BookingTerms {
+    reservation: Option<String>,
+    role: ComponentRole,
+    allow_shaping: bool,
+    requested: Resources,
+}
+
+impl BookingTerms {
+    /// Plain GUARANTEED core work, not shaped (a promoted QUEUEABLE container declared no role).
+    fn plain(resources: Resources) -> BookingTerms {
+        BookingTerms {
+            reservation: None,
+            role: ComponentRole::Core,
+            allow_shaping: false,
+            requested: resources,
+        }
+    }
+}
+
+fn max_each(a: Resources, b: Resources) -> Resources {
+    Resources::new(
+        a.cpu_millis.max(b.cpu_millis),
+        a.memory_mib.max(b.memory_mib),
+    )
+}
+
+/// Why a reported container's token does not prove how it was booked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BookingProofError {
+    #[error("its token is for container {token}, not {status}")]
+    OtherContainer {
+        token: ContainerId,
+        status: ContainerId,
+    },
+    #[error("its token is for node {token}, but node {reporter} reports it")]
+    OtherNode { token: NodeId, reporter: NodeId },
+    #[error("its token is for app {token}, but the node reports app {status}")]
+    OtherApp { token: AppId, status: AppId },
+    #[error("its token is not a GUARANTEED grant")]
+    NotGuaranteed,
+    #[error("its token does not verify: {0}")]
+    Signature(#[from] TokenError),
+}
+
+/// The booking a GUARANTEED container's token proves, for [`Guarantor::adopt_running`] after a
+/// coordinator restart: `None` when the node reported no token or the token carries no booking
+/// (plain work). The token must be the coordinator's (Ed25519 under one of `keys`; its expiry
+/// does not matter, the container started while it was valid) and for this container, app and
+/// reporting node, so a worker can neither invent a booking nor move one between containers.
+/// Tokens signed by a key rotated out of `keys` cannot be checked: the caller books those as
+/// plain work.
+pub fn verified_booking(
+    keys: &PublicKeyRing,
+    reporter: &NodeId,
+    status: &ContainerStatus,
+) -> Result<Option<GrantBooking>, BookingProofError> {
+    let Some(token) = status.grant_token.as_ref() else {
+        return Ok(None);
+    };
+    check_token_matches(token, reporter, status)?;
+    keys.verify_signature(token)?;
+    Ok(token.body.booking.clone())
+}
+
+fn check_token_matches(
+    token: &ContainerToken,
+    reporter: &NodeId,
+    status: &ContainerStatus,
+) -> Result<(), BookingProofError> {
+    let body = &token.body;
+    if body.container_id != status.id {
+        return Err(BookingProofError::OtherContainer {
+            token: body.container_id,
+            status: status.id,
+        });
+    }
+    if &body.node_id != reporter {
+        return Err(BookingProofError::OtherNode {
+            token: body.node_id.clone(),
+            reporter: reporter.clone(),
+        });
+    }
+    if body.app_id != status.app_id {
+        return Err(BookingProofError::OtherApp {
+            token: body.app_id.clone(),
+            status: status.app_id.clone(),
+        });
+    }
+    if body.container_type != ContainerType::Guaranteed {
+        return Err(BookingProofError::NotGuaranteed);
+    }
+    Ok(())
 }

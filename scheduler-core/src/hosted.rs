@@ -141,6 +141,7 @@ mod tests {
             placement: Placement::Running,
             version: 0,
             job: None,
+            grant_token: None,
         }
     }
 

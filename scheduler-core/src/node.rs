@@ -197,6 +197,12 @@ pub struct ContainerStatus {
     /// resource shaper's input (Pace §3, "Resource monitor"). Absent when not sampled yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Resources>,
+    /// The signed token a GUARANTEED container was started (or promoted) with, when its grant
+    /// was booked other than as plain core work (a reservation, shaping, an elastic role):
+    /// sent in the `join` list so a restarted coordinator books the container again exactly as
+    /// it was ([`crate::guarantor::verified_booking`]). Absent otherwise, and in heartbeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant_token: Option<crate::token::ContainerToken>,
 }
 
 /// Job fields a container's token carries (see [`crate::token::TokenBody`]).
@@ -367,6 +373,7 @@ impl NodeRuntime {
                 runtime_estimate_ms: c.runtime_estimate_ms,
             }),
             usage: None,
+            grant_token: None,
         };
         let mut out: Vec<ContainerStatus> = self
             .running

@@ -208,6 +208,7 @@ impl<R: Clone> Promotions<R> {
             expires_at_ms: now_ms.saturating_add(self.token_ttl_ms),
             key_id: 0,
             node_epoch: host_epoch(&p.host),
+            booking: None,
         };
         vec![PromotionAction::Apply {
             promotion_id,
@@ -343,6 +344,7 @@ mod tests {
                 priority: 1,
                 runtime_estimate_ms: Some(1000),
             }),
+            grant_token: None,
         }
     }
 

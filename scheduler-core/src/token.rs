@@ -61,6 +61,32 @@ pub struct TokenBody {
     /// their key is the node session's ([`NodeSessionSecret`]), so they die with the session.
     #[serde(default)]
     pub node_epoch: u32,
+    /// For GUARANTEED grants booked other than as plain, unshaped core work: how the guarantor
+    /// booked it (its reservation, its Pace role and shaping permission, its request). Signed
+    /// with the rest, so a worker or an application cannot change how a re-adopted container is
+    /// booked after a coordinator restart. Left out of the encoding when absent (last field), so
+    /// the signed bytes of every other token are those of a body without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booking: Option<GrantBooking>,
+}
+
+/// How the guarantor booked a GUARANTEED grant, carried in its signed token so that it can be
+/// booked again exactly as it was when its node reports it running after a coordinator restart
+/// (issues 12 and 14).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantBooking {
+    /// The reservation whose allocation the container counts against (Morpheus §4, §6).
+    #[serde(default)]
+    pub reservation_id: Option<String>,
+    /// Pace §2: core or elastic.
+    #[serde(default)]
+    pub role: crate::shaper::ComponentRole,
+    /// The application let the shaper resize the container (Pace §3.2).
+    #[serde(default)]
+    pub allow_shaping: bool,
+    /// What the application asked for; the token's `resources`, the node's booking and the
+    /// status a node reports may be a shaped size at or below it.
+    pub requested: Resources,
 }
 
 /// A signed grant. Opaque to applications: they pass it back unchanged in `start_container`.
@@ -715,6 +741,7 @@ mod tests {
             expires_at_ms: 10_000,
             key_id: 0,
             node_epoch: 0,
+            booking: None,
         }
     }
 
@@ -1044,5 +1071,56 @@ mod tests {
             Err(TokenError::Expired { .. })
         ));
         assert_eq!(v.revoked_count(), 0);
+    }
+
+    /// A token without booking terms is encoded (and signed) exactly as before the field
+    /// existed: thirteen positional fields. One with terms has a fourteenth, covered by the
+    /// signature.
+    #[test]
+    fn booking_terms_are_signed_and_absent_terms_leave_the_encoding_unchanged() {
+        let mut body = guaranteed_body_for_booking_test();
+        let bytes = body_bytes(&body).unwrap();
+        assert_eq!(bytes[0], 0x90 | 13, "a fixarray of the 13 original fields");
+        let signer =
+            GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [5; 32]))).unwrap();
+        body.booking = Some(GrantBooking {
+            reservation_id: Some("nightly".into()),
+            role: crate::shaper::ComponentRole::Elastic,
+            allow_shaping: true,
+            requested: Resources::new(2000, 2048),
+        });
+        assert_eq!(body_bytes(&body).unwrap()[0], 0x90 | 14);
+        let token = signer.sign(body).unwrap();
+        let ring = signer.public_ring();
+        ring.verify_signature(&token).unwrap();
+        // Through the app protocol's named encoding and back: still verifies.
+        let named = rmp_serde::to_vec_named(&token).unwrap();
+        let back: ContainerToken = rmp_serde::from_slice(&named).unwrap();
+        ring.verify_signature(&back).unwrap();
+        let mut moved = token.clone();
+        moved.body.booking.as_mut().unwrap().reservation_id = Some("other".into());
+        assert_eq!(ring.verify_signature(&moved), Err(TokenError::Forged));
+        let mut dropped = token;
+        dropped.body.booking = None;
+        assert_eq!(ring.verify_signature(&dropped), Err(TokenError::Forged));
+    }
+
+    fn guaranteed_body_for_booking_test() -> TokenBody {
+        TokenBody {
+            container_id: ContainerId::new(0, 7),
+            node_id: NodeId::from("n1"),
+            app_id: AppId::from("a"),
+            resources: Resources::new(2000, 2048),
+            container_type: ContainerType::Guaranteed,
+            version: 0,
+            job_id: crate::JobId::from("j"),
+            job_submit_time_ms: 1,
+            priority: 0,
+            runtime_estimate_ms: None,
+            expires_at_ms: 10,
+            key_id: 0,
+            node_epoch: 1,
+            booking: None,
+        }
     }
 }

@@ -213,6 +213,7 @@ fn queueable_load_is_read_from_a_heartbeats_container_list() {
         placement,
         version: 0,
         job: None,
+        grant_token: None,
     };
     let load = QueueableLoad::from_statuses(&[
         status(1, ContainerType::Queueable, Placement::Running, 2),

@@ -141,6 +141,7 @@ fn token(id: ContainerId, node: &str) -> ContainerToken {
             expires_at_ms: 2_000_000_000_000,
             key_id: 0,
             node_epoch: 0,
+            booking: None,
         })
         .unwrap()
 }

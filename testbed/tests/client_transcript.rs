@@ -65,6 +65,7 @@ fn token() -> scheduler_core::token::ContainerToken {
             expires_at_ms: JOB_SUBMIT_MS + 600_000,
             key_id: 0,
             node_epoch: 5,
+            booking: None,
         })
         .unwrap()
 }

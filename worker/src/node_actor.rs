@@ -16,10 +16,12 @@ use scheduler_core::protocol::cluster::{
     ResizeContainer, WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::{
-    MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
+    MAX_GRANT_TOKENS_PER_JOIN, MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
 };
 use scheduler_core::token::{NodeSessionSecret, PublicKeyRing, TokenVerifier};
-use scheduler_core::{AppId, ContainerId, JobId, KillReason, NodeId, Resources, Time};
+use scheduler_core::{
+    AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources, Time,
+};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -50,6 +52,10 @@ pub struct NodeActor {
     usage: HashMap<ContainerId, exec::UsageSample>,
     /// Starts and ends not yet reported; each heartbeat reports a bounded prefix.
     reports: ReportLog,
+    /// The signed token of each GUARANTEED container whose grant carries booking terms
+    /// (reservation, shaping): reported at the next join so a restarted coordinator books it
+    /// again exactly as it was. At most one per container on the node; pruned every heartbeat.
+    grant_tokens: HashMap<ContainerId, scheduler_core::token::ContainerToken>,
     heartbeat: Option<(SpawnHandle, Duration)>,
     /// How each process task's container ended, left by the task before it tells the actor
     /// ([`ProcessEnded`]), so an upgrade's hand-over finds ends whose message is still queued.
@@ -82,6 +88,7 @@ impl NodeActor {
             processes: HashMap::new(),
             usage: HashMap::new(),
             reports: ReportLog::default(),
+            grant_tokens: HashMap::new(),
             heartbeat: None,
             ended: Rc::default(),
             upgrading: false,
@@ -205,6 +212,9 @@ impl NodeActor {
             }))
         };
         let (started, finished) = self.reports.take_batch(MAX_REPORTED_IDS_PER_HEARTBEAT);
+        let node = &self.node;
+        self.grant_tokens
+            .retain(|id, _| node.placement(*id).is_some());
         let hb = Heartbeat {
             node_id: self.node_id.clone(),
             directory_version: self.shared.directory_version.get(),
@@ -329,6 +339,9 @@ impl NodeActor {
                     .verifier
                     .check_and_consume(token, &app, now.as_millis());
                 self.reports.started(id);
+                if token.body.booking.is_some() {
+                    self.grant_tokens.insert(id, token.clone());
+                }
                 let state = match self.node.placement(id) {
                     Some(Placement::Running) => AcceptedState::Running,
                     _ => AcceptedState::Queued,
@@ -658,7 +671,16 @@ pub struct Statuses;
 impl Handler<Statuses> for NodeActor {
     type Result = Vec<scheduler_core::node::ContainerStatus>;
     fn handle(&mut self, _: Statuses, _: &mut Context<Self>) -> Self::Result {
-        self.node.statuses()
+        let mut statuses = self.node.statuses();
+        // Bounded so the join fits its frame; the rest are re-booked as plain work.
+        let mut tokens_left = MAX_GRANT_TOKENS_PER_JOIN;
+        for s in &mut statuses {
+            if tokens_left > 0 && s.container_type == ContainerType::Guaranteed {
+                s.grant_token = self.grant_tokens.get(&s.id).cloned();
+                tokens_left -= usize::from(s.grant_token.is_some());
+            }
+        }
+        statuses
     }
 }
 

@@ -78,3 +78,73 @@ async fn a_late_job_is_stretched_and_its_app_is_told() {
     }
     c.stop().await;
 }
+
+/// The worker keeps the signed token of a GUARANTEED container granted inside a reservation and
+/// lists it with the container in its join statuses (issue 12), so a restarted coordinator books
+/// the container against its reservation again; plain containers carry none.
+#[actix_rt::test]
+async fn a_reserved_container_s_token_is_listed_for_the_next_join() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 4000, 4096)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    let minute = (wall_ms() % (24 * 60 * MIN)) / MIN;
+    let end = (minute + 10).min(24 * 60);
+    let id = app.new_request_id();
+    app.send(&AppRequest::Reserve(Reserve {
+        request_id: id,
+        reservation_id: "etl".into(),
+        definition: ReservationDefinition {
+            arrival_ms: minute * MIN,
+            deadline_ms: end * MIN,
+            interpreter: Interpreter::All,
+            stages: vec![Stage {
+                containers: 1,
+                gang: 1,
+                duration_ms: (end - minute) * MIN,
+                size: Resources::new(500, 256),
+            }],
+            recurrence_ms: Some(24 * 60 * MIN),
+            alignment_penalty: 0.0,
+        },
+    }))
+    .await;
+    assert!(matches!(app.answer(id).await, AppResponse::Reservation(_)));
+    let mut reserved = ask(ContainerType::Guaranteed, 500, 256);
+    reserved.reservation_id = Some("etl".into());
+    let granted = app.allocate(reserved).await.expect("granted");
+    let token = granted.containers[0].token.clone();
+    let plain = app
+        .allocate(ask(ContainerType::Guaranteed, 500, 256))
+        .await
+        .expect("granted")
+        .containers[0]
+        .token
+        .clone();
+    for t in [&token, &plain] {
+        app.start(t, sh("exec sleep 30")).await.expect("started");
+    }
+    let statuses = c
+        .worker("node-a")
+        .node
+        .send(worker::node_actor::Statuses)
+        .await
+        .unwrap();
+    let of = |id| statuses.iter().find(|s| s.id == id).unwrap();
+    let listed = of(token.body.container_id)
+        .grant_token
+        .as_ref()
+        .expect("token listed");
+    assert_eq!(listed, &token);
+    assert_eq!(
+        listed
+            .body
+            .booking
+            .as_ref()
+            .unwrap()
+            .reservation_id
+            .as_deref(),
+        Some("etl")
+    );
+    assert_eq!(of(plain.body.container_id).grant_token, None);
+    c.stop().await;
+}

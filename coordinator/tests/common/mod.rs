@@ -142,6 +142,7 @@ pub fn running(id: ContainerId, t: ContainerType, cpu: u64, mem: u64) -> Contain
         placement: Placement::Running,
         version: 0,
         job: None,
+        grant_token: None,
     }
 }
 

@@ -19,7 +19,7 @@ use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 
 /// Version of the cluster protocol; sent in the first frame.
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 3;
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 4;
 
 /// Frames a worker sends to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -47,6 +47,12 @@ pub const MAX_SIGNATURE_BYTES: usize = 128;
 /// the bounds above, a heartbeat listing all of them fits the cluster frame
 /// ([`crate::codec::CLUSTER_MAX_FRAME`]; checked by `worst_case_heartbeat_fits_the_cluster_frame`).
 pub const MAX_CONTAINERS_PER_NODE: usize = 16_384;
+/// Statuses of a `join` that carry their container's signed token (GUARANTEED containers booked
+/// in a reservation or for shaping, so a restarted coordinator books them exactly again): with
+/// the rest of a full node's statuses the join still fits the cluster frame (checked by
+/// `worst_case_heartbeat_fits_the_cluster_frame`). Containers beyond it are re-booked as plain
+/// GUARANTEED work.
+pub const MAX_GRANT_TOKENS_PER_JOIN: usize = 4096;
 
 /// `reservation_id` (in `reserve`, `update_reservation`, `delete_reservation`, `allocate`).
 pub const MAX_RESERVATION_ID_BYTES: usize = crate::reservation::book::MAX_RESERVATION_ID_LEN;
@@ -253,6 +259,19 @@ fn check_token(id: Option<u64>, token: &ContainerToken) -> Result<(), ErrorFrame
         token.body.node_id.as_str(),
         MAX_LOCALITY_NAME_BYTES,
     )?;
+    if let Some(reservation_id) = token
+        .body
+        .booking
+        .as_ref()
+        .and_then(|b| b.reservation_id.as_deref())
+    {
+        check_len(
+            id,
+            "token.body.booking.reservation_id",
+            reservation_id,
+            MAX_RESERVATION_ID_BYTES,
+        )?;
+    }
     check_len(id, "token.signature", &token.signature, MAX_SIGNATURE_BYTES)
 }
 
@@ -601,6 +620,7 @@ mod tests {
             expires_at_ms: u64::MAX,
             key_id: u32::MAX,
             node_epoch: u32::MAX,
+            booking: None,
         }
     }
 
@@ -674,6 +694,7 @@ mod tests {
                 priority: u32::MAX,
                 runtime_estimate_ms: Some(u64::MAX),
             }),
+            grant_token: None,
         }
     }
 
@@ -712,7 +733,24 @@ mod tests {
             hb_bytes <= CLUSTER_MAX_FRAME,
             "worst-case heartbeat is {hb_bytes} bytes ({MAX_CONTAINERS_PER_NODE} × {status_bytes}-byte statuses), over the {CLUSTER_MAX_FRAME}-byte cluster frame"
         );
-        // A re-join carries the same containers.
+        // A re-join carries the same containers, with the token of every GUARANTEED one that
+        // was booked other than as plain work (at most all of them).
+        let mut with_token = status.clone();
+        let mut token_body = body(&"j".repeat(MAX_JOB_ID_BYTES));
+        token_body.container_type = ContainerType::Guaranteed;
+        token_body.booking = Some(crate::token::GrantBooking {
+            reservation_id: Some("r".repeat(MAX_RESERVATION_ID_BYTES)),
+            role: crate::shaper::ComponentRole::Elastic,
+            allow_shaping: true,
+            requested: Resources::new(u64::MAX, u64::MAX),
+        });
+        with_token.grant_token = Some(ContainerToken {
+            body: token_body,
+            signature: "f".repeat(MAX_SIGNATURE_BYTES),
+        });
+        let status_with_token_bytes = to_payload(&with_token).unwrap().len();
+        let mut statuses = vec![with_token; MAX_GRANT_TOKENS_PER_JOIN];
+        statuses.resize(MAX_CONTAINERS_PER_NODE, status);
         let join = Join {
             protocol_version: u32::MAX,
             join_token: "t".repeat(256),
@@ -720,10 +758,13 @@ mod tests {
             rack: "r".repeat(MAX_LOCALITY_NAME_BYTES),
             capacity: Resources::new(u64::MAX, u64::MAX),
             app_endpoint: "e".repeat(MAX_LOCALITY_NAME_BYTES + 6),
-            containers: vec![status; MAX_CONTAINERS_PER_NODE],
+            containers: statuses,
         };
         let join_bytes = to_payload(&join).unwrap().len();
-        assert!(join_bytes <= CLUSTER_MAX_FRAME, "{join_bytes}");
+        assert!(
+            join_bytes <= CLUSTER_MAX_FRAME,
+            "worst-case join is {join_bytes} bytes ({MAX_GRANT_TOKENS_PER_JOIN} of {MAX_CONTAINERS_PER_NODE} statuses with a token, {status_with_token_bytes} bytes each)"
+        );
         // Headroom: the frame would hold this many more containers.
         println!(
             "largest status {status_bytes} B; worst heartbeat {hb_bytes} B = {:.1}% of the {CLUSTER_MAX_FRAME} B cluster frame",

@@ -31,7 +31,7 @@
 
 use super::dra::{Dra, STRETCH_MARK};
 use super::plan::{AllocationInterval, Plan, PlanConfig, StepFn};
-use super::{Rejection, ReservationDefinition};
+use super::{Algorithm, Rejection, ReservationDefinition};
 use crate::{AppId, Resources};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -199,6 +199,21 @@ impl ReservationBook {
             events: Vec::new(),
             held_cache: Default::default(),
         })
+    }
+
+    /// Apply configured settings to a restored book: the placement algorithm, its direction and
+    /// smoothness, and DRA. The step and agenda stay the stored plan's (its reservations were
+    /// placed on them).
+    pub fn set_settings(
+        &mut self,
+        algorithm: Algorithm,
+        allocate_left: bool,
+        smoothness: u32,
+        dra: Dra,
+    ) {
+        self.plan
+            .set_placement(algorithm, allocate_left, smoothness);
+        self.dra = dra;
     }
 
     /// What must be stored to survive a restart (stretches left out).

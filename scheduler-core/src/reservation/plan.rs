@@ -263,6 +263,13 @@ impl Plan {
         })
     }
 
+    /// Change how new requests are placed (accepted allocations stay where they are).
+    pub fn set_placement(&mut self, algorithm: Algorithm, allocate_left: bool, smoothness: u32) {
+        self.config.algorithm = algorithm;
+        self.config.allocate_left = allocate_left;
+        self.config.smoothness = smoothness.max(1);
+    }
+
     pub fn config(&self) -> &PlanConfig {
         &self.config
     }

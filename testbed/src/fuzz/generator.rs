@@ -427,6 +427,7 @@ fn token(rng: &mut Rng) -> ContainerToken {
             expires_at_ms: rng.interesting_u64(),
             key_id: rng.below(3) as u32,
             node_epoch: rng.below(3) as u32,
+            booking: None,
         },
         signature: {
             let n = if rng.chance(1, 2) { 32 } else { 64 };
@@ -723,6 +724,7 @@ fn status(rng: &mut Rng) -> ContainerStatus {
             priority: rng.below(4) as u32,
             runtime_estimate_ms: rng.chance(1, 2).then(|| rng.interesting_u64()),
         }),
+        grant_token: None,
     }
 }
 

@@ -413,6 +413,7 @@ pub fn token_body(
         expires_at_ms,
         key_id: 0,
         node_epoch: 0,
+        booking: None,
     }
 }
 
