@@ -584,7 +584,7 @@ impl RuntimePredictor {
     fn most_specific(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
         candidates
             .iter()
-            .find(|c| c.estimator == Estimator::RecentMedian)
+            .find(|c| c.estimator == Estimator::RecentMode)
             .copied()
     }
 
