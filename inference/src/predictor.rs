@@ -105,7 +105,7 @@ impl Default for PredictorConfig {
             max_bins: DEFAULT_MAX_BINS,
             rolling_alpha: 0.6,
             recent_window: 20,
-            recent_mean_count: 5,
+            recent_mean_count: 2,
             prior_weight: 3.0,
             coverage_target: 0.8,
             calibration_rate: 0.05,
