@@ -511,8 +511,9 @@ pub struct RuntimePredictor {
 pub enum Selection {
     /// 3Sigma §4.1: the expert of lowest (shrunk) NMAE.
     Ranked,
-    /// The recent median of the job's first feature value with history (callers list the most
-    /// specific features first): the rule of a per-(user, request) history lookup.
+    /// The recent mode ([`Estimator::RecentMode`]) of the job's first feature value with
+    /// history (callers list the most specific features first): the rule of a per-(user,
+    /// request) history lookup.
     MostSpecific,
     /// The expert whose (feature, estimator, history length) has put the most estimates
     /// within 2× of the outcome (see [`RuntimePredictor::choose_by_hits`]).
@@ -558,11 +559,11 @@ impl RuntimePredictor {
         }
     }
 
-    /// The rule selecting experts now: whichever had the higher recent within-2× hit rate on
-    /// finished jobs, as estimated at their submission (ranked until both have a record). The
-    /// NMAE ranking chooses among many noisy track records and loses, on some traces, to the
-    /// plain most-specific lookup (docs/benchmarks-inference.md §1); neither wins everywhere,
-    /// so the predictor follows the one that has been right more often lately.
+    /// The rule selecting experts now: whichever had the highest recent within-2× hit rate on
+    /// finished jobs, as estimated at their submission (ranked until every rule has a record).
+    /// The NMAE ranking chooses among many noisy track records and loses, on some traces, to
+    /// the plain most-specific lookup or the learned rule (docs/benchmarks-inference.md §1);
+    /// none wins everywhere, so the predictor follows the one right most often lately.
     pub fn selection(&self) -> Selection {
         if self
             .selection_hits
@@ -583,7 +584,7 @@ impl RuntimePredictor {
         best
     }
 
-    /// The most-specific candidate: the recent median of the first feature value with history.
+    /// The most-specific candidate: the recent mode of the first feature value with history.
     fn most_specific(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
         candidates
             .iter()
