@@ -1110,7 +1110,7 @@ mod tests {
             "ranked until every rule has a record"
         );
         let submitted = |ranked: f64, specific: f64| SubmittedEstimates {
-            estimates: vec![[None; 4]; 3],
+            estimates: vec![[None; ESTIMATORS]; 3],
             observations: vec![0; 3],
             interval: None,
             // The learned rule said what the ranked one said.
@@ -1125,7 +1125,7 @@ mod tests {
         let chosen = predictor.select(&candidates).unwrap();
         assert_eq!(
             (chosen.feature_index, chosen.estimator),
-            (0, Estimator::RecentMedian),
+            (0, Estimator::RecentMode),
             "the first feature value with history, its recent median"
         );
         // The record turns: the ranked rule is followed again.
@@ -1151,7 +1151,7 @@ mod tests {
         );
         assert!(submitted.interval.is_some(), "the interval given is kept");
         assert_eq!(submitted.estimates.len(), 4);
-        assert_eq!(submitted.estimates[3], [None; 4]);
+        assert_eq!(submitted.estimates[3], [None; ESTIMATORS]);
         assert!(submitted.estimates[0].iter().all(Option::is_some));
         let (one_pass, separate) = (prediction.unwrap(), predictor.predict(&features).unwrap());
         assert_eq!(one_pass.point_estimate, separate.point_estimate);
@@ -1163,7 +1163,7 @@ mod tests {
         );
         let (none, empty) = RuntimePredictor::default().predict_with_submitted(&features);
         assert!(none.is_none());
-        assert_eq!(empty.estimates, vec![[None; 4]; 4]);
+        assert_eq!(empty.estimates, vec![[None; ESTIMATORS]; 4]);
     }
 
     #[test]
