@@ -1126,7 +1126,7 @@ mod tests {
         assert_eq!(
             (chosen.feature_index, chosen.estimator),
             (0, Estimator::RecentMode),
-            "the first feature value with history, its recent median"
+            "the first feature value with history, its recent mode"
         );
         // The record turns: the ranked rule is followed again.
         for _ in 0..400 {
