@@ -3,9 +3,11 @@
 //!
 //! Every job carries features (user, job name, template, requested resources, submit hour, …,
 //! and combinations such as user+name). For every feature *value* the predictor keeps a
-//! [`FeatureHistory`]: a Ben-Haim & Tom-Tov histogram of observed runtimes, four point
-//! estimators (mean, median of recent values, exponentially weighted rolling average with
-//! α = 0.6, mean of the X most recent) and a streaming NMAE per estimator. A (feature value,
+//! [`FeatureHistory`]: a Ben-Haim & Tom-Tov histogram of observed runtimes, the four point
+//! estimators of the paper (mean, median of recent values, exponentially weighted rolling
+//! average with α = 0.6, mean of the X most recent) plus one of ours (the centre of the
+//! densest factor-4 window of the recent values, [`Estimator::RecentMode`]) and a streaming
+//! NMAE per estimator. A (feature value,
 //! estimator) pair is an *expert*; the job gets the distribution of the feature value whose
 //! expert has the lowest NMAE. Memory per feature value is constant: a bounded histogram, a
 //! bounded ring of recent values and a few counters.
@@ -20,7 +22,7 @@ use crate::histogram::{DEFAULT_MAX_BINS, StreamingHistogram};
 /// Largest ring of recent values a feature value may keep.
 pub const MAX_RECENT_WINDOW: usize = 64;
 
-/// The four point estimators of 3Sigma §4.1.
+/// The point estimators: the four of 3Sigma §4.1, then ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Estimator {
@@ -32,14 +34,23 @@ pub enum Estimator {
     Rolling,
     /// (d) average of the X most recent observations.
     RecentMean,
+    /// Not in the paper: the centre (geometric mean of its ends) of the densest factor-4
+    /// window of the recent values, i.e. the estimate that the most recent runtimes lie
+    /// within 2× of. Histories that mix short failed or killed runs with full runs are
+    /// bimodal; their median falls between the modes and is within 2× of neither.
+    RecentMode,
 }
 
+/// Number of point estimators.
+pub const ESTIMATORS: usize = 5;
+
 impl Estimator {
-    pub const ALL: [Estimator; 4] = [
+    pub const ALL: [Estimator; ESTIMATORS] = [
         Estimator::Mean,
         Estimator::RecentMedian,
         Estimator::Rolling,
         Estimator::RecentMean,
+        Estimator::RecentMode,
     ];
 
     fn index(self) -> usize {
@@ -48,6 +59,7 @@ impl Estimator {
             Estimator::RecentMedian => 1,
             Estimator::Rolling => 2,
             Estimator::RecentMean => 3,
+            Estimator::RecentMode => 4,
         }
     }
 
@@ -57,6 +69,7 @@ impl Estimator {
             Estimator::RecentMedian => "recent_median",
             Estimator::Rolling => "rolling",
             Estimator::RecentMean => "recent_mean",
+            Estimator::RecentMode => "recent_mode",
         }
     }
 }
@@ -71,7 +84,8 @@ pub struct PredictorConfig {
     /// Recent values kept per feature value for the median estimator (≤ 64).
     pub recent_window: usize,
     /// X of the "average of X recent runtimes" estimator (≤ `recent_window`; the paper does not
-    /// give X).
+    /// give X). 2, the "average of the last two" of Tsafrir et al. (TPDS 2007), measured
+    /// slightly better than 5 (docs/benchmarks-inference.md §1).
     pub recent_mean_count: usize,
     /// How many scored estimates an expert's own NMAE must have to weigh as much as the NMAE
     /// of its feature as a whole (see [`RuntimePredictor::choose`]): an expert with `s` scores
@@ -94,7 +108,7 @@ impl Default for PredictorConfig {
             max_bins: DEFAULT_MAX_BINS,
             rolling_alpha: 0.6,
             recent_window: 20,
-            recent_mean_count: 5,
+            recent_mean_count: 2,
             prior_weight: 3.0,
             coverage_target: 0.8,
             calibration_rate: 0.05,
@@ -203,6 +217,48 @@ fn shrunk_nmae(own: &ErrorStat, feature: Option<f64>, prior_weight: f64) -> Opti
     }
 }
 
+/// Classes of history length an expert's within-2× record is kept per: 1, 2, 3–4, 5–8, 9–16
+/// and more observations behind the feature value.
+pub const HISTORY_CLASSES: usize = 6;
+
+/// The history-length class of a feature value with `observations` (≥ 1) runtimes.
+fn history_class(observations: u64) -> usize {
+    let bits = (u64::BITS - observations.saturating_sub(1).leading_zeros()) as usize;
+    bits.min(HISTORY_CLASSES - 1)
+}
+
+/// Decayed count of within-2× hits among decayed scored estimates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct HitRecord {
+    pub hits: f64,
+    pub scored: f64,
+}
+
+impl HitRecord {
+    fn record(&mut self, hit: bool, decay: f64) {
+        self.hits = self.hits * (1.0 - decay) + f64::from(u8::from(hit));
+        self.scored = self.scored * (1.0 - decay) + 1.0;
+    }
+
+    /// Laplace estimate of the hit probability: `(hits + 1) / (scored + 2)`.
+    pub fn rate(&self) -> f64 {
+        (self.hits + 1.0) / (self.scored + 2.0)
+    }
+}
+
+/// `estimate` within a factor of two of `actual`.
+fn within_2x(estimate: f64, actual: f64) -> bool {
+    estimate >= actual / 2.0 && estimate <= actual * 2.0
+}
+
+/// What the predictor learns per feature *name* (a handful per job): each estimator's NMAE
+/// over all values of the feature, and its within-2× record per history-length class.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FeatureRecord {
+    errors: [ErrorStat; ESTIMATORS],
+    hits: [[HitRecord; HISTORY_CLASSES]; ESTIMATORS],
+}
+
 /// Constant-size state of one feature value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeatureHistory {
@@ -212,7 +268,7 @@ pub struct FeatureHistory {
     rolling: f64,
     recent: Vec<f64>,
     recent_next: usize,
-    errors: [ErrorStat; 4],
+    errors: [ErrorStat; ESTIMATORS],
 }
 
 impl FeatureHistory {
@@ -224,7 +280,7 @@ impl FeatureHistory {
             rolling: 0.0,
             recent: Vec::with_capacity(config.recent_window.clamp(1, MAX_RECENT_WINDOW)),
             recent_next: 0,
-            errors: [ErrorStat::default(); 4],
+            errors: [ErrorStat::default(); ESTIMATORS],
         }
     }
 
@@ -248,16 +304,15 @@ impl FeatureHistory {
         Some(match estimator {
             Estimator::Mean => self.mean,
             Estimator::Rolling => self.rolling,
-            Estimator::RecentMedian => {
+            Estimator::RecentMedian | Estimator::RecentMode => {
                 let mut buffer = [0.0; MAX_RECENT_WINDOW];
                 let values = &mut buffer[..self.recent.len()];
                 values.copy_from_slice(&self.recent);
                 values.sort_unstable_by(f64::total_cmp);
-                let middle = values.len() / 2;
-                if values.len() % 2 == 1 {
-                    values[middle]
+                if estimator == Estimator::RecentMedian {
+                    sorted_median(values)
                 } else {
-                    (values[middle - 1] + values[middle]) / 2.0
+                    densest_window_centre(values)
                 }
             }
             Estimator::RecentMean => {
@@ -278,9 +333,21 @@ impl FeatureHistory {
         })
     }
 
-    /// Current estimate of every estimator, in [`Estimator::ALL`] order.
-    fn estimates(&self, config: &PredictorConfig) -> [Option<f64>; 4] {
-        Estimator::ALL.map(|estimator| self.estimate(estimator, config))
+    /// Current estimate of every estimator, in [`Estimator::ALL`] order (the recent values
+    /// are sorted once for the median and the mode).
+    fn estimates(&self, config: &PredictorConfig) -> [Option<f64>; ESTIMATORS] {
+        if self.count == 0 {
+            return [None; ESTIMATORS];
+        }
+        let mut buffer = [0.0; MAX_RECENT_WINDOW];
+        let values = &mut buffer[..self.recent.len()];
+        values.copy_from_slice(&self.recent);
+        values.sort_unstable_by(f64::total_cmp);
+        Estimator::ALL.map(|estimator| match estimator {
+            Estimator::RecentMedian => Some(sorted_median(values)),
+            Estimator::RecentMode => Some(densest_window_centre(values)),
+            other => self.estimate(other, config),
+        })
     }
 
     /// Scores every estimator's current estimate against `runtime`, then learns it.
@@ -291,7 +358,7 @@ impl FeatureHistory {
         self.learn(runtime, config);
     }
 
-    fn score(&mut self, estimates: &[Option<f64>; 4], runtime: f64) {
+    fn score(&mut self, estimates: &[Option<f64>; ESTIMATORS], runtime: f64) {
         for (error, estimate) in self.errors.iter_mut().zip(estimates) {
             if let Some(estimate) = estimate {
                 error.record(*estimate, runtime);
@@ -317,6 +384,46 @@ impl FeatureHistory {
         }
         self.histogram.insert(runtime);
     }
+}
+
+/// Median of ascending, non-empty `values`.
+fn sorted_median(values: &[f64]) -> f64 {
+    let middle = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}
+
+/// The estimate that the most of ascending, non-empty `values` lie within 2× of: the
+/// geometric centre of the factor-4 window `[v_i, v_j]` (`v_j ≤ 4·v_i`) holding the most
+/// values. Among equally full windows, the one whose centre is nearest the median (in ratio),
+/// so a history without any cluster gets its median's neighbourhood, not its shortest run.
+fn densest_window_centre(values: &[f64]) -> f64 {
+    let median = sorted_median(values);
+    let (mut best_count, mut best_centre, mut best_distance) = (0, median, f64::INFINITY);
+    let mut end = 0;
+    for start in 0..values.len() {
+        end = end.max(start + 1);
+        while end < values.len() && values[end] <= 4.0 * values[start] {
+            end += 1;
+        }
+        let count = end - start;
+        if count < best_count {
+            continue;
+        }
+        let centre = (values[start] * values[end - 1]).sqrt();
+        let distance = if centre > 0.0 && median > 0.0 {
+            (centre / median).ln().abs()
+        } else {
+            (centre - median).abs()
+        };
+        if count > best_count || distance < best_distance {
+            (best_count, best_centre, best_distance) = (count, centre, distance);
+        }
+    }
+    best_centre
 }
 
 /// Size of the ring of recent values: from the config, not `Vec::capacity`, which a clone or a
@@ -372,6 +479,9 @@ pub struct ExpertCandidate {
     pub scored: u64,
     /// NMAE of the same estimator over every value of this feature (`None` before any score).
     pub feature_nmae: Option<f64>,
+    /// Estimated probability that this expert's estimate is within 2× of the outcome: the
+    /// Laplace-smoothed within-2× record of its feature and estimator at its history length.
+    pub hit_rate: f64,
     /// The rank used by [`RuntimePredictor::choose`]: the expert's NMAE shrunk towards its
     /// feature's NMAE (`None` when neither has been scored).
     pub score: Option<f64>,
@@ -383,16 +493,16 @@ pub struct ExpertCandidate {
 pub struct RuntimePredictor {
     config: PredictorConfig,
     histories: HashMap<u64, FeatureHistory>,
-    /// Streaming NMAE per (feature name, estimator) over all values of the feature: the prior
-    /// for experts with a short track record. One entry per feature *name* (a handful).
-    feature_errors: HashMap<String, [ErrorStat; 4]>,
+    /// Per (feature name, estimator) over all values of the feature: streaming NMAE (the prior
+    /// for experts with a short track record) and within-2× records per history length. One
+    /// entry per feature *name* (a handful).
+    feature_records: HashMap<String, FeatureRecord>,
     /// Calibrated multiplier of every distribution's log-spread around its median.
     #[serde(default = "unit_spread")]
     spread: f64,
-    /// Recent within-2× hit rate of the two selection rules, [`Selection::Ranked`] then
-    /// [`Selection::MostSpecific`]: decayed hits and decayed count.
+    /// Recent within-2× hit rate of the selection rules, in [`Selection::ALL`] order.
     #[serde(default)]
-    selection_hits: [(f64, f64); 2],
+    selection_hits: [HitRecord; SELECTIONS],
 }
 
 /// How the expert of a job is selected.
@@ -401,10 +511,29 @@ pub struct RuntimePredictor {
 pub enum Selection {
     /// 3Sigma §4.1: the expert of lowest (shrunk) NMAE.
     Ranked,
-    /// The recent median of the job's first feature value with history (callers list the most
-    /// specific features first): the rule of a per-(user, request) history lookup.
+    /// The recent mode ([`Estimator::RecentMode`]) of the job's first feature value with
+    /// history (callers list the most specific features first): the rule of a per-(user,
+    /// request) history lookup.
     MostSpecific,
+    /// The expert whose (feature, estimator, history length) has put the most estimates
+    /// within 2× of the outcome (see [`RuntimePredictor::choose_by_hits`]).
+    Learned,
 }
+
+/// Number of selection rules.
+const SELECTIONS: usize = 3;
+
+impl Selection {
+    pub const ALL: [Selection; SELECTIONS] = [
+        Selection::Ranked,
+        Selection::MostSpecific,
+        Selection::Learned,
+    ];
+}
+
+/// Decay per scored estimate of the per-feature within-2× records (an effective window of
+/// ~1,000 estimates per feature, estimator and history class).
+const FEATURE_HIT_DECAY: f64 = 0.001;
 
 /// Decay per finished job of the selection rules' hit rates (an effective window of ~200 jobs).
 const SELECTION_DECAY: f64 = 0.005;
@@ -424,30 +553,42 @@ impl RuntimePredictor {
         Self {
             config,
             histories: HashMap::new(),
-            feature_errors: HashMap::new(),
+            feature_records: HashMap::new(),
             spread: 1.0,
-            selection_hits: [(0.0, 0.0); 2],
+            selection_hits: [HitRecord::default(); SELECTIONS],
         }
     }
 
-    /// The rule selecting experts now: whichever had the higher recent within-2× hit rate on
-    /// finished jobs, as estimated at their submission (ranked until both have a record). The
-    /// NMAE ranking chooses among many noisy track records and loses, on some traces, to the
-    /// plain most-specific lookup (docs/benchmarks-inference.md §1); neither wins everywhere,
-    /// so the predictor follows the one that has been right more often lately.
+    /// The rule selecting experts now: whichever had the highest recent within-2× hit rate on
+    /// finished jobs, as estimated at their submission (ranked until every rule has a record).
+    /// The NMAE ranking chooses among many noisy track records and loses, on some traces, to
+    /// the plain most-specific lookup or the learned rule (docs/benchmarks-inference.md §1);
+    /// none wins everywhere, so the predictor follows the one right most often lately.
     pub fn selection(&self) -> Selection {
-        let rate = |(hits, weight): (f64, f64)| (weight > 0.0).then(|| hits / weight);
-        match (rate(self.selection_hits[0]), rate(self.selection_hits[1])) {
-            (Some(ranked), Some(specific)) if specific > ranked => Selection::MostSpecific,
-            _ => Selection::Ranked,
+        if self
+            .selection_hits
+            .iter()
+            .any(|record| record.scored <= 0.0)
+        {
+            return Selection::Ranked;
         }
+        let mut best = Selection::Ranked;
+        for (selection, record) in Selection::ALL.into_iter().zip(&self.selection_hits) {
+            let rate = record.hits / record.scored;
+            let best_rate =
+                self.selection_hits[best as usize].hits / self.selection_hits[best as usize].scored;
+            if rate > best_rate {
+                best = selection;
+            }
+        }
+        best
     }
 
-    /// The most-specific candidate: the recent median of the first feature value with history.
+    /// The most-specific candidate: the recent mode of the first feature value with history.
     fn most_specific(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
         candidates
             .iter()
-            .find(|c| c.estimator == Estimator::RecentMedian)
+            .find(|c| c.estimator == Estimator::RecentMode)
             .copied()
     }
 
@@ -458,7 +599,23 @@ impl RuntimePredictor {
             Selection::MostSpecific => {
                 Self::most_specific(candidates).or_else(|| self.choose(candidates))
             }
+            Selection::Learned => Self::choose_by_hits(candidates),
         }
+    }
+
+    /// The candidate whose feature and estimator, at its feature value's history length, put
+    /// the largest share of past estimates within 2× of the outcome (ties: the earlier
+    /// feature). Within 2× is a ratio test, which NMAE (dominated by the longest jobs) does
+    /// not rank for; the record is per feature *name*, so a value seen once borrows the
+    /// record of values of its feature seen once.
+    pub fn choose_by_hits(candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
+        let mut best: Option<ExpertCandidate> = None;
+        for candidate in candidates {
+            if best.is_none_or(|b| candidate.hit_rate > b.hit_rate) {
+                best = Some(*candidate);
+            }
+        }
+        best
     }
 
     /// The calibrated spread multiplier. A feature value's histogram says how runtimes vary,
@@ -536,19 +693,23 @@ impl RuntimePredictor {
     ) -> (Vec<ExpertCandidate>, SubmittedEstimates) {
         let mut candidates = Vec::new();
         let mut submitted = Vec::with_capacity(features.features.len());
+        let mut observations = Vec::with_capacity(features.features.len());
         for (feature_index, feature) in features.features.iter().enumerate() {
             let Some(history) = self.histories.get(&feature_key(feature)) else {
-                submitted.push([None; 4]);
+                submitted.push([None; ESTIMATORS]);
+                observations.push(0);
                 continue;
             };
             let estimates = history.estimates(&self.config);
             submitted.push(estimates);
-            let feature_errors = self.feature_errors.get(&feature.name);
+            observations.push(history.count);
+            let record = self.feature_records.get(&feature.name);
+            let class = history_class(history.count);
             for estimator in Estimator::ALL {
                 if let Some(estimate) = estimates[estimator.index()] {
                     let own = history.error(estimator);
-                    let feature_nmae =
-                        feature_errors.and_then(|errors| errors[estimator.index()].nmae());
+                    let feature_nmae = record.and_then(|r| r.errors[estimator.index()].nmae());
+                    let hit_rate = record.map_or(0.5, |r| r.hits[estimator.index()][class].rate());
                     candidates.push(ExpertCandidate {
                         feature_index,
                         estimator,
@@ -556,6 +717,7 @@ impl RuntimePredictor {
                         nmae: own.nmae(),
                         scored: own.scored,
                         feature_nmae,
+                        hit_rate,
                         score: shrunk_nmae(own, feature_nmae, self.config.prior_weight),
                         observations: history.count,
                     });
@@ -566,8 +728,9 @@ impl RuntimePredictor {
             candidates,
             SubmittedEstimates {
                 estimates: submitted,
+                observations,
                 interval: None,
-                selections: [None; 2],
+                selections: [None; SELECTIONS],
             },
         )
     }
@@ -648,6 +811,7 @@ impl RuntimePredictor {
         submitted.selections = [
             self.choose(&candidates).map(|c| c.estimate),
             Self::most_specific(&candidates).map(|c| c.estimate),
+            Self::choose_by_hits(&candidates).map(|c| c.estimate),
         ];
         let prediction = self
             .select(&candidates)
@@ -700,18 +864,23 @@ impl RuntimePredictor {
     /// The estimate every expert of `features` gives now: keep it from submission until the
     /// job finishes and pass it to [`RuntimePredictor::observe_submitted`].
     pub fn submitted_estimates(&self, features: &JobFeatures) -> SubmittedEstimates {
+        let histories: Vec<Option<&FeatureHistory>> = features
+            .features
+            .iter()
+            .map(|feature| self.histories.get(&feature_key(feature)))
+            .collect();
         SubmittedEstimates {
-            estimates: features
-                .features
+            estimates: histories
                 .iter()
-                .map(|feature| {
-                    self.histories
-                        .get(&feature_key(feature))
-                        .map_or([None; 4], |history| history.estimates(&self.config))
+                .map(|h| {
+                    h.map_or([None; ESTIMATORS], |history| {
+                        history.estimates(&self.config)
+                    })
                 })
                 .collect(),
+            observations: histories.iter().map(|h| h.map_or(0, |h| h.count)).collect(),
             interval: None,
-            selections: [None; 2],
+            selections: [None; SELECTIONS],
         }
     }
 
@@ -754,9 +923,8 @@ impl RuntimePredictor {
             && submitted.selections.iter().all(Option::is_some)
         {
             for (record, estimate) in self.selection_hits.iter_mut().zip(&submitted.selections) {
-                let hit = estimate.is_some_and(|e| e >= runtime / 2.0 && e <= runtime * 2.0);
-                record.0 = record.0 * (1.0 - SELECTION_DECAY) + f64::from(u8::from(hit));
-                record.1 = record.1 * (1.0 - SELECTION_DECAY) + 1.0;
+                let hit = estimate.is_some_and(|e| within_2x(e, runtime));
+                record.record(hit, SELECTION_DECAY);
             }
         }
         let config = self.config;
@@ -765,18 +933,31 @@ impl RuntimePredictor {
                 .histories
                 .entry(feature_key(feature))
                 .or_insert_with(|| FeatureHistory::new(&config));
-            let estimates = match submitted {
-                Some(submitted) => submitted.estimates.get(index).copied().unwrap_or([None; 4]),
-                None => history.estimates(&config),
+            let (estimates, observations) = match submitted {
+                Some(submitted) => (
+                    submitted
+                        .estimates
+                        .get(index)
+                        .copied()
+                        .unwrap_or([None; ESTIMATORS]),
+                    submitted.observations.get(index).copied().unwrap_or(0),
+                ),
+                None => (history.estimates(&config), history.count),
             };
             if estimates.iter().any(Option::is_some) {
-                let errors = match self.feature_errors.get_mut(&feature.name) {
-                    Some(errors) => errors,
-                    None => self.feature_errors.entry(feature.name.clone()).or_default(),
+                let record = match self.feature_records.get_mut(&feature.name) {
+                    Some(record) => record,
+                    None => self
+                        .feature_records
+                        .entry(feature.name.clone())
+                        .or_default(),
                 };
-                for (error, estimate) in errors.iter_mut().zip(&estimates) {
+                let class = history_class(observations.max(1));
+                for (estimator, estimate) in estimates.iter().enumerate() {
                     if let Some(estimate) = estimate {
-                        error.record(*estimate, runtime);
+                        record.errors[estimator].record(*estimate, runtime);
+                        record.hits[estimator][class]
+                            .record(within_2x(*estimate, runtime), FEATURE_HIT_DECAY);
                     }
                 }
                 history.score(&estimates, runtime);
@@ -786,18 +967,28 @@ impl RuntimePredictor {
     }
 }
 
+impl SubmittedEstimates {
+    /// What each selection rule estimated at submission, in [`Selection::ALL`] order.
+    pub fn selections(&self) -> &[Option<f64>; SELECTIONS] {
+        &self.selections
+    }
+}
+
 /// The estimates every expert of one job gave at its submission, per feature in the job's
 /// feature order (a few dozen numbers held by the caller while the job runs).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SubmittedEstimates {
-    estimates: Vec<[Option<f64>; 4]>,
+    estimates: Vec<[Option<f64>; ESTIMATORS]>,
+    /// Observations behind each feature value at submission (its history-length class).
+    #[serde(default)]
+    observations: Vec<u64>,
     /// The central interval the job's prediction gave ([`RuntimePredictor::predict_with_submitted`]
     /// sets it): its outcome calibrates the spread.
     #[serde(default)]
     interval: Option<(f64, f64)>,
     /// What each selection rule estimated at submission (their hit rates are kept from these).
     #[serde(default)]
-    selections: [Option<f64>; 2],
+    selections: [Option<f64>; SELECTIONS],
 }
 
 #[cfg(test)]
@@ -916,12 +1107,14 @@ mod tests {
         assert_eq!(
             predictor.selection(),
             Selection::Ranked,
-            "ranked until both have a record"
+            "ranked until every rule has a record"
         );
         let submitted = |ranked: f64, specific: f64| SubmittedEstimates {
-            estimates: vec![[None; 4]; 3],
+            estimates: vec![[None; ESTIMATORS]; 3],
+            observations: vec![0; 3],
             interval: None,
-            selections: [Some(ranked), Some(specific)],
+            // The learned rule said what the ranked one said.
+            selections: [Some(ranked), Some(specific), Some(ranked)],
         };
         // The most-specific lookup said 10, the ranked expert 1000; it took 10.
         for _ in 0..50 {
@@ -932,8 +1125,8 @@ mod tests {
         let chosen = predictor.select(&candidates).unwrap();
         assert_eq!(
             (chosen.feature_index, chosen.estimator),
-            (0, Estimator::RecentMedian),
-            "the first feature value with history, its recent median"
+            (0, Estimator::RecentMode),
+            "the first feature value with history, its recent mode"
         );
         // The record turns: the ranked rule is followed again.
         for _ in 0..400 {
@@ -958,7 +1151,7 @@ mod tests {
         );
         assert!(submitted.interval.is_some(), "the interval given is kept");
         assert_eq!(submitted.estimates.len(), 4);
-        assert_eq!(submitted.estimates[3], [None; 4]);
+        assert_eq!(submitted.estimates[3], [None; ESTIMATORS]);
         assert!(submitted.estimates[0].iter().all(Option::is_some));
         let (one_pass, separate) = (prediction.unwrap(), predictor.predict(&features).unwrap());
         assert_eq!(one_pass.point_estimate, separate.point_estimate);
@@ -970,7 +1163,98 @@ mod tests {
         );
         let (none, empty) = RuntimePredictor::default().predict_with_submitted(&features);
         assert!(none.is_none());
-        assert_eq!(empty.estimates, vec![[None; 4]; 4]);
+        assert_eq!(empty.estimates, vec![[None; ESTIMATORS]; 4]);
+    }
+
+    #[test]
+    fn the_recent_mode_is_the_centre_of_the_densest_factor_4_window() {
+        // Killed-early runs around 10 s and full runs around 1,000 s: the median (mean of
+        // the middle pair, 456) is within 2× of one of them; the mode sits in the larger
+        // cluster and is within 2× of five.
+        let mut values = [9.0, 10.0, 12.0, 900.0, 1000.0, 1100.0, 1200.0, 1300.0];
+        values.sort_unstable_by(f64::total_cmp);
+        let mode = densest_window_centre(&values);
+        assert!((mode - (900.0f64 * 1300.0).sqrt()).abs() < 1e-9, "{mode}");
+        let hits = values.iter().filter(|v| within_2x(mode, **v)).count();
+        assert_eq!(hits, 5);
+        let median = sorted_median(&values);
+        assert_eq!(values.iter().filter(|v| within_2x(median, **v)).count(), 1);
+        // No cluster (every pair more than 4× apart): the window nearest the median.
+        assert_eq!(densest_window_centre(&[1.0, 10.0, 100.0]), 10.0);
+        assert_eq!(densest_window_centre(&[7.0]), 7.0);
+        // Equally full windows: the one nearer the median (in ratio) wins.
+        assert_eq!(
+            densest_window_centre(&[1.0, 3.0, 100.0, 300.0, 5000.0]),
+            (100.0f64 * 300.0).sqrt()
+        );
+        // The estimator reads the ring of recent values.
+        let config = PredictorConfig::default();
+        let mut history = FeatureHistory::new(&config);
+        for runtime in [10.0, 1000.0, 1100.0, 12.0, 1200.0] {
+            history.observe(runtime, &config);
+        }
+        let estimate = history.estimate(Estimator::RecentMode, &config).unwrap();
+        assert!((estimate - (1000.0f64 * 1200.0).sqrt()).abs() < 1e-9);
+        assert_eq!(
+            history.estimates(&config)[Estimator::RecentMode.index()],
+            Some(estimate)
+        );
+    }
+
+    #[test]
+    fn history_classes_double_in_length() {
+        let classes: Vec<usize> = [1, 2, 3, 4, 5, 8, 9, 16, 17, 1000]
+            .into_iter()
+            .map(history_class)
+            .collect();
+        assert_eq!(classes, [0, 1, 2, 2, 3, 3, 4, 4, 5, 5]);
+    }
+
+    #[test]
+    fn the_learned_rule_follows_the_feature_whose_estimates_land_within_2x() {
+        // "hour" values are seen often but say little; "name" values are seen once or twice
+        // and are right. NMAE ranking prefers the long-scored hour expert at first, the
+        // learned rule trusts a name seen once because names seen once were right before.
+        let mut predictor = RuntimePredictor::default();
+        let run = |name: &str| JobFeatures::new().with("name", name).with("hour", "7");
+        for program in 0..200u32 {
+            let runtime = [10.0, 1000.0, 100_000.0][program as usize % 3];
+            let first = predictor
+                .predict_with_submitted(&run(&format!("p{program}")))
+                .1;
+            predictor.observe_submitted(&run(&format!("p{program}")), runtime, &first);
+            let second = predictor
+                .predict_with_submitted(&run(&format!("p{program}")))
+                .1;
+            predictor.observe_submitted(&run(&format!("p{program}")), runtime, &second);
+        }
+        predictor.observe(&run("fresh"), 5000.0);
+        let candidates = predictor.candidates(&run("fresh"));
+        let chosen = RuntimePredictor::choose_by_hits(&candidates).unwrap();
+        assert_eq!(chosen.feature_index, 0, "the name, seen once");
+        assert!((chosen.estimate - 5000.0).abs() < 1e-9);
+        let name = candidates.iter().find(|c| c.feature_index == 0).unwrap();
+        assert!(name.hit_rate > 0.9, "{}", name.hit_rate);
+        for hour in candidates.iter().filter(|c| c.feature_index == 1) {
+            // Three runtime levels in turn, each program twice: an hour estimate is right at
+            // most every other time.
+            assert!(hour.hit_rate < 0.6, "{hour:?}");
+        }
+    }
+
+    #[test]
+    fn hit_records_decay_and_are_smoothed() {
+        let mut record = HitRecord::default();
+        assert_eq!(record.rate(), 0.5);
+        record.record(true, 0.0);
+        record.record(false, 0.0);
+        record.record(true, 0.0);
+        assert_eq!(record.rate(), 3.0 / 5.0);
+        let mut decayed = HitRecord::default();
+        decayed.record(false, 0.5);
+        decayed.record(true, 0.5);
+        // The miss weighs half: hits 1, scored 1.5.
+        assert_eq!(decayed.rate(), 2.0 / 3.5);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use inference::predictor::{
-    Estimator, JobFeatures, PredictorConfig, RuntimePredictor, SubmittedEstimates,
+    Estimator, JobFeatures, PredictorConfig, RuntimePredictor, Selection, SubmittedEstimates,
 };
 use inference::traces;
 use serde::Serialize;
@@ -280,6 +280,13 @@ pub struct SinglePointEstimator {
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct SelectionRuleAccuracy {
+    pub rule: String,
+    #[serde(flatten)]
+    pub accuracy: Accuracy,
+}
+
+#[derive(Debug, Clone, Serialize)]
 pub struct PredictReport {
     pub trace: String,
     pub format: String,
@@ -296,11 +303,18 @@ pub struct PredictReport {
     /// Each estimator used alone (expert choice restricted to that estimator).
     pub single_point_estimators: Vec<SinglePointEstimator>,
     pub best_single_point_estimator: String,
+    /// Each expert-selection rule alone (their estimates at submission, same replay).
+    pub selection_rules: Vec<SelectionRuleAccuracy>,
     /// The simple baseline in the same replay: median of the last 20 finished jobs of the same
     /// (user, requested resources), else of the user's.
     pub baseline_within_2x: f64,
     pub baseline_nmae: f64,
     pub baseline_predicted: u64,
+    /// On the jobs both predicted (the baseline has no estimate for a user's first job):
+    /// 3σPredict's distribution median, then the baseline.
+    pub same_jobs: u64,
+    pub same_jobs_within_2x: f64,
+    pub same_jobs_baseline_within_2x: f64,
     /// 3Sigma Fig. 2(d) histogram of the median's percent error.
     pub error_histogram: Vec<ErrorBucket>,
     pub predictions_per_second: f64,
@@ -350,8 +364,12 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
     let mut point = Accuracy::default();
     let mut singles: Vec<Accuracy> = vec![Accuracy::default(); Estimator::ALL.len()];
     let mut covered = 0u64;
+    let mut rules: Vec<Accuracy> = vec![Accuracy::default(); Selection::ALL.len()];
     let mut baseline = RecentMedianBaseline::default();
     let mut baseline_accuracy = Accuracy::default();
+    // The same jobs for both: those the baseline and 3σPredict both had history for.
+    let mut both_median = Accuracy::default();
+    let mut both_baseline = Accuracy::default();
     let mut histogram = [0u64; 21];
     let mut predict_time = 0.0;
     let mut submitted: Vec<Option<SubmittedEstimates>> = vec![None; jobs.len()];
@@ -367,7 +385,8 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
             }
             continue;
         }
-        if let Some(estimate) = baseline.predict(job) {
+        let baseline_estimate = baseline.predict(job);
+        if let Some(estimate) = baseline_estimate {
             baseline_accuracy.record(estimate, job.runtime);
         }
         // Experts are scored on what they estimated at submission (3Sigma §4.1), and the
@@ -375,6 +394,11 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         let clock = Instant::now();
         let (prediction, estimates) = predictor.predict_with_submitted(&job.features);
         predict_time += clock.elapsed().as_secs_f64();
+        for (slot, estimate) in rules.iter_mut().zip(estimates.selections()) {
+            if let Some(estimate) = estimate {
+                slot.record(*estimate, job.runtime);
+            }
+        }
         submitted[index] = Some(estimates);
         let candidates = predictor.candidates(&job.features);
         let Some(prediction) = prediction else {
@@ -383,6 +407,10 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         let distribution = &prediction.distribution;
         let estimate = distribution.median();
         median.record(estimate, job.runtime);
+        if let Some(baseline_estimate) = baseline_estimate {
+            both_median.record(estimate, job.runtime);
+            both_baseline.record(baseline_estimate, job.runtime);
+        }
         point.record(prediction.point_estimate, job.runtime);
         if distribution.quantile(0.1) <= job.runtime && job.runtime <= distribution.quantile(0.9) {
             covered += 1;
@@ -397,6 +425,8 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
     median.finish();
     point.finish();
     baseline_accuracy.finish();
+    both_median.finish();
+    both_baseline.finish();
     let mut single_point_estimators: Vec<SinglePointEstimator> = singles
         .into_iter()
         .zip(Estimator::ALL)
@@ -409,6 +439,17 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         })
         .collect();
     single_point_estimators.sort_by(|a, b| b.accuracy.within_2x.total_cmp(&a.accuracy.within_2x));
+    let selection_rules = rules
+        .into_iter()
+        .zip(Selection::ALL)
+        .map(|(mut accuracy, rule)| {
+            accuracy.finish();
+            SelectionRuleAccuracy {
+                rule: format!("{rule:?}"),
+                accuracy,
+            }
+        })
+        .collect();
     let predicted = median.predicted;
     let error_histogram = histogram
         .iter()
@@ -437,9 +478,13 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
             .map(|s| s.estimator.to_string())
             .unwrap_or_default(),
         single_point_estimators,
+        selection_rules,
         baseline_within_2x: baseline_accuracy.within_2x,
         baseline_nmae: baseline_accuracy.nmae,
         baseline_predicted: baseline_accuracy.predicted,
+        same_jobs: both_median.predicted,
+        same_jobs_within_2x: both_median.within_2x,
+        same_jobs_baseline_within_2x: both_baseline.within_2x,
         error_histogram,
         predictions_per_second: jobs.len() as f64 / predict_time.max(1e-9),
         spread: predictor.spread(),
@@ -470,9 +515,20 @@ pub fn print_table(report: &PredictReport) {
             single.estimator, single.accuracy.within_2x, single.accuracy.nmae
         );
     }
+    println!("selection rules alone:");
+    for rule in &report.selection_rules {
+        println!(
+            "  {:<14} within_2x {:.4}  nmae {:.4}",
+            rule.rule, rule.accuracy.within_2x, rule.accuracy.nmae
+        );
+    }
     println!(
         "baseline (median of the last {BASELINE_WINDOW} of user+resources, else user) within_2x {:.4}  nmae {:.4}  ({} predicted)",
         report.baseline_within_2x, report.baseline_nmae, report.baseline_predicted
+    );
+    println!(
+        "same {} jobs: 3σPredict within_2x {:.4}, baseline {:.4}",
+        report.same_jobs, report.same_jobs_within_2x, report.same_jobs_baseline_within_2x
     );
     println!("error histogram (percent error of the median, fraction of predicted jobs):");
     for bucket in &report.error_histogram {
