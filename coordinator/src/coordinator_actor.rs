@@ -220,6 +220,10 @@ impl CoordinatorActor {
         if j.app_endpoint.is_empty() {
             return reject("app_endpoint must not be empty".into());
         }
+        if let Err(reason) = scheduler_core::protocol::limits::check_node_attributes(&j.attributes)
+        {
+            return reject(reason);
+        }
         let now = self.clock.now();
         let node_id = j.node_id.clone();
         if let Some(old) = self.sessions.remove(&node_id) {

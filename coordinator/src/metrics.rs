@@ -99,9 +99,9 @@ impl Default for CoordinatorMetrics {
             node_capacity: Family::default(),
             guaranteed_booked: Family::default(),
             policing_limit: Family::default(),
-            threesigma_cycle_seconds: Histogram::new(
-                [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0].into_iter(),
-            ),
+            threesigma_cycle_seconds: Histogram::new([
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+            ]),
             threesigma_columns: Gauge::default(),
             threesigma_rows: Gauge::default(),
             threesigma_pending_jobs: Gauge::default(),

@@ -638,13 +638,11 @@ async fn session(
                             }
                         }
                     }
-                    CoordinatorToWorker::RequestFailed(f) => {
-                        if pending.remove(&f.correlation_id).is_some() {
-                            shared.failed.fetch_add(1, Ordering::Relaxed);
-                            let mut fatal = shared.fatal.lock().unwrap_or_else(|e| e.into_inner());
-                            if fatal.is_none() {
-                                *fatal = Some(format!("allocate failed: {:?} {}", f.code, f.message));
-                            }
+                    CoordinatorToWorker::RequestFailed(f) if pending.remove(&f.correlation_id).is_some() => {
+                        shared.failed.fetch_add(1, Ordering::Relaxed);
+                        let mut fatal = shared.fatal.lock().unwrap_or_else(|e| e.into_inner());
+                        if fatal.is_none() {
+                            *fatal = Some(format!("allocate failed: {:?} {}", f.code, f.message));
                         }
                     }
                     _ => {}
@@ -685,6 +683,7 @@ fn synthetic(id: ContainerId, app: &AppId) -> ContainerStatus {
         version: 1,
         job: None,
         usage: None,
+        grant_token: None,
     }
 }
 

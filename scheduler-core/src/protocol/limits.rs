@@ -53,6 +53,37 @@ pub const MAX_CONTAINERS_PER_NODE: usize = 16_384;
 /// `worst_case_heartbeat_fits_the_cluster_frame`). Containers beyond it are re-booked as plain
 /// GUARANTEED work.
 pub const MAX_GRANT_TOKENS_PER_JOIN: usize = 4096;
+/// Attributes a node may carry (`worker run --attribute k=v`, 3Sigma's equivalence sets), and
+/// the length of each key and value.
+pub const MAX_NODE_ATTRIBUTES: usize = 64;
+pub const MAX_NODE_ATTRIBUTE_BYTES: usize = 128;
+
+/// A join's node attributes within their limits; the error names the offending attribute.
+pub fn check_node_attributes(
+    attributes: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    if attributes.len() > MAX_NODE_ATTRIBUTES {
+        return Err(format!(
+            "attributes: {} given, at most {MAX_NODE_ATTRIBUTES}",
+            attributes.len()
+        ));
+    }
+    for (key, value) in attributes {
+        if key.is_empty() || key.len() > MAX_NODE_ATTRIBUTE_BYTES {
+            return Err(format!(
+                "attributes: key {:?} must be 1 to {MAX_NODE_ATTRIBUTE_BYTES} bytes",
+                key.chars().take(32).collect::<String>()
+            ));
+        }
+        if value.len() > MAX_NODE_ATTRIBUTE_BYTES {
+            return Err(format!(
+                "attributes: value of {key:?} is {} bytes, at most {MAX_NODE_ATTRIBUTE_BYTES}",
+                value.len()
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// `reservation_id` (in `reserve`, `update_reservation`, `delete_reservation`, `allocate`).
 pub const MAX_RESERVATION_ID_BYTES: usize = crate::reservation::book::MAX_RESERVATION_ID_LEN;
@@ -759,6 +790,14 @@ mod tests {
             capacity: Resources::new(u64::MAX, u64::MAX),
             app_endpoint: "e".repeat(MAX_LOCALITY_NAME_BYTES + 6),
             containers: statuses,
+            attributes: (0..MAX_NODE_ATTRIBUTES)
+                .map(|i| {
+                    (
+                        format!("{i:0width$}", width = MAX_NODE_ATTRIBUTE_BYTES),
+                        "v".repeat(MAX_NODE_ATTRIBUTE_BYTES),
+                    )
+                })
+                .collect(),
         };
         let join_bytes = to_payload(&join).unwrap().len();
         assert!(
@@ -773,6 +812,41 @@ mod tests {
     }
 
     #[test]
+    fn node_attributes_beyond_their_limits_are_named() {
+        use std::collections::BTreeMap;
+        let ok: BTreeMap<String, String> = [("rack".to_string(), "r1".to_string())].into();
+        assert!(check_node_attributes(&ok).is_ok());
+        let many: BTreeMap<String, String> = (0..=MAX_NODE_ATTRIBUTES)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        assert!(
+            check_node_attributes(&many)
+                .unwrap_err()
+                .contains("at most")
+        );
+        let long_key: BTreeMap<String, String> =
+            [("k".repeat(MAX_NODE_ATTRIBUTE_BYTES + 1), String::new())].into();
+        assert!(
+            check_node_attributes(&long_key)
+                .unwrap_err()
+                .contains("key")
+        );
+        let empty_key: BTreeMap<String, String> = [(String::new(), "v".into())].into();
+        assert!(
+            check_node_attributes(&empty_key)
+                .unwrap_err()
+                .contains("key")
+        );
+        let long_value: BTreeMap<String, String> =
+            [("gpu".to_string(), "v".repeat(MAX_NODE_ATTRIBUTE_BYTES + 1))].into();
+        assert!(
+            check_node_attributes(&long_value)
+                .unwrap_err()
+                .contains("\"gpu\"")
+        );
+    }
+
+    #[test]
     fn the_join_token_is_read_from_the_start_of_a_large_join() {
         let status = largest_status();
         let join = crate::protocol::cluster::WorkerToCoordinator::Join(Join {
@@ -783,6 +857,7 @@ mod tests {
             capacity: Resources::new(1, 1),
             app_endpoint: "e:1".into(),
             containers: vec![status; 1000],
+            attributes: Default::default(),
         });
         let payload = to_payload(&join).unwrap();
         assert!(payload.len() > 100 * JOIN_PREFIX_BYTES);

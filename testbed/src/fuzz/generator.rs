@@ -823,6 +823,9 @@ pub fn worker_to_coordinator(rng: &mut Rng) -> WorkerToCoordinator {
             capacity: resources(rng),
             app_endpoint: rng.word(),
             containers: (0..rng.below(3)).map(|_| status(rng)).collect(),
+            attributes: (0..rng.below(3))
+                .map(|_| (rng.word(), rng.word()))
+                .collect(),
         }),
         1 => WorkerToCoordinator::Heartbeat(cluster::Heartbeat {
             node_id: NodeId::from(rng.word()),
