@@ -14,7 +14,9 @@ use crate::coordinator_actor::{
     AddApp, AdminCluster, CoordinatorActor, RemoveApp, SetAppQuota, SetDraining, SetShedding,
     SetTopK,
 };
-use crate::guarantor_actor::{AdminDeleteReservation, AdminGuarantor, GuarantorActor};
+use crate::guarantor_actor::{
+    AdminDeleteReservation, AdminGuarantor, AdminReserve, GuarantorActor,
+};
 use actix::Addr;
 use scheduler_core::NodeId;
 use scheduler_core::coordinator::SheddingPolicy;
@@ -73,6 +75,13 @@ pub enum AdminRequest {
     Reservations,
     /// Delete a reservation (any owner's); its waiting asks are refused.
     ReservationDelete { id: String },
+    /// Reserve (or update, when it exists) a recurring reservation owned by a registered app:
+    /// the operator's end of the Morpheus loop (`coordinator reservations submit`).
+    ReservationSubmit {
+        app_id: String,
+        reservation_id: String,
+        definition: scheduler_core::reservation::ReservationDefinition,
+    },
     /// The waiting GUARANTEED asks, each with why it waits.
     Waiting,
     /// The waiting asks of one job, with why they wait.
@@ -327,6 +336,36 @@ pub async fn handle(
                 .await
                 .map_err(gone)??;
             Ok(json!({"id": id, "deleted": true, "asks_refused": dropped}))
+        }
+        AdminRequest::ReservationSubmit {
+            app_id,
+            reservation_id,
+            definition,
+        } => {
+            let cluster = coordinator.send(AdminCluster).await.map_err(gone)?;
+            let registered = to_json(&cluster.apps)?
+                .as_array()
+                .is_some_and(|apps| apps.iter().any(|a| a["app_id"] == app_id.as_str()));
+            if !registered {
+                return Err(format!(
+                    "app_id: {app_id:?} is not a registered app (coordinator apps add {app_id})"
+                ));
+            }
+            let (op, allocation) = guarantor
+                .send(AdminReserve {
+                    app_id: app_id.clone(),
+                    reservation_id: reservation_id.clone(),
+                    definition,
+                })
+                .await
+                .map_err(gone)??;
+            Ok(json!({
+                "app_id": app_id,
+                "reservation_id": reservation_id,
+                "op": op,
+                "accepted": true,
+                "allocation": allocation,
+            }))
         }
         AdminRequest::Waiting => {
             let g = guarantor.send(AdminGuarantor).await.map_err(gone)?;

@@ -1153,6 +1153,62 @@ impl Handler<SetNodeDraining> for GuarantorActor {
     }
 }
 
+/// An operator submits a recurring reservation on behalf of a registered app: reserved, or
+/// updated when the app holds one of that id already. The operation and the allocation.
+#[derive(Message)]
+#[rtype(
+    result = "Result<(&'static str, Vec<scheduler_core::reservation::AllocationInterval>), String>"
+)]
+pub struct AdminReserve {
+    pub app_id: String,
+    pub reservation_id: String,
+    pub definition: scheduler_core::reservation::ReservationDefinition,
+}
+
+impl Handler<AdminReserve> for GuarantorActor {
+    type Result = Result<
+        (
+            &'static str,
+            Vec<scheduler_core::reservation::AllocationInterval>,
+        ),
+        String,
+    >;
+    fn handle(&mut self, m: AdminReserve, _: &mut Context<Self>) -> Self::Result {
+        let app = AppId::new(m.app_id);
+        let now_ms = self.clock.now_ms();
+        let held = self.core.list_reservations(now_ms, Some(&app));
+        let exists = held.iter().any(|r| r.id == m.reservation_id);
+        let (op, placed) = if exists {
+            (
+                "update_reservation",
+                self.core
+                    .update_reservation(now_ms, &m.reservation_id, Some(&app), m.definition),
+            )
+        } else if held.len() >= MAX_RESERVATIONS_PER_APP {
+            return Err(format!(
+                "app {app} holds {} reservations, the most one app may hold; delete one first",
+                held.len()
+            ));
+        } else {
+            (
+                "reserve",
+                self.core
+                    .reserve(now_ms, &m.reservation_id, app.clone(), m.definition),
+            )
+        };
+        let allocation = placed.map_err(|r| match r {
+            Rejection::Invalid(m) if m.starts_with("reservation_id") => m,
+            Rejection::Invalid(m) => format!("definition.{m}"),
+            r => r.to_string(),
+        })?;
+        self.save_reservations().map_err(|e| {
+            format!("accepted, but the coordinator could not store it (it would be lost at a restart): {e}")
+        })?;
+        self.schedule();
+        Ok((op, allocation))
+    }
+}
+
 /// An operator deletes a reservation, whoever owns it: its waiting asks are refused. The ids
 /// of the refused asks.
 #[derive(Message)]

@@ -8,6 +8,7 @@ pub mod app_cert;
 pub mod check;
 pub mod clock;
 pub mod config;
+pub mod contracts;
 pub mod coordinator_actor;
 pub mod dashboard;
 pub mod datadir;

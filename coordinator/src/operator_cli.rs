@@ -1,6 +1,6 @@
 //! The operator commands of the `coordinator` binary that talk to a running coordinator over its
 //! admin socket ([`crate::admin`]): `status`, `nodes`, `node drain|undrain`, `apps
-//! list|add|remove|quota`, `reservations list|delete`, `waiting`, `explain`, `shedding`, `top`.
+//! list|add|remove|quota`, `reservations list|submit|delete`, `waiting`, `explain`, `shedding`, `top`.
 //! Every command prints a table, or with `--json` the coordinator's reply as one JSON value.
 
 use crate::admin::{self, AdminError, AdminRequest};
@@ -164,9 +164,28 @@ pub enum AppsCommand {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ReservationsCommand {
-    /// Every reservation and the plan's free capacity over the agenda. (Submit them with
-    /// `testbed reservations submit`, as their owning app.)
+    /// Every reservation and the plan's free capacity over the agenda.
     List(AdminArgs),
+    /// Submit the signed-off SLO contracts of CONTRACTS (a JSON array of inference
+    /// SloContract, as `inference contracts` writes them) as recurring reservations owned by
+    /// APP; a reservation that exists already is updated. One result per contract.
+    Submit {
+        contracts: std::path::PathBuf,
+        /// The registered app that will run the jobs and owns the reservations.
+        #[arg(long)]
+        app: String,
+        /// Millicores of one container of the skylines.
+        #[arg(long, default_value_t = 1000)]
+        container_cpu_millis: u64,
+        /// MiB of one container of the skylines.
+        #[arg(long, default_value_t = 1024)]
+        container_memory_mib: u64,
+        /// Length of one skyline step.
+        #[arg(long, default_value_t = 60_000)]
+        skyline_step_ms: u64,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Delete a reservation, whoever owns it; its waiting asks are refused.
     Delete {
         id: String,
@@ -221,6 +240,23 @@ pub fn run(command: OperatorCommand, out: &mut dyn Write) -> Result<(), AdminErr
             ReservationsCommand::Delete { id, admin } => {
                 (admin, AdminRequest::ReservationDelete { id }, render_json)
             }
+            ReservationsCommand::Submit {
+                contracts,
+                app,
+                container_cpu_millis,
+                container_memory_mib,
+                skyline_step_ms,
+                admin,
+            } => {
+                let sizing = crate::contracts::Sizing {
+                    container: scheduler_core::Resources::new(
+                        container_cpu_millis,
+                        container_memory_mib,
+                    ),
+                    step_ms: skyline_step_ms,
+                };
+                return submit_contracts(&admin, &contracts, &app, sizing, out);
+            }
         },
         OperatorCommand::Waiting(a) => (a, AdminRequest::Waiting, render_waiting),
         OperatorCommand::Explain { job, admin } => {
@@ -244,6 +280,88 @@ pub fn run(command: OperatorCommand, out: &mut dyn Write) -> Result<(), AdminErr
         render(&reply)
     };
     let _ = out.write_all(text.as_bytes());
+    Ok(())
+}
+
+/// `coordinator reservations submit`: each signed-off contract becomes one admin request (so no
+/// request line nears the socket's line bound), and each gets a result line.
+fn submit_contracts(
+    admin: &AdminArgs,
+    path: &std::path::Path,
+    app: &str,
+    sizing: crate::contracts::Sizing,
+    out: &mut dyn Write,
+) -> Result<(), AdminError> {
+    let bad = |reason: String| AdminError::Refused(reason);
+    if sizing.step_ms == 0 {
+        return Err(bad("--skyline-step-ms must be positive".into()));
+    }
+    let file = std::fs::read_to_string(path)
+        .map_err(|e| bad(format!("reading {}: {e}", path.display())))?;
+    let contracts: Vec<inference::slo::SloContract> = serde_json::from_str(&file).map_err(|e| {
+        bad(format!(
+            "{} is not a JSON array of SLO contracts: {e}",
+            path.display()
+        ))
+    })?;
+    let mut results = Vec::with_capacity(contracts.len());
+    for contract in &contracts {
+        let reservation_id = crate::contracts::reservation_id_of(&contract.job);
+        let result = match crate::contracts::definition_of(contract, sizing) {
+            Err(reason) => serde_json::json!({
+                "job": contract.job, "reservation_id": reservation_id,
+                "accepted": false, "reason": reason,
+            }),
+            Ok(definition) => {
+                let request = AdminRequest::ReservationSubmit {
+                    app_id: app.to_string(),
+                    reservation_id: reservation_id.clone(),
+                    definition,
+                };
+                match admin::call(&admin.socket(), &request) {
+                    Ok(mut reply) => {
+                        reply["job"] = Value::from(contract.job.clone());
+                        reply
+                    }
+                    Err(AdminError::Refused(reason)) => serde_json::json!({
+                        "job": contract.job, "reservation_id": reservation_id,
+                        "accepted": false, "reason": reason,
+                    }),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        results.push(result);
+    }
+    let printed = if admin.json {
+        format!("{}\n", serde_json::json!({ "results": results }))
+    } else {
+        results
+            .iter()
+            .map(|r| {
+                if r["accepted"] == true {
+                    format!(
+                        "{}: {} as reservation {} of {app} ({} interval(s) of allocation)\n",
+                        text(&r["job"]),
+                        if r["op"] == "update_reservation" {
+                            "updated"
+                        } else {
+                            "accepted"
+                        },
+                        text(&r["reservation_id"]),
+                        r["allocation"].as_array().map_or(0, Vec::len)
+                    )
+                } else {
+                    format!(
+                        "{}: not reserved: {}\n",
+                        text(&r["job"]),
+                        text(&r["reason"])
+                    )
+                }
+            })
+            .collect()
+    };
+    let _ = out.write_all(printed.as_bytes());
     Ok(())
 }
 

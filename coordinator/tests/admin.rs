@@ -267,3 +267,110 @@ async fn bad_admin_requests_get_a_clear_error_and_long_lines_are_cut() {
     assert!(ok.contains("\"ok\":true"), "{ok}");
     assert!(too_long.contains("request longer than"), "{too_long}");
 }
+
+/// `coordinator reservations submit`: signed-off contracts become recurring reservations of a
+/// registered app (a second submit updates them), contracts without sign-off or for an unknown
+/// app are not reserved, each with its reason.
+#[actix_rt::test]
+async fn the_operator_submits_signed_off_contracts_as_reservations_of_an_app() {
+    use coordinator::operator_cli::{self, AdminArgs, OperatorCommand, ReservationsCommand};
+    use inference::slo::{ContractStatus, SloContract, SloRule};
+
+    let h = Harness::start().await;
+    let socket = h.server.admin_socket.clone();
+    let (mut a, _) = h.join("node-a", 8000, 8192).await;
+    a.send(&heartbeat("node-a", 0, 10.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    admin(
+        &socket,
+        AdminRequest::AppAdd {
+            app_id: "etl".into(),
+            quota: QueueableQuota::default(),
+        },
+    )
+    .await
+    .unwrap();
+
+    let contract = |job: &str, status| SloContract {
+        job: job.into(),
+        period: 86_400.0,
+        earliest_start: 3_600.0,
+        deadline: 7_200.0,
+        skyline: Some(vec![2, 2, 4, 4, 1]),
+        status,
+        start_rule: SloRule::SubmitPercentile,
+        deadline_rule: SloRule::EndPercentileFallback,
+        overridden: vec![],
+    };
+    let file = h.dir.path().join("contracts.json");
+    std::fs::write(
+        &file,
+        serde_json::to_string(&vec![
+            contract("nightly etl", ContractStatus::SignedOff),
+            contract("hourly report", ContractStatus::Proposed),
+        ])
+        .unwrap(),
+    )
+    .unwrap();
+    let submit = |app: &str| {
+        let (socket, file, app) = (socket.clone(), file.clone(), app.to_string());
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            operator_cli::run(
+                OperatorCommand::Reservations {
+                    command: ReservationsCommand::Submit {
+                        contracts: file,
+                        app,
+                        container_cpu_millis: 1000,
+                        container_memory_mib: 1024,
+                        skyline_step_ms: 60_000,
+                        admin: AdminArgs {
+                            data_dir: None,
+                            admin_socket: Some(socket),
+                            json: true,
+                        },
+                    },
+                },
+                &mut out,
+            )
+            .unwrap();
+            serde_json::from_slice::<Value>(&out).unwrap()
+        })
+    };
+
+    let first = submit("etl").await.unwrap();
+    let results = first["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{first}");
+    assert_eq!(results[0]["accepted"], true, "{first}");
+    assert_eq!(results[0]["op"], "reserve", "{first}");
+    assert_eq!(results[0]["reservation_id"], "nightly-etl", "{first}");
+    assert!(!results[0]["allocation"].as_array().unwrap().is_empty());
+    assert_eq!(results[1]["accepted"], false, "{first}");
+    assert!(
+        results[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not signed off"),
+        "{first}"
+    );
+
+    let listed = admin(&socket, AdminRequest::Reservations).await.unwrap();
+    assert_eq!(listed["reservations_total"], 1, "{listed}");
+    assert!(listed.to_string().contains("nightly-etl"), "{listed}");
+
+    let again = submit("etl").await.unwrap();
+    assert_eq!(again["results"][0]["op"], "update_reservation", "{again}");
+    let listed = admin(&socket, AdminRequest::Reservations).await.unwrap();
+    assert_eq!(listed["reservations_total"], 1, "{listed}");
+
+    let unknown = submit("nobody").await.unwrap();
+    assert_eq!(unknown["results"][0]["accepted"], false, "{unknown}");
+    assert!(
+        unknown["results"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not a registered app"),
+        "{unknown}"
+    );
+}
