@@ -194,6 +194,9 @@ impl GuarantorActor {
         self.metrics
             .shaped_containers
             .set(self.core.shaping().map_or(0, |s| s.len()) as i64);
+        if let Some(shaping) = self.core.shaping() {
+            crate::metrics::set_by_resource(&self.metrics.shaping_freed, shaping.freed());
+        }
         for (node_id, container_id, app_id, reason) in &outcome.preempted {
             info!(node = %node_id, container = %container_id, app = %app_id, %reason, "shaper preempts");
             self.coordinator.do_send(StopGrantOnNode {
@@ -404,6 +407,26 @@ impl GuarantorActor {
     fn publish_agenda(&self) {
         let now_ms = self.clock.now_ms();
         let book = self.core.reservations();
+        let agenda_now = book.agenda_ms(now_ms);
+        let capacity = book.plan_capacity();
+        let free_now = book
+            .free_capacity()
+            .into_iter()
+            .find(|f| f.start_ms <= agenda_now && agenda_now < f.end_ms)
+            .map_or(capacity, |f| {
+                scheduler_core::Resources::new(f.cpu_millis, f.memory_mib)
+            });
+        self.metrics
+            .reservations
+            .set(self.core.list_reservations(now_ms, None).len() as i64);
+        crate::metrics::set_by_resource(&self.metrics.plan_capacity, capacity);
+        crate::metrics::set_by_resource(
+            &self.metrics.plan_reserved,
+            scheduler_core::Resources::new(
+                capacity.cpu_millis.saturating_sub(free_now.cpu_millis),
+                capacity.memory_mib.saturating_sub(free_now.memory_mib),
+            ),
+        );
         self.metrics.set_agenda(&crate::metrics::AgendaView {
             published_at_ms: now_ms,
             agenda_now_ms: book.agenda_ms(now_ms),

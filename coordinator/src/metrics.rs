@@ -59,6 +59,13 @@ pub struct CoordinatorMetrics {
     pub shaping_resizes: Counter,
     pub shaping_preemptions: Counter,
     pub shaped_containers: Gauge,
+    /// Request minus shaped allocation over shaped containers, by resource.
+    pub shaping_freed: Family<ResourceLabel, Gauge>,
+    /// Accepted reservations, and the plan's capacity and what reservations hold of it now,
+    /// by resource (Morpheus' agenda at the current step).
+    pub reservations: Gauge,
+    pub plan_capacity: Family<ResourceLabel, Gauge>,
+    pub plan_reserved: Family<ResourceLabel, Gauge>,
     pub shedding_threshold_ms: FloatGauge,
     /// R = Tq + Tr + Tl of each node, as of its last heartbeat.
     pub node_queue_delay_ms: Family<NodeLabels, FloatGauge>,
@@ -92,6 +99,10 @@ impl Default for CoordinatorMetrics {
             shaping_resizes: Counter::default(),
             shaping_preemptions: Counter::default(),
             shaped_containers: Gauge::default(),
+            shaping_freed: Family::default(),
+            reservations: Gauge::default(),
+            plan_capacity: Family::default(),
+            plan_reserved: Family::default(),
             shedding_threshold_ms: FloatGauge::default(),
             node_queue_delay_ms: Family::default(),
             node_queued: Family::default(),
@@ -148,6 +159,26 @@ impl Default for CoordinatorMetrics {
             "coordinator_shaped_containers",
             "Running GUARANTEED containers the resource shaper tracks",
             m.shaped_containers.clone(),
+        );
+        r.register(
+            "coordinator_shaping_freed",
+            "Capacity the shaper freed: request minus shaped allocation over shaped containers (cpu_millis, memory_mib)",
+            m.shaping_freed.clone(),
+        );
+        r.register(
+            "coordinator_reservations",
+            "Accepted reservations (Morpheus)",
+            m.reservations.clone(),
+        );
+        r.register(
+            "coordinator_plan_capacity",
+            "GUARANTEED capacity of the reservation plan (cpu_millis, memory_mib)",
+            m.plan_capacity.clone(),
+        );
+        r.register(
+            "coordinator_plan_reserved",
+            "What reservations hold of the plan at the current step (cpu_millis, memory_mib)",
+            m.plan_reserved.clone(),
         );
         r.register(
             "coordinator_promotions",
@@ -226,6 +257,19 @@ impl Default for CoordinatorMetrics {
         );
         m
     }
+}
+
+/// One label, `resource` = `cpu_millis` or `memory_mib`.
+pub type ResourceLabel = Vec<(&'static str, &'static str)>;
+
+/// Set a per-resource gauge family from `r`.
+pub fn set_by_resource(family: &Family<ResourceLabel, Gauge>, r: scheduler_core::Resources) {
+    family
+        .get_or_create(&vec![("resource", "cpu_millis")])
+        .set(r.cpu_millis as i64);
+    family
+        .get_or_create(&vec![("resource", "memory_mib")])
+        .set(r.memory_mib as i64);
 }
 
 fn labels(node: &NodeId, resource: &'static str) -> NodeLabels {

@@ -96,6 +96,16 @@ async fn metrics_count_joins_heartbeats_losses_and_bookings() {
     assert_eq!(v(&format!("coordinator_guaranteed_booked{a_mem}")), 1024.0);
     assert_eq!(v(&format!("coordinator_policing_limit{a_cpu}")), 3000.0);
     assert_eq!(v(&format!("coordinator_policing_limit{a_mem}")), 7168.0);
+    // The reservation plan follows the nodes; nothing is reserved.
+    assert_eq!(v("coordinator_reservations"), 0.0);
+    assert_eq!(
+        v(r#"coordinator_plan_capacity{resource="cpu_millis"}"#),
+        4000.0
+    );
+    assert_eq!(
+        v(r#"coordinator_plan_reserved{resource="cpu_millis"}"#),
+        0.0
+    );
     assert!(
         !text.contains("node-b"),
         "a lost node's series are dropped:\n{text}"

@@ -242,6 +242,19 @@ impl ShapingState {
         all
     }
 
+    /// What shaping frees: the sum over shaped containers of request minus current allocation
+    /// (Pace's saving, the capacity new GUARANTEED work can use).
+    pub fn freed(&self) -> Resources {
+        self.containers
+            .values()
+            .fold(Resources::new(0, 0), |sum, t| {
+                Resources::new(
+                    sum.cpu_millis + t.request.cpu_millis.saturating_sub(t.allocation.cpu_millis),
+                    sum.memory_mib + t.request.memory_mib.saturating_sub(t.allocation.memory_mib),
+                )
+            })
+    }
+
     /// The current allocation of a shaped container.
     pub fn allocation(&self, id: ContainerId) -> Option<Resources> {
         self.containers.get(&id).map(|t| t.allocation)
@@ -542,6 +555,7 @@ mod tests {
             }
         }
         assert_eq!(s.allocation(id), Some(Resources::new(350, 250)));
+        assert_eq!(s.freed(), Resources::new(650, 750));
         // The use rises: the allocation grows back with the next pass, up to the request.
         s.observe(id, Resources::new(2000, 900));
         let out = s.pass(Time::from_secs(240), &hosts);
@@ -555,6 +569,8 @@ mod tests {
             }]
         );
         assert!(out.resized[0].grows());
+        assert_eq!(s.freed(), Resources::new(0, 50));
         assert!(s.untrack(id) && s.is_empty());
+        assert_eq!(s.freed(), Resources::new(0, 0));
     }
 }
