@@ -733,6 +733,17 @@ impl Guarantor {
     }
 
     /// Queue an ask. Refused at once if no node could ever hold one container of it.
+    /// The refusal of an ask no node could ever hold, naming the largest node.
+    fn larger_than_any_node(&self, asked: Resources) -> GuarantorError {
+        let largest = self
+            .nodes
+            .values()
+            .map(|n| n.capacity)
+            .max_by_key(|c| (c.memory_mib, c.cpu_millis))
+            .unwrap_or_default();
+        GuarantorError::LargerThanAnyNode { asked, largest }
+    }
+
     pub fn submit(&mut self, ask: GuaranteedAsk) -> Result<(), GuarantorError> {
         self.submit_to(ask, None)
     }
@@ -785,16 +796,7 @@ impl Guarantor {
             .values()
             .any(|n| ask.resources.fits_in(&n.capacity))
         {
-            let largest = self
-                .nodes
-                .values()
-                .map(|n| n.capacity)
-                .max_by_key(|c| (c.memory_mib, c.cpu_millis))
-                .unwrap_or_default();
-            return Err(GuarantorError::LargerThanAnyNode {
-                asked: ask.resources,
-                largest,
-            });
+            return Err(self.larger_than_any_node(ask.resources));
         }
         self.pending.push_back(PendingAsk {
             ask,

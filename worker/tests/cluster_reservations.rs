@@ -13,12 +13,9 @@ use scheduler_core::{ContainerType, Resources};
 
 const MIN: u64 = 60_000;
 
-#[actix_rt::test]
-async fn a_late_job_is_stretched_and_its_app_is_told() {
-    let c = Cluster::start(&["demo"], &[node("node-a", 4000, 4096)]).await;
-    let mut app = c.client("node-a").await;
-    app.subscribe().await;
-    // A window from the current minute (agenda time is UTC time of day) for 2 containers.
+/// Send `reserve` of "etl": a daily window of ten minutes from the current minute (agenda time is
+/// UTC time of day) holding `containers` of 500m / 256 MiB as one gang; the request id.
+async fn reserve_etl_from_now(app: &mut AppClient, containers: u32) -> u64 {
     let minute = (wall_ms() % (24 * 60 * MIN)) / MIN;
     let end = (minute + 10).min(24 * 60);
     let id = app.new_request_id();
@@ -30,8 +27,8 @@ async fn a_late_job_is_stretched_and_its_app_is_told() {
             deadline_ms: end * MIN,
             interpreter: Interpreter::All,
             stages: vec![Stage {
-                containers: 2,
-                gang: 2,
+                containers,
+                gang: containers,
                 duration_ms: (end - minute) * MIN,
                 size: Resources::new(500, 256),
             }],
@@ -40,6 +37,15 @@ async fn a_late_job_is_stretched_and_its_app_is_told() {
         },
     }))
     .await;
+    id
+}
+
+#[actix_rt::test]
+async fn a_late_job_is_stretched_and_its_app_is_told() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 4000, 4096)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    let id = reserve_etl_from_now(&mut app, 2).await;
     match app.answer(id).await {
         AppResponse::Reservation(r) => assert_eq!(r.reservation_id, "etl"),
         other => panic!("reserve not accepted: {other:?}"),
@@ -87,27 +93,7 @@ async fn a_reserved_container_s_token_is_listed_for_the_next_join() {
     let c = Cluster::start(&["demo"], &[node("node-a", 4000, 4096)]).await;
     let mut app = c.client("node-a").await;
     app.subscribe().await;
-    let minute = (wall_ms() % (24 * 60 * MIN)) / MIN;
-    let end = (minute + 10).min(24 * 60);
-    let id = app.new_request_id();
-    app.send(&AppRequest::Reserve(Reserve {
-        request_id: id,
-        reservation_id: "etl".into(),
-        definition: ReservationDefinition {
-            arrival_ms: minute * MIN,
-            deadline_ms: end * MIN,
-            interpreter: Interpreter::All,
-            stages: vec![Stage {
-                containers: 1,
-                gang: 1,
-                duration_ms: (end - minute) * MIN,
-                size: Resources::new(500, 256),
-            }],
-            recurrence_ms: Some(24 * 60 * MIN),
-            alignment_penalty: 0.0,
-        },
-    }))
-    .await;
+    let id = reserve_etl_from_now(&mut app, 1).await;
     assert!(matches!(app.answer(id).await, AppResponse::Reservation(_)));
     let mut reserved = ask(ContainerType::Guaranteed, 500, 256);
     reserved.reservation_id = Some("etl".into());

@@ -488,16 +488,7 @@ impl Guarantor {
             .any(|n| ask.resources.fits_in(&n.capacity))
             || slots > largest
         {
-            let largest = self
-                .nodes
-                .values()
-                .map(|n| n.capacity)
-                .max_by_key(|c| (c.memory_mib, c.cpu_millis))
-                .unwrap_or_default();
-            return Err(GuarantorError::LargerThanAnyNode {
-                asked: ask.resources,
-                largest,
-            });
+            return Err(self.larger_than_any_node(ask.resources));
         }
         let live = self.threesigma.as_mut().expect("checked above");
         live.waiting.push(WaitingJob {
