@@ -107,64 +107,64 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         let command = command_line();
         let report = mercury_seeds(&options, &args.seeds, args.sensitivity_duration_s, &command)
             .map_err(|e| anyhow::anyhow!(e))?;
-        if let Some(dir) = &args.report {
-            write_multi_report(&report, dir)?;
-            eprintln!("report written to {}", dir.join("report.md").display());
-        }
-        if args.json {
-            println!("{}", serde_json::to_string_pretty(&report)?);
-        } else {
-            println!(
-                "mercury experiment, seeds {:?}, {:.1} s wall",
-                report.seeds, report.wall_s
-            );
-            for h in &report.headline_spread {
+        return publish_report(
+            &report,
+            args.report.as_deref(),
+            args.json,
+            |r, dir| Ok(write_multi_report(r, dir)?),
+            |report| {
                 println!(
-                    "  {:<90} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
-                    h.claim, h.paper_percent, h.mean, h.min, h.max
+                    "mercury experiment, seeds {:?}, {:.1} s wall",
+                    report.seeds, report.wall_s
                 );
-            }
-        }
-        return Ok(());
+                for h in &report.headline_spread {
+                    println!(
+                        "  {:<90} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
+                        h.claim, h.paper_percent, h.mean, h.min, h.max
+                    );
+                }
+                Ok(())
+            },
+        );
     }
     if args.sensitivity_duration_s > 0 {
         anyhow::bail!("--sensitivity-duration-s needs --seeds");
     }
     let report = mercury(&options).map_err(|e| anyhow::anyhow!(e))?;
-    if let Some(dir) = &args.report {
-        write_report(&report, dir)?;
-        eprintln!("report written to {}", dir.join("report.md").display());
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!(
-            "mercury experiment, seed {}, {:.1} s wall",
-            report.seed, report.wall_s
-        );
-        for c in &report.configurations {
-            let s = &c.report;
+    publish_report(
+        &report,
+        args.report.as_deref(),
+        args.json,
+        |r, dir| Ok(write_report(r, dir)?),
+        |report| {
             println!(
-                "  {:<24} {:<24} {:>8.1} tasks/s {:>7.2} jobs/min  latency mean {:>7.1} s p99 {:>7.1} s  killed {:>6} shed {:>6}",
-                c.group,
-                c.name,
-                s.task_throughput,
-                s.job_throughput,
-                s.job_latency_s.mean,
-                s.job_latency_s.p99,
-                s.queueable_killed,
-                s.queueable_shed
+                "mercury experiment, seed {}, {:.1} s wall",
+                report.seed, report.wall_s
             );
-        }
-        println!("headline (paper vs ours):");
-        for h in &report.headline {
-            println!(
-                "  {:<90} {:>+7.1}% {:>+7.1}%",
-                h.claim, h.paper_percent, h.ours_percent
-            );
-        }
-    }
-    Ok(())
+            for c in &report.configurations {
+                let s = &c.report;
+                println!(
+                    "  {:<24} {:<24} {:>8.1} tasks/s {:>7.2} jobs/min  latency mean {:>7.1} s p99 {:>7.1} s  killed {:>6} shed {:>6}",
+                    c.group,
+                    c.name,
+                    s.task_throughput,
+                    s.job_throughput,
+                    s.job_latency_s.mean,
+                    s.job_latency_s.p99,
+                    s.queueable_killed,
+                    s.queueable_shed
+                );
+            }
+            println!("headline (paper vs ours):");
+            for h in &report.headline {
+                println!(
+                    "  {:<90} {:>+7.1}% {:>+7.1}%",
+                    h.claim, h.paper_percent, h.ours_percent
+                );
+            }
+            Ok(())
+        },
+    )
 }
 
 /// `testbed experiment mercury-live`: the comparison on a real local cluster.
@@ -180,24 +180,44 @@ fn mercury_live_cli(args: &ExperimentArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let report = mercury_live::run(&options, true)?;
-    if let Some(dir) = &args.report {
-        let command = command_line();
-        mercury_live::write_report(&report, dir, &command)?;
+    publish_report(
+        &report,
+        args.report.as_deref(),
+        args.json,
+        |r, dir| Ok(mercury_live::write_report(r, dir, &command_line())?),
+        |report| {
+            println!(
+                "mercury-live, {} rounds, {:.0} s wall",
+                options.rounds, report.wall_s
+            );
+            for h in &report.headline {
+                println!(
+                    "  {:<80} {:>+7.1}% {:>+7.1}%",
+                    h.claim, h.paper_percent, h.ours_percent
+                );
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The end of every experiment command: the report is written to `--report DIR` by `write`
+/// (naming its report.md on stderr), then printed: JSON with `--json`, else by `text`.
+pub fn publish_report<R: serde::Serialize>(
+    report: &R,
+    dir: Option<&std::path::Path>,
+    json: bool,
+    write: impl FnOnce(&R, &std::path::Path) -> anyhow::Result<()>,
+    text: impl FnOnce(&R) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if let Some(dir) = dir {
+        write(report, dir)?;
         eprintln!("report written to {}", dir.join("report.md").display());
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+        Ok(())
     } else {
-        println!(
-            "mercury-live, {} rounds, {:.0} s wall",
-            options.rounds, report.wall_s
-        );
-        for h in &report.headline {
-            println!(
-                "  {:<80} {:>+7.1}% {:>+7.1}%",
-                h.claim, h.paper_percent, h.ours_percent
-            );
-        }
+        text(report)
     }
-    Ok(())
 }

@@ -1335,42 +1335,42 @@ pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
     let seeds = args.seed_list();
     let command = super::cli::command_line();
     let report = morpheus_seeds(&seeds, &command)?;
-    if let Some(dir) = &args.report {
-        write_report(&report, dir)?;
-        eprintln!("report written to {}", dir.join("report.md").display());
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!(
-            "morpheus experiment, seeds {:?}, {:.1} s wall",
-            report.seeds, report.wall_s
-        );
-        for r in &report.runs {
-            for o in &r.configurations {
+    super::cli::publish_report(
+        &report,
+        args.report.as_deref(),
+        args.json,
+        write_report,
+        |report| {
+            println!(
+                "morpheus experiment, seeds {:?}, {:.1} s wall",
+                report.seeds, report.wall_s
+            );
+            for r in &report.runs {
+                for o in &r.configurations {
+                    println!(
+                        "  seed {:<3} {:<28} violations {:>4}/{:<4} worst job {:>5.1} %  reserved used {:>5}  ad-hoc latency mean {:>7.0} s  QUEUEABLE on reserved-idle {:>6.0} c-h",
+                        r.seed,
+                        o.name,
+                        o.violations,
+                        o.instances,
+                        o.worst_job_violation_percent,
+                        o.reserved_utilization_percent
+                            .map_or("-".to_string(), |u| format!("{u:.1}%")),
+                        o.adhoc_latency_mean_s,
+                        o.queueable_on_reserved_idle_container_hours
+                    );
+                }
+            }
+            println!("headline (paper vs ours, mean [min, max]):");
+            for h in &report.headline {
                 println!(
-                    "  seed {:<3} {:<28} violations {:>4}/{:<4} worst job {:>5.1} %  reserved used {:>5}  ad-hoc latency mean {:>7.0} s  QUEUEABLE on reserved-idle {:>6.0} c-h",
-                    r.seed,
-                    o.name,
-                    o.violations,
-                    o.instances,
-                    o.worst_job_violation_percent,
-                    o.reserved_utilization_percent
-                        .map_or("-".to_string(), |u| format!("{u:.1}%")),
-                    o.adhoc_latency_mean_s,
-                    o.queueable_on_reserved_idle_container_hours
+                    "  {:<100} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
+                    h.claim, h.paper_percent, h.mean, h.min, h.max
                 );
             }
-        }
-        println!("headline (paper vs ours, mean [min, max]):");
-        for h in &report.headline {
-            println!(
-                "  {:<100} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
-                h.claim, h.paper_percent, h.mean, h.min, h.max
-            );
-        }
-    }
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]

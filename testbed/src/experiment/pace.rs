@@ -952,44 +952,44 @@ pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
     let seeds = args.seed_list();
     let command = super::cli::command_line();
     let report = pace_seeds(&PaceParameters::default(), &seeds, args.threads, &command)?;
-    if let Some(dir) = &args.report {
-        write_report(&report, dir)?;
-        eprintln!("report written to {}", dir.join("report.md").display());
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!(
-            "pace experiment, seeds {:?}, {:.1} s wall",
-            report.seeds, report.wall_s
-        );
-        for r in &report.runs {
-            for o in &r.configurations {
+    super::cli::publish_report(
+        &report,
+        args.report.as_deref(),
+        args.json,
+        write_report,
+        |report| {
+            println!(
+                "pace experiment, seeds {:?}, {:.1} s wall",
+                report.seeds, report.wall_s
+            );
+            for r in &report.runs {
+                for o in &r.configurations {
+                    println!(
+                        "  seed {:<3} {:<24} turnaround mean {:>7.1} median {:>7.1} p95 {:>7.1} min  mem slack {:>5.1}%  cpu slack {:>5.1}%  failed {:>5.1}%  preempted {:>4} comps {:>3} apps  work lost {:>7}",
+                        r.seed,
+                        o.name,
+                        o.turnaround_min.mean,
+                        o.turnaround_min.median,
+                        o.turnaround_min.p95,
+                        o.memory_slack_percent,
+                        o.cpu_slack_percent,
+                        o.failed_apps_percent,
+                        o.preempted_components,
+                        o.preempted_apps,
+                        o.work_lost_component_min
+                    );
+                }
+            }
+            println!("headline (paper vs ours, mean [min, max]):");
+            for h in &report.headline {
                 println!(
-                    "  seed {:<3} {:<24} turnaround mean {:>7.1} median {:>7.1} p95 {:>7.1} min  mem slack {:>5.1}%  cpu slack {:>5.1}%  failed {:>5.1}%  preempted {:>4} comps {:>3} apps  work lost {:>7}",
-                    r.seed,
-                    o.name,
-                    o.turnaround_min.mean,
-                    o.turnaround_min.median,
-                    o.turnaround_min.p95,
-                    o.memory_slack_percent,
-                    o.cpu_slack_percent,
-                    o.failed_apps_percent,
-                    o.preempted_components,
-                    o.preempted_apps,
-                    o.work_lost_component_min
+                    "  {:<110} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
+                    h.claim, h.paper_percent, h.mean, h.min, h.max
                 );
             }
-        }
-        println!("headline (paper vs ours, mean [min, max]):");
-        for h in &report.headline {
-            println!(
-                "  {:<110} {:>+7.1}% {:>+7.1}% [{:+.1}, {:+.1}]",
-                h.claim, h.paper_percent, h.mean, h.min, h.max
-            );
-        }
-    }
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]

@@ -833,38 +833,38 @@ pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
     let command = super::cli::command_line();
     let params = ThreeSigmaParams::default();
     let report = run(&args.trace_dir, &params, &seeds, args.threads, &command)?;
-    if let Some(dir) = &args.report {
-        write(&report, dir)?;
-        eprintln!("report written to {}", dir.join("report.md").display());
-    }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        println!(
-            "3sigma experiment, seeds {:?}, {:.1} s wall",
-            report.seeds, report.wall_s
-        );
-        for s in &report.summary {
+    super::cli::publish_report(
+        &report,
+        args.report.as_deref(),
+        args.json,
+        write,
+        |report| {
             println!(
-                "  {:<13} SLO miss {:>5.1}% [{:.1}, {:.1}]  goodput {:>6.1} M-h  BE latency {:>7.0} s  cycle p99 ≤ {:.1} ms",
-                s.system,
-                s.slo_miss_percent[0],
-                s.slo_miss_percent[1],
-                s.slo_miss_percent[2],
-                s.goodput_machine_hours[0],
-                s.best_effort_latency_s[0],
-                s.cycle_ms_p99_max
+                "3sigma experiment, seeds {:?}, {:.1} s wall",
+                report.seeds, report.wall_s
             );
-        }
-        println!("headline (paper vs ours):");
-        for h in &report.headline {
-            println!(
-                "  {:<100} {:>+7.1}% {:>+7.1}%",
-                h.claim, h.paper_percent, h.ours_percent
-            );
-        }
-    }
-    Ok(())
+            for s in &report.summary {
+                println!(
+                    "  {:<13} SLO miss {:>5.1}% [{:.1}, {:.1}]  goodput {:>6.1} M-h  BE latency {:>7.0} s  cycle p99 ≤ {:.1} ms",
+                    s.system,
+                    s.slo_miss_percent[0],
+                    s.slo_miss_percent[1],
+                    s.slo_miss_percent[2],
+                    s.goodput_machine_hours[0],
+                    s.best_effort_latency_s[0],
+                    s.cycle_ms_p99_max
+                );
+            }
+            println!("headline (paper vs ours):");
+            for h in &report.headline {
+                println!(
+                    "  {:<100} {:>+7.1}% {:>+7.1}%",
+                    h.claim, h.paper_percent, h.ours_percent
+                );
+            }
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]
