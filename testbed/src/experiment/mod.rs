@@ -638,6 +638,10 @@ const SENSITIVITY_CONFIGURATIONS: [(&str, &str); 7] = [
 pub struct HeadlineSpread {
     pub claim: String,
     pub paper_percent: f64,
+    /// Ours: the mean over the seeds (the same as [`HeadlineSpread::mean`]), under the name every
+    /// experiment report's headline uses, so tools read `{claim, paper_percent, ours_percent}`
+    /// alike in single- and multi-seed reports.
+    pub ours_percent: f64,
     /// Ours per seed, in the order of [`MultiSeedReport::seeds`].
     pub by_seed: Vec<f64>,
     pub mean: f64,
@@ -706,6 +710,7 @@ pub fn headline_spreads(per_seed: &[Vec<HeadlineRatio>]) -> Vec<HeadlineSpread> 
             HeadlineSpread {
                 claim: h.claim.clone(),
                 paper_percent: h.paper_percent,
+                ours_percent: mean,
                 by_seed,
                 mean,
                 min,
@@ -1032,6 +1037,9 @@ mod tests {
         assert_eq!(s[0].claim, "a");
         assert_eq!(s[0].by_seed, vec![10.0, 20.0, 30.0]);
         assert_eq!((s[0].mean, s[0].min, s[0].max), (20.0, 10.0, 30.0));
+        assert_eq!(s[0].ours_percent, 20.0, "ours is the mean over the seeds");
+        let json = serde_json::to_value(&s[0]).unwrap();
+        assert_eq!(json["ours_percent"], 20.0, "the report's headline names it ours_percent");
         assert_eq!(s[1].by_seed, vec![-1.0, -3.0, -2.0]);
         assert_eq!(s[1].paper_percent, 40.0);
     }
