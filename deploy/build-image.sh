@@ -11,10 +11,12 @@ if ! command -v busybox >/dev/null 2>&1 || ! [ -x /usr/bin/tini-static ]; then
   apt-get install -y -q busybox-static tini >/dev/null
 fi
 
-# BUILD_PROFILE=dev reuses the binaries `cargo test` already built (CI); release by default.
+# BUILD_PROFILE=dev reuses the binaries `cargo test --workspace` already built (CI); release by
+# default. The same package selection as that run (not `-p coordinator -p worker -p testbed`, whose
+# feature unification gives highs-sys another hash and rebuilds HiGHS) keeps it a no-op.
 profile="${BUILD_PROFILE:-release}"
 if [ "$profile" = dev ]; then
-  cargo build -p coordinator -p worker -p testbed
+  cargo test -q --workspace --no-run
   bindir=target/debug
 else
   cargo build --release -p coordinator -p worker -p testbed

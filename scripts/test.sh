@@ -15,8 +15,11 @@ echo "== cargo test"
 cargo test --workspace
 echo "== python client tests (clients/python, against a real testbed local cluster)"
 # The tests start `target/debug/testbed local`, which runs the coordinator and worker binaries
-# beside it: make sure all three are built (a no-op after the tests above built them).
-cargo build -q -p testbed -p coordinator -p worker
+# beside it: make sure all three are built. `cargo test --workspace --no-run` is a no-op after the
+# tests above built them; `cargo build -p testbed -p coordinator -p worker` would not be: that
+# package selection unifies the build scripts' dependencies (syn, regex-syntax) with other
+# features, which gives highs-sys another hash and rebuilds HiGHS from source for minutes.
+cargo test -q --workspace --no-run
 # A Python with msgpack and pytest: $PYTHON if set, else the first python3 that has both (the
 # system one gets them from Debian's python3-msgpack and python3-pytest, see .ci/run).
 py=""

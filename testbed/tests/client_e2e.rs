@@ -562,6 +562,23 @@ fn the_dashboard_and_the_operator_commands_show_the_live_cluster() {
     let nodes = operator(&["nodes"]);
     let row = nodes.lines().find(|l| l.starts_with("worker-2")).unwrap();
     assert!(row.ends_with("draining"), "{nodes}");
+    // The dashboard shows the drain too, once the coordinator's next snapshot has it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let dom = render(&browser, &format!("http://{http}/"), None);
+        let at = dom
+            .find(r#"<tr data-node="worker-2">"#)
+            .expect("a row for worker-2");
+        let end = dom[at..].find("</tr>").unwrap() + at;
+        if dom[at..end].contains(r#"data-field="state">draining<"#) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dashboard never showed worker-2 draining: {}",
+            &dom[at..end]
+        );
+    }
     let top = operator(&["top", "--iterations", "1"]);
     assert!(top.contains("busiest 2 of 2 nodes by R"), "{top}");
 

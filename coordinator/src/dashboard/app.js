@@ -58,6 +58,13 @@ function bookingsByNode() {
   return m;
 }
 
+// As `coordinator nodes` says it: a draining node takes no new work; once nothing runs there it
+// is drained and its worker can be stopped.
+function nodeState(n) {
+  if (!n.draining) return "ready";
+  return n.containers_total === 0 ? "drained" : "draining";
+}
+
 function viewCluster() {
   const c = state.cluster;
   const g = state.guarantor;
@@ -81,7 +88,8 @@ function viewCluster() {
       el("td", { class: "num", title: `Tq ${ms(n.queue_delay.tq_ms)}, Tr ${ms(n.queue_delay.tr_ms)}, Tl ${ms(n.queue_delay.tl_ms)}` },
         ms(n.queue_delay_ms)),
       el("td", { class: "num" }, b ? cpu(b.queueable_limit.cpu_millis) : "–"),
-      el("td", { class: "num" }, ms(n.silent_ms)));
+      el("td", { class: "num" }, ms(n.silent_ms)),
+      el("td", { "data-field": "state" }, nodeState(n)));
   });
   return [
     el("div", { class: "cards" },
@@ -96,7 +104,7 @@ function viewCluster() {
     el("p", { class: "legend muted" }, "CPU use:", el("span", { style: "background:var(--g)" }), "GUARANTEED booked",
       el("span", { style: "background:var(--q)" }), "QUEUEABLE running", el("span", { style: "background:var(--free)" }), "free",
       ` · top-k ${c.top_k} · placer ${g.placer}`),
-    table(["node", "rack", "capacity", "CPU", "G booked#", "running#", "queued#", "R = Tq+Tr+Tl#", "Q limit#", "last heard#"],
+    table(["node", "rack", "capacity", "CPU", "G booked#", "running#", "queued#", "R = Tq+Tr+Tl#", "Q limit#", "last heard#", "state"],
       rows, { id: "nodes" }),
     c.lost_nodes.length ? el("p", { class: "muted" }, "Lost: " + c.lost_nodes.join(", ")) : null,
   ];
