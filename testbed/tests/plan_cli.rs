@@ -110,7 +110,10 @@ fn plan_rejects_bad_fields() {
 fn bad_values_are_named_by_their_path() {
     let cases = [
         (
-            INPUT.replace("\"containers\": 10, \"gang\": 5", "\"containers\": -1, \"gang\": 5"),
+            INPUT.replace(
+                "\"containers\": 10, \"gang\": 5",
+                "\"containers\": -1, \"gang\": 5",
+            ),
             "operations[0].stages[0].containers: invalid value: integer `-1`",
         ),
         (
@@ -126,11 +129,17 @@ fn bad_values_are_named_by_their_path() {
             "existing[0].memory_mib: invalid type",
         ),
         (
-            INPUT.replace("{\"op\": \"delete\", \"id\": \"r1\"},", "{\"op\": \"drop\", \"id\": \"r1\"},"),
+            INPUT.replace(
+                "{\"op\": \"delete\", \"id\": \"r1\"},",
+                "{\"op\": \"drop\", \"id\": \"r1\"},",
+            ),
             "operations[3].op: unknown operation `drop`",
         ),
         (
-            INPUT.replace("{\"op\": \"delete\", \"id\": \"r1\"},", "{\"op\": \"delete\", \"id\": \"r1\", \"why\": 1},"),
+            INPUT.replace(
+                "{\"op\": \"delete\", \"id\": \"r1\"},",
+                "{\"op\": \"delete\", \"id\": \"r1\", \"why\": 1},",
+            ),
             "operations[3].why: unknown field `why`",
         ),
         (
