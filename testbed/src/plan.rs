@@ -28,9 +28,10 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
+/// The input; `Op` is the operations' raw JSON while parsing (see [`Operation::from_fields`]).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PlanInput {
+pub struct PlanInput<Op = Operation> {
     pub capacity: Resources,
     pub step_ms: u64,
     /// Length of the agenda (the LCM of the periods); one day unless given.
@@ -41,7 +42,7 @@ pub struct PlanInput {
     pub allocate_left: bool,
     #[serde(default)]
     pub existing: Vec<Existing>,
-    pub operations: Vec<Operation>,
+    pub operations: Vec<Op>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -53,12 +54,49 @@ pub struct Existing {
     pub memory_mib: u64,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[derive(Debug)]
 pub enum Operation {
     Reserve(Request),
     Update(Request),
     Delete(DeleteRequest),
+}
+
+impl Operation {
+    /// Read `operations[index]` from its JSON fields. By hand rather than `#[serde(tag = "op")]`:
+    /// serde buffers an internally tagged enum before reading its fields, which loses the path to
+    /// a bad field; here errors read `operations[0].stages[1].gang: ...`.
+    fn from_fields(
+        index: usize,
+        mut fields: serde_json::Map<String, serde_json::Value>,
+    ) -> anyhow::Result<Operation> {
+        fn read<T: serde::de::DeserializeOwned>(
+            index: usize,
+            fields: serde_json::Map<String, serde_json::Value>,
+        ) -> anyhow::Result<T> {
+            serde_path_to_error::deserialize(serde_json::Value::Object(fields)).map_err(|e| {
+                let path = e.path().to_string();
+                if path == "." {
+                    anyhow::anyhow!("operations[{index}]: {}", e.inner())
+                } else {
+                    anyhow::anyhow!("operations[{index}].{path}: {}", e.inner())
+                }
+            })
+        }
+        match fields.remove("op") {
+            Some(serde_json::Value::String(op)) => match op.as_str() {
+                "reserve" => read(index, fields).map(Operation::Reserve),
+                "update" => read(index, fields).map(Operation::Update),
+                "delete" => read(index, fields).map(Operation::Delete),
+                other => bail!(
+                    "operations[{index}].op: unknown operation `{other}`, expected `reserve`, `update` or `delete`"
+                ),
+            },
+            Some(other) => bail!(
+                "operations[{index}].op: expected `reserve`, `update` or `delete`, got {other}"
+            ),
+            None => bail!("operations[{index}]: missing field `op`"),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -131,7 +169,32 @@ pub struct PlanOutput {
 
 /// Parse and check the input; errors name the offending field.
 pub fn parse(text: &str) -> anyhow::Result<(Plan, PlanInput)> {
-    let input: PlanInput = serde_json::from_str(text).context("bad plan input")?;
+    let raw: PlanInput<serde_json::Map<String, serde_json::Value>> =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(text)).map_err(
+            |e| {
+                let path = e.path().to_string();
+                if path == "." {
+                    anyhow::anyhow!("bad plan input: {}", e.inner())
+                } else {
+                    anyhow::anyhow!("bad plan input: {path}: {}", e.inner())
+                }
+            },
+        )?;
+    let input = PlanInput {
+        operations: raw
+            .operations
+            .into_iter()
+            .enumerate()
+            .map(|(i, fields)| Operation::from_fields(i, fields))
+            .collect::<anyhow::Result<_>>()
+            .context("bad plan input")?,
+        capacity: raw.capacity,
+        step_ms: raw.step_ms,
+        horizon_ms: raw.horizon_ms,
+        algorithm: raw.algorithm,
+        allocate_left: raw.allocate_left,
+        existing: raw.existing,
+    };
     if input.step_ms == 0 {
         bail!("step_ms: must be positive");
     }

@@ -104,3 +104,54 @@ fn plan_rejects_bad_fields() {
     let out = run(&INPUT.replace("\"all\"", "\"every\""), "bad4.json");
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown variant `every`"));
 }
+
+/// Errors from reading the JSON name the field by its path, not by a line and column only.
+#[test]
+fn bad_values_are_named_by_their_path() {
+    let cases = [
+        (
+            INPUT.replace(
+                "\"containers\": 10, \"gang\": 5",
+                "\"containers\": -1, \"gang\": 5",
+            ),
+            "operations[0].stages[0].containers: invalid value: integer `-1`",
+        ),
+        (
+            INPUT.replace("\"lowcost\"", "\"best\""),
+            "algorithm: unknown variant `best`",
+        ),
+        (
+            INPUT.replace("\"any\"", "\"sometimes\""),
+            "operations[1].interpreter: unknown variant `sometimes`",
+        ),
+        (
+            INPUT.replace("\"memory_mib\": 10240}]", "\"memory_mib\": \"lots\"}]"),
+            "existing[0].memory_mib: invalid type",
+        ),
+        (
+            INPUT.replace(
+                "{\"op\": \"delete\", \"id\": \"r1\"},",
+                "{\"op\": \"drop\", \"id\": \"r1\"},",
+            ),
+            "operations[3].op: unknown operation `drop`",
+        ),
+        (
+            INPUT.replace(
+                "{\"op\": \"delete\", \"id\": \"r1\"},",
+                "{\"op\": \"delete\", \"id\": \"r1\", \"why\": 1},",
+            ),
+            "operations[3].why: unknown field `why`",
+        ),
+        (
+            INPUT.replace("{\"op\": \"delete\", \"id\": \"r1\"},", "{\"id\": \"r1\"},"),
+            "operations[3]: missing field `op`",
+        ),
+    ];
+    for (i, (input, want)) in cases.iter().enumerate() {
+        assert_ne!(input, INPUT, "case {i} must change the input");
+        let out = run(input, "bad.json");
+        assert!(!out.status.success(), "case {i}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "case {i}: want {want:?} in {err}");
+    }
+}

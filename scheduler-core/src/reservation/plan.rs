@@ -952,6 +952,29 @@ mod tests {
         p.check_invariants().unwrap();
     }
 
+    /// As in YARN's `AlignedPlannerWithGreedy`: LowCost places each ORDER_NO_GAP stage in its
+    /// cheapest aligned interval and only then checks that it touches the next stage
+    /// (`IterativePlanner.validateOrderNoGap`); when it does not, the whole request goes to the
+    /// greedy agent. Two one-gang stages of 5 steps in [0, 20), 2 of 10 containers already held
+    /// at [10, 15): the last stage takes [15, 20); the first stage's cheapest interval is
+    /// [5, 10) (free, and later than [0, 5)), not the costlier [10, 15) next to it. So ORDER gets
+    /// that from LowCost, and ORDER_NO_GAP gets one block [10, 20) from greedy.
+    #[test]
+    fn order_no_gap_chain_falls_back_to_greedy_when_lowcost_leaves_a_gap() {
+        let mut p = Plan::new(cfg(Algorithm::LowCost, 60), Resources::new(10_000, 10_240)).unwrap();
+        p.add_fixed("x", 10 * MIN, 15 * MIN, Resources::new(2000, 2048))
+            .unwrap();
+        let chain = |interp| def(0, 20, interp, vec![st(2, 2, 5), st(2, 2, 5)], None);
+        let a = p.reserve("order", chain(Interpreter::Order)).unwrap();
+        assert_eq!(a, vec![iv(5, 10, 2), iv(15, 20, 2)]);
+        assert_eq!(p.get("order").unwrap().placed_by, Some(Algorithm::LowCost));
+        p.delete("order");
+        let a = p.reserve("no-gap", chain(Interpreter::OrderNoGap)).unwrap();
+        assert_eq!(a, vec![iv(10, 20, 2)]);
+        assert_eq!(p.get("no-gap").unwrap().placed_by, Some(Algorithm::Greedy));
+        p.check_invariants().unwrap();
+    }
+
     #[test]
     fn any_takes_one_stage_and_greedy_baseline() {
         let mut p = Plan::new(cfg(Algorithm::Greedy, 60), Resources::new(10_000, 10_240)).unwrap();
