@@ -725,11 +725,18 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
     h.clock.advance(Duration::from_secs(1));
     a.send(&known_directory).await;
     let ack = a.expect_ack().await;
-    assert!(ack.view.directory.is_empty(), "a delta, not the whole directory");
+    assert!(
+        ack.view.directory.is_empty(),
+        "a delta, not the whole directory"
+    );
     let delta = ack.view.delta.expect("the re-join as a delta");
     assert_eq!(delta.from_version, a_ack.view.directory_version);
     assert_eq!(
-        delta.joined.iter().map(|n| n.node_id.as_str()).collect::<Vec<_>>(),
+        delta
+            .joined
+            .iter()
+            .map(|n| n.node_id.as_str())
+            .collect::<Vec<_>>(),
         vec!["node-b"]
     );
     assert!(delta.left.is_empty());

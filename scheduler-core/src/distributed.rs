@@ -309,8 +309,10 @@ impl DistributedScheduler {
     /// the coordinator sends it whole; O(directory log directory), once per membership version.
     fn apply_delta(&mut self, joined: Vec<NodeDirectoryEntry>, left: &[NodeId]) {
         {
-            let replaced: std::collections::HashSet<&NodeId> =
-                left.iter().chain(joined.iter().map(|n| &n.node_id)).collect();
+            let replaced: std::collections::HashSet<&NodeId> = left
+                .iter()
+                .chain(joined.iter().map(|n| &n.node_id))
+                .collect();
             self.view
                 .directory
                 .retain(|n| !replaced.contains(&n.node_id));

@@ -396,7 +396,11 @@ impl QueueableSigner {
     /// A directory delta's keys: those of its joined nodes replace or extend the old ones (a
     /// re-joined node's new session voids the old key), and the nodes that `left` lose theirs.
     /// On malformed material nothing changes.
-    pub fn patch_keys(&mut self, joined: &[IssuerNodeKey], left: &[NodeId]) -> Result<(), TokenError> {
+    pub fn patch_keys(
+        &mut self,
+        joined: &[IssuerNodeKey],
+        left: &[NodeId],
+    ) -> Result<(), TokenError> {
         let mut decoded = Vec::with_capacity(joined.len());
         for k in joined {
             let secret = decode_secret(&k.secret_hex, k.node_epoch)?;

@@ -64,7 +64,8 @@ impl Worker {
         let node = dir.node_id.clone();
         let issuer = c.join(now, dir);
         let view = c.node_view(&node, 0, Vec::new());
-        let mut scheduler = DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
+        let mut scheduler =
+            DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
         assert_eq!(scheduler.update_view(view.view), DirectoryUpdate::Replaced);
         let signer = QueueableSigner::new(issuer, &view.issuer_keys.expect("keys at join"))
             .expect("well-formed keys");
@@ -256,7 +257,11 @@ fn the_change_log_is_bounded_and_an_older_version_gets_the_whole_directory() {
     for known in [oldest_covered - 1, 0, current + 1] {
         let whole = c.node_view(&w.node, known, Vec::new());
         assert!(whole.view.delta.is_none(), "version {known}");
-        assert_eq!(whole.view.directory.len(), c.node_count(), "version {known}");
+        assert_eq!(
+            whole.view.directory.len(),
+            c.node_count(),
+            "version {known}"
+        );
         assert_eq!(whole.issuer_keys.map(|k| k.len()), Some(c.node_count()));
     }
     // The worker, still at its join version (older than the log), catches up with it.
@@ -280,7 +285,10 @@ fn a_delta_that_does_not_start_at_or_before_the_schedulers_version_is_ignored_wi
     let ahead = c.node_view(&w.node, v1, Vec::new());
     assert!(w.version() < v1);
     let before = w.scheduler.view().directory.clone();
-    assert_eq!(w.scheduler.update_view(ahead.view), DirectoryUpdate::Ignored);
+    assert_eq!(
+        w.scheduler.update_view(ahead.view),
+        DirectoryUpdate::Ignored
+    );
     assert_eq!(w.scheduler.view().directory, before);
     // Its own version's answer brings it up to date.
     let known = w.version();

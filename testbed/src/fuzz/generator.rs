@@ -760,7 +760,9 @@ fn view(rng: &mut Rng) -> ClusterView {
         delta: rng.chance(1, 2).then(|| DirectoryDelta {
             from_version: rng.interesting_u64(),
             joined: directory_entries(rng),
-            left: (0..rng.below(3)).map(|_| NodeId::from(rng.word())).collect(),
+            left: (0..rng.below(3))
+                .map(|_| NodeId::from(rng.word()))
+                .collect(),
         }),
         top_k: (0..rng.below(3))
             .map(|_| NodeLoad {
