@@ -518,20 +518,38 @@ fn the_dashboard_and_the_operator_commands_show_the_live_cluster() {
             &dom[at..end]
         );
     }
-    // One node's page lists the containers it runs.
-    let busiest = state["cluster"]["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .max_by_key(|n| n["containers_total"].as_u64())
-        .unwrap();
-    let id = busiest["node_id"].as_str().unwrap();
-    let dom = render(&browser, &format!("http://{http}/#node/{id}"), None);
-    assert!(dom.contains(&format!(">Node {id}<")), "{dom}");
-    for c in busiest["containers"].as_array().unwrap() {
-        let row = format!(r#"data-container="{}""#, c["id"].as_str().unwrap());
-        assert!(dom.contains(&row), "{row} on the node page: {dom}");
-    }
+    // One node's page lists the containers it runs. The page polls its own snapshot, which
+    // may be a tick newer or older than the one read here (under load a container can still be
+    // moving between queue and start): read, render and compare again until they agree, bounded.
+    let deadline = std::time::Instant::now() + GUARD;
+    let id = loop {
+        let state: serde_json::Value =
+            serde_json::from_str(&http_get(&http, "/api/state")).unwrap();
+        let busiest = state["cluster"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .max_by_key(|n| n["containers_total"].as_u64())
+            .unwrap()
+            .clone();
+        let id = busiest["node_id"].as_str().unwrap().to_string();
+        let dom = render(&browser, &format!("http://{http}/#node/{id}"), None);
+        assert!(dom.contains(&format!(">Node {id}<")), "{dom}");
+        let missing: Vec<String> = busiest["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| format!(r#"data-container="{}""#, c["id"].as_str().unwrap()))
+            .filter(|row| !dom.contains(row))
+            .collect();
+        if missing.is_empty() {
+            break id;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{missing:?} not on the node page: {dom}"
+        );
+    };
     let dom = render(&browser, &format!("http://{http}/#reservations"), None);
     assert!(dom.contains(r#"id="agenda""#), "the agenda chart: {dom}");
 
