@@ -123,6 +123,9 @@ struct NodeEntry {
 pub struct AggregateRound {
     pub top_k: Vec<NodeLoad>,
     pub shedding_threshold_ms: Option<f64>,
+    /// The nodes whose R was above the threshold in the distribution it was computed from: only
+    /// they are sent it ([`AggregateRound::shedding_target_for`]).
+    pub shedding_outliers: HashSet<NodeId>,
     /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
@@ -310,9 +313,11 @@ impl CoordinatorState {
                 t.0 = t.0.saturating_add(a.queueable);
                 t.1 = t.1.saturating_add(a.guaranteed);
             }
+            let shedding = self.shedding_round();
             self.round = AggregateRound {
                 top_k: self.top_k(rng),
-                shedding_threshold_ms: self.shedding_threshold_ms(),
+                shedding_threshold_ms: shedding.threshold_ms,
+                shedding_outliers: shedding.outliers,
                 outstanding_totals,
                 at: Some(now),
             };
@@ -636,6 +641,59 @@ impl CoordinatorState {
         }
         let values: Vec<f64> = self.nodes.values().map(|e| e.load.total_ms()).collect();
         Some(shedding_threshold(&values, n).max(self.config.min_shedding_threshold_ms))
+    }
+}
+
+/// One round's load-shedding decision (Mercury §4.3, §6.3): the targeted maximal queue delay and
+/// the outlier nodes, both from the same distribution of the nodes' R.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SheddingRound {
+    pub threshold_ms: Option<f64>,
+    pub outliers: HashSet<NodeId>,
+}
+
+impl SheddingRound {
+    /// The target to send `node` with its heartbeat answer: the threshold if the node was an
+    /// outlier of the round, else none.
+    pub fn target_for(&self, node: &NodeId) -> Option<f64> {
+        self.threshold_ms.filter(|_| self.outliers.contains(node))
+    }
+}
+
+impl AggregateRound {
+    /// See [`SheddingRound::target_for`].
+    pub fn shedding_target_for(&self, node: &NodeId) -> Option<f64> {
+        self.shedding_threshold_ms
+            .filter(|_| self.shedding_outliers.contains(node))
+    }
+}
+
+impl CoordinatorState {
+    /// The threshold and the nodes above it, from the nodes' latest R (O(nodes), once a round).
+    ///
+    /// Mercury §6.3: the coordinator computes "outliers (i.e., nodes whose queuing delays are
+    /// significantly higher than average)" and disseminates the target; "the Mercury Runtime on
+    /// an outlier node" then sheds to fit it. The target goes to the outliers only: a node that
+    /// was not one when the threshold was computed is not shed against it. Sending it to every
+    /// node compared each node's *current* R with a threshold up to a round old; when a closed
+    /// loop admits a wave of jobs, every node's R rises within the round above the old target
+    /// and every node sheds, and the shed containers are re-asked onto nodes that shed them
+    /// again (§7.3 20-s tasks: 50,000 sheds in 3 s, 0.9 per completed task;
+    /// docs/experiments/mercury/diagnosis.md).
+    pub fn shedding_round(&self) -> SheddingRound {
+        let Some(threshold_ms) = self.shedding_threshold_ms() else {
+            return SheddingRound::default();
+        };
+        let outliers = self
+            .nodes
+            .values()
+            .filter(|e| e.load.total_ms() > threshold_ms)
+            .map(|e| e.dir.node_id.clone())
+            .collect();
+        SheddingRound {
+            threshold_ms: Some(threshold_ms),
+            outliers,
+        }
     }
 }
 
