@@ -735,6 +735,58 @@ mod tests {
         assert!("avg+xsigma".parse::<SheddingPolicy>().is_err());
     }
 
+    /// Mercury §6.3: the target goes to the round's outliers only. A node that was below the
+    /// threshold when it was computed is not asked to shed, however much its R grew since (a
+    /// wave of admissions raises every node's R within a round).
+    #[test]
+    fn the_shedding_target_goes_only_to_the_rounds_outliers() {
+        let mut c = CoordinatorState::new(
+            CoordinatorConfig {
+                shedding: SheddingPolicy::MeanPlusSigma { n: 1.0 },
+                ..Default::default()
+            },
+            1,
+        );
+        let mut rng = StdRng::seed_from_u64(3);
+        // R = 0, 2, 4, 10 s: threshold 4 + sqrt(14) ≈ 7.74 s; only "d" is above it.
+        for (name, r_s) in [("a", 0.0), ("b", 2.0), ("c", 4.0), ("d", 10.0)] {
+            c.join(Time::ZERO, dir(name));
+            let load = QueueDelay {
+                tq_ms: r_s * 1000.0,
+                tr_ms: 0.0,
+                tl_ms: 0.0,
+            };
+            assert!(c.heartbeat(Time::ZERO, &NodeId::from(name), load, vec![]));
+        }
+        let round = c
+            .round(Time::ZERO, Duration::from_secs(3), &mut rng)
+            .clone();
+        let threshold = round.shedding_threshold_ms.expect("shedding is on");
+        assert!((threshold - (4.0 + 14f64.sqrt()) * 1000.0).abs() < 1e-6);
+        assert_eq!(round.shedding_target_for(&NodeId::from("d")), Some(threshold));
+        for name in ["a", "b", "c"] {
+            assert_eq!(round.shedding_target_for(&NodeId::from(name)), None, "{name}");
+        }
+        // "a" now reports far above the threshold; within the round it still is not sent it.
+        let surge = QueueDelay {
+            tq_ms: 50_000.0,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        };
+        assert!(c.heartbeat(Time::from_millis(1_000), &NodeId::from("a"), surge, vec![]));
+        let same = c.round(Time::from_millis(1_000), Duration::from_secs(3), &mut rng);
+        assert_eq!(same.shedding_target_for(&NodeId::from("a")), None);
+        // Shedding off: no target for anyone.
+        let off = CoordinatorState::new(
+            CoordinatorConfig {
+                shedding: SheddingPolicy::Off,
+                ..Default::default()
+            },
+            1,
+        );
+        assert_eq!(off.shedding_round(), SheddingRound::default());
+    }
+
     #[test]
     fn top_k_is_sorted_and_bounded_and_lost_nodes_notify_issuers() {
         let mut c = CoordinatorState::new(
