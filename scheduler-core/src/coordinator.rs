@@ -763,9 +763,16 @@ mod tests {
             .clone();
         let threshold = round.shedding_threshold_ms.expect("shedding is on");
         assert!((threshold - (4.0 + 14f64.sqrt()) * 1000.0).abs() < 1e-6);
-        assert_eq!(round.shedding_target_for(&NodeId::from("d")), Some(threshold));
+        assert_eq!(
+            round.shedding_target_for(&NodeId::from("d")),
+            Some(threshold)
+        );
         for name in ["a", "b", "c"] {
-            assert_eq!(round.shedding_target_for(&NodeId::from(name)), None, "{name}");
+            assert_eq!(
+                round.shedding_target_for(&NodeId::from(name)),
+                None,
+                "{name}"
+            );
         }
         // "a" now reports far above the threshold; within the round it still is not sent it.
         let surge = QueueDelay {
