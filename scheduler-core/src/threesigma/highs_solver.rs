@@ -4,7 +4,7 @@
 //! each call (measured before this was written: HiGHS alone finds no integer point in 0.2 s on a
 //! 3Sigma-sized model, so the LP relaxation is what the cycle leans on).
 
-use super::model::{LpSolution, MilpModel, MilpSolver, MipSolution, SolverError};
+use super::model::{LpSolution, MilpModel, MilpSolver, MipSolution, SolveLimit, SolverError};
 use highs::{ColProblem, HighsModelStatus, HighsSolutionStatus, Model, Sense};
 
 /// HiGHS, one thread, quiet.
@@ -29,10 +29,21 @@ fn build(model: &MilpModel, integer: bool) -> ColProblem {
     problem
 }
 
-fn configure(model: &mut Model, time_limit_s: f64) {
+fn configure(model: &mut Model, limit: SolveLimit) {
     model.make_quiet();
     model.set_option("threads", 1);
-    model.set_option("time_limit", time_limit_s.max(1e-3));
+    if let Some(time_s) = limit.time_s {
+        model.set_option("time_limit", time_s.max(1e-3));
+    }
+    if let Some(iterations) = limit.simplex_iterations {
+        model.set_option(
+            "simplex_iteration_limit",
+            i32::try_from(iterations).unwrap_or(i32::MAX),
+        );
+    }
+    if let Some(nodes) = limit.mip_nodes {
+        model.set_option("mip_max_nodes", i32::try_from(nodes).unwrap_or(i32::MAX));
+    }
 }
 
 /// The LP relaxation skips HiGHS' presolve: the cycle's model has nothing for it to remove (one
@@ -40,8 +51,8 @@ fn configure(model: &mut Model, time_limit_s: f64) {
 /// 300 × 4 × 16 models presolve cost about 30 % of the solve (thread CPU time of dual simplex on
 /// three seeds: 229–261 ms with presolve, 155–195 ms without, same optimum; docs/benchmarks.md
 /// §8). The MILP improvement keeps it: there presolve's probing and cuts pay.
-fn configure_relaxation(model: &mut Model, time_limit_s: f64) {
-    configure(model, time_limit_s);
+fn configure_relaxation(model: &mut Model, limit: SolveLimit) {
+    configure(model, limit);
     model.set_option("presolve", "off");
 }
 
@@ -53,18 +64,19 @@ impl MilpSolver for HighsSolver {
     fn solve_relaxation(
         &mut self,
         model: &MilpModel,
-        time_limit_s: f64,
+        limit: SolveLimit,
     ) -> Result<LpSolution, SolverError> {
         if model.columns.is_empty() {
             return Ok(LpSolution {
                 values: Vec::new(),
                 bound: 0.0,
+                iterations: 0,
             });
         }
         let mut highs = Model::try_new(build(model, false))
             .map_err(|status| SolverError::Rejected(format!("{status:?}")))?;
         highs.set_sense(Sense::Maximise);
-        configure_relaxation(&mut highs, time_limit_s);
+        configure_relaxation(&mut highs, limit);
         let solved = highs
             .try_solve()
             .map_err(|status| SolverError::Rejected(format!("{status:?}")))?;
@@ -79,6 +91,7 @@ impl MilpSolver for HighsSolver {
                 Ok(LpSolution {
                     values,
                     bound: solved.objective_value(),
+                    iterations: u64::try_from(solved.simplex_iteration_count()).unwrap_or(0),
                 })
             }
             other => Err(SolverError::NoSolution(format!("LP relaxation {other:?}"))),
@@ -89,15 +102,15 @@ impl MilpSolver for HighsSolver {
         &mut self,
         model: &MilpModel,
         start: &[bool],
-        time_limit_s: f64,
+        limit: SolveLimit,
     ) -> Result<Option<MipSolution>, SolverError> {
-        if model.columns.is_empty() || time_limit_s <= 0.0 {
+        if model.columns.is_empty() || limit.exhausted() {
             return Ok(None);
         }
         let mut highs = Model::try_new(build(model, true))
             .map_err(|status| SolverError::Rejected(format!("{status:?}")))?;
         highs.set_sense(Sense::Maximise);
-        configure(&mut highs, time_limit_s);
+        configure(&mut highs, limit);
         let start: Vec<f64> = start.iter().map(|on| f64::from(u8::from(*on))).collect();
         highs
             .try_set_solution(Some(&start), None, None, None)

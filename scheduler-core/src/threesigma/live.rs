@@ -353,70 +353,6 @@ impl LiveCycle {
     }
 }
 
-/// The decision's jobs to start now, plus the deferred jobs that can start now instead at no
-/// loss: a job whose option at the cycle's first step is worth as much as its planned later
-/// start (an SLO job's utility is flat up to its deadline, so 3σSched is indifferent between
-/// those starts and may plan any of them) and which fits the plan's every capacity row when
-/// moved there. 3Sigma re-plans each cycle and enacts only the first step (§4.3.1); this keeps
-/// that enactment work-conserving without changing what the plan values.
-fn pull_forward(
-    model: &CycleModel,
-    pending: &[PendingJob],
-    decision: &CycleDecision,
-) -> Vec<crate::threesigma::Placement> {
-    let mut start_now = decision.start_now.clone();
-    if decision.deferred.is_empty() {
-        return start_now;
-    }
-    let step_of = |start: f64| model.starts.iter().position(|s| (s - start).abs() < 1e-6);
-    let column_of = |job: usize, partition: usize, step: usize| {
-        model.model.columns.iter().position(|c| {
-            matches!(c.kind, ColumnKind::Option { job: cj, partition: cp, step: cs }
-                if cj == job && cp == partition && cs == step)
-        })
-    };
-    let index: HashMap<u64, usize> = pending.iter().enumerate().map(|(j, p)| (p.id, j)).collect();
-    let mut chosen = vec![false; model.model.columns.len()];
-    for p in decision.start_now.iter().chain(&decision.deferred) {
-        if let (Some(&j), Some(step)) = (index.get(&p.job), step_of(p.start))
-            && let Some(c) = column_of(j, p.partition, step)
-        {
-            chosen[c] = true;
-        }
-    }
-    let mut deferred = decision.deferred.clone();
-    deferred.sort_by(|a, b| a.start.total_cmp(&b.start).then(a.job.cmp(&b.job)));
-    for p in deferred {
-        let (Some(&j), Some(step)) = (index.get(&p.job), step_of(p.start)) else {
-            continue;
-        };
-        let (Some(from), Some(to)) = (
-            column_of(j, p.partition, step),
-            column_of(j, p.partition, 0),
-        ) else {
-            continue;
-        };
-        let columns = &model.model.columns;
-        if columns[to].objective + 1e-9 < columns[from].objective {
-            continue;
-        }
-        chosen[from] = false;
-        chosen[to] = true;
-        if model.model.violated_row(&chosen).is_some() {
-            chosen[to] = false;
-            chosen[from] = true;
-            continue;
-        }
-        start_now.push(crate::threesigma::Placement {
-            job: p.job,
-            partition: p.partition,
-            start: model.starts[0],
-            expected_utility: columns[to].objective,
-        });
-    }
-    start_now
-}
-
 fn secs(ms: u64) -> f64 {
     ms as f64 / 1000.0
 }
@@ -738,7 +674,9 @@ impl Guarantor {
             ..
         } = cycle;
         live.scheduler = Some(scheduler);
-        let start_now = pull_forward(&model, &pending, &decision);
+        // Deferred starts that fit now at no loss were already moved to now by the core
+        // (`threesigma::pull_forward`).
+        let start_now = decision.start_now.clone();
         let mut placements = Vec::new();
         let mut started = 0;
         let mut not_enacted = HashMap::new();

@@ -24,7 +24,7 @@ pub use belief::{OverEstimateHandling, RuntimeBelief, Utility, exp_inc_finish};
 pub use highs_solver::HighsSolver;
 pub use model::{
     Column, ColumnKind, FEASIBILITY_TOLERANCE, LpSolution, MilpModel, MilpSolver, MipSolution, Row,
-    RowKind, SolverError,
+    RowKind, SolveLimit, SolverError,
 };
 pub use partition::{JobDescription, NodeConstraint, Partitioning, equivalence_partitions};
 pub use prio::PrioScheduler;
@@ -76,6 +76,28 @@ pub struct ThreeSigmaConfig {
     /// Preemption cost as a multiple of the running job's expected utility (§4.3.5 leaves the
     /// cost to the preemption policy; losing the job's expected value is the natural price).
     pub preemption_cost_factor: f64,
+    /// What bounds the solver each cycle.
+    #[serde(default)]
+    pub solver_budget: SolverBudget,
+}
+
+/// What bounds the solver's effort in a cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SolverBudget {
+    /// Wall-clock time: `time_limit_fraction` of the cycle, `lp_share` of it for the LP
+    /// relaxation (§4.3.6). What a live scheduler must do; the decision then depends on how fast
+    /// the machine is at that moment.
+    #[default]
+    WallClock,
+    /// Work: at most `lp_simplex_iterations` simplex iterations for the LP relaxation and
+    /// `mip_nodes` branch-and-bound nodes for the MILP improvement (0: none), and no time limit.
+    /// The same input gives the same decision on any machine under any load, so simulations
+    /// use it; their cycle times are still measured and reported.
+    Work {
+        lp_simplex_iterations: u64,
+        mip_nodes: u64,
+    },
 }
 
 impl Default for ThreeSigmaConfig {
@@ -90,6 +112,7 @@ impl Default for ThreeSigmaConfig {
             over_estimate: Some(OverEstimateHandling::default()),
             preemption: true,
             preemption_cost_factor: 1.0,
+            solver_budget: SolverBudget::WallClock,
         }
     }
 }
@@ -120,6 +143,15 @@ impl ThreeSigmaConfig {
         {
             return Err(ThreeSigmaError::BadConfig(
                 "time_limit_fraction and lp_share must be in [0, 1]".into(),
+            ));
+        }
+        if let SolverBudget::Work {
+            lp_simplex_iterations: 0,
+            ..
+        } = self.solver_budget
+        {
+            return Err(ThreeSigmaError::BadConfig(
+                "a work budget needs at least one LP simplex iteration".into(),
             ));
         }
         Ok(())
@@ -222,6 +254,9 @@ pub struct CycleRecord {
     pub objective: f64,
     /// Why the LP or the MILP gave no answer, when that happened.
     pub note: Option<String>,
+    /// Simplex iterations of the LP relaxation, when it was solved.
+    #[serde(default)]
+    pub lp_iterations: Option<u64>,
 }
 
 /// A cycle's outcome.
@@ -461,6 +496,83 @@ impl<'m> Selection<'m> {
         }
     }
 
+    /// §4.3.5 for the jobs the fill left out: a job with no option in the window may start now by
+    /// preempting running preemptible work in the option's partition (cheapest first) when its
+    /// value exceeds the preemption costs. Without this, a cycle that is not decided by the LP
+    /// (greedy fallback) or whose LP took a preemption only fractionally could never preempt,
+    /// and an SLO job whose deadline allows no later start would be lost to best-effort work
+    /// that a preemption costs less than.
+    fn preempt_for_unplaced(&mut self) {
+        let partition_of_row = |row: usize| match self.model.rows[row].kind {
+            RowKind::Capacity { partition, .. } => Some(partition),
+            RowKind::OneOption { .. } => None,
+        };
+        // Preemption columns per partition, cheapest first.
+        let mut victims: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (c, column) in self.model.columns.iter().enumerate() {
+            if matches!(column.kind, ColumnKind::Preempt { .. })
+                && let Some(partition) = column
+                    .entries
+                    .first()
+                    .and_then(|(r, _)| partition_of_row(*r))
+            {
+                victims.entry(partition).or_default().push(c);
+            }
+        }
+        for list in victims.values_mut() {
+            list.sort_by(|a, b| {
+                self.model.columns[*b]
+                    .objective
+                    .total_cmp(&self.model.columns[*a].objective)
+                    .then(a.cmp(b))
+            });
+        }
+        let mut order: Vec<(usize, f64)> = self
+            .model
+            .columns
+            .iter()
+            .enumerate()
+            .filter_map(|(c, column)| match column.kind {
+                ColumnKind::Option { job, step: 0, .. } if !self.job_taken[job] => {
+                    Some((c, column.objective))
+                }
+                _ => None,
+            })
+            .collect();
+        order.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (column, value) in order {
+            let ColumnKind::Option { job, partition, .. } = self.model.columns[column].kind else {
+                continue;
+            };
+            if self.job_taken[job] {
+                continue;
+            }
+            let Some(list) = victims.get(&partition) else {
+                continue;
+            };
+            let mut taken = Vec::new();
+            let mut cost = 0.0;
+            for &victim in list {
+                if self.fits(column) || cost - self.model.columns[victim].objective >= value {
+                    break;
+                }
+                if self.chosen[victim] {
+                    continue;
+                }
+                self.set(victim, true);
+                cost -= self.model.columns[victim].objective;
+                taken.push(victim);
+            }
+            if self.fits(column) && value > cost + 1e-9 {
+                self.set(column, true);
+            } else {
+                for victim in taken {
+                    self.set(victim, false);
+                }
+            }
+        }
+    }
+
     /// Drop every preemption whose credit no row needs.
     fn drop_needless_preemptions(&mut self) {
         for column in 0..self.chosen.len() {
@@ -513,14 +625,71 @@ pub fn round_lp(model: &MilpModel, jobs: usize, lp_values: &[f64]) -> Vec<bool> 
         selection.try_choose(column);
     }
     selection.fill_by_density();
+    selection.preempt_for_unplaced();
     selection.drop_needless_preemptions();
     selection.chosen
 }
 
-/// Greedy by utility density without an LP (the fallback). Never preempts.
+/// Work-conserving enactment: a planned later start moves to now when the job's option now is
+/// worth as much (an SLO job's utility is flat up to its deadline, so the MILP is indifferent
+/// between those starts and may plan any of them) and the selection still fits every row.
+/// 3Sigma re-plans every cycle and enacts only the first step (§4.3.1): a job left for later
+/// must find room again later, while room idle now is lost, so among equal plans the one that
+/// starts work now is taken. Earlier planned starts move first.
+pub fn pull_forward(model: &MilpModel, jobs: usize, chosen: &mut [bool]) {
+    let mut now_column: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut later: Vec<(usize, usize)> = Vec::new();
+    for (c, column) in model.columns.iter().enumerate() {
+        if let ColumnKind::Option {
+            job,
+            partition,
+            step,
+        } = column.kind
+        {
+            if step == 0 {
+                now_column.insert((job, partition), c);
+            } else if chosen[c] {
+                later.push((step, c));
+            }
+        }
+    }
+    if later.is_empty() {
+        return;
+    }
+    later.sort_unstable();
+    let mut selection = Selection::new(model, jobs);
+    for (c, on) in chosen.iter().enumerate() {
+        if *on {
+            selection.set(c, true);
+        }
+    }
+    for (_, from) in later {
+        let ColumnKind::Option { job, partition, .. } = model.columns[from].kind else {
+            continue;
+        };
+        let Some(&to) = now_column.get(&(job, partition)) else {
+            continue;
+        };
+        if model.columns[to].objective + 1e-9 < model.columns[from].objective {
+            continue;
+        }
+        selection.set(from, false);
+        if selection.fits(to) {
+            selection.set(to, true);
+        } else {
+            selection.set(from, true);
+        }
+    }
+    chosen.copy_from_slice(&selection.chosen);
+}
+
+/// Greedy by utility density without an LP (the fallback), then preemption for the jobs it
+/// left out when their value exceeds the cost.
 pub fn greedy(model: &MilpModel, jobs: usize) -> Vec<bool> {
     let mut selection = Selection::new(model, jobs);
     selection.fill_by_density();
+    selection.preempt_for_unplaced();
+    selection.drop_needless_preemptions();
     selection.chosen
 }
 
@@ -592,6 +761,32 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
         selection.chosen
     }
 
+    /// The limits of the LP relaxation and of the MILP improvement.
+    fn solve_limits(&self) -> (SolveLimit, SolveLimit) {
+        match self.config.solver_budget {
+            SolverBudget::WallClock => {
+                let budget = self.config.cycle_s * self.config.time_limit_fraction;
+                let lp = budget * self.config.lp_share;
+                (SolveLimit::time(lp), SolveLimit::time(budget - lp))
+            }
+            SolverBudget::Work {
+                lp_simplex_iterations,
+                mip_nodes,
+            } => (
+                SolveLimit {
+                    time_s: None,
+                    simplex_iterations: Some(lp_simplex_iterations),
+                    mip_nodes: None,
+                },
+                SolveLimit {
+                    time_s: None,
+                    simplex_iterations: None,
+                    mip_nodes: Some(mip_nodes),
+                },
+            ),
+        }
+    }
+
     /// Run one cycle and return the model as well (benchmarks and `explain`).
     pub fn cycle_with_model(&mut self, input: &CycleInput<'_>) -> (CycleDecision, CycleModel) {
         let cycle = build_model(&self.config, input);
@@ -608,6 +803,7 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             rounded_objective: None,
             objective: 0.0,
             note: None,
+            lp_iterations: None,
         };
         if model.columns.is_empty() {
             self.previous.clear();
@@ -619,11 +815,11 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             };
             return (decision, cycle);
         }
-        let budget = self.config.cycle_s * self.config.time_limit_fraction;
-        let lp_budget = budget * self.config.lp_share;
-        let (mut best, mut method) = match self.solver.solve_relaxation(model, lp_budget) {
+        let (lp_limit, mip_limit) = self.solve_limits();
+        let (mut best, mut method) = match self.solver.solve_relaxation(model, lp_limit) {
             Ok(lp) => {
                 record.lp_bound = Some(lp.bound);
+                record.lp_iterations = Some(lp.iterations);
                 let rounded = round_lp(model, jobs, &lp.values);
                 record.rounded_objective = Some(model.objective(&rounded));
                 (rounded, DecisionMethod::LpRounding)
@@ -639,7 +835,7 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             method = DecisionMethod::WarmStart;
         }
         if self.config.mip_improvement && method != DecisionMethod::GreedyFallback {
-            match self.solver.improve(model, &best, budget - lp_budget) {
+            match self.solver.improve(model, &best, mip_limit) {
                 Ok(Some(improved))
                     if model.violated_row(&improved.chosen).is_none()
                         && model.objective(&improved.chosen) > model.objective(&best) + 1e-9 =>
@@ -657,6 +853,7 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             best = greedy(model, jobs);
             method = DecisionMethod::GreedyFallback;
         }
+        pull_forward(model, jobs, &mut best);
         record.method = method;
         record.objective = model.objective(&best);
         let decision = self.decision_from(&cycle, input, &best, record);

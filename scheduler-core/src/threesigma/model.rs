@@ -100,6 +100,35 @@ pub struct LpSolution {
     pub values: Vec<f64>,
     /// The relaxation's optimum: an upper bound on any integer solution.
     pub bound: f64,
+    /// Simplex iterations the solver used (0 when it does not count them).
+    pub iterations: u64,
+}
+
+/// How much a solver call may spend: wall-clock time, work, or both (the first reached ends
+/// the call). A limit of work (simplex iterations, branch-and-bound nodes) makes the answer
+/// independent of machine speed and load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SolveLimit {
+    pub time_s: Option<f64>,
+    /// Simplex iterations of an LP relaxation.
+    pub simplex_iterations: Option<u64>,
+    /// Branch-and-bound nodes of a MILP.
+    pub mip_nodes: Option<u64>,
+}
+
+impl SolveLimit {
+    pub fn time(time_s: f64) -> Self {
+        Self {
+            time_s: Some(time_s),
+            simplex_iterations: None,
+            mip_nodes: None,
+        }
+    }
+
+    /// Nothing left to spend.
+    pub fn exhausted(&self) -> bool {
+        self.time_s.is_some_and(|t| t <= 0.0) || self.mip_nodes == Some(0)
+    }
 }
 
 /// What came back from a MILP run.
@@ -118,7 +147,7 @@ pub enum SolverError {
     Rejected(String),
 }
 
-/// A solver for [`MilpModel`]s. Time limits are the solver's own (it runs on the caller's
+/// A solver for [`MilpModel`]s. Limits are the solver's own (it runs on the caller's
 /// thread; the core never reads a clock).
 pub trait MilpSolver {
     fn name(&self) -> &'static str;
@@ -126,7 +155,7 @@ pub trait MilpSolver {
     fn solve_relaxation(
         &mut self,
         model: &MilpModel,
-        time_limit_s: f64,
+        limit: SolveLimit,
     ) -> Result<LpSolution, SolverError>;
     /// Improve on `start` (a feasible 0/1 selection) as a MILP within the time limit. `None`
     /// when the solver found nothing better or had no time.
@@ -134,6 +163,6 @@ pub trait MilpSolver {
         &mut self,
         model: &MilpModel,
         start: &[bool],
-        time_limit_s: f64,
+        limit: SolveLimit,
     ) -> Result<Option<MipSolution>, SolverError>;
 }

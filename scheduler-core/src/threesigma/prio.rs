@@ -105,6 +105,7 @@ impl CyclePolicy for PrioScheduler {
                 rounded_objective: None,
                 objective: 0.0,
                 note: None,
+                lp_iterations: None,
             },
         }
     }

@@ -213,14 +213,18 @@ impl MilpSolver for NoAnswer {
     fn name(&self) -> &'static str {
         "no-answer"
     }
-    fn solve_relaxation(&mut self, _: &MilpModel, _: f64) -> Result<LpSolution, SolverError> {
+    fn solve_relaxation(
+        &mut self,
+        _: &MilpModel,
+        _: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
         Err(SolverError::NoSolution("time limit".into()))
     }
     fn improve(
         &mut self,
         _: &MilpModel,
         _: &[bool],
-        _: f64,
+        _: SolveLimit,
     ) -> Result<Option<MipSolution>, SolverError> {
         Err(SolverError::NoSolution("time limit".into()))
     }
@@ -362,7 +366,9 @@ fn every_decision_is_enactable_whatever_the_solver_did() {
         methods.insert(decision.record.method);
         let fallback = failing.cycle(&input);
         check_enactable(&partitions, &pending, &running, &fallback);
-        assert!(fallback.preempt.is_empty());
+        for id in &fallback.preempt {
+            assert!(running.iter().any(|r| r.id == *id && r.preemptible));
+        }
         if fallback.record.columns > 0 {
             // The repaired warm start may beat the greedy; either way the LP's failure is said.
             assert!(matches!(
@@ -453,4 +459,250 @@ fn running_jobs_use_capacity_by_their_conditioned_distribution() {
     let uppers: Vec<f64> = cycle.model.rows.iter().map(|r| r.upper).collect();
     // Rows at t = 20, 30, 40, 50.
     assert_eq!(uppers, vec![1.0, 1.0, 3.0, 3.0]);
+}
+
+#[test]
+fn a_work_budget_makes_the_decision_independent_of_time() {
+    // The same instance under a simplex-iteration limit: too few iterations end in the greedy
+    // fallback every time (no clock involved), enough give the LP's answer and its iteration
+    // count, and two runs decide the same.
+    let mut rng = StdRng::seed_from_u64(21);
+    let (partitions, pending, running) = loop {
+        let instance = random_instance(&mut rng);
+        if instance.1.len() >= 4 {
+            break instance;
+        }
+    };
+    let input = CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &running,
+    };
+    let budget = |lp_simplex_iterations| ThreeSigmaConfig {
+        step_s: 30.0,
+        solver_budget: SolverBudget::Work {
+            lp_simplex_iterations,
+            mip_nodes: 0,
+        },
+        ..ThreeSigmaConfig::default()
+    };
+    let decide = |iterations| {
+        ThreeSigmaScheduler::new("3Sigma", budget(iterations), HighsSolver)
+            .unwrap()
+            .cycle(&input)
+    };
+    let first = decide(1_000_000);
+    assert_eq!(first.record.method, DecisionMethod::LpRounding);
+    let needed = first.record.lp_iterations.unwrap();
+    assert!(needed > 1, "{needed}");
+    assert_eq!(first, decide(1_000_000));
+    // HiGHS stops at the limit before it can confirm optimality, so half is short of it.
+    let starved = decide(needed / 2);
+    assert_eq!(starved.record.method, DecisionMethod::GreedyFallback);
+    assert!(starved.record.lp_bound.is_none());
+    assert_eq!(starved, decide(needed / 2));
+    assert!(
+        ThreeSigmaScheduler::new("3Sigma", budget(0), HighsSolver).is_err(),
+        "no LP iterations at all is refused"
+    );
+}
+
+/// A "solver" whose LP answer is given: the columns it names at the given values, the rest 0.
+struct GivenLp(Vec<(ColumnKind, f64)>);
+
+impl MilpSolver for GivenLp {
+    fn name(&self) -> &'static str {
+        "given"
+    }
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        _: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
+        let values: Vec<f64> = model
+            .columns
+            .iter()
+            .map(|c| {
+                self.0
+                    .iter()
+                    .find(|(kind, _)| *kind == c.kind)
+                    .map_or(0.0, |(_, v)| *v)
+            })
+            .collect();
+        let bound = model
+            .columns
+            .iter()
+            .zip(&values)
+            .map(|(c, v)| c.objective * v)
+            .sum();
+        Ok(LpSolution {
+            values,
+            bound,
+            iterations: 0,
+        })
+    }
+    fn improve(
+        &mut self,
+        _: &MilpModel,
+        _: &[bool],
+        _: SolveLimit,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        Ok(None)
+    }
+}
+
+#[test]
+fn a_job_planned_later_at_no_gain_starts_now_when_there_is_room() {
+    // One free slot, one SLO job (100 s) whose deadline every start in the window meets: the
+    // MILP is indifferent between its starts, and a later one even uses less of the window.
+    // An LP that plans it at the last step must not leave the slot idle now.
+    let partitions = one_partition(1.0);
+    let pending = vec![job(
+        1,
+        Utility::Slo {
+            deadline: 1_000.0,
+            value: 10.0,
+        },
+        &[100.0],
+        1,
+    )];
+    let config = paper_config();
+    let last = ColumnKind::Option {
+        job: 0,
+        partition: 0,
+        step: config.starts - 1,
+    };
+    let mut scheduler =
+        ThreeSigmaScheduler::new("3Sigma", config, GivenLp(vec![(last, 1.0)])).unwrap();
+    let decision = scheduler.cycle(&CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &[],
+    });
+    assert_eq!(decision.record.method, DecisionMethod::LpRounding);
+    assert_eq!(
+        decision.start_now.iter().map(|p| p.job).collect::<Vec<_>>(),
+        vec![1],
+        "{decision:?}"
+    );
+    assert!(decision.deferred.is_empty());
+    // With the slot held now (a running job believed to end at 5 s), the plan stays later.
+    let running = vec![RunningJob {
+        id: 7,
+        partition: 0,
+        gang: 1,
+        started: -1.0,
+        belief: RuntimeBelief::point(6.0).unwrap(),
+        utility: Utility::Slo {
+            deadline: 100.0,
+            value: 10.0,
+        },
+        preemptible: false,
+    }];
+    let mut scheduler =
+        ThreeSigmaScheduler::new("3Sigma", paper_config(), GivenLp(vec![(last, 1.0)])).unwrap();
+    let decision = scheduler.cycle(&CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &running,
+    });
+    assert!(decision.start_now.is_empty(), "{decision:?}");
+    assert_eq!(decision.deferred.len(), 1);
+}
+
+fn full_of_cheap_best_effort() -> (Vec<PartitionState>, Vec<RunningJob>) {
+    let partitions = one_partition(2.0);
+    let running = vec![RunningJob {
+        id: 9,
+        partition: 0,
+        gang: 2,
+        started: 0.0,
+        belief: RuntimeBelief::point(500.0).unwrap(),
+        utility: Utility::BestEffort {
+            submit: 0.0,
+            value: 1.0,
+            zero_at: 7_200.0,
+        },
+        preemptible: true,
+    }];
+    (partitions, running)
+}
+
+fn urgent_slo() -> PendingJob {
+    // Only a start now meets the deadline (the next start, 2.5 s later, does not).
+    let mut urgent = job(
+        1,
+        Utility::Slo {
+            deadline: 11.0,
+            value: 10.0,
+        },
+        &[10.0],
+        2,
+    );
+    urgent.submit = 1.0;
+    urgent
+}
+
+#[test]
+fn the_greedy_fallback_preempts_cheap_work_for_an_slo_job_that_cannot_wait() {
+    let (partitions, running) = full_of_cheap_best_effort();
+    let pending = vec![urgent_slo()];
+    let mut scheduler = ThreeSigmaScheduler::new("fallback", paper_config(), NoAnswer).unwrap();
+    let decision = scheduler.cycle(&CycleInput {
+        now: 1.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &running,
+    });
+    assert_eq!(decision.record.method, DecisionMethod::GreedyFallback);
+    assert_eq!(decision.preempt, vec![9], "{decision:?}");
+    assert_eq!(
+        decision.start_now.iter().map(|p| p.job).collect::<Vec<_>>(),
+        vec![1]
+    );
+    check_enactable(&partitions, &pending, &running, &decision);
+    // Not for a job worth less than the work it would kill.
+    let mut cheap = urgent_slo();
+    cheap.utility = Utility::Slo {
+        deadline: 11.0,
+        value: 0.5,
+    };
+    let decision = scheduler.cycle(&CycleInput {
+        now: 1.0,
+        partitions: &partitions,
+        pending: &[cheap],
+        running: &running,
+    });
+    assert!(decision.preempt.is_empty());
+    assert!(decision.start_now.is_empty());
+}
+
+#[test]
+fn lp_rounding_preempts_when_the_lp_took_the_preemption_only_fractionally() {
+    let (partitions, running) = full_of_cheap_best_effort();
+    let pending = vec![urgent_slo()];
+    let lp = GivenLp(vec![
+        (ColumnKind::Preempt { running: 0 }, 0.4),
+        (
+            ColumnKind::Option {
+                job: 0,
+                partition: 0,
+                step: 0,
+            },
+            0.4,
+        ),
+    ]);
+    let mut scheduler = ThreeSigmaScheduler::new("3Sigma", paper_config(), lp).unwrap();
+    let decision = scheduler.cycle(&CycleInput {
+        now: 1.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &running,
+    });
+    assert_eq!(decision.record.method, DecisionMethod::LpRounding);
+    assert_eq!(decision.preempt, vec![9], "{decision:?}");
+    assert_eq!(decision.start_now.len(), 1);
 }

@@ -15,8 +15,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::threesigma::{
     CycleInput, CyclePolicy, DecisionMethod, HighsSolver, PartitionChoice, PartitionState,
-    PendingJob, PrioScheduler, RunningJob, RuntimeBelief, ThreeSigmaConfig, ThreeSigmaScheduler,
-    Utility,
+    PendingJob, PrioScheduler, RunningJob, RuntimeBelief, SolverBudget, ThreeSigmaConfig,
+    ThreeSigmaScheduler, Utility,
 };
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
@@ -87,7 +87,18 @@ impl Default for ThreeSigmaParams {
             pretrain_fraction: 0.3,
             belief_quantiles: 20,
             cycle_interval_s: 10.0,
-            scheduler: ThreeSigmaConfig::default(),
+            scheduler: ThreeSigmaConfig {
+                // Decisions must not depend on how loaded the machine running the simulation
+                // is: the LP gets a work budget instead of a time limit (5,000 simplex
+                // iterations, over 6x the most any cycle needed in the runs of the parameters
+                // file), and the MILP improvement (which improved 0-6 of 720 cycles under the
+                // time limit) is left out. docs/experiments/3sigma/parameters.md.
+                solver_budget: SolverBudget::Work {
+                    lp_simplex_iterations: 5_000,
+                    mip_nodes: 0,
+                },
+                ..ThreeSigmaConfig::default()
+            },
         }
     }
 }
@@ -296,6 +307,17 @@ pub struct SystemResult {
     pub methods: BTreeMap<String, usize>,
     /// Decisions that could not be enacted (must be 0).
     pub not_enactable: usize,
+    /// Missed SLO jobs by cause (see [`miss_cause`]).
+    #[serde(default)]
+    pub slo_miss_causes: BTreeMap<String, usize>,
+    /// What the missed SLO jobs went through while they waited.
+    #[serde(default)]
+    pub missed_slo_waiting: MissedSloWaiting,
+    /// Missed SLO jobs and all SLO jobs by runtime class.
+    #[serde(default)]
+    pub slo_misses_by_runtime: BTreeMap<String, usize>,
+    #[serde(default)]
+    pub slo_jobs_by_runtime: BTreeMap<String, usize>,
 }
 
 fn belief_from(
@@ -379,6 +401,9 @@ fn simulate(
     let mut ratios = Vec::new();
     let mut methods: BTreeMap<String, usize> = BTreeMap::new();
     let mut not_enactable = 0;
+    let mut trace = vec![SloTrace::default(); jobs.len()];
+    let mut lp_iterations: Vec<f64> = Vec::new();
+    let mut lp_rate: Vec<(f64, f64)> = Vec::new();
     let end = params.duration_s + params.drain_s;
     let mut now = 0.0;
     let factor = |job: &WorkloadJob, partition: usize| {
@@ -476,6 +501,10 @@ fn simulate(
             cycle_ms.push(began.elapsed().as_secs_f64() * 1000.0);
             let record = &decision.record;
             *methods.entry(format!("{:?}", record.method)).or_default() += 1;
+            if let Some(iterations) = record.lp_iterations {
+                lp_iterations.push(iterations as f64);
+                lp_rate.push((iterations as f64, cycle_ms[cycle_ms.len() - 1]));
+            }
             if record.method != DecisionMethod::Priority {
                 columns.push(record.columns as f64);
                 rows_max = rows_max.max(record.rows);
@@ -516,6 +545,35 @@ fn simulate(
                         epoch: epochs[j],
                     },
                 );
+                trace[j].started = Some((now, placement.partition));
+            }
+            let best_effort_starts = decision
+                .start_now
+                .iter()
+                .filter(|p| !jobs[p.job as usize].slo)
+                .count();
+            let deferred: std::collections::HashSet<u64> =
+                decision.deferred.iter().map(|p| p.job).collect();
+            for &j in &pending {
+                let job = &jobs[j];
+                // Only the cycles in which starting on a preferred rack still met the deadline.
+                if !job.slo || now > job.deadline - job.runtime + 1e-6 {
+                    continue;
+                }
+                let t = &mut trace[j];
+                let room = job
+                    .preferred
+                    .iter()
+                    .any(|p| free[*p] + 1e-9 >= f64::from(job.gang));
+                t.cycles_waiting += 1;
+                t.best_effort_started_while_waiting += best_effort_starts;
+                if deferred.contains(&job.id) {
+                    t.cycles_deferred += 1;
+                    t.cycles_deferred_with_room += usize::from(room);
+                } else {
+                    t.cycles_unplanned += 1;
+                    t.cycles_unplanned_with_room += usize::from(room);
+                }
             }
             pending.sort_unstable();
         }
@@ -529,6 +587,36 @@ fn simulate(
         .iter()
         .filter(|j| finished[**j].is_none_or(|f| f > jobs[**j].deadline + 1e-6))
         .count();
+    let mut slo_miss_causes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut missed_waiting = MissedSloWaiting::default();
+    let mut slo_misses_by_runtime: BTreeMap<String, usize> = BTreeMap::new();
+    let mut slo_jobs_by_runtime: BTreeMap<String, usize> = BTreeMap::new();
+    for &j in &slo {
+        *slo_jobs_by_runtime
+            .entry(runtime_class(jobs[j].runtime).into())
+            .or_default() += 1;
+    }
+    for &j in &slo {
+        let job = &jobs[j];
+        if finished[j].is_some_and(|f| f <= job.deadline + 1e-6) {
+            continue;
+        }
+        let t = &trace[j];
+        // Prio plans without runtimes: its belief explains nothing.
+        let belief = beliefs[j].as_ref().filter(|_| system != System::Prio);
+        *slo_miss_causes
+            .entry(miss_cause(job, t, belief, params).into())
+            .or_default() += 1;
+        *slo_misses_by_runtime
+            .entry(runtime_class(job.runtime).into())
+            .or_default() += 1;
+        missed_waiting.cycles_waiting += t.cycles_waiting;
+        missed_waiting.cycles_deferred += t.cycles_deferred;
+        missed_waiting.cycles_deferred_with_room += t.cycles_deferred_with_room;
+        missed_waiting.cycles_unplanned += t.cycles_unplanned;
+        missed_waiting.cycles_unplanned_with_room += t.cycles_unplanned_with_room;
+        missed_waiting.best_effort_started_while_waiting += t.best_effort_started_while_waiting;
+    }
     let mut goodput = 0.0;
     for (j, job) in jobs.iter().enumerate() {
         if let Some(f) = finished[j]
@@ -542,6 +630,20 @@ fn simulate(
         .filter_map(|j| finished[*j].map(|f| f - jobs[*j].submit))
         .collect();
     cycle_ms.sort_by(f64::total_cmp);
+    lp_iterations.sort_by(f64::total_cmp);
+    if !lp_rate.is_empty() {
+        let (it, ms) = lp_rate
+            .iter()
+            .fold((0.0, 0.0), |(a, b), (i, m)| (a + i, b + m));
+        eprintln!(
+            "  {} lp iterations p50 {} p99 {} max {}; {:.0} iterations per cycle-second",
+            system.name(),
+            quantile(&lp_iterations, 0.5),
+            quantile(&lp_iterations, 0.99),
+            lp_iterations.last().copied().unwrap_or(0.0),
+            it / (ms / 1000.0)
+        );
+    }
     SystemResult {
         system: system.name().into(),
         seed,
@@ -564,7 +666,90 @@ fn simulate(
         solution_over_bound_min: ratios.iter().copied().reduce(f64::min),
         methods,
         not_enactable,
+        slo_miss_causes,
+        missed_slo_waiting: missed_waiting,
+        slo_misses_by_runtime,
+        slo_jobs_by_runtime,
     }
+}
+
+/// Runtime class of a job, for the miss breakdown.
+fn runtime_class(runtime: f64) -> &'static str {
+    match runtime {
+        r if r < 60.0 => "a <1 min",
+        r if r < 600.0 => "b 1-10 min",
+        r if r < 1800.0 => "c 10-30 min",
+        _ => "d 30-60 min",
+    }
+}
+
+/// What happened to one SLO job while it waited and could still meet its deadline on a
+/// preferred rack (diagnostics of the misses).
+#[derive(Debug, Clone, Default)]
+struct SloTrace {
+    /// Last start: time and rack.
+    started: Option<(f64, usize)>,
+    cycles_waiting: usize,
+    /// Cycles in which the plan put it at a later start.
+    cycles_deferred: usize,
+    /// … while one of its preferred racks had room for its gang after the cycle's starts.
+    cycles_deferred_with_room: usize,
+    /// Cycles in which the plan had no option for it at all.
+    cycles_unplanned: usize,
+    cycles_unplanned_with_room: usize,
+    /// Best-effort jobs started in the cycles it waited through.
+    best_effort_started_while_waiting: usize,
+}
+
+/// Sums of [`SloTrace`] over the SLO jobs that missed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MissedSloWaiting {
+    pub cycles_waiting: usize,
+    pub cycles_deferred: usize,
+    pub cycles_deferred_with_room: usize,
+    pub cycles_unplanned: usize,
+    pub cycles_unplanned_with_room: usize,
+    pub best_effort_started_while_waiting: usize,
+}
+
+/// Why an SLO job missed its deadline, first matching cause:
+/// - `no_cycle_in_time`: no cycle between its submission and its latest start on a preferred
+///   rack (deadline − runtime), so no policy could have met it;
+/// - `never_started`;
+/// - `non_preferred_rack`: started in time for a preferred rack, but ran 1.5× longer elsewhere;
+/// - `late_deferred_with_room`: started (or never started) after its latest start although the
+///   plan had deferred it while a preferred rack had room;
+/// - `late_belief_too_short`: started after its latest start, and its belief gave the true
+///   runtime less than 10 % (the belief said there was time);
+/// - `late_no_room`: started late, no room was left idle while it waited.
+fn miss_cause(
+    job: &WorkloadJob,
+    trace: &SloTrace,
+    belief: Option<&RuntimeBelief>,
+    params: &ThreeSigmaParams,
+) -> &'static str {
+    let latest_start = job.deadline - job.runtime;
+    let first_cycle = (job.submit / params.cycle_interval_s).ceil() * params.cycle_interval_s;
+    if first_cycle > latest_start + 1e-6 {
+        return "no_cycle_in_time";
+    }
+    let Some((started, partition)) = trace.started else {
+        return if trace.cycles_deferred_with_room > 0 {
+            "late_deferred_with_room"
+        } else {
+            "never_started"
+        };
+    };
+    if started <= latest_start + 1e-6 && !job.preferred.contains(&partition) {
+        return "non_preferred_rack";
+    }
+    if trace.cycles_deferred_with_room > 0 {
+        return "late_deferred_with_room";
+    }
+    if belief.is_some_and(|b| b.survival(job.runtime - 1e-9) < 0.1) {
+        return "late_belief_too_short";
+    }
+    "late_no_room"
 }
 
 fn utility_of(job: &WorkloadJob, params: &ThreeSigmaParams) -> Utility {
@@ -594,8 +779,19 @@ pub struct ThreeSigmaReport {
     pub results: Vec<SystemResult>,
     /// Per system: mean, min and max over seeds of the three metrics.
     pub summary: Vec<SystemSummary>,
-    pub headline: Vec<HeadlineRatio>,
+    /// §6.1's claims: `ours_percent` from the means over seeds, `by_seed` per seed (in the
+    /// order of `seeds`).
+    pub headline: Vec<ThreeSigmaHeadline>,
     pub wall_s: f64,
+}
+
+/// A headline claim with ours per seed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreeSigmaHeadline {
+    pub claim: String,
+    pub paper_percent: f64,
+    pub ours_percent: f64,
+    pub by_seed: Vec<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -674,6 +870,11 @@ pub fn run(
                         result.cycles,
                         result.cycle_ms_p99
                     );
+                    eprintln!(
+                        "  seed {seed} {:<13} misses {:?} waiting {:?} methods {:?} by runtime {:?} of {:?}",
+                        result.system, result.slo_miss_causes, result.missed_slo_waiting, result.methods,
+                        result.slo_misses_by_runtime, result.slo_jobs_by_runtime
+                    );
                     results.lock().expect("no panics while held").push((i, result));
                 }
             });
@@ -701,7 +902,40 @@ pub fn run(
             }
         })
         .collect();
-    let headline = headline(&summary);
+    let per_seed: Vec<Vec<HeadlineRatio>> = seeds
+        .iter()
+        .map(|seed| {
+            let summary: Vec<SystemSummary> = System::ALL
+                .iter()
+                .filter_map(|s| {
+                    let r = results
+                        .iter()
+                        .find(|r| r.seed == *seed && r.system == s.name())?;
+                    Some(SystemSummary {
+                        system: r.system.clone(),
+                        slo_miss_percent: [r.slo_miss_percent; 3],
+                        goodput_machine_hours: [r.goodput_machine_hours; 3],
+                        best_effort_latency_s: [r.best_effort_latency_s; 3],
+                        cycle_ms_p99_max: r.cycle_ms_p99,
+                    })
+                })
+                .collect();
+            headline(&summary)
+        })
+        .collect();
+    let headline: Vec<ThreeSigmaHeadline> = headline(&summary)
+        .into_iter()
+        .enumerate()
+        .map(|(i, h)| ThreeSigmaHeadline {
+            by_seed: per_seed
+                .iter()
+                .filter_map(|hs| hs.get(i).map(|x| x.ours_percent))
+                .collect(),
+            claim: h.claim,
+            paper_percent: h.paper_percent,
+            ours_percent: h.ours_percent,
+        })
+        .collect();
     Ok(ThreeSigmaReport {
         experiment: "3sigma".into(),
         command: command.into(),
@@ -764,7 +998,7 @@ fn headline(summary: &[SystemSummary]) -> Vec<HeadlineRatio> {
 pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
     super::write_report_json(report, dir)?;
     let mut md = format!(
-        "# 3Sigma §6.1 on the simulator\n\nCommand: `{}`\n\nSeeds {:?}; {} nodes in {} racks; {} s of arrivals + {} s drain; jobs per seed {:?}; wall {:.0} s. Parameters and sources: [parameters.md](parameters.md).\n\n## Headline (paper vs ours, mean over seeds)\n\n| claim | paper | ours |\n|---|---:|---:|\n",
+        "# 3Sigma §6.1 on the simulator\n\nCommand: `{}`\n\nSeeds {:?}; {} nodes in {} racks; {} s of arrivals + {} s drain; jobs per seed {:?}; wall {:.0} s. Parameters and sources: [parameters.md](parameters.md).\n\n## Headline (paper vs ours: from the means over seeds, and per seed)\n\n| claim | paper | ours | ours per seed |\n|---|---:|---:|---|\n",
         report.command,
         report.seeds,
         report.params.nodes,
@@ -775,9 +1009,13 @@ pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
         report.wall_s
     );
     for h in &report.headline {
+        let by_seed: Vec<String> = h.by_seed.iter().map(|v| format!("{v:+.1}%")).collect();
         md.push_str(&format!(
-            "| {} | {:+.1}% | {:+.1}% |\n",
-            h.claim, h.paper_percent, h.ours_percent
+            "| {} | {:+.1}% | {:+.1}% | {} |\n",
+            h.claim,
+            h.paper_percent,
+            h.ours_percent,
+            by_seed.join(", ")
         ));
     }
     md.push_str("\n## Per system (mean [min, max] over seeds)\n\n| system | SLO miss % | goodput (machine-h) | BE latency (s) | cycle p99 max (ms) |\n|---|---:|---:|---:|---:|\n");
@@ -821,6 +1059,34 @@ pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
             },
             r.methods,
             r.not_enactable
+        ));
+    }
+    md.push_str("\n## Why SLO jobs missed (per run)\n\nCauses (first that applies): `no_cycle_in_time` no cycle between submission and the latest start on a preferred rack (deadline − runtime), no policy could meet it; `late_deferred_with_room` the plan deferred it while a preferred rack had room, and it then started (or never started) too late; `never_started`; `non_preferred_rack` started in time for a preferred rack but ran 1.5× longer on another; `late_belief_too_short` started late and its belief gave the true runtime < 10 %; `late_no_room` started late otherwise. Waiting counts are over the cycles in which the job could still meet its deadline.\n\n| seed | system | misses by cause | missed by runtime (of SLO jobs) | cycles waiting / deferred (with room) / unplanned (with room) | BE jobs started meanwhile |\n|---|---|---|---|---|---:|\n");
+    for r in &report.results {
+        let by_runtime: Vec<String> = r
+            .slo_jobs_by_runtime
+            .iter()
+            .map(|(class, n)| {
+                format!(
+                    "{}: {}/{n}",
+                    &class[2..],
+                    r.slo_misses_by_runtime.get(class).copied().unwrap_or(0)
+                )
+            })
+            .collect();
+        let w = &r.missed_slo_waiting;
+        md.push_str(&format!(
+            "| {} | {} | {:?} | {} | {} / {} ({}) / {} ({}) | {} |\n",
+            r.seed,
+            r.system,
+            r.slo_miss_causes,
+            by_runtime.join(", "),
+            w.cycles_waiting,
+            w.cycles_deferred,
+            w.cycles_deferred_with_room,
+            w.cycles_unplanned,
+            w.cycles_unplanned_with_room,
+            w.best_effort_started_while_waiting
         ));
     }
     std::fs::write(dir.join("report.md"), md)?;
