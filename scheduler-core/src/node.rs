@@ -804,9 +804,8 @@ impl NodeRuntime {
     /// ahead of it, R minus its own term, so it fits the target when that is at most
     /// `threshold_ms`, even if R counting its own work is above it. Comparing R itself would shed
     /// a container whose wait already fits, from a node up to one container's work above the
-    /// target: with load spread evenly σ is small, the threshold sits within a few containers of
-    /// the mean, and such sheds only move work between equally loaded nodes (§7.3 20-s tasks:
-    /// 0.8 sheds per completed task, docs/experiments/mercury/diagnosis.md).
+    /// target; such sheds only move work between nodes that are about equally loaded
+    /// (docs/experiments/mercury/diagnosis.md, follow-up section).
     pub fn shed_to_threshold(&mut self, now: Time, threshold_ms: f64) -> Vec<ContainerId> {
         let mut shed = Vec::new();
         if self.queue.is_empty() {
@@ -817,10 +816,7 @@ impl NodeRuntime {
         // then a subtraction per victim keeps this linear in the queue length.
         let mut estimate_ms = self.queue_delay(now).total_ms();
         let denominator = self.work_denominator() as f64;
-        loop {
-            let Some((key, newest)) = self.queue.iter().next_back() else {
-                break;
-            };
+        while let Some((key, newest)) = self.queue.iter().next_back() {
             let own_work_ms = self.work_weight(newest) as f64 / denominator;
             if estimate_ms - own_work_ms <= threshold_ms {
                 break;

@@ -1039,7 +1039,10 @@ mod tests {
         assert_eq!((s[0].mean, s[0].min, s[0].max), (20.0, 10.0, 30.0));
         assert_eq!(s[0].ours_percent, 20.0, "ours is the mean over the seeds");
         let json = serde_json::to_value(&s[0]).unwrap();
-        assert_eq!(json["ours_percent"], 20.0, "the report's headline names it ours_percent");
+        assert_eq!(
+            json["ours_percent"], 20.0,
+            "the report's headline names it ours_percent"
+        );
         assert_eq!(s[1].by_seed, vec![-1.0, -3.0, -2.0]);
         assert_eq!(s[1].paper_percent, 40.0);
     }
