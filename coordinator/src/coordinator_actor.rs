@@ -59,6 +59,8 @@ struct Session {
     top_k_sent: u64,
     /// The issuer number of this session: GUARANTEED grants for the node carry it.
     issuer: u32,
+    /// The node's per-heartbeat metric series.
+    gauges: crate::metrics::NodeGauges,
 }
 
 /// Where a promotion's answer goes: the requesting worker's session and its correlation id.
@@ -311,6 +313,7 @@ impl CoordinatorActor {
                 apps_sent: self.apps_version,
                 top_k_sent: self.top_k_version,
                 issuer,
+                gauges: self.metrics.node_gauges(&node_id),
             },
         );
         self.session_nodes.insert(msg.session_id, node_id.clone());
@@ -326,8 +329,12 @@ impl CoordinatorActor {
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
         }
-        self.metrics
-            .node_heartbeat(node_id, hb.queue_delay.total_ms(), hb.queued, hb.running);
+        self.metrics.node_heartbeat(
+            self.sessions.get(node_id).map(|s| &s.gauges),
+            hb.queue_delay.total_ms(),
+            hb.queued,
+            hb.running,
+        );
         self.guarantor().do_send(ReportQueueableLoad {
             node_id: node_id.clone(),
             load: QueueableLoad::from_statuses(&hb.containers),

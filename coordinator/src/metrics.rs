@@ -288,16 +288,42 @@ fn set_resources(family: &Family<NodeLabels, Gauge>, node: &NodeId, r: Resources
         .set(r.memory_mib as i64);
 }
 
+/// One node's per-heartbeat series, looked up once per session: a heartbeat then sets three
+/// atomics instead of allocating a label vector and hashing it into three families (issue 17:
+/// per-heartbeat cost at 10,000 nodes). Handles share the series' storage with the registry.
+#[derive(Clone, Debug)]
+pub struct NodeGauges {
+    queue_delay_ms: FloatGauge,
+    queued: Gauge,
+    running: Gauge,
+}
+
 impl CoordinatorMetrics {
-    /// What a node's heartbeat reported.
-    pub fn node_heartbeat(&self, node: &NodeId, queue_delay_ms: f64, queued: u32, running: u32) {
+    /// The series a node's heartbeats set (at its join; [`CoordinatorMetrics::forget_node`]
+    /// takes them out of the registry when the node is lost).
+    pub fn node_gauges(&self, node: &NodeId) -> NodeGauges {
         let l = vec![("node", node.to_string())];
+        NodeGauges {
+            queue_delay_ms: self.node_queue_delay_ms.get_or_create(&l).clone(),
+            queued: self.node_queued.get_or_create(&l).clone(),
+            running: self.node_running.get_or_create(&l).clone(),
+        }
+    }
+
+    /// What a node's heartbeat reported.
+    pub fn node_heartbeat(
+        &self,
+        node: Option<&NodeGauges>,
+        queue_delay_ms: f64,
+        queued: u32,
+        running: u32,
+    ) {
         self.heartbeats.inc();
-        self.node_queue_delay_ms
-            .get_or_create(&l)
-            .set(queue_delay_ms);
-        self.node_queued.get_or_create(&l).set(i64::from(queued));
-        self.node_running.get_or_create(&l).set(i64::from(running));
+        if let Some(node) = node {
+            node.queue_delay_ms.set(queue_delay_ms);
+            node.queued.set(i64::from(queued));
+            node.running.set(i64::from(running));
+        }
     }
 
     /// A node's GUARANTEED bookings changed (or it joined).

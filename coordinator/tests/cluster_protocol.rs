@@ -711,8 +711,9 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
     );
     a.send(&known_directory).await;
     assert!(a.expect_ack().await.issuer_keys.is_none());
-    // node-b re-joins: a new session, new secret; a's next answer carries a new key for it, and
-    // grants under the old key are stale at the new session.
+    // node-b re-joins: a new session, new secret; a's answer in the next round (membership
+    // changes are published once per round) carries the change as a delta with a new key for
+    // node-b only, and grants under the old key are stale at the new session.
     drop(b);
     let (_b2, b2_accepted) = h.join("node-b", 2000, 2048).await;
     let mut node_b2 = TokenVerifier::new(NodeId::from("node-b"));
@@ -721,12 +722,26 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
         node_b2.verify_signature(&from_a),
         Err(TokenError::StaleGrant { .. })
     ));
+    h.clock.advance(Duration::from_secs(1));
     a.send(&known_directory).await;
-    let renewed = a
-        .expect_ack()
-        .await
-        .issuer_keys
-        .expect("new directory, new keys");
+    let ack = a.expect_ack().await;
+    assert!(
+        ack.view.directory.is_empty(),
+        "a delta, not the whole directory"
+    );
+    let delta = ack.view.delta.expect("the re-join as a delta");
+    assert_eq!(delta.from_version, a_ack.view.directory_version);
+    assert_eq!(
+        delta
+            .joined
+            .iter()
+            .map(|n| n.node_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["node-b"]
+    );
+    assert!(delta.left.is_empty());
+    let renewed = ack.issuer_keys.expect("new session, new key");
+    assert_eq!(renewed.len(), 1, "only the re-joined node's key");
     assert_eq!(keys_of(&renewed, "node-b").node_epoch, b2_accepted.issuer);
     let a_signer = QueueableSigner::new(a_accepted.issuer, &renewed).unwrap();
     node_b2

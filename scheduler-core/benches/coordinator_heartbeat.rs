@@ -8,8 +8,10 @@
 //!
 //! `cargo bench -p scheduler-core --bench coordinator_heartbeat`; prints, per cluster size, the
 //! median of 5 rounds of 3 heartbeat intervals (every node heartbeats once per interval) of ns
-//! per heartbeat, and the cost of one directory answer (all entries and issuer keys), the price
-//! of every membership change for every node.
+//! per heartbeat, the cost of one whole-directory answer (all entries and issuer keys: what a
+//! node is sent at its join, or when its version is older than the change log), and of one delta
+//! answer after 1% of the nodes re-joined in a round (what every node is sent once per round
+//! with membership changes, issue 17).
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -87,17 +89,41 @@ fn main() {
             now = Time::from_micros(now.as_micros() + 1);
         }
         per_heartbeat.sort_by(f64::total_cmp);
-        // One directory answer: what every node is sent once after each membership change.
+        // One whole-directory answer: what a node is sent at its join.
         let start = Instant::now();
         let view = c.node_view(&ids[0], 0, Vec::new());
         let directory_us = start.elapsed().as_secs_f64() * 1e6;
         black_box(&view);
+        // 1% of the nodes re-join in one round: one new version, one delta per node.
+        let before = c.directory_version();
+        let rejoining = nodes / 100;
+        for (i, id) in ids.iter().enumerate().take(rejoining) {
+            c.join(
+                now,
+                NodeDirectoryEntry {
+                    node_id: id.clone(),
+                    rack: format!("rack-{}", i % 40),
+                    capacity: Resources::new(4000, 4096),
+                    app_endpoint: format!("tcp://127.0.0.1:{}", 20000 + i),
+                },
+            );
+        }
+        now = Time::from_micros(now.as_micros() + interval.as_micros() as u64);
+        c.round(now, interval, &mut rng);
+        let start = Instant::now();
+        let delta = c.node_view(&ids[nodes - 1], before, Vec::new());
+        let delta_us = start.elapsed().as_secs_f64() * 1e6;
+        let delta_entries = delta.view.delta.as_ref().map_or(0, |d| d.joined.len());
+        black_box(&delta);
         println!(
-            "{nodes:>6} nodes: {:>8.0} ns per heartbeat (median of {ROUNDS}); one directory answer ({} entries, {} issuer keys) {:.0} µs",
+            "{nodes:>6} nodes: {:>8.0} ns per heartbeat (median of {ROUNDS}); one whole-directory answer ({} entries, {} issuer keys) {:.0} µs; one delta answer ({} entries, {} keys) {:.0} µs",
             per_heartbeat[ROUNDS / 2],
             view.view.directory.len(),
             view.issuer_keys.as_ref().map_or(0, Vec::len),
             directory_us,
+            delta_entries,
+            delta.issuer_keys.as_ref().map_or(0, Vec::len),
+            delta_us,
         );
     }
 }

@@ -2,15 +2,15 @@
 //! the nodes' queue-delay estimates into the top-k list, the load-shedding threshold
 //! (mean + n·σ), and routing of container notices back to the scheduler that issued them.
 
-use crate::distributed::{ClusterView, NodeDirectoryEntry, NodeLoad};
+use crate::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad};
 use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
 use crate::quota::AppOutstanding;
-use crate::token::{IssuerNodeKey, NodeSessionSecret, TokenKey};
+use crate::token::{IssuerKeyDeriver, IssuerNodeKey, NodeSessionSecret, TokenKey};
 use crate::{ContainerId, NodeId, Time};
 use rand::{Rng, RngExt};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 /// How the shedding threshold is computed (Mercury §7.2.3 compares none, avg+σ, avg+2σ).
@@ -44,6 +44,13 @@ impl std::str::FromStr for SheddingPolicy {
         }
     }
 }
+
+/// Directory versions the coordinator keeps the changes of (issue 17): a worker whose version is
+/// among them is sent the changes since, an older one the whole directory. A live worker
+/// heartbeats every round and versions advance at most once per round, so a worker is normally
+/// one version behind; 16 rounds covers a worker silent for longer than the default node timeout
+/// (10 heartbeats of 1 s), past which it is declared lost and re-joins anyway.
+pub const DIRECTORY_LOG_VERSIONS: usize = 16;
 
 /// Coordinator settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -104,6 +111,9 @@ struct NodeEntry {
     killing_lost: HashSet<ContainerId>,
     /// The session's secret for QUEUEABLE tokens (`None` without a token master key).
     secret: Option<NodeSessionSecret>,
+    /// The same secret keyed once for deriving issuers' keys (every node is sent one for this
+    /// session in its next delta, and one with every whole directory).
+    issuer_keys: Option<IssuerKeyDeriver>,
 }
 
 /// What the coordinator aggregates once per round (Mercury §4.2: the top-k list, §4.3: the
@@ -135,7 +145,15 @@ pub struct AggregateRound {
 pub struct CoordinatorState {
     config: CoordinatorConfig,
     nodes: BTreeMap<NodeId, NodeEntry>,
+    /// The published membership version: bumped at most once per round (see
+    /// [`CoordinatorState::round`]), when nodes joined or left since the last one. Starts at 1;
+    /// a worker reporting 0 knows no directory.
     directory_version: u64,
+    /// Nodes that joined, re-joined or left since the last published version.
+    directory_pending: BTreeSet<NodeId>,
+    /// The nodes changed in each of the last [`DIRECTORY_LOG_VERSIONS`] published versions,
+    /// oldest first: what a delta since a recent version is made of.
+    directory_log: VecDeque<(u64, Vec<NodeId>)>,
     next_issuer: u32,
     /// Notices waiting for their issuer's next heartbeat, by issuer. Only issuers of joined
     /// nodes have a queue, and each is drained on its node's every heartbeat; a node silent past
@@ -162,9 +180,19 @@ pub struct CoordinatorState {
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeView {
     pub view: ClusterView,
-    /// When the directory is sent: the scheduler's QUEUEABLE keys for every node in it (they
-    /// replace its old ones, so a node that left or re-joined loses its old key).
+    /// When membership is sent: with the whole directory, the scheduler's QUEUEABLE keys for
+    /// every node in it (they replace its old ones, so a node that left or re-joined loses its
+    /// old key); with a delta, its keys for the delta's joined nodes (a re-joined node's replaces
+    /// the old session's; the left nodes' keys are dropped by the scheduler).
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
+}
+
+/// What a scheduler at some directory version needs to reach the published one.
+enum DirectorySince<'a> {
+    Current,
+    Whole,
+    /// The nodes changed since, sorted and distinct.
+    Changed(Vec<&'a NodeId>),
 }
 
 /// A join's outcome.
@@ -185,7 +213,9 @@ impl CoordinatorState {
         CoordinatorState {
             config,
             nodes: BTreeMap::new(),
-            directory_version: 0,
+            directory_version: 1,
+            directory_pending: BTreeSet::new(),
+            directory_log: VecDeque::new(),
             next_issuer: first_issuer.max(1),
             outbox: HashMap::new(),
             live_issuers: HashSet::new(),
@@ -304,6 +334,7 @@ impl CoordinatorState {
             .at
             .is_some_and(|at| now.saturating_since(at) < interval);
         if !fresh {
+            self.publish_directory();
             let mut outstanding_totals: BTreeMap<crate::AppId, (u32, u32)> = BTreeMap::new();
             for a in self.nodes.values().flat_map(|n| &n.issued) {
                 let t = outstanding_totals.entry(a.app_id.clone()).or_default();
@@ -320,39 +351,120 @@ impl CoordinatorState {
         &self.round
     }
 
-    /// The view for a scheduler whose directory is at `known_version`, with this round's top-k.
-    pub fn view_with(&self, known_version: u64, top_k: Vec<NodeLoad>) -> ClusterView {
-        ClusterView {
-            directory_version: self.directory_version,
-            directory: if known_version == self.directory_version {
-                Vec::new()
-            } else {
-                self.nodes.values().map(|n| n.dir.clone()).collect()
-            },
-            top_k,
+    /// Publish the membership changes since the last version as one new version (at most once
+    /// per round: a join storm of N nodes in a round is one version, not N; Mercury §4.2 bounds
+    /// the staleness of the cluster view by one round). Keeps the last
+    /// [`DIRECTORY_LOG_VERSIONS`] versions' changes.
+    fn publish_directory(&mut self) {
+        if self.directory_pending.is_empty() {
+            return;
+        }
+        self.directory_version += 1;
+        let changed = std::mem::take(&mut self.directory_pending);
+        self.directory_log
+            .push_back((self.directory_version, changed.into_iter().collect()));
+        while self.directory_log.len() > DIRECTORY_LOG_VERSIONS {
+            self.directory_log.pop_front();
         }
     }
 
-    /// [`CoordinatorState::view_with`] for `node`'s scheduler, with its QUEUEABLE keys whenever
-    /// the directory is sent (issuer `I` = `node`'s session; one key per directory node `N`,
-    /// `HMAC(K_N, I)`). Without a token master key no keys are sent.
-    pub fn node_view(&self, node: &NodeId, known_version: u64, top_k: Vec<NodeLoad>) -> NodeView {
-        let view = self.view_with(known_version, top_k);
-        let issuer_keys = match self.nodes.get(node) {
-            Some(me) if known_version != self.directory_version && self.token_master.is_some() => {
-                Some(
-                    self.nodes
-                        .values()
-                        .filter_map(|n| {
-                            let secret = n.secret.as_ref()?;
-                            // Derivation of a 32-byte secret the coordinator made cannot fail.
-                            secret.issuer_key(&n.dir.node_id, me.issuer).ok()
-                        })
-                        .collect(),
-                )
-            }
-            _ => None,
+    /// Versions whose changes are kept, oldest first (observability and tests).
+    pub fn directory_log_versions(&self) -> impl Iterator<Item = u64> + '_ {
+        self.directory_log.iter().map(|(v, _)| *v)
+    }
+
+    /// Membership changes not yet published (they are at the next round).
+    pub fn directory_changes_pending(&self) -> usize {
+        self.directory_pending.len()
+    }
+
+    fn directory_since(&self, known_version: u64) -> DirectorySince<'_> {
+        if known_version == self.directory_version {
+            return DirectorySince::Current;
+        }
+        let covered = self
+            .directory_log
+            .front()
+            .is_some_and(|(oldest, _)| known_version + 1 >= *oldest);
+        if known_version == 0 || known_version > self.directory_version || !covered {
+            return DirectorySince::Whole;
+        }
+        let mut changed: Vec<&NodeId> = self
+            .directory_log
+            .iter()
+            .filter(|(v, _)| *v > known_version)
+            .flat_map(|(_, nodes)| nodes)
+            .collect();
+        changed.sort_unstable();
+        changed.dedup();
+        DirectorySince::Changed(changed)
+    }
+
+    /// The view for a scheduler whose directory is at `known_version`, with this round's top-k:
+    /// nothing about membership when it is current, the changes since when the version is among
+    /// the kept ones, else the whole directory. Entries are the nodes' current ones, so changes
+    /// not yet published may show early; the next version's delta lists them again (see
+    /// [`DirectoryDelta`]: a delta applies to any version between its ends).
+    pub fn view_with(&self, known_version: u64, top_k: Vec<NodeLoad>) -> ClusterView {
+        self.view_and_keys(known_version, top_k, None).0
+    }
+
+    fn view_and_keys(
+        &self,
+        known_version: u64,
+        top_k: Vec<NodeLoad>,
+        issuer: Option<u32>,
+    ) -> (ClusterView, Option<Vec<IssuerNodeKey>>) {
+        // Issuer I's key for node N's session: HMAC(K_N, I).
+        let key = |n: &NodeEntry| -> Option<IssuerNodeKey> {
+            Some(n.issuer_keys.as_ref()?.issuer_key(issuer?))
         };
+        let mut view = ClusterView {
+            directory_version: self.directory_version,
+            directory: Vec::new(),
+            delta: None,
+            top_k,
+        };
+        let keys = match self.directory_since(known_version) {
+            DirectorySince::Current => None,
+            DirectorySince::Whole => {
+                view.directory = self.nodes.values().map(|n| n.dir.clone()).collect();
+                issuer.map(|_| self.nodes.values().filter_map(key).collect())
+            }
+            DirectorySince::Changed(changed) => {
+                let mut delta = DirectoryDelta {
+                    from_version: known_version,
+                    joined: Vec::new(),
+                    left: Vec::new(),
+                };
+                let mut keys = Vec::new();
+                for node in changed {
+                    match self.nodes.get(node) {
+                        Some(n) => {
+                            delta.joined.push(n.dir.clone());
+                            keys.extend(key(n));
+                        }
+                        None => delta.left.push(node.clone()),
+                    }
+                }
+                view.delta = Some(delta);
+                issuer.map(|_| keys)
+            }
+        };
+        (view, keys)
+    }
+
+    /// [`CoordinatorState::view_with`] for `node`'s scheduler, with its QUEUEABLE keys whenever
+    /// membership is sent (issuer `I` = `node`'s session; one key per directory node, or per
+    /// joined node of a delta, `N`: `HMAC(K_N, I)`). Without a token master key, or for a node
+    /// that is not joined, no keys are sent.
+    pub fn node_view(&self, node: &NodeId, known_version: u64, top_k: Vec<NodeLoad>) -> NodeView {
+        let issuer = self
+            .nodes
+            .get(node)
+            .filter(|_| self.token_master.is_some())
+            .map(|me| me.issuer);
+        let (view, issuer_keys) = self.view_and_keys(known_version, top_k, issuer);
         NodeView { view, issuer_keys }
     }
 
@@ -474,6 +586,10 @@ impl CoordinatorState {
             .token_master
             .as_ref()
             .and_then(|m| NodeSessionSecret::derive(m, &dir.node_id, issuer).ok());
+        // Keying a 32-byte secret the coordinator made cannot fail.
+        let issuer_keys = secret
+            .as_ref()
+            .and_then(|s| s.issuer_keys_for(&dir.node_id).ok());
         let previous = self.nodes.insert(
             dir.node_id.clone(),
             NodeEntry {
@@ -485,6 +601,7 @@ impl CoordinatorState {
                 issued: Vec::new(),
                 killing_lost: HashSet::new(),
                 secret,
+                issuer_keys,
             },
         );
         if let Some(prev) = previous {
@@ -492,7 +609,7 @@ impl CoordinatorState {
             self.live_issuers.remove(&prev.issuer);
         }
         self.live_issuers.insert(issuer);
-        self.directory_version += 1;
+        self.directory_pending.insert(node_id.clone());
         self.patch_round_top_k(&node_id, true);
         issuer
     }
@@ -569,7 +686,7 @@ impl CoordinatorState {
         };
         self.outbox.remove(&entry.issuer);
         self.live_issuers.remove(&entry.issuer);
-        self.directory_version += 1;
+        self.directory_pending.insert(node.clone());
         self.patch_round_top_k(node, false);
         for &id in &entry.containers {
             self.route_notice(ContainerNotice {

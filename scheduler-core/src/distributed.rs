@@ -52,13 +52,53 @@ pub struct NodeLoad {
 }
 
 /// What the coordinator disseminates: membership and the least-loaded nodes.
+///
+/// Membership goes out in one of three forms (issue 17): nothing (`directory` empty, `delta`
+/// `None`: the scheduler's directory is at `directory_version`), the whole directory
+/// (`directory`, at join and when the version the worker reports is unknown or older than the
+/// coordinator's change log), or the changes since the reported version (`delta`). A membership
+/// change thus costs every node O(changes), not O(nodes).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterView {
-    /// Bumped whenever membership changes; the directory is resent only then.
+    /// The membership version this view brings the scheduler to. Bumped at most once per
+    /// coordinator round however many nodes join or leave in it.
     pub directory_version: u64,
+    /// The whole directory when it is sent; empty otherwise.
     pub directory: Vec<NodeDirectoryEntry>,
+    /// The changes since the version the worker reported, when those are sent instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DirectoryDelta>,
     /// Nodes of least queue delay, ascending (at most the coordinator's k).
     pub top_k: Vec<NodeLoad>,
+}
+
+/// The membership changes from `from_version` to the view's `directory_version`, as the final
+/// state of each node that changed: present with its current entry (`joined`: it joined or
+/// re-joined, its entry replaces any old one) or absent (`left`). Applying it to a directory at
+/// any version from `from_version` up to the view's version gives the directory at the view's
+/// version (a node that changed in between is listed with its final state), so a heartbeat
+/// answered after an earlier one already moved the scheduler on still applies cleanly.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DirectoryDelta {
+    pub from_version: u64,
+    pub joined: Vec<NodeDirectoryEntry>,
+    pub left: Vec<NodeId>,
+}
+
+/// What [`DistributedScheduler::update_view`] did to the directory, for the caller to do the
+/// same to the QUEUEABLE keys that go with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DirectoryUpdate {
+    /// Same version, nothing sent.
+    Unchanged,
+    /// A whole directory replaced the old one: the keys sent replace the old ones.
+    Replaced,
+    /// A delta was applied: the keys sent are for its joined nodes, and the left nodes' keys go.
+    Patched { left: Vec<NodeId> },
+    /// A delta from a version after the scheduler's, or to one before it (cannot happen on one
+    /// ordered stream from one coordinator): ignored with its keys; the next heartbeat reports
+    /// the scheduler's version and gets a delta or the whole directory from there.
+    Ignored,
 }
 
 /// Distributed scheduler settings.
@@ -233,26 +273,75 @@ impl DistributedScheduler {
         &mut self.quotas
     }
 
-    /// Install a new view. An empty directory with an unchanged version keeps the old directory
-    /// (the coordinator only resends membership when it changes).
-    pub fn update_view(&mut self, view: ClusterView) {
-        if view.directory_version != self.view.directory_version || !view.directory.is_empty() {
-            self.directory_index = view
-                .directory
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (n.node_id.clone(), i))
-                .collect();
-            self.capacities.clear();
-            for n in &view.directory {
-                if !self.capacities.contains(&n.capacity) {
-                    self.capacities.push(n.capacity);
+    /// Install a new view: its whole directory, or its delta applied to this scheduler's, or
+    /// (neither sent, same version) the old directory kept. See [`ClusterView`].
+    pub fn update_view(&mut self, view: ClusterView) -> DirectoryUpdate {
+        let ClusterView {
+            directory_version,
+            directory,
+            delta,
+            top_k,
+        } = view;
+        let update = match delta {
+            Some(delta) => {
+                let mine = self.view.directory_version;
+                if delta.from_version <= mine && mine <= directory_version {
+                    self.apply_delta(delta.joined, &delta.left);
+                    self.view.directory_version = directory_version;
+                    DirectoryUpdate::Patched { left: delta.left }
+                } else {
+                    DirectoryUpdate::Ignored
                 }
             }
-            self.view.directory = view.directory;
-            self.view.directory_version = view.directory_version;
+            None if directory_version != self.view.directory_version || !directory.is_empty() => {
+                self.view.directory = directory;
+                self.view.directory_version = directory_version;
+                self.reindex_directory();
+                DirectoryUpdate::Replaced
+            }
+            None => DirectoryUpdate::Unchanged,
+        };
+        self.update_top_k(top_k);
+        update
+    }
+
+    /// Joined entries replace or extend, left nodes go, and the directory stays in name order as
+    /// the coordinator sends it whole; O(directory log directory), once per membership version.
+    fn apply_delta(&mut self, joined: Vec<NodeDirectoryEntry>, left: &[NodeId]) {
+        {
+            let replaced: std::collections::HashSet<&NodeId> = left
+                .iter()
+                .chain(joined.iter().map(|n| &n.node_id))
+                .collect();
+            self.view
+                .directory
+                .retain(|n| !replaced.contains(&n.node_id));
         }
-        self.update_top_k(view.top_k);
+        self.view.directory.extend(joined);
+        self.view
+            .directory
+            .sort_unstable_by(|a, b| a.node_id.cmp(&b.node_id));
+        self.reindex_directory();
+    }
+
+    fn reindex_directory(&mut self) {
+        self.directory_index = self
+            .view
+            .directory
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.node_id.clone(), i))
+            .collect();
+        self.reindex_capacities();
+    }
+
+    fn reindex_capacities(&mut self) {
+        self.capacities.clear();
+        for n in &self.view.directory {
+            if !self.capacities.contains(&n.capacity) {
+                self.capacities.push(n.capacity);
+            }
+        }
     }
 
     /// Update only the top-k list. Resets the estimates of own placements and the avoided nodes.

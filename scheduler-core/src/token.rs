@@ -279,6 +279,51 @@ impl NodeSessionSecret {
             secret_hex: hex::encode(issuer_key_bytes(&self.bytes()?, issuer)),
         })
     }
+
+    /// This secret keyed once for `node`, to derive many issuers' keys: the coordinator sends
+    /// one per (issuer, node session), O(nodes) per joining node, so the secret is not decoded
+    /// and the HMAC not re-keyed for each.
+    pub fn issuer_keys_for(&self, node: &NodeId) -> Result<IssuerKeyDeriver, TokenError> {
+        let mut keyed = hmac_of(&self.bytes()?);
+        keyed.update(ISSUER_KEY_LABEL);
+        Ok(IssuerKeyDeriver {
+            node_id: node.clone(),
+            node_epoch: self.node_epoch,
+            keyed,
+        })
+    }
+}
+
+/// A node session's secret prepared to derive issuers' keys ([`NodeSessionSecret::issuer_keys_for`]);
+/// gives the same keys as [`NodeSessionSecret::issuer_key`].
+#[derive(Clone)]
+pub struct IssuerKeyDeriver {
+    node_id: NodeId,
+    node_epoch: u32,
+    /// HMAC keyed with `K_N`, the label already absorbed.
+    keyed: HmacSha256,
+}
+
+impl std::fmt::Debug for IssuerKeyDeriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuerKeyDeriver")
+            .field("node_id", &self.node_id)
+            .field("node_epoch", &self.node_epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IssuerKeyDeriver {
+    /// Issuer `issuer`'s key for this node session: `HMAC(K_N, label ‖ issuer)`.
+    pub fn issuer_key(&self, issuer: u32) -> IssuerNodeKey {
+        let mut mac = self.keyed.clone();
+        mac.update(&issuer.to_be_bytes());
+        IssuerNodeKey {
+            node_id: self.node_id.clone(),
+            node_epoch: self.node_epoch,
+            secret_hex: hex::encode(mac.finalize().into_bytes()),
+        }
+    }
 }
 
 /// `HMAC(K_N, label ‖ issuer)`.
@@ -346,6 +391,31 @@ impl QueueableSigner {
         }
         self.keys = map;
         Ok(())
+    }
+
+    /// A directory delta's keys: those of its joined nodes replace or extend the old ones (a
+    /// re-joined node's new session voids the old key), and the nodes that `left` lose theirs.
+    /// On malformed material nothing changes.
+    pub fn patch_keys(
+        &mut self,
+        joined: &[IssuerNodeKey],
+        left: &[NodeId],
+    ) -> Result<(), TokenError> {
+        let mut decoded = Vec::with_capacity(joined.len());
+        for k in joined {
+            let secret = decode_secret(&k.secret_hex, k.node_epoch)?;
+            decoded.push((k.node_id.clone(), (k.node_epoch, hmac_of(&secret))));
+        }
+        for node in left {
+            self.keys.remove(node);
+        }
+        self.keys.extend(decoded);
+        Ok(())
+    }
+
+    /// The node session this signer holds a key for at `node` (its `node_epoch`), if any.
+    pub fn node_epoch(&self, node: &NodeId) -> Option<u32> {
+        self.keys.get(node).map(|(epoch, _)| *epoch)
     }
 
     pub fn issuer(&self) -> u32 {
@@ -958,6 +1028,35 @@ mod tests {
             Err(TokenError::BadKeyMaterial(EPOCH + 1))
         );
         assert_eq!(s.nodes(), 1, "malformed material changes nothing");
+    }
+
+    #[test]
+    fn a_delta_patches_the_signers_keys_and_the_prepared_deriver_gives_the_same_keys() {
+        let mut s = signer(ISSUER, &[("n1", EPOCH), ("n2", EPOCH)]);
+        let n2 = NodeId::from("n2");
+        let rejoined = session("n2", EPOCH + 1).issuer_key(&n2, ISSUER).unwrap();
+        let prepared = session("n2", EPOCH + 1)
+            .issuer_keys_for(&n2)
+            .unwrap()
+            .issuer_key(ISSUER);
+        assert_eq!(prepared, rejoined);
+        let joined = session("n3", EPOCH)
+            .issuer_key(&NodeId::from("n3"), ISSUER)
+            .unwrap();
+        // n2 re-joined (its new key replaces the old), n3 joined, n1 left.
+        s.patch_keys(&[rejoined.clone(), joined], &[NodeId::from("n1")])
+            .unwrap();
+        assert_eq!(s.nodes(), 2);
+        assert!(s.sign(body("n1")).is_err());
+        assert_eq!(s.sign(body("n2")).unwrap().body.node_epoch, EPOCH + 1);
+        assert_eq!(s.node_epoch(&NodeId::from("n3")), Some(EPOCH));
+        let mut bad = rejoined;
+        bad.secret_hex = "abcd".into();
+        assert_eq!(
+            s.patch_keys(&[bad], &[NodeId::from("n3")]),
+            Err(TokenError::BadKeyMaterial(EPOCH + 1))
+        );
+        assert_eq!(s.nodes(), 2, "malformed material changes nothing");
     }
 
     fn guaranteed_signer() -> GuaranteedSigner {

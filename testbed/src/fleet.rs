@@ -13,7 +13,8 @@
 //! period), its resident memory per node, GUARANTEED allocate latency (asks forwarded over a
 //! node's session as a worker forwards an application's ask, answered by the guarantor, timed
 //! here from write to answer) and the time to detect lost nodes (sessions stopped; time until
-//! a live node's heartbeat answer carries a directory without them). This process's own CPU is
+//! live nodes' heartbeat answers have listed every one of them as left, or carried a whole
+//! directory without them). This process's own CPU is
 //! reported separately: on a 2-core machine it competes with the coordinator.
 
 use crate::local::{LocalArgs, LocalCluster};
@@ -126,9 +127,13 @@ pub struct FleetReport {
     pub coordinator_rss_mib: f64,
     pub coordinator_rss_per_node_kib: f64,
     /// Heartbeat answers that carried the whole directory, and their entries, over the run
-    /// (every membership change sends the directory to every node: O(nodes) each).
+    /// (a node whose directory version is unknown or older than the coordinator's change log).
     pub directory_answers: u64,
     pub directory_entries: u64,
+    /// Heartbeat answers that carried membership changes (a delta), and their joined and left
+    /// entries, over the run.
+    pub delta_answers: u64,
+    pub delta_entries: u64,
     pub allocate: AllocateFigures,
     pub lost: LostFigures,
     /// The coordinator's own counters at the end (`GET /metrics`).
@@ -173,11 +178,14 @@ struct FleetShared {
     acks: AtomicU64,
     directory_answers: AtomicU64,
     directory_entries: AtomicU64,
+    delta_answers: AtomicU64,
+    delta_entries: AtomicU64,
     last_directory_at_us: AtomicU64,
     granted: AtomicU64,
     failed: AtomicU64,
     latencies: Mutex<Option<Histogram<u64>>>,
-    /// Stopped nodes and when, for lost-node detection.
+    /// Stopped nodes and when, for lost-node detection; a node is taken out of the set when
+    /// a delta lists it as left.
     stopped: Mutex<Option<(Instant, HashSet<NodeId>)>>,
     lost_seen_us: AtomicU64,
     lost_seen: AtomicBool,
@@ -244,9 +252,11 @@ fn print_report(r: &FleetReport) {
         r.lost.stopped, r.lost.detect_ms, r.lost.node_timeout_ms
     );
     println!(
-        "directory answers {} ({} entries); coordinator counters: joined {:?}, lost {:?}, heartbeats {:?}",
+        "whole-directory answers {} ({} entries), delta answers {} ({} entries); coordinator counters: joined {:?}, lost {:?}, heartbeats {:?}",
         r.directory_answers,
         r.directory_entries,
+        r.delta_answers,
+        r.delta_entries,
         r.coordinator_nodes_joined,
         r.coordinator_nodes_lost,
         r.coordinator_heartbeats
@@ -487,6 +497,8 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         coordinator_rss_per_node_kib: (rss - rss_base) * 1024.0 / args.nodes as f64,
         directory_answers: shared.directory_answers.load(Ordering::Relaxed),
         directory_entries: shared.directory_entries.load(Ordering::Relaxed),
+        delta_answers: shared.delta_answers.load(Ordering::Relaxed),
+        delta_entries: shared.delta_entries.load(Ordering::Relaxed),
         allocate: AllocateFigures {
             asked,
             granted: shared.granted.load(Ordering::Relaxed),
@@ -598,21 +610,46 @@ async fn session(
                 match frame {
                     CoordinatorToWorker::HeartbeatAck(ack) => {
                         shared.acks.fetch_add(1, Ordering::Relaxed);
-                        known_version = ack.view.directory_version;
-                        if !ack.view.directory.is_empty() {
+                        let view = &ack.view;
+                        // As the worker's scheduler does (`DistributedScheduler::update_view`): a
+                        // delta moves the version only if it applies to the one held.
+                        let applies = view.delta.as_ref().is_none_or(|d| {
+                            d.from_version <= known_version && known_version <= view.directory_version
+                        });
+                        if applies {
+                            known_version = view.directory_version;
+                        }
+                        let whole = !view.directory.is_empty();
+                        if whole || view.delta.is_some() {
                             let now_us = plan.epoch.elapsed().as_micros() as u64;
-                            shared.directory_answers.fetch_add(1, Ordering::Relaxed);
-                            shared
-                                .directory_entries
-                                .fetch_add(ack.view.directory.len() as u64, Ordering::Relaxed);
+                            if let Some(d) = &view.delta {
+                                shared.delta_answers.fetch_add(1, Ordering::Relaxed);
+                                shared.delta_entries.fetch_add(
+                                    (d.joined.len() + d.left.len()) as u64,
+                                    Ordering::Relaxed,
+                                );
+                            } else {
+                                shared.directory_answers.fetch_add(1, Ordering::Relaxed);
+                                shared
+                                    .directory_entries
+                                    .fetch_add(view.directory.len() as u64, Ordering::Relaxed);
+                            }
                             shared.last_directory_at_us.fetch_max(now_us, Ordering::Relaxed);
                             if !shared.lost_seen.load(Ordering::Relaxed) {
-                                let stopped = shared.stopped.lock().unwrap_or_else(|e| e.into_inner());
-                                if let Some((_, gone)) = stopped.as_ref()
-                                    && !ack.view.directory.iter().any(|d| gone.contains(&d.node_id))
-                                    && !shared.lost_seen.swap(true, Ordering::AcqRel)
-                                {
-                                    shared.lost_seen_us.store(now_us, Ordering::Release);
+                                let mut stopped = shared.stopped.lock().unwrap_or_else(|e| e.into_inner());
+                                if let Some((_, gone)) = stopped.as_mut() {
+                                    let all_gone = match &view.delta {
+                                        Some(d) => {
+                                            for n in &d.left {
+                                                gone.remove(n);
+                                            }
+                                            gone.is_empty()
+                                        }
+                                        None => !view.directory.iter().any(|d| gone.contains(&d.node_id)),
+                                    };
+                                    if all_gone && !shared.lost_seen.swap(true, Ordering::AcqRel) {
+                                        shared.lost_seen_us.store(now_us, Ordering::Release);
+                                    }
                                 }
                             }
                         }

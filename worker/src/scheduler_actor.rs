@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use scheduler_core::coordinator::ContainerNotice;
 use scheduler_core::distributed::{
-    ClusterView, DistributedScheduler, PlacementError, QueueableAsk,
+    ClusterView, DirectoryUpdate, DistributedScheduler, PlacementError, QueueableAsk,
 };
 use scheduler_core::issued::{IssuedAction, IssuedContainers};
 use scheduler_core::node::ContainerStatus;
@@ -521,10 +521,10 @@ impl Handler<SchedulerJoined> for SchedulerActor {
             ds = std::mem::replace(&mut self.ds, ds);
             ds.set_top_k(msg.top_k);
         }
+        ds.update_view(msg.view);
         self.shared
             .directory_version
-            .set(msg.view.directory_version);
-        ds.update_view(msg.view);
+            .set(ds.view().directory_version);
         self.ds = ds;
         self.signer = match QueueableSigner::new(msg.issuer, &msg.issuer_keys) {
             Ok(s) => Some(s),
@@ -544,7 +544,7 @@ impl Handler<SchedulerJoined> for SchedulerActor {
 pub struct ViewUpdate {
     pub view: ClusterView,
     pub notices: Vec<ContainerNotice>,
-    /// With a new directory: the keys for its nodes.
+    /// With a whole directory: the keys for its nodes; with a delta: for its joined nodes.
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     pub apps: Option<Vec<AppRecord>>,
     /// A new k of top-k (an operator's change).
@@ -556,16 +556,19 @@ pub struct ViewUpdate {
 impl Handler<ViewUpdate> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: ViewUpdate, _: &mut Context<Self>) {
-        self.shared
-            .directory_version
-            .set(msg.view.directory_version);
-        let membership_changed = !msg.view.directory.is_empty();
         if let Some(k) = msg.top_k {
             self.ds.set_top_k(k);
         }
-        self.ds.update_view(msg.view);
+        let update = self.ds.update_view(msg.view);
+        // The version the next heartbeat reports: the one the scheduler's directory is at.
+        self.shared
+            .directory_version
+            .set(self.ds.view().directory_version);
         let mut actions = Vec::new();
-        if membership_changed {
+        if matches!(
+            update,
+            DirectoryUpdate::Replaced | DirectoryUpdate::Patched { .. }
+        ) {
             let present: Vec<NodeId> = self
                 .ds
                 .view()
@@ -576,7 +579,11 @@ impl Handler<ViewUpdate> for SchedulerActor {
             actions = self.issued.on_directory(self.ds.quotas_mut(), &present);
         }
         if let (Some(keys), Some(signer)) = (msg.issuer_keys, self.signer.as_mut())
-            && let Err(e) = signer.replace_keys(&keys)
+            && let Err(e) = match &update {
+                DirectoryUpdate::Replaced => signer.replace_keys(&keys),
+                DirectoryUpdate::Patched { left } => signer.patch_keys(&keys, left),
+                DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => Ok(()),
+            }
         {
             tracing::error!(
                 "the coordinator's QUEUEABLE keys are unusable, keeping the old ones: {e}"

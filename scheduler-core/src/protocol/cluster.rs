@@ -18,8 +18,9 @@ use crate::token::{ContainerToken, IssuerNodeKey, NodeSessionSecret, PublicKeyRi
 use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 
-/// Version of the cluster protocol; sent in the first frame.
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 4;
+/// Version of the cluster protocol; sent in the first frame. 5: membership as deltas
+/// (`ClusterView::delta`, issue 17).
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 5;
 
 /// Frames a worker sends to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -88,7 +89,8 @@ pub struct Join {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub node_id: NodeId,
-    /// The membership version the worker knows (the directory is resent when it changes).
+    /// The membership version the worker's directory is at (0: none): the answer carries the
+    /// changes since, or the whole directory when the version is unknown or too old.
     pub directory_version: u64,
     /// Tq, Tr, Tl (Mercury §4.2).
     pub queue_delay: QueueDelay,
@@ -257,8 +259,10 @@ pub struct HeartbeatAck {
     pub queueable_limit: Resources,
     /// Notices about containers this worker's scheduler issued.
     pub notices: Vec<ContainerNotice>,
-    /// Sent with every directory (`view.directory` non-empty): this worker's scheduler's keys
-    /// for QUEUEABLE tokens, one per directory node; they replace the old ones.
+    /// Sent whenever membership is: with a whole directory (`view.directory`), this worker's
+    /// scheduler's keys for QUEUEABLE tokens, one per directory node, replacing the old ones;
+    /// with a delta (`view.delta`), one per joined node (replacing a re-joined node's old key;
+    /// the left nodes' keys are dropped).
     #[serde(default)]
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     /// New GUARANTEED public keys after a rotation.

@@ -9,7 +9,7 @@
 
 use scheduler_core::codec::to_payload;
 use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
-use scheduler_core::distributed::{ClusterView, NodeDirectoryEntry, NodeLoad};
+use scheduler_core::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad};
 use scheduler_core::node::{ContainerJob, ContainerStatus, Placement};
 use scheduler_core::protocol::app::{
     self, AcceptedState, Allocate, AppRequest, AppResponse, ContainerEvent, ContainerEventKind,
@@ -742,17 +742,28 @@ fn float(rng: &mut Rng) -> f64 {
     }
 }
 
+fn directory_entries(rng: &mut Rng) -> Vec<NodeDirectoryEntry> {
+    (0..rng.below(3))
+        .map(|_| NodeDirectoryEntry {
+            node_id: NodeId::from(rng.word()),
+            rack: rng.word(),
+            capacity: resources(rng),
+            app_endpoint: rng.word(),
+        })
+        .collect()
+}
+
 fn view(rng: &mut Rng) -> ClusterView {
     ClusterView {
         directory_version: rng.interesting_u64(),
-        directory: (0..rng.below(3))
-            .map(|_| NodeDirectoryEntry {
-                node_id: NodeId::from(rng.word()),
-                rack: rng.word(),
-                capacity: resources(rng),
-                app_endpoint: rng.word(),
-            })
-            .collect(),
+        directory: directory_entries(rng),
+        delta: rng.chance(1, 2).then(|| DirectoryDelta {
+            from_version: rng.interesting_u64(),
+            joined: directory_entries(rng),
+            left: (0..rng.below(3))
+                .map(|_| NodeId::from(rng.word()))
+                .collect(),
+        }),
         top_k: (0..rng.below(3))
             .map(|_| NodeLoad {
                 node_id: NodeId::from(rng.word()),

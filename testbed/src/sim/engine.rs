@@ -777,6 +777,7 @@ impl Simulation {
         scheduler.update_view(ClusterView {
             directory_version: self.coordinator.directory_version(),
             directory: self.directory.clone(),
+            delta: None,
             top_k: self.rounds[node.view_round as usize % ROUND_RING].clone(),
         });
         self.schedulers.push(HostedScheduler {
