@@ -417,6 +417,8 @@ impl CoordinatorActor {
         self.metrics
             .shedding_threshold_ms
             .set(threshold.unwrap_or(0.0));
+        // Only an outlier of the round is asked to shed (Mercury §6.3).
+        let shedding_target = round.shedding_target_for(node_id);
         let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, &round);
         let NodeView { view, issuer_keys } = self.state.node_view(
             node_id,
@@ -443,7 +445,7 @@ impl CoordinatorActor {
             .tx
             .send(CoordinatorToWorker::HeartbeatAck(HeartbeatAck {
                 view,
-                shedding_threshold_ms: threshold,
+                shedding_threshold_ms: shedding_target,
                 queueable_limit: limit.unwrap_or_default(),
                 notices,
                 issuer_keys,

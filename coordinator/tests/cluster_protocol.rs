@@ -172,8 +172,9 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
         .map(|l| (l.node_id.as_str(), l.queue_delay_ms))
         .collect();
     assert_eq!(top, vec![("node-a", 1000.0), ("node-b", 3000.0)]);
-    // mean 2000 + 1·σ (1000) over the two nodes (Mercury §4.3).
-    assert_eq!(ack.shedding_threshold_ms, Some(3000.0));
+    // The threshold is mean 2000 + 1·σ (1000) = 3000 over the two nodes (Mercury §4.3), and it
+    // goes only to the round's outliers (§6.3): node-a at 1000 is not one.
+    assert_eq!(ack.shedding_threshold_ms, None);
     assert_eq!(ack.queueable_limit, Resources::new(2000, 2048));
     assert!(ack.notices.is_empty());
 }

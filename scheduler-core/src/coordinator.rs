@@ -133,6 +133,9 @@ struct NodeEntry {
 pub struct AggregateRound {
     pub top_k: Vec<NodeLoad>,
     pub shedding_threshold_ms: Option<f64>,
+    /// The nodes whose R was above the threshold in the distribution it was computed from: only
+    /// they are sent it ([`AggregateRound::shedding_target_for`]).
+    pub shedding_outliers: HashSet<NodeId>,
     /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
@@ -341,9 +344,11 @@ impl CoordinatorState {
                 t.0 = t.0.saturating_add(a.queueable);
                 t.1 = t.1.saturating_add(a.guaranteed);
             }
+            let shedding = self.shedding_round();
             self.round = AggregateRound {
                 top_k: self.top_k(rng),
-                shedding_threshold_ms: self.shedding_threshold_ms(),
+                shedding_threshold_ms: shedding.threshold_ms,
+                shedding_outliers: shedding.outliers,
                 outstanding_totals,
                 at: Some(now),
             };
@@ -756,6 +761,59 @@ impl CoordinatorState {
     }
 }
 
+/// One round's load-shedding decision (Mercury §4.3, §6.3): the targeted maximal queue delay and
+/// the outlier nodes, both from the same distribution of the nodes' R.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SheddingRound {
+    pub threshold_ms: Option<f64>,
+    pub outliers: HashSet<NodeId>,
+}
+
+impl SheddingRound {
+    /// The target to send `node` with its heartbeat answer: the threshold if the node was an
+    /// outlier of the round, else none.
+    pub fn target_for(&self, node: &NodeId) -> Option<f64> {
+        self.threshold_ms.filter(|_| self.outliers.contains(node))
+    }
+}
+
+impl AggregateRound {
+    /// See [`SheddingRound::target_for`].
+    pub fn shedding_target_for(&self, node: &NodeId) -> Option<f64> {
+        self.shedding_threshold_ms
+            .filter(|_| self.shedding_outliers.contains(node))
+    }
+}
+
+impl CoordinatorState {
+    /// The threshold and the nodes above it, from the nodes' latest R (O(nodes), once a round).
+    ///
+    /// Mercury §6.3: the coordinator computes "outliers (i.e., nodes whose queuing delays are
+    /// significantly higher than average)" and disseminates the target; "the Mercury Runtime on
+    /// an outlier node" then sheds to fit it. The target goes to the outliers only: a node that
+    /// was not one when the threshold was computed is not shed against it. Sending it to every
+    /// node compared each node's *current* R with a threshold up to a round old; when a closed
+    /// loop admits a wave of jobs, every node's R rises within the round above the old target
+    /// and every node sheds, and the shed containers are re-asked onto nodes that shed them
+    /// again (§7.3 20-s tasks: 50,000 sheds in 3 s, 0.9 per completed task;
+    /// docs/experiments/mercury/diagnosis.md).
+    pub fn shedding_round(&self) -> SheddingRound {
+        let Some(threshold_ms) = self.shedding_threshold_ms() else {
+            return SheddingRound::default();
+        };
+        let outliers = self
+            .nodes
+            .values()
+            .filter(|e| e.load.total_ms() > threshold_ms)
+            .map(|e| e.dir.node_id.clone())
+            .collect();
+        SheddingRound {
+            threshold_ms: Some(threshold_ms),
+            outliers,
+        }
+    }
+}
+
 /// mean + n·σ (population standard deviation) of `values`; 0 for no values.
 pub fn shedding_threshold(values: &[f64], n: f64) -> f64 {
     if values.is_empty() {
@@ -792,6 +850,65 @@ mod tests {
         assert!((t2 - (4.0 + 2.0 * 14f64.sqrt())).abs() < 1e-9);
         assert!("avg+2sigma".parse::<SheddingPolicy>().is_ok());
         assert!("avg+xsigma".parse::<SheddingPolicy>().is_err());
+    }
+
+    /// Mercury §6.3: the target goes to the round's outliers only. A node that was below the
+    /// threshold when it was computed is not asked to shed, however much its R grew since (a
+    /// wave of admissions raises every node's R within a round).
+    #[test]
+    fn the_shedding_target_goes_only_to_the_rounds_outliers() {
+        let mut c = CoordinatorState::new(
+            CoordinatorConfig {
+                shedding: SheddingPolicy::MeanPlusSigma { n: 1.0 },
+                ..Default::default()
+            },
+            1,
+        );
+        let mut rng = StdRng::seed_from_u64(3);
+        // R = 0, 2, 4, 10 s: threshold 4 + sqrt(14) ≈ 7.74 s; only "d" is above it.
+        for (name, r_s) in [("a", 0.0), ("b", 2.0), ("c", 4.0), ("d", 10.0)] {
+            c.join(Time::ZERO, dir(name));
+            let load = QueueDelay {
+                tq_ms: r_s * 1000.0,
+                tr_ms: 0.0,
+                tl_ms: 0.0,
+            };
+            assert!(c.heartbeat(Time::ZERO, &NodeId::from(name), load, vec![]));
+        }
+        let round = c
+            .round(Time::ZERO, Duration::from_secs(3), &mut rng)
+            .clone();
+        let threshold = round.shedding_threshold_ms.expect("shedding is on");
+        assert!((threshold - (4.0 + 14f64.sqrt()) * 1000.0).abs() < 1e-6);
+        assert_eq!(
+            round.shedding_target_for(&NodeId::from("d")),
+            Some(threshold)
+        );
+        for name in ["a", "b", "c"] {
+            assert_eq!(
+                round.shedding_target_for(&NodeId::from(name)),
+                None,
+                "{name}"
+            );
+        }
+        // "a" now reports far above the threshold; within the round it still is not sent it.
+        let surge = QueueDelay {
+            tq_ms: 50_000.0,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        };
+        assert!(c.heartbeat(Time::from_millis(1_000), &NodeId::from("a"), surge, vec![]));
+        let same = c.round(Time::from_millis(1_000), Duration::from_secs(3), &mut rng);
+        assert_eq!(same.shedding_target_for(&NodeId::from("a")), None);
+        // Shedding off: no target for anyone.
+        let off = CoordinatorState::new(
+            CoordinatorConfig {
+                shedding: SheddingPolicy::Off,
+                ..Default::default()
+            },
+            1,
+        );
+        assert_eq!(off.shedding_round(), SheddingRound::default());
     }
 
     #[test]

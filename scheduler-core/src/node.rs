@@ -20,8 +20,8 @@
 //!   that order whenever they fit in both the node's free resources and the policing limit for
 //!   opportunistic work (§4.3 "Resource policing"); a container that does not fit does not block
 //!   smaller ones behind it (no head-of-line blocking).
-//! - Load shedding (§4.3): above the coordinator's threshold, queued QUEUEABLE containers are
-//!   discarded, newest (last in queue order) first, until the estimate is at or below it.
+//! - Load shedding (§4.3): queued QUEUEABLE containers are discarded, newest (last in queue
+//!   order) first, while the newest would wait longer than the coordinator's threshold.
 
 use crate::queue_delay::QueueDelay;
 use crate::{AppId, ContainerId, ContainerType, JobId, KillReason, Resources, Time};
@@ -795,9 +795,17 @@ impl NodeRuntime {
         Ok(())
     }
 
-    /// Shed queued QUEUEABLE containers, newest in queue order first, until the queue-delay
-    /// estimate is at most `threshold_ms` (Mercury §4.3 "Dynamically (re)-balancing load").
-    /// Returns the shed containers.
+    /// Shed queued QUEUEABLE containers, newest in queue order first, while the newest one would
+    /// wait longer than `threshold_ms` before it starts (Mercury §4.3 "Dynamically (re)-balancing
+    /// load"; §6.3: an outlier node "discards an appropriate number of queued containers so as
+    /// to fit the target"). Returns the shed containers.
+    ///
+    /// The threshold is a target *queuing delay*. The newest container starts after the work
+    /// ahead of it, R minus its own term, so it fits the target when that is at most
+    /// `threshold_ms`, even if R counting its own work is above it. Comparing R itself would shed
+    /// a container whose wait already fits, from a node up to one container's work above the
+    /// target; such sheds only move work between nodes that are about equally loaded
+    /// (docs/experiments/mercury/diagnosis.md, follow-up section).
     pub fn shed_to_threshold(&mut self, now: Time, threshold_ms: f64) -> Vec<ContainerId> {
         let mut shed = Vec::new();
         if self.queue.is_empty() {
@@ -807,16 +815,18 @@ impl NodeRuntime {
         // Shedding a queued container lowers R by exactly its Tq term, so one full estimate and
         // then a subtraction per victim keeps this linear in the queue length.
         let mut estimate_ms = self.queue_delay(now).total_ms();
-        while estimate_ms > threshold_ms {
-            let Some((key, _)) = self.queue.iter().next_back() else {
+        let denominator = self.work_denominator() as f64;
+        while let Some((key, newest)) = self.queue.iter().next_back() {
+            let own_work_ms = self.work_weight(newest) as f64 / denominator;
+            if estimate_ms - own_work_ms <= threshold_ms {
                 break;
-            };
+            }
             let key = key.clone();
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             let weight = self.work_weight(&spec);
             self.waiting_work -= weight;
-            estimate_ms -= weight as f64 / self.work_denominator() as f64;
+            estimate_ms -= weight as f64 / denominator;
             self.events.push(NodeEvent::Killed {
                 id: spec.id,
                 reason: KillReason::Shed,

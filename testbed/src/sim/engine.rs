@@ -11,7 +11,7 @@ use crate::workload::{JobSpec, JobStream};
 use inference::predictor::{JobFeatures, PredictorConfig, RuntimePredictor, SubmittedEstimates};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState};
+use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState, SheddingRound};
 use scheduler_core::distributed::{
     ClusterView, DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry, NodeLoad,
     QueueableAsk,
@@ -232,7 +232,8 @@ pub struct Simulation {
     guarantor: Guarantor,
     rounds: Vec<Vec<NodeLoad>>,
     round: u64,
-    threshold_ms: Option<f64>,
+    /// The round's shedding threshold and the nodes it goes to (the outliers).
+    shedding: SheddingRound,
     containers: IdMap<ContainerRecord>,
     sleep: Vec<Sleep>,
     /// Nodes that may be dormant (entries are re-checked against `Sleep::dormant`).
@@ -407,7 +408,7 @@ impl Simulation {
             hosts,
             schedulers: Vec::new(),
             first_issuer,
-            threshold_ms: coordinator.shedding_threshold_ms(),
+            shedding: coordinator.shedding_round(),
             coordinator,
             guarantor,
             rounds,
@@ -1417,7 +1418,7 @@ impl Simulation {
         }
         self.check_guarantor();
         let ack = Ack {
-            threshold_ms: self.threshold_ms,
+            threshold_ms: self.shedding.target_for(&self.nodes[node as usize].id),
             queueable_limit: if self.config.policing {
                 self.guarantor
                     .queueable_limit(&self.nodes[node as usize].id)
@@ -1451,7 +1452,7 @@ impl Simulation {
         let top = self.coordinator.top_k(&mut self.coordinator_rng);
         self.round += 1;
         self.rounds[self.round as usize % ROUND_RING] = top;
-        self.threshold_ms = self.coordinator.shedding_threshold_ms();
+        self.shedding = self.coordinator.shedding_round();
         let now_ms = self.now.as_millis();
         for s in &mut self.schedulers {
             s.scheduler.quotas_mut().expire(now_ms);
@@ -1575,7 +1576,7 @@ impl Simulation {
         let cores = |r: Resources| r.cpu_millis as f64 / 1000.0;
         let mut sample = ClusterSample {
             t_s: now.as_micros() as f64 / 1e6,
-            threshold_ms: self.threshold_ms,
+            threshold_ms: self.shedding.threshold_ms,
             sheds: d.sheds_since_sample,
             kills: d.kills_since_sample,
             ..ClusterSample::default()
