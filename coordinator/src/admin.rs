@@ -269,7 +269,7 @@ pub async fn handle(
                         "queued": n.queued,
                         "silent_ms": n.silent_ms,
                         "draining": n.draining,
-                        "drained": n.draining && n.containers_total == 0,
+                        "drained": n.drained,
                     })
                 })
                 .collect();

@@ -57,6 +57,9 @@ pub struct NodeRow {
     pub silent_ms: u64,
     /// An operator is draining it (no new work).
     pub draining: bool,
+    /// Draining and nothing left on it (running or queued): its worker can be stopped. Derived
+    /// here once so the dashboard and `coordinator nodes` say the same.
+    pub drained: bool,
     pub running_guaranteed: u32,
     pub running_queueable: u32,
     pub queued: u32,
@@ -221,6 +224,7 @@ pub fn cluster_snapshot(
                 queue_delay_ms: load.total_ms(),
                 silent_ms: now.as_millis().saturating_sub(last_seen.as_millis()),
                 draining: state.is_draining(&dir.node_id),
+                drained: state.is_draining(&dir.node_id) && containers.is_empty(),
                 running_guaranteed: 0,
                 running_queueable: 0,
                 queued: 0,

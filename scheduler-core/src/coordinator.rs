@@ -133,9 +133,9 @@ struct NodeEntry {
 pub struct AggregateRound {
     pub top_k: Vec<NodeLoad>,
     pub shedding_threshold_ms: Option<f64>,
-    /// The nodes whose R was above the threshold in the distribution it was computed from: only
-    /// they are sent it ([`AggregateRound::shedding_target_for`]).
-    pub shedding_outliers: HashSet<NodeId>,
+    /// The round's outliers and the target each is sent
+    /// ([`AggregateRound::shedding_target_for`], [`CoordinatorState::shedding_round`]).
+    pub shedding_targets: HashMap<NodeId, f64>,
     /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
@@ -348,7 +348,7 @@ impl CoordinatorState {
             self.round = AggregateRound {
                 top_k: self.top_k(rng),
                 shedding_threshold_ms: shedding.threshold_ms,
-                shedding_outliers: shedding.outliers,
+                shedding_targets: shedding.targets,
                 outstanding_totals,
                 at: Some(now),
             };
@@ -761,57 +761,99 @@ impl CoordinatorState {
     }
 }
 
-/// One round's load-shedding decision (Mercury §4.3, §6.3): the targeted maximal queue delay and
-/// the outlier nodes, both from the same distribution of the nodes' R.
+/// One round's load-shedding decision (Mercury §4.3, §6.3): the targeted maximal queue delay over
+/// the whole cluster (reported) and, for each outlier node, the target it is sent.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SheddingRound {
+    /// mean + n·σ of every node's R, floored at the configured minimum (metrics, dashboard).
     pub threshold_ms: Option<f64>,
-    pub outliers: HashSet<NodeId>,
+    /// The outliers of the round and each one's target: mean + n·σ of the *other* nodes' R.
+    pub targets: HashMap<NodeId, f64>,
 }
 
 impl SheddingRound {
-    /// The target to send `node` with its heartbeat answer: the threshold if the node was an
-    /// outlier of the round, else none.
+    /// The target to send `node` with its heartbeat answer: its target if it was an outlier of
+    /// the round, else none.
     pub fn target_for(&self, node: &NodeId) -> Option<f64> {
-        self.threshold_ms.filter(|_| self.outliers.contains(node))
+        self.targets.get(node).copied()
     }
 }
 
 impl AggregateRound {
     /// See [`SheddingRound::target_for`].
     pub fn shedding_target_for(&self, node: &NodeId) -> Option<f64> {
-        self.shedding_threshold_ms
-            .filter(|_| self.shedding_outliers.contains(node))
+        self.shedding_targets.get(node).copied()
     }
 }
 
 impl CoordinatorState {
-    /// The threshold and the nodes above it, from the nodes' latest R (O(nodes), once a round).
+    /// The round's outliers and their targets, from the nodes' latest R (O(nodes), once a round).
     ///
     /// Mercury §6.3: the coordinator computes "outliers (i.e., nodes whose queuing delays are
     /// significantly higher than average)" and disseminates the target; "the Mercury Runtime on
     /// an outlier node" then sheds to fit it. The target goes to the outliers only: a node that
-    /// was not one when the threshold was computed is not shed against it. Sending it to every
-    /// node compared each node's *current* R with a threshold up to a round old; when a closed
-    /// loop admits a wave of jobs, every node's R rises within the round above the old target
-    /// and every node sheds, and the shed containers are re-asked onto nodes that shed them
-    /// again (§7.3 20-s tasks: 50,000 sheds in 3 s, 0.9 per completed task;
+    /// was not one when the round was computed is not shed against it. Sending the threshold to
+    /// every node compared each node's *current* R with a threshold up to a round old; when a
+    /// closed loop admits a wave of jobs, every node's R rises within the round above the old
+    /// target and every node sheds, and the shed containers are re-asked onto nodes that shed
+    /// them again (§7.3 20-s tasks: 50,000 sheds in 3 s, 0.9 per completed task;
     /// docs/experiments/mercury/diagnosis.md).
+    ///
+    /// A node is compared with the *other* nodes (mean + n·σ of their R, §4.3's threshold with
+    /// the node left out) and, if above, sent that as its target. Including the node itself
+    /// hides it on small clusters: the largest z-score n samples can hold is (n − 1)/√n, so with
+    /// mean + σ no node of two, and with mean + 2σ no node of five or fewer, is ever above the
+    /// threshold, and a full node with a queue keeps it while its peer idles. On a large
+    /// cluster the two thresholds differ by O(1/n).
     pub fn shedding_round(&self) -> SheddingRound {
+        let SheddingPolicy::MeanPlusSigma { n: sigmas } = self.config.shedding else {
+            return SheddingRound::default();
+        };
         let Some(threshold_ms) = self.shedding_threshold_ms() else {
             return SheddingRound::default();
         };
-        let outliers = self
+        let floor = self.config.min_shedding_threshold_ms;
+        let loads: Vec<(&NodeId, f64)> = self
             .nodes
             .values()
-            .filter(|e| e.load.total_ms() > threshold_ms)
-            .map(|e| e.dir.node_id.clone())
+            .map(|e| (&e.dir.node_id, e.load.total_ms()))
+            .collect();
+        let targets = leave_one_out_thresholds(loads.iter().map(|(_, r)| *r), sigmas)
+            .zip(&loads)
+            .filter_map(|(others, (id, r))| {
+                let target = others?.max(floor);
+                (*r > target).then(|| ((*id).clone(), target))
+            })
             .collect();
         SheddingRound {
             threshold_ms: Some(threshold_ms),
-            outliers,
+            targets,
         }
     }
+}
+
+/// For each value, mean + n·σ (population σ) of all the *other* values; `None` for a single
+/// value (no others). O(len): the global mean and sum of squared deviations, each value then
+/// taken out with the exact downdate M2₋ᵢ = M2 − (xᵢ − μ)²·len/(len − 1), which stays accurate
+/// where sums of squares would cancel.
+pub fn leave_one_out_thresholds(
+    values: impl Iterator<Item = f64> + Clone,
+    n: f64,
+) -> impl Iterator<Item = Option<f64>> {
+    let (count, sum) = values
+        .clone()
+        .fold((0usize, 0.0), |(c, s), v| (c + 1, s + v));
+    let mean = if count > 0 { sum / count as f64 } else { 0.0 };
+    let m2: f64 = values.clone().map(|v| (v - mean) * (v - mean)).sum();
+    values.map(move |v| {
+        if count < 2 {
+            return None;
+        }
+        let others = (count - 1) as f64;
+        let others_mean = (sum - v) / others;
+        let others_m2 = (m2 - (v - mean) * (v - mean) * count as f64 / others).max(0.0);
+        Some(others_mean + n * (others_m2 / others).sqrt())
+    })
 }
 
 /// mean + n·σ (population standard deviation) of `values`; 0 for no values.
@@ -841,6 +883,14 @@ mod tests {
         }
     }
 
+    fn delay(r_s: f64) -> QueueDelay {
+        QueueDelay {
+            tq_ms: r_s * 1000.0,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        }
+    }
+
     #[test]
     fn threshold_matches_hand_computation() {
         // Same numbers as YARN's worked example {0,2,4,10}: mean 4, σ = sqrt(14) ≈ 3.742.
@@ -852,9 +902,10 @@ mod tests {
         assert!("avg+xsigma".parse::<SheddingPolicy>().is_err());
     }
 
-    /// Mercury §6.3: the target goes to the round's outliers only. A node that was below the
-    /// threshold when it was computed is not asked to shed, however much its R grew since (a
-    /// wave of admissions raises every node's R within a round).
+    /// Mercury §6.3: the target goes to the round's outliers only, each compared with the other
+    /// nodes. A node that was below its threshold when the round was computed is not asked to
+    /// shed, however much its R grew since (a wave of admissions raises every node's R within a
+    /// round).
     #[test]
     fn the_shedding_target_goes_only_to_the_rounds_outliers() {
         let mut c = CoordinatorState::new(
@@ -865,24 +916,24 @@ mod tests {
             1,
         );
         let mut rng = StdRng::seed_from_u64(3);
-        // R = 0, 2, 4, 10 s: threshold 4 + sqrt(14) ≈ 7.74 s; only "d" is above it.
+        // R = 0, 2, 4, 10 s: the cluster's threshold is 4 + sqrt(14) ≈ 7.74 s. "d" against the
+        // others {0, 2, 4}: 2 + sqrt(8/3) ≈ 3.63 s, an outlier with that target; "c" against
+        // {0, 2, 10}: 4 + sqrt(56/3) ≈ 8.32 s, not one.
         for (name, r_s) in [("a", 0.0), ("b", 2.0), ("c", 4.0), ("d", 10.0)] {
             c.join(Time::ZERO, dir(name));
-            let load = QueueDelay {
-                tq_ms: r_s * 1000.0,
-                tr_ms: 0.0,
-                tl_ms: 0.0,
-            };
-            assert!(c.heartbeat(Time::ZERO, &NodeId::from(name), load, vec![]));
+            assert!(c.heartbeat(Time::ZERO, &NodeId::from(name), delay(r_s), vec![]));
         }
         let round = c
             .round(Time::ZERO, Duration::from_secs(3), &mut rng)
             .clone();
         let threshold = round.shedding_threshold_ms.expect("shedding is on");
         assert!((threshold - (4.0 + 14f64.sqrt()) * 1000.0).abs() < 1e-6);
-        assert_eq!(
-            round.shedding_target_for(&NodeId::from("d")),
-            Some(threshold)
+        let d = round
+            .shedding_target_for(&NodeId::from("d"))
+            .expect("d is an outlier");
+        assert!(
+            (d - (2.0 + (8.0f64 / 3.0).sqrt()) * 1000.0).abs() < 1e-6,
+            "{d}"
         );
         for name in ["a", "b", "c"] {
             assert_eq!(
@@ -892,12 +943,12 @@ mod tests {
             );
         }
         // "a" now reports far above the threshold; within the round it still is not sent it.
-        let surge = QueueDelay {
-            tq_ms: 50_000.0,
-            tr_ms: 0.0,
-            tl_ms: 0.0,
-        };
-        assert!(c.heartbeat(Time::from_millis(1_000), &NodeId::from("a"), surge, vec![]));
+        assert!(c.heartbeat(
+            Time::from_millis(1_000),
+            &NodeId::from("a"),
+            delay(50.0),
+            vec![]
+        ));
         let same = c.round(Time::from_millis(1_000), Duration::from_secs(3), &mut rng);
         assert_eq!(same.shedding_target_for(&NodeId::from("a")), None);
         // Shedding off: no target for anyone.
@@ -909,6 +960,58 @@ mod tests {
             1,
         );
         assert_eq!(off.shedding_round(), SheddingRound::default());
+    }
+
+    /// On two nodes mean + σ of both is the larger R exactly, so a full node with a queue was
+    /// never an outlier while its peer idled (the live dashboard test's 2-node cluster). Against
+    /// the other node it is, and its target is the other node's R (floored at the minimum).
+    #[test]
+    fn on_two_nodes_the_loaded_one_is_an_outlier_against_the_other() {
+        for sigmas in [1.0, 2.0] {
+            let mut c = CoordinatorState::new(
+                CoordinatorConfig {
+                    shedding: SheddingPolicy::MeanPlusSigma { n: sigmas },
+                    ..Default::default()
+                },
+                1,
+            );
+            for (name, r_s) in [("full", 150.0), ("idle", 30.0)] {
+                c.join(Time::ZERO, dir(name));
+                assert!(c.heartbeat(Time::ZERO, &NodeId::from(name), delay(r_s), vec![]));
+            }
+            let round = c.shedding_round();
+            assert_eq!(round.threshold_ms, Some(90_000.0 + sigmas * 60_000.0));
+            assert_eq!(round.target_for(&NodeId::from("full")), Some(30_000.0));
+            assert_eq!(round.target_for(&NodeId::from("idle")), None);
+            // One node alone has nobody to shed to.
+            c.remove_node(&NodeId::from("idle"));
+            assert_eq!(c.shedding_round().targets, HashMap::new());
+        }
+    }
+
+    #[test]
+    fn leave_one_out_thresholds_match_direct_computation() {
+        let values = [0.0, 2.0, 4.0, 10.0, 1e9, 1e9 + 3.0, 7.5];
+        let fast: Vec<f64> = leave_one_out_thresholds(values.iter().copied(), 2.0)
+            .map(|t| t.expect("several values"))
+            .collect();
+        for (i, t) in fast.iter().enumerate() {
+            let others: Vec<f64> = values
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, v)| *v)
+                .collect();
+            let direct = shedding_threshold(&others, 2.0);
+            assert!(
+                (t - direct).abs() <= 1e-6 * direct.abs().max(1.0),
+                "{i}: {t} vs {direct}"
+            );
+        }
+        assert_eq!(
+            leave_one_out_thresholds([5.0].into_iter(), 1.0).collect::<Vec<_>>(),
+            vec![None]
+        );
     }
 
     #[test]

@@ -61,8 +61,8 @@ function bookingsByNode() {
 // As `coordinator nodes` says it: a draining node takes no new work; once nothing runs there it
 // is drained and its worker can be stopped.
 function nodeState(n) {
-  if (!n.draining) return "ready";
-  return n.containers_total === 0 ? "drained" : "draining";
+  if (n.drained) return "drained";
+  return n.draining ? "draining" : "ready";
 }
 
 function viewCluster() {
