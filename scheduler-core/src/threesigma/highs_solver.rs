@@ -6,7 +6,7 @@
 //!
 //! The LP relaxation of a cycle's model has many more columns than rows (300 jobs × 4
 //! equivalence sets × 16 starts: ~16k option columns against 364 rows), and an optimal basis
-//! holds at most one column per row, so most options never enter it. Large relaxations are
+//! holds at most as many columns as there are rows, so most options never enter it. Large relaxations are
 //! therefore solved by *sifting* (column generation over the option columns): HiGHS solves the
 //! LP over a working set of columns, every column outside it is priced with the row duals, the
 //! ones with a positive reduced cost join the working set, and HiGHS continues from its last
@@ -24,7 +24,9 @@ use highs::{ColProblem, HighsModelStatus, HighsSolutionStatus, Model, Row, Sense
 #[derive(Debug, Default, Clone)]
 pub struct HighsSolver;
 
-/// Relaxations with more than this many columns per row are solved by sifting.
+/// Relaxations with more than this many columns per row are solved by sifting; narrower ones
+/// (most of the simulator's cycles, a few hundred columns) go to HiGHS whole, where the rounds
+/// would cost more than they save.
 const SIFTING_COLUMNS_PER_ROW: usize = 8;
 /// Option columns per job in the first working set (its best by expected utility).
 const SIFTING_INITIAL_PER_JOB: usize = 2;
