@@ -25,7 +25,7 @@ use highs::{ColProblem, HighsModelStatus, HighsSolutionStatus, Model, Row, Sense
 pub struct HighsSolver;
 
 /// Relaxations with more than this many columns per row are solved by sifting; narrower ones
-/// (most of the simulator's cycles, a few hundred columns) go to HiGHS whole, where the rounds
+/// (small cycles) go to HiGHS whole, where the rounds
 /// would cost more than they save.
 const SIFTING_COLUMNS_PER_ROW: usize = 8;
 /// Option columns per job in the first working set (its best by expected utility).
