@@ -6,12 +6,18 @@
 //! the thread's CPU time (the machine is shared: CPU time says what the cycle costs, wall time
 //! what it took), the model's size, the
 //! decision / LP bound ratio (mean and min) and how decisions were reached.
+//!
+//! Each size runs twice on the same instances: with the LP relaxation solved by HiGHS over all
+//! columns at once (`full LP`, how cycles were solved before sifting) and with
+//! [`HighsSolver`]'s default (sifting for wide models). A third table splits the 300-job cycle
+//! into its phases.
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::threesigma::{
-    CycleInput, HighsSolver, PartitionChoice, PartitionState, PendingJob, RunningJob,
-    RuntimeBelief, ThreeSigmaConfig, ThreeSigmaScheduler, Utility, greedy,
+    CycleInput, HighsSolver, LpSolution, MilpModel, MilpSolver, MipSolution, PartitionChoice,
+    PartitionState, PendingJob, RunningJob, RuntimeBelief, SolveLimit, SolverError,
+    ThreeSigmaConfig, ThreeSigmaScheduler, Utility, build_model, greedy, round_lp,
 };
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -108,65 +114,50 @@ fn thread_cpu_ms() -> f64 {
         .map_or(f64::NAN, |ns| ns / 1e6)
 }
 
+/// HiGHS with the LP relaxation over every column at once (the cycle before sifting).
+struct FullLp;
+
+impl MilpSolver for FullLp {
+    fn name(&self) -> &'static str {
+        "highs-full-lp"
+    }
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        limit: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
+        HighsSolver.solve_relaxation_full(model, limit)
+    }
+    fn improve(
+        &mut self,
+        model: &MilpModel,
+        start: &[bool],
+        limit: SolveLimit,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        HighsSolver.improve(model, start, limit)
+    }
+}
+
+fn ms_since(began: Instant) -> f64 {
+    began.elapsed().as_secs_f64() * 1000.0
+}
+
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 fn main() {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at start: {}", load.trim());
     println!(
-        "| pending | cycles | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | columns | rows | nonzeros | decision / LP bound mean (min) | methods |"
+        "| LP | pending | cycles | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | columns | rows | nonzeros | decision / LP bound mean (min) | methods |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     for (pending, cycles) in [(300, 100), (1000, 20), (3000, 5)] {
-        let mut scheduler =
-            ThreeSigmaScheduler::new("3Sigma", ThreeSigmaConfig::default(), HighsSolver)
-                .expect("default config is valid");
-        let mut times = Vec::new();
-        let mut cpu_times = Vec::new();
-        let mut ratios = Vec::new();
-        let mut methods: BTreeMap<String, usize> = BTreeMap::new();
-        let mut size = (0, 0, 0);
-        for seed in 0..cycles {
-            let (partitions, jobs, running) = instance(seed, pending);
-            let input = CycleInput {
-                now: 10_000.0,
-                partitions: &partitions,
-                pending: &jobs,
-                running: &running,
-            };
-            let began = Instant::now();
-            let cpu_began = thread_cpu_ms();
-            let (decision, _) = scheduler.cycle_with_model(&input);
-            times.push(began.elapsed().as_secs_f64() * 1000.0);
-            cpu_times.push(thread_cpu_ms() - cpu_began);
-            let r = &decision.record;
-            size = (r.columns, r.rows, r.nonzeros);
-            if let Some(bound) = r.lp_bound.filter(|b| *b > 0.0) {
-                ratios.push(r.objective / bound);
-            }
-            *methods.entry(format!("{:?}", r.method)).or_default() += 1;
-        }
-        times.sort_by(f64::total_cmp);
-        cpu_times.sort_by(f64::total_cmp);
-        let quality = if ratios.is_empty() {
-            "no LP in time".to_string()
-        } else {
-            let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            format!("{mean:.3} ({min:.3})")
-        };
-        println!(
-            "| {pending} | {cycles} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {methods:?} |",
-            quantile(&times, 0.5),
-            quantile(&times, 0.99),
-            times[times.len() - 1],
-            quantile(&cpu_times, 0.5),
-            quantile(&cpu_times, 0.99),
-            size.0,
-            size.1,
-            size.2
-        );
+        timed_cycles("full LP", FullLp, pending, cycles);
+        timed_cycles("sifting", HighsSolver, pending, cycles);
     }
+    phases();
     // Quality without the time limit: how long the LP needs, and what LP rounding and the
     // greedy fallback reach against its bound.
     println!();
@@ -212,4 +203,137 @@ fn main() {
             );
         }
     }
+}
+
+/// `cycles` cycles of `pending` jobs under the default (wall-clock) config, one table row.
+fn timed_cycles<S: MilpSolver>(label: &str, solver: S, pending: usize, cycles: u64) {
+    let mut scheduler = ThreeSigmaScheduler::new("3Sigma", ThreeSigmaConfig::default(), solver)
+        .expect("default config is valid");
+    let mut times = Vec::new();
+    let mut cpu_times = Vec::new();
+    let mut ratios = Vec::new();
+    let mut methods: BTreeMap<String, usize> = BTreeMap::new();
+    let mut size = (0, 0, 0);
+    for seed in 0..cycles {
+        let (partitions, jobs, running) = instance(seed, pending);
+        let input = CycleInput {
+            now: 10_000.0,
+            partitions: &partitions,
+            pending: &jobs,
+            running: &running,
+        };
+        let began = Instant::now();
+        let cpu_began = thread_cpu_ms();
+        let (decision, _) = scheduler.cycle_with_model(&input);
+        times.push(ms_since(began));
+        cpu_times.push(thread_cpu_ms() - cpu_began);
+        let r = &decision.record;
+        size = (r.columns, r.rows, r.nonzeros);
+        if let Some(bound) = r.lp_bound.filter(|b| *b > 0.0) {
+            ratios.push(r.objective / bound);
+        }
+        *methods.entry(format!("{:?}", r.method)).or_default() += 1;
+    }
+    times.sort_by(f64::total_cmp);
+    cpu_times.sort_by(f64::total_cmp);
+    let quality = if ratios.is_empty() {
+        "no LP in time".to_string()
+    } else {
+        let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        format!("{mean:.3} ({min:.3}; {} cycles)", ratios.len())
+    };
+    println!(
+        "| {label} | {pending} | {cycles} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {methods:?} |",
+        quantile(&times, 0.5),
+        quantile(&times, 0.99),
+        times[times.len() - 1],
+        quantile(&cpu_times, 0.5),
+        quantile(&cpu_times, 0.99),
+        size.0,
+        size.1,
+        size.2
+    );
+}
+
+/// Where a 300-job cycle's time goes: model build, the LP relaxation (all columns / sifting,
+/// no time limit), LP rounding and the row check, medians over 20 instances.
+fn phases() {
+    let unlimited = SolveLimit {
+        time_s: None,
+        simplex_iterations: None,
+        mip_nodes: None,
+    };
+    let config = ThreeSigmaConfig::default();
+    let mut build = Vec::new();
+    let mut full = Vec::new();
+    let mut full_iterations = Vec::new();
+    let mut sifting = Vec::new();
+    let mut sifting_iterations = Vec::new();
+    let mut rounding = Vec::new();
+    let mut check = Vec::new();
+    let mut bound_gap: f64 = 0.0;
+    for seed in 0..20 {
+        let (partitions, jobs, running) = instance(5000 + seed, 300);
+        let input = CycleInput {
+            now: 10_000.0,
+            partitions: &partitions,
+            pending: &jobs,
+            running: &running,
+        };
+        let began = Instant::now();
+        let model = build_model(&config, &input).model;
+        build.push(ms_since(began));
+        let began = Instant::now();
+        let all = HighsSolver
+            .solve_relaxation_full(&model, unlimited)
+            .expect("LP solves");
+        full.push(ms_since(began));
+        full_iterations.push(all.iterations as f64);
+        let began = Instant::now();
+        let sifted = HighsSolver
+            .solve_relaxation_sifting(&model, unlimited)
+            .expect("LP solves");
+        sifting.push(ms_since(began));
+        sifting_iterations.push(sifted.iterations as f64);
+        bound_gap = bound_gap.max((all.bound - sifted.bound).abs() / all.bound.abs().max(1.0));
+        let began = Instant::now();
+        let chosen = round_lp(&model, jobs.len(), &sifted.values);
+        rounding.push(ms_since(began));
+        let began = Instant::now();
+        assert!(model.violated_row(&chosen).is_none());
+        check.push(ms_since(began));
+    }
+    println!();
+    println!(
+        "| phase (300 pending, 20 instances, no time limit) | median ms | max ms | simplex iterations (median) |"
+    );
+    println!("|---|---:|---:|---:|");
+    for (name, times, iterations) in [
+        ("model build", &mut build, None),
+        (
+            "LP relaxation, all columns",
+            &mut full,
+            Some(&mut full_iterations),
+        ),
+        (
+            "LP relaxation, sifting",
+            &mut sifting,
+            Some(&mut sifting_iterations),
+        ),
+        ("LP rounding + greedy fill", &mut rounding, None),
+        ("row check", &mut check, None),
+    ] {
+        times.sort_by(f64::total_cmp);
+        let iterations = iterations.map_or(String::new(), |it| {
+            it.sort_by(f64::total_cmp);
+            format!("{:.0}", quantile(it, 0.5))
+        });
+        println!(
+            "| {name} | {:.1} | {:.1} | {iterations} |",
+            quantile(times, 0.5),
+            times[times.len() - 1]
+        );
+    }
+    println!("largest relative difference between the two LP bounds: {bound_gap:.1e}");
 }

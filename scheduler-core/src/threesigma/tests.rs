@@ -706,3 +706,192 @@ fn lp_rounding_preempts_when_the_lp_took_the_preemption_only_fractionally() {
     assert_eq!(decision.preempt, vec![9], "{decision:?}");
     assert_eq!(decision.start_now.len(), 1);
 }
+
+/// A cycle shaped like the benchmark's (docs/benchmarks.md §8), smaller: `jobs` pending jobs
+/// with 20-quantile log-normal beliefs over 4 partitions of 16 slots half held by running
+/// work, so the model has far more option columns than rows and sifting takes several rounds.
+fn wide_instance(
+    rng: &mut StdRng,
+    jobs: usize,
+) -> (Vec<PartitionState>, Vec<PendingJob>, Vec<RunningJob>) {
+    let belief = |rng: &mut StdRng| {
+        let median = rng.random_range(60.0..1800.0f64);
+        let sigma = rng.random_range(0.2..1.0f64);
+        RuntimeBelief::from_runtimes(
+            (0..20)
+                .map(|i| median * (sigma * (f64::from(i) - 9.5) / 5.0).exp())
+                .collect(),
+        )
+        .unwrap()
+    };
+    let partitions = vec![
+        PartitionState {
+            capacity: 16.0,
+            reserved: Vec::new(),
+        };
+        4
+    ];
+    let pending = (0..jobs)
+        .map(|id| {
+            let b = belief(rng);
+            let submit = -rng.random_range(0.0..600.0);
+            let slo = rng.random_bool(0.5);
+            let utility = if slo {
+                Utility::Slo {
+                    deadline: submit + b.runtimes()[10] * rng.random_range(1.2..1.8),
+                    value: 10.0,
+                }
+            } else {
+                Utility::BestEffort {
+                    submit,
+                    value: 1.0,
+                    zero_at: submit + 7200.0,
+                }
+            };
+            let preferred = rng.random_range(0..4);
+            PendingJob {
+                id: id as u64,
+                submit,
+                utility,
+                gang: rng.random_range(1..=4),
+                belief: b,
+                choices: (0..4)
+                    .map(|p| PartitionChoice {
+                        partition: p,
+                        runtime_factor: if slo && p != preferred { 1.5 } else { 1.0 },
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let mut running = Vec::new();
+    for p in 0..4 {
+        let mut used = 0;
+        while used < 8 {
+            let gang = rng.random_range(1..=2);
+            running.push(RunningJob {
+                id: 1000 + running.len() as u64,
+                partition: p,
+                gang,
+                started: -rng.random_range(0.0..900.0),
+                belief: belief(rng),
+                utility: Utility::BestEffort {
+                    submit: -1000.0,
+                    value: 1.0,
+                    zero_at: 7200.0,
+                },
+                preemptible: rng.random_bool(0.5),
+            });
+            used += gang;
+        }
+    }
+    (partitions, pending, running)
+}
+
+/// Sifting solves the relaxation over a working set of columns; it must end at the optimum of
+/// the relaxation over all columns, with a feasible point whose objective is that bound.
+#[test]
+fn sifting_reaches_the_full_relaxations_optimum() {
+    let unlimited = SolveLimit {
+        time_s: None,
+        simplex_iterations: None,
+        mip_nodes: None,
+    };
+    let config = ThreeSigmaConfig {
+        step_s: 30.0,
+        ..ThreeSigmaConfig::default()
+    };
+    let mut rng = StdRng::seed_from_u64(41);
+    let mut instances: Vec<_> = (0..30).map(|_| random_instance(&mut rng)).collect();
+    instances.extend((0..4).map(|i| wide_instance(&mut rng, 40 + 20 * i)));
+    let mut wide_models = 0;
+    for (partitions, pending, running) in &instances {
+        let input = CycleInput {
+            now: 0.0,
+            partitions,
+            pending,
+            running,
+        };
+        let config = if pending.len() >= 40 {
+            ThreeSigmaConfig::default()
+        } else {
+            config.clone()
+        };
+        let model = build_model(&config, &input).model;
+        if model.columns.len() > 8 * model.rows.len() {
+            wide_models += 1;
+        }
+        let full = HighsSolver
+            .solve_relaxation_full(&model, unlimited)
+            .unwrap();
+        let sifted = HighsSolver
+            .solve_relaxation_sifting(&model, unlimited)
+            .unwrap();
+        let chosen = HighsSolver.solve_relaxation(&model, unlimited).unwrap();
+        let scale = full.bound.abs().max(1.0);
+        assert!(
+            (full.bound - sifted.bound).abs() <= 1e-6 * scale,
+            "full {} sifted {}",
+            full.bound,
+            sifted.bound
+        );
+        assert!((full.bound - chosen.bound).abs() <= 1e-6 * scale);
+        let objective: f64 = model
+            .columns
+            .iter()
+            .zip(&sifted.values)
+            .map(|(c, v)| c.objective * v)
+            .sum();
+        assert!((objective - sifted.bound).abs() <= 1e-6 * scale);
+        let mut activity = vec![0.0; model.rows.len()];
+        for (column, v) in model.columns.iter().zip(&sifted.values) {
+            for (row, coef) in &column.entries {
+                activity[*row] += coef * v;
+            }
+        }
+        for (a, row) in activity.iter().zip(&model.rows) {
+            assert!(*a <= row.upper + 1e-6, "{a} > {}", row.upper);
+        }
+    }
+    assert!(wide_models >= 4, "only {wide_models} models were wide");
+}
+
+/// A simplex-iteration budget covers every sifting round together: short of what the rounds
+/// need, the relaxation gives no answer; above it, the same answer as without a limit.
+#[test]
+fn sifting_counts_iterations_over_all_rounds() {
+    let mut rng = StdRng::seed_from_u64(42);
+    let (partitions, pending, running) = wide_instance(&mut rng, 80);
+    let input = CycleInput {
+        now: 0.0,
+        partitions: &partitions,
+        pending: &pending,
+        running: &running,
+    };
+    let model = build_model(&ThreeSigmaConfig::default(), &input).model;
+    let limit = |iterations| SolveLimit {
+        time_s: None,
+        simplex_iterations: Some(iterations),
+        mip_nodes: None,
+    };
+    let solved = HighsSolver
+        .solve_relaxation_sifting(&model, limit(1_000_000))
+        .unwrap();
+    assert!(solved.iterations > 1);
+    assert!(
+        HighsSolver
+            .solve_relaxation_sifting(&model, limit(solved.iterations - 1))
+            .is_err()
+    );
+    assert!(
+        HighsSolver
+            .solve_relaxation_sifting(&model, limit(solved.iterations / 2))
+            .is_err()
+    );
+    assert_eq!(
+        HighsSolver
+            .solve_relaxation_sifting(&model, limit(2 * solved.iterations))
+            .unwrap(),
+        solved
+    );
+}
