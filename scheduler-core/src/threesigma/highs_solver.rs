@@ -291,7 +291,14 @@ impl MilpSolver for HighsSolver {
         model: &MilpModel,
         limit: SolveLimit,
     ) -> Result<LpSolution, SolverError> {
-        if model.columns.len() > SIFTING_COLUMNS_PER_ROW * model.rows.len().max(1) {
+        // A budget of simplex iterations (the simulator's `SolverBudget::Work`) was set against
+        // the full LP's iteration counts, and sifting spends more iterations in all (it pays
+        // them back in time per iteration): such calls keep the full LP, so a simulation makes
+        // the decisions its committed reports were produced with. Time-limited (live) calls
+        // sift.
+        let sift = limit.simplex_iterations.is_none()
+            && model.columns.len() > SIFTING_COLUMNS_PER_ROW * model.rows.len().max(1);
+        if sift {
             self.solve_relaxation_sifting(model, limit)
         } else {
             self.solve_relaxation_full(model, limit)
