@@ -94,6 +94,17 @@ fn iterations_of(solved: &SolvedModel) -> u64 {
     u64::try_from(solved.simplex_iteration_count()).unwrap_or(0)
 }
 
+impl LpSolution {
+    /// The relaxation of a model without columns: nothing chosen, bound 0.
+    fn empty() -> Self {
+        LpSolution {
+            values: Vec::new(),
+            bound: 0.0,
+            iterations: 0,
+        }
+    }
+}
+
 impl HighsSolver {
     /// The LP relaxation solved by HiGHS over every column at once (what
     /// [`MilpSolver::solve_relaxation`] does for small models; tests and the benchmark compare
@@ -104,11 +115,7 @@ impl HighsSolver {
         limit: SolveLimit,
     ) -> Result<LpSolution, SolverError> {
         if model.columns.is_empty() {
-            return Ok(LpSolution {
-                values: Vec::new(),
-                bound: 0.0,
-                iterations: 0,
-            });
+            return Ok(LpSolution::empty());
         }
         let mut highs = Model::try_new(build(model, false)).map_err(rejected)?;
         highs.set_sense(Sense::Maximise);
@@ -142,11 +149,7 @@ impl HighsSolver {
         limit: SolveLimit,
     ) -> Result<LpSolution, SolverError> {
         if model.columns.is_empty() {
-            return Ok(LpSolution {
-                values: Vec::new(),
-                bound: 0.0,
-                iterations: 0,
-            });
+            return Ok(LpSolution::empty());
         }
         let mut working = initial_working_set(model);
         let mut in_working = vec![false; model.columns.len()];
