@@ -148,7 +148,7 @@ struct Scratch {
     pairwise: Vec<f64>,
     /// Correlations at the median distance (lower triangle), the grid's common base.
     base: Vec<f64>,
-    /// Correlation matrix without noise (lower triangle) at the length scale being tried.
+    /// Correlation matrix without noise at the length scale being tried.
     correlation: Vec<f64>,
     /// Tridiagonal form of `correlation` and the Householder work space.
     diagonal: Vec<f64>,
@@ -310,11 +310,12 @@ impl GpForecaster {
         scratch.correlation.clear();
         scratch.correlation.resize(n * n, 0.0);
         for i in 0..n {
-            let row = &mut scratch.correlation[i * n..i * n + i + 1];
-            for (slot, base) in row[..i].iter_mut().zip(&scratch.base[i * n..i * n + i]) {
-                *slot = kernel.rescale(*base, exponent);
+            for j in 0..i {
+                let value = kernel.rescale(scratch.base[i * n + j], exponent);
+                scratch.correlation[i * n + j] = value;
+                scratch.correlation[j * n + i] = value;
             }
-            row[i] = 1.0;
+            scratch.correlation[i * n + i] = 1.0;
         }
         scratch.weights.clear();
         scratch.weights.extend_from_slice(&scratch.targets);
