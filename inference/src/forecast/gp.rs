@@ -718,9 +718,11 @@ mod tests {
                 (Some(_), None) => true,
                 _ => false,
             };
-            for start in 0..LENGTH_EXPONENTS.len() {
-                let mut warm = GpForecaster::default();
-                warm.hyper = Some((LENGTH_EXPONENTS[start], 0.1));
+            for (start, start_exponent) in LENGTH_EXPONENTS.into_iter().enumerate() {
+                let mut warm = GpForecaster {
+                    hyper: Some((start_exponent, 0.1)),
+                    ..GpForecaster::default()
+                };
                 let forecast = warm.forecast(&series, 1).unwrap()[0];
                 let (exponent, _) = warm.hyper.unwrap();
                 let index = LENGTH_EXPONENTS
