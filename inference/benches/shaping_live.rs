@@ -2,9 +2,9 @@
 //! every shaping interval) over 10,000 running containers on 500 hosts, with the `inference`
 //! GP forecasters the coordinator uses (one per container and resource, forecasting the next
 //! interval's peak one step ahead from a history of 20 interval peaks, evidence maximisation on
-//! every call), Eq. 9 buffer and Algorithm 1. `cargo bench -p inference --bench shaping_live
-//! [-- --arima]`;
-//! prints the median and max of 5 passes. Usage is a seeded random walk per container.
+//! every call, warm-started from the previous fit by default), Eq. 9 buffer and Algorithm 1.
+//! `cargo bench -p inference --bench shaping_live [-- --arima]`; prints the median and max of 5
+//! passes. Usage is a seeded random walk per container.
 
 use inference::forecast::GpConfig;
 use inference::forecast::shaping::{ForecasterKind, GpFactory};
@@ -26,11 +26,18 @@ fn main() {
     // `--arima` adds the ARIMA forecaster (its AIC order search on every call takes tens of
     // seconds a pass at this size: docs/benchmarks.md §7).
     bench(
-        "gp, evidence maximisation every pass",
+        "gp (default), evidence maximisation every pass, warm-started",
         Box::new(ForecasterKind::Gp),
     );
     bench(
-        "gp, evidence maximisation every 5th pass, staggered",
+        "gp, evidence maximisation every pass, whole grid (warm_start: false)",
+        Box::new(GpFactory::new(GpConfig {
+            warm_start: false,
+            ..GpConfig::default()
+        })),
+    );
+    bench(
+        "gp, evidence maximisation every 5th pass, staggered, warm-started",
         Box::new(GpFactory::new(GpConfig {
             refit_every: 5,
             ..GpConfig::default()

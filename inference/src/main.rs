@@ -137,7 +137,8 @@ enum Command {
         /// gp or arima.
         #[arg(long)]
         model: String,
-        /// memory (default) or cpu.
+        /// memory (default), cpu, or memory-share / cpu-share: use as a fraction of the provisioned
+        /// capacity (the shaper's unit; planetlab CPU percent / 100), with the Eq. 9 coverage.
         #[arg(long, default_value = "memory")]
         metric: String,
         /// GP kernel: exponential or rbf.
@@ -165,6 +166,10 @@ enum Command {
         /// Re-select hyperparameters / ARIMA order every this many calls.
         #[arg(long, default_value_t = 1)]
         refit_every: usize,
+        /// GP evidence maximisation: `warm` climbs the grid from the previous fit's length scale
+        /// (the default, `GpConfig::warm_start`), `full` searches every grid point on every refit.
+        #[arg(long, default_value = "warm")]
+        gp_search: String,
         #[arg(long)]
         json: bool,
     },
@@ -581,8 +586,14 @@ fn run(arguments: Arguments) -> Result<()> {
             max_series,
             max_origins,
             refit_every,
+            gp_search,
             json,
         } => {
+            let warm_start = match gp_search.as_str() {
+                "warm" => true,
+                "full" => false,
+                other => bail!("unknown --gp-search {other:?} (expected warm or full)"),
+            };
             let kernel = match kernel.as_str() {
                 "exponential" => Kernel::Exponential,
                 "rbf" => Kernel::Rbf,
@@ -601,6 +612,7 @@ fn run(arguments: Arguments) -> Result<()> {
                 max_series,
                 max_origins,
                 refit_every,
+                warm_start,
             };
             let report = cli::forecast_eval::run(&input, &options)?;
             if json {

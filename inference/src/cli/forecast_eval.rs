@@ -26,7 +26,13 @@ pub struct ForecastOptions {
     pub max_series: Option<usize>,
     pub max_origins: Option<usize>,
     pub refit_every: usize,
+    /// GP evidence maximisation warm-started from the previous fit (`GpConfig::warm_start`).
+    pub warm_start: bool,
 }
+
+/// Pace's best Eq. 9 buffer with the GP (§4.2, §5): β = K1 + K2 · V in units of the request.
+const EQ9_K1: f64 = 0.05;
+const EQ9_K2: f64 = 3.0;
 
 fn collect_files(path: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
     if path.is_file() {
@@ -68,14 +74,31 @@ fn load_series(path: &Path, format: &str, metric: &str) -> Result<Vec<(String, V
                 .iter()
                 .map(|s| s.cpu_usage_mhz)
                 .collect(),
+            // Use as a fraction of what the VM was provisioned (the shaper's unit: its request).
+            ("bitbrains", "memory-share") => traces::read_bitbrains_file(&file)?
+                .iter()
+                .filter(|s| s.memory_capacity_kb > 0.0)
+                .map(|s| s.memory_usage_kb / s.memory_capacity_kb)
+                .collect(),
+            ("bitbrains", "cpu-share") => traces::read_bitbrains_file(&file)?
+                .iter()
+                .filter(|s| s.cpu_capacity_mhz > 0.0)
+                .map(|s| s.cpu_usage_mhz / s.cpu_capacity_mhz)
+                .collect(),
             ("planetlab", "cpu") => traces::read_planetlab_file(&file)?,
+            ("planetlab", "cpu-share") => traces::read_planetlab_file(&file)?
+                .iter()
+                .map(|percent| percent / 100.0)
+                .collect(),
             ("planetlab", _) => {
-                bail!("planetlab traces only have CPU utilisation: use --metric cpu")
+                bail!("planetlab traces only have CPU utilisation: use --metric cpu or cpu-share")
             }
             (other, _) if other != "bitbrains" => {
                 bail!("unknown format {other:?} (expected bitbrains or planetlab)")
             }
-            (_, other) => bail!("unknown metric {other:?} (expected memory or cpu)"),
+            (_, other) => {
+                bail!("unknown metric {other:?} (expected memory, cpu, memory-share or cpu-share)")
+            }
         };
         series.push((file.display().to_string(), values));
     }
@@ -105,6 +128,13 @@ pub struct ForecastReport {
     pub coverage_2sigma: f64,
     pub coverage_2sigma_1: f64,
     pub coverage_2sigma_k: f64,
+    /// Share metrics (use as a fraction of the request): fraction of one-step actuals at or below
+    /// the Eq. 9 allocation `mean + K1 + K2 · variance` (K1 = 0.05, K2 = 3, Pace's best with the
+    /// GP), i.e. intervals the shaped allocation would have covered.
+    pub eq9_coverage_1: f64,
+    /// Mean of the Eq. 9 allocation capped at the request (1), one step ahead: what shaping
+    /// would have kept allocated, as a fraction of the request.
+    pub eq9_mean_allocation_1: f64,
     /// Forecast calls per second (each call yields `horizon` steps), single thread.
     pub forecasts_per_second: f64,
     pub skipped_errors: u64,
@@ -127,6 +157,7 @@ pub fn run(path: &Path, options: &ForecastOptions) -> Result<ForecastReport> {
                 patterns: options.patterns,
                 kernel: options.kernel,
                 refit_every: options.refit_every,
+                warm_start: options.warm_start,
             })),
             "arima" => Box::new(ArimaForecaster::new(ArimaConfig {
                 refit_every: options.refit_every,
@@ -138,6 +169,7 @@ pub fn run(path: &Path, options: &ForecastOptions) -> Result<ForecastReport> {
     let (mut error_1, mut error_k, mut actual_1, mut actual_k) = (0.0, 0.0, 0.0, 0.0);
     let (mut count, mut covered_all, mut steps_all, mut covered_1, mut covered_k) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut eq9_covered, mut eq9_allocation) = (0u64, 0.0);
     let mut skipped = 0u64;
     let mut elapsed = 0.0;
     for (_, values) in &all {
@@ -168,6 +200,9 @@ pub fn run(path: &Path, options: &ForecastOptions) -> Result<ForecastReport> {
                 covered_all += u64::from(hit);
                 steps_all += 1;
                 if step == 0 {
+                    let allocation = forecast.mean + EQ9_K1 + EQ9_K2 * forecast.variance.max(0.0);
+                    eq9_covered += u64::from(actual <= allocation);
+                    eq9_allocation += allocation.min(1.0);
                     error_1 += (forecast.mean - actual).abs();
                     actual_1 += actual.abs();
                     covered_1 += u64::from(hit);
@@ -204,6 +239,8 @@ pub fn run(path: &Path, options: &ForecastOptions) -> Result<ForecastReport> {
         coverage_2sigma: covered_all as f64 / steps_all.max(1) as f64,
         coverage_2sigma_1: per(covered_1 as f64),
         coverage_2sigma_k: per(covered_k as f64),
+        eq9_coverage_1: per(eq9_covered as f64),
+        eq9_mean_allocation_1: per(eq9_allocation),
         forecasts_per_second: count as f64 / elapsed.max(1e-9),
         skipped_errors: skipped,
     })
@@ -234,6 +271,12 @@ pub fn print_table(report: &ForecastReport) {
         "coverage ±2σ       {:.4}  (1-step {:.4}, {}-step {:.4})",
         report.coverage_2sigma, report.coverage_2sigma_1, report.horizon, report.coverage_2sigma_k
     );
+    if report.metric.ends_with("-share") {
+        println!(
+            "Eq. 9 (K1 0.05, K2 3) covers {:.4} of 1-step actuals, mean allocation {:.4} of request",
+            report.eq9_coverage_1, report.eq9_mean_allocation_1
+        );
+    }
     println!("forecasts/s        {:.0}", report.forecasts_per_second);
 }
 
@@ -259,6 +302,7 @@ mod tests {
             max_series: None,
             max_origins: None,
             refit_every: 1,
+            warm_start: false,
         };
         let report = run(directory.path(), &options).unwrap();
         assert_eq!(report.series, 1);
@@ -269,5 +313,41 @@ mod tests {
         options.metric = "memory".into();
         let error = run(directory.path(), &options).unwrap_err();
         assert!(error.to_string().contains("--metric cpu"), "{error}");
+    }
+
+    #[test]
+    fn share_metric_reports_eq9_coverage_and_warm_start_runs() {
+        // Percent CPU in [10, 32]: as shares of the request in [0.10, 0.32], so the Eq. 9
+        // allocation (mean + 0.05 + 3 · variance) stays between the values and the request.
+        let directory = tempfile::tempdir().unwrap();
+        let series: Vec<String> = (0..120).map(|i| ((i * 7) % 23 + 10).to_string()).collect();
+        std::fs::write(directory.path().join("vm_a"), series.join("\n")).unwrap();
+        let mut options = ForecastOptions {
+            format: "planetlab".into(),
+            model: "gp".into(),
+            metric: "cpu-share".into(),
+            kernel: Kernel::Exponential,
+            window: 10,
+            patterns: 10,
+            horizon: 1,
+            history: None,
+            stride: 1,
+            max_series: None,
+            max_origins: None,
+            refit_every: 1,
+            warm_start: false,
+        };
+        let full = run(directory.path(), &options).unwrap();
+        assert_eq!(full.forecasts, 120 - 21 - 1 + 1);
+        assert!(full.mae_1 < 0.2, "{full:?}");
+        assert!((0.0..=1.0).contains(&full.eq9_coverage_1));
+        assert!(full.eq9_mean_allocation_1 > 0.0 && full.eq9_mean_allocation_1 <= 1.0);
+        options.warm_start = true;
+        let warm = run(directory.path(), &options).unwrap();
+        assert_eq!(warm.forecasts, full.forecasts);
+        assert!(
+            (warm.mae_1 - full.mae_1).abs() < 0.05,
+            "{warm:?} vs {full:?}"
+        );
     }
 }

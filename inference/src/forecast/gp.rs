@@ -16,8 +16,17 @@
 //!   (`σf² = yᵀ(K₀ + rI)⁻¹y / n`). The grid costs one `exp` per pair of patterns (length scales
 //!   are powers of two of the median distance, so the other correlations are squares or square
 //!   roots of the first) and one Householder tridiagonalisation per length scale, after which every
-//!   noise ratio costs O(n); one Cholesky factorisation at the chosen point serves the forecast. The grid search can be repeated
-//!   only every `refit_every` calls to save time.
+//!   noise ratio costs O(n); one Cholesky factorisation at the chosen point serves the forecast.
+//! - The search is warm-started (`GpConfig::warm_start`, the default): a series' first call
+//!   searches every length scale, later calls climb the grid from the previous fit's length
+//!   scale (its neighbours first, then on while the evidence improves), the noise ratio always
+//!   over the whole grid. Pace re-trains the model "as long as new data is available" (§3.1.3)
+//!   and tunes hyperparameters "through evidence maximization" (§3.1) with GPy (§5), but does
+//!   not say how the optimiser is started (GPy's `optimize` starts from the model's current
+//!   parameters, so a model kept between intervals is warm-started). On a sliding window the optimum rarely moves: the climb picks the full search's
+//!   point in 96.6–99.5 % of calls on the Bitbrains traces, with the same MAE and coverage
+//!   (docs/benchmarks.md §7b), at about 3 of the 5 tridiagonalisations. The grid search can also
+//!   be repeated only every `refit_every` calls.
 //! - The reported variance is that of a new *observation* (Eq. 8 plus σn²), since it is
 //!   compared with observed usage, and σf² is integrated out rather than fixed at its
 //!   maximum-likelihood value (scale-invariant prior; Student-t predictive with n degrees of
@@ -28,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::linalg::{
     ShiftedTerms, back_substitute, cholesky_in_place, forward_substitute,
-    shifted_tridiagonal_terms, tridiagonalize,
+    shifted_tridiagonal_terms_batch, tridiagonalize,
 };
 use super::{Forecast, ForecastError, Forecaster, check_history};
 
@@ -47,28 +56,6 @@ impl Kernel {
         match self {
             Kernel::Exponential => (-distance_squared.sqrt() / length_scale).exp(),
             Kernel::Rbf => (-distance_squared / (2.0 * length_scale * length_scale)).exp(),
-        }
-    }
-
-    /// The correlations at length scales `2^e · ℓ` for e = −2 … 2 (`LENGTH_EXPONENTS`) from the
-    /// correlation `base` at `ℓ`, by two squarings and two square-root chains.
-    fn rescale_grid(self, base: f64) -> [f64; 5] {
-        match self {
-            Kernel::Exponential => {
-                let (square, root) = (base * base, base.sqrt());
-                [square * square, square, base, root, root.sqrt()]
-            }
-            Kernel::Rbf => {
-                let (fourth, root) = ((base * base) * (base * base), base.sqrt().sqrt());
-                let (fourth_squared, root_root) = (fourth * fourth, root.sqrt().sqrt());
-                [
-                    fourth_squared * fourth_squared,
-                    fourth,
-                    base,
-                    root,
-                    root_root,
-                ]
-            }
         }
     }
 
@@ -103,6 +90,15 @@ pub struct GpConfig {
     pub kernel: Kernel,
     /// Redo the evidence maximisation every this many calls (1 = every call).
     pub refit_every: usize,
+    /// Start each evidence maximisation from the previous fit's length scale and climb the grid
+    /// from there (`false`: search every length scale on every refit). The noise ratio is
+    /// searched over the whole grid either way; the first fit of a series searches everything.
+    #[serde(default = "warm_start_default")]
+    pub warm_start: bool,
+}
+
+fn warm_start_default() -> bool {
+    GpConfig::default().warm_start
 }
 
 impl Default for GpConfig {
@@ -112,6 +108,7 @@ impl Default for GpConfig {
             patterns: 10,
             kernel: Kernel::Exponential,
             refit_every: 1,
+            warm_start: true,
         }
     }
 }
@@ -129,7 +126,14 @@ pub struct GpForecaster {
     calls: usize,
     /// Cached (length-scale exponent relative to the median distance, noise ratio).
     hyper: Option<(i32, f64)>,
-    scratch: Scratch,
+}
+
+thread_local! {
+    /// Work space of every GP forecast on this thread. A forecaster keeps only its configuration
+    /// and hyperparameters: the live shaper holds two forecasters per container, and with the
+    /// buffers per forecaster (about 8 KiB each) a pass over 10,000 containers walked 160 MiB of
+    /// cold memory; shared, the buffers stay in the first-level cache.
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 #[derive(Debug, Clone, Default)]
@@ -144,9 +148,7 @@ struct Scratch {
     pairwise: Vec<f64>,
     /// Correlations at the median distance (lower triangle), the grid's common base.
     base: Vec<f64>,
-    /// Correlation matrices without noise at every length scale of the grid, and the one being
-    /// reduced.
-    grid: Vec<f64>,
+    /// Correlation matrix without noise at the length scale being tried.
     correlation: Vec<f64>,
     /// Tridiagonal form of `correlation` and the Householder work space.
     diagonal: Vec<f64>,
@@ -172,6 +174,41 @@ fn profiled_log_evidence(n: usize, terms: &ShiftedTerms) -> f64 {
     -0.5 * (logarithm + terms.determinant_exponent)
 }
 
+/// One grid point's profiled evidence, compared without a logarithm where possible: when the
+/// product `(yᵀ(K₀ + rI)⁻¹y / n)ⁿ · |K₀ + rI|` is a normal number with no exponent split off,
+/// the evidence is `−½ ln` of it, so the smaller product has the larger evidence (the same order
+/// as comparing [`profiled_log_evidence`], up to products whose logarithms round to one value).
+#[derive(Debug, Clone, Copy)]
+struct Evidence {
+    n: usize,
+    terms: ShiftedTerms,
+    combined: f64,
+}
+
+impl Evidence {
+    fn new(n: usize, terms: ShiftedTerms) -> Evidence {
+        let signal = (terms.quadratic / n as f64).max(1e-12);
+        Evidence {
+            n,
+            terms,
+            combined: signal.powi(n as i32) * terms.determinant_mantissa,
+        }
+    }
+
+    fn plain(&self) -> bool {
+        self.combined.is_normal() && self.terms.determinant_exponent == 0.0
+    }
+
+    fn exceeds(&self, other: &Evidence) -> bool {
+        if self.plain() && other.plain() {
+            self.combined < other.combined
+        } else {
+            profiled_log_evidence(self.n, &self.terms)
+                > profiled_log_evidence(other.n, &other.terms)
+        }
+    }
+}
+
 impl GpForecaster {
     pub fn new(config: GpConfig) -> Self {
         Self {
@@ -180,10 +217,10 @@ impl GpForecaster {
                 patterns: config.patterns.max(2),
                 kernel: config.kernel,
                 refit_every: config.refit_every.max(1),
+                warm_start: config.warm_start,
             },
             calls: 0,
             hyper: None,
-            scratch: Scratch::default(),
         }
     }
 
@@ -201,62 +238,122 @@ impl GpForecaster {
     /// Evidence maximisation over the grid (Pace §3.1: "tuning their hyper parameters, through
     /// evidence maximization"). For each length scale the noise-free correlation matrix is
     /// reduced once to tridiagonal form `K₀ = Q T Qᵀ`; then `log|K₀ + rI|` and
-    /// `yᵀ(K₀ + rI)⁻¹y` cost O(n) for each noise ratio r, instead of a Cholesky each.
-    fn select_hyperparameters(&mut self, n: usize) -> Option<(i32, f64)> {
-        let kernel = self.config.kernel;
-        let scratch = &mut self.scratch;
-        let mut best: Option<(f64, i32, f64)> = None;
-        scratch.grid.clear();
-        scratch.grid.resize(LENGTH_EXPONENTS.len() * n * n, 0.0);
-        let size = n * n;
+    /// `yᵀ(K₀ + rI)⁻¹y` cost O(n) for each noise ratio r, instead of a Cholesky each (the five
+    /// ratios side by side), so a length scale costs one reduction and the noise ratio is always
+    /// chosen over the whole grid.
+    ///
+    /// Without `start`, every length scale is tried. With `start` (the length-scale index of the
+    /// previous fit, [`GpConfig::warm_start`]) the search climbs from there: it tries the start
+    /// and its neighbours, and walks on in the direction that improved the evidence until it
+    /// stops improving or the grid ends (typically 3 of the 5 reductions).
+    fn select_hyperparameters(
+        kernel: Kernel,
+        scratch: &mut Scratch,
+        n: usize,
+        start: Option<usize>,
+    ) -> Option<(i32, f64)> {
+        let mut best: Option<(Evidence, usize, f64)> = None;
+        // Tries length scale `index`; true if it is the best so far.
+        let mut consider = |scratch: &mut Scratch, index: usize| {
+            let found = Self::best_noise_ratio(kernel, scratch, n, index);
+            if let Some((evidence, ratio)) = found
+                && best.is_none_or(|(b, _, _)| evidence.exceeds(&b))
+            {
+                best = Some((evidence, index, ratio));
+            }
+            best.map(|(_, i, _)| i)
+        };
+        let last = LENGTH_EXPONENTS.len() - 1;
+        match start {
+            None => {
+                for index in 0..=last {
+                    consider(scratch, index);
+                }
+            }
+            Some(start) => {
+                let start = start.min(last);
+                // The start's neighbourhood in grid order.
+                let (low, high) = (start.saturating_sub(1), (start + 1).min(last));
+                let mut climbed = None;
+                for index in low..=high {
+                    climbed = consider(scratch, index);
+                }
+                if climbed == Some(low) && low < start {
+                    for index in (0..low).rev() {
+                        if consider(scratch, index) != Some(index) {
+                            break;
+                        }
+                    }
+                } else if climbed == Some(high) && high > start {
+                    for index in high + 1..=last {
+                        if consider(scratch, index) != Some(index) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let (_, index, ratio) = best?;
+        Some((LENGTH_EXPONENTS[index], ratio))
+    }
+
+    /// The noise ratio of largest evidence at length scale `LENGTH_EXPONENTS[index]` (relative to
+    /// the median distance), with that evidence; `None` if no ratio gives a positive definite
+    /// matrix.
+    fn best_noise_ratio(
+        kernel: Kernel,
+        scratch: &mut Scratch,
+        n: usize,
+        index: usize,
+    ) -> Option<(Evidence, f64)> {
+        let exponent = LENGTH_EXPONENTS[index];
+        scratch.correlation.clear();
+        scratch.correlation.resize(n * n, 0.0);
         for i in 0..n {
             for j in 0..i {
-                let values = kernel.rescale_grid(scratch.base[i * n + j]);
-                for (index, value) in values.into_iter().enumerate() {
-                    scratch.grid[index * size + i * n + j] = value;
-                    scratch.grid[index * size + j * n + i] = value;
-                }
+                let value = kernel.rescale(scratch.base[i * n + j], exponent);
+                scratch.correlation[i * n + j] = value;
+                scratch.correlation[j * n + i] = value;
             }
-            for index in 0..LENGTH_EXPONENTS.len() {
-                scratch.grid[index * size + i * n + i] = 1.0;
+            scratch.correlation[i * n + i] = 1.0;
+        }
+        scratch.weights.clear();
+        scratch.weights.extend_from_slice(&scratch.targets);
+        tridiagonalize(
+            &mut scratch.correlation,
+            n,
+            &mut scratch.weights,
+            &mut scratch.diagonal,
+            &mut scratch.off_diagonal,
+            &mut scratch.work,
+        );
+        let all = shifted_tridiagonal_terms_batch(
+            &scratch.diagonal,
+            &scratch.off_diagonal,
+            &scratch.weights,
+            &NOISE_RATIOS,
+        );
+        let mut best: Option<(Evidence, f64)> = None;
+        for (terms, ratio) in all.into_iter().zip(NOISE_RATIOS) {
+            let Some(terms) = terms else {
+                continue;
+            };
+            let evidence = Evidence::new(n, terms);
+            if best.is_none_or(|(b, _)| evidence.exceeds(&b)) {
+                best = Some((evidence, ratio));
             }
         }
-        for (index, exponent) in LENGTH_EXPONENTS.into_iter().enumerate() {
-            scratch
-                .correlation
-                .copy_from_slice(&scratch.grid[index * size..(index + 1) * size]);
-            scratch.weights.clear();
-            scratch.weights.extend_from_slice(&scratch.targets);
-            tridiagonalize(
-                &mut scratch.correlation,
-                n,
-                &mut scratch.weights,
-                &mut scratch.diagonal,
-                &mut scratch.off_diagonal,
-                &mut scratch.work,
-            );
-            for ratio in NOISE_RATIOS {
-                let Some(terms) = shifted_tridiagonal_terms(
-                    &scratch.diagonal,
-                    &scratch.off_diagonal,
-                    &scratch.weights,
-                    ratio,
-                ) else {
-                    continue;
-                };
-                let evidence = profiled_log_evidence(n, &terms);
-                if best.is_none_or(|(b, _, _)| evidence > b) {
-                    best = Some((evidence, exponent, ratio));
-                }
-            }
-        }
-        best.map(|(_, exponent, ratio)| (exponent, ratio))
+        best
     }
 
     /// Factorises `K₀ + rI` at length-scale exponent `exponent` into `best_factor`.
-    fn factorize(&mut self, n: usize, exponent: i32, ratio: f64) -> bool {
-        let kernel = self.config.kernel;
-        let scratch = &mut self.scratch;
+    fn factorize(
+        kernel: Kernel,
+        scratch: &mut Scratch,
+        n: usize,
+        exponent: i32,
+        ratio: f64,
+    ) -> bool {
         for i in 0..n {
             for j in 0..i {
                 scratch.best_factor[i * n + j] = kernel.rescale(scratch.base[i * n + j], exponent);
@@ -288,6 +385,18 @@ impl Forecaster for GpForecaster {
         horizon: usize,
     ) -> Result<Vec<Forecast>, ForecastError> {
         check_history(history, self.min_history(), horizon)?;
+        SCRATCH.with_borrow_mut(|scratch| Ok(self.forecast_with(scratch, history, horizon)))
+    }
+}
+
+impl GpForecaster {
+    /// [`Forecaster::forecast`] on a checked history, with `scratch` as work space.
+    fn forecast_with(
+        &mut self,
+        scratch: &mut Scratch,
+        history: &[f64],
+        horizon: usize,
+    ) -> Vec<Forecast> {
         let h = self.config.window;
         // Patterns end at the last observation; keep the N newest plus what horizons need.
         // Horizon j can train on all but the newest j patterns, so N + horizon patterns give
@@ -303,16 +412,15 @@ impl Forecaster for GpForecaster {
             .sqrt();
         if spread <= FLAT_SERIES * (1.0 + level.abs()) {
             // A flat window carries no information about variation: forecast the level.
-            return Ok(vec![
+            return vec![
                 Forecast {
                     mean: level,
                     variance: 0.0,
                 };
                 horizon
-            ]);
+            ];
         }
         let kernel = self.config.kernel;
-        let scratch = &mut self.scratch;
         scratch.standardized.clear();
         scratch
             .standardized
@@ -347,7 +455,6 @@ impl Forecaster for GpForecaster {
                 forecasts.push(fallback);
                 continue;
             }
-            let scratch = &mut self.scratch;
             scratch.targets.clear();
             scratch
                 .targets
@@ -392,14 +499,18 @@ impl Forecaster for GpForecaster {
                 }
             }
 
+            let start = self
+                .hyper
+                .filter(|_| self.config.warm_start)
+                .and_then(|(exponent, _)| LENGTH_EXPONENTS.iter().position(|e| *e == exponent));
             if step == 1
                 && refit
-                && let Some(selected) = self.select_hyperparameters(n)
+                && let Some(selected) = Self::select_hyperparameters(kernel, scratch, n, start)
             {
                 self.hyper = Some(selected);
             }
             let (exponent, ratio) = self.hyper.unwrap_or((0, 0.1));
-            if !self.factorize(n, exponent, ratio) {
+            if !Self::factorize(kernel, scratch, n, exponent, ratio) {
                 forecasts.push(Forecast {
                     mean: level,
                     variance: spread * spread,
@@ -407,7 +518,6 @@ impl Forecaster for GpForecaster {
                 continue;
             }
             let length_scale = median_distance * 2f64.powi(exponent);
-            let scratch = &mut self.scratch;
             let factor = &scratch.best_factor;
             scratch.weights.clear();
             scratch.weights.extend_from_slice(&scratch.targets);
@@ -444,7 +554,7 @@ impl Forecaster for GpForecaster {
                 variance: spread * spread * variance,
             });
         }
-        Ok(forecasts)
+        forecasts
     }
 }
 
@@ -517,14 +627,12 @@ mod tests {
         for kernel in [Kernel::Exponential, Kernel::Rbf] {
             for distance_squared in [0.01, 0.7, 3.0, 25.0] {
                 let base = kernel.correlation(distance_squared, 1.3);
-                let grid = kernel.rescale_grid(base);
-                for (index, exponent) in LENGTH_EXPONENTS.into_iter().enumerate() {
+                for exponent in LENGTH_EXPONENTS {
                     let direct = kernel.correlation(distance_squared, 1.3 * 2f64.powi(exponent));
                     assert!(
-                        (grid[index] - direct).abs() < 1e-12,
+                        (kernel.rescale(base, exponent) - direct).abs() < 1e-12,
                         "{kernel:?} {exponent}"
                     );
-                    assert!((kernel.rescale(base, exponent) - direct).abs() < 1e-12);
                 }
             }
         }
@@ -541,20 +649,22 @@ mod tests {
         let mut gp = GpForecaster::default();
         gp.forecast(&series, 1).unwrap();
         let (exponent, ratio) = gp.hyper.unwrap();
-        // Recompute every grid point from the scratch the call left behind.
-        let n = gp.scratch.targets.len();
+        // Recompute every grid point from the scratch the call left behind (this thread's).
+        let (targets, base) =
+            SCRATCH.with_borrow(|scratch| (scratch.targets.clone(), scratch.base.clone()));
+        let n = targets.len();
         let mut best = (f64::NEG_INFINITY, 0, 0.0);
         for e in LENGTH_EXPONENTS {
             for r in NOISE_RATIOS {
                 let mut matrix = vec![0.0; n * n];
                 for i in 0..n {
                     for j in 0..i {
-                        matrix[i * n + j] = gp.config.kernel.rescale(gp.scratch.base[i * n + j], e);
+                        matrix[i * n + j] = gp.config.kernel.rescale(base[i * n + j], e);
                     }
                     matrix[i * n + i] = 1.0 + r;
                 }
                 assert!(cholesky_in_place(&mut matrix, n));
-                let mut z = gp.scratch.targets.clone();
+                let mut z = targets.clone();
                 forward_substitute(&matrix, n, &mut z);
                 let quadratic: f64 = z.iter().map(|v| v * v).sum();
                 let evidence = -0.5 * n as f64 * (quadratic / n as f64).ln()
@@ -565,6 +675,107 @@ mod tests {
             }
         }
         assert_eq!((best.1, best.2), (exponent, ratio));
+    }
+
+    /// A random walk of `len` steps (like a container's use), seeded.
+    fn random_walk(seed: u64, len: usize) -> Vec<f64> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut level: f64 = 0.5;
+        (0..len)
+            .map(|_| {
+                level = (level + rng.random_range(-0.05..0.05)).clamp(0.01, 1.0);
+                level
+            })
+            .collect()
+    }
+
+    /// Best evidence per length scale for the training set of the last call on this thread.
+    fn evidence_profile(kernel: Kernel) -> Vec<Option<Evidence>> {
+        SCRATCH.with_borrow_mut(|scratch| {
+            let n = scratch.targets.len();
+            (0..LENGTH_EXPONENTS.len())
+                .map(|index| {
+                    GpForecaster::best_noise_ratio(kernel, scratch, n, index).map(|(e, _)| e)
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn warm_started_search_from_any_start_finds_a_local_maximum_and_the_full_one_when_started_there()
+     {
+        for seed in 0..20 {
+            let series = random_walk(seed, 40);
+            let mut cold = GpForecaster::new(GpConfig {
+                warm_start: false,
+                ..GpConfig::default()
+            });
+            let cold_forecast = cold.forecast(&series, 1).unwrap()[0];
+            let (cold_exponent, _) = cold.hyper.unwrap();
+            let profile = evidence_profile(cold.config.kernel);
+            let better = |a: usize, b: usize| match (profile[a], profile[b]) {
+                (Some(x), Some(y)) => x.exceeds(&y),
+                (Some(_), None) => true,
+                _ => false,
+            };
+            for (start, start_exponent) in LENGTH_EXPONENTS.into_iter().enumerate() {
+                let mut warm = GpForecaster {
+                    hyper: Some((start_exponent, 0.1)),
+                    ..GpForecaster::default()
+                };
+                let forecast = warm.forecast(&series, 1).unwrap()[0];
+                let (exponent, _) = warm.hyper.unwrap();
+                let index = LENGTH_EXPONENTS
+                    .iter()
+                    .position(|e| *e == exponent)
+                    .unwrap();
+                // No neighbour on the grid has a larger evidence.
+                for neighbour in [index.wrapping_sub(1), index + 1] {
+                    if neighbour < LENGTH_EXPONENTS.len() {
+                        assert!(!better(neighbour, index), "seed {seed} start {start}");
+                    }
+                }
+                let global = LENGTH_EXPONENTS
+                    .iter()
+                    .position(|e| *e == cold_exponent)
+                    .unwrap();
+                if start == global || exponent == cold_exponent {
+                    // The same fit as the full search: the same forecast, bit for bit.
+                    assert_eq!(warm.hyper, cold.hyper, "seed {seed} start {start}");
+                    assert_eq!(forecast, cold_forecast, "seed {seed} start {start}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn warm_started_series_follow_the_full_search_on_sliding_windows() {
+        // Live use: one forecaster per series, a window sliding one step per call. Measured on
+        // these fixtures: the fits agree in 99.85 % of 4,000 calls (Bitbrains: 96.6 % CPU,
+        // 99.5 % memory, docs/benchmarks.md §7b); where they agree, the forecasts are identical.
+        let (mut calls, mut agreeing) = (0u32, 0u32);
+        for seed in 100..120 {
+            let series = random_walk(seed, 220);
+            let mut cold = GpForecaster::new(GpConfig {
+                warm_start: false,
+                ..GpConfig::default()
+            });
+            let mut warm = GpForecaster::default();
+            for end in 20..series.len() {
+                let window = &series[end - 20..end];
+                let (a, b) = (
+                    cold.forecast(window, 1).unwrap(),
+                    warm.forecast(window, 1).unwrap(),
+                );
+                calls += 1;
+                if cold.hyper == warm.hyper {
+                    agreeing += 1;
+                    assert_eq!(a, b);
+                }
+            }
+        }
+        let share = f64::from(agreeing) / f64::from(calls);
+        assert!(share > 0.95, "{share}");
     }
 
     #[test]

@@ -32,7 +32,10 @@ pub fn cholesky_in_place(matrix: &mut [f64], n: usize) -> bool {
 /// Householder reduction of a symmetric `n × n` row-major matrix (full storage, overwritten)
 /// to tridiagonal form `T = Qᵀ A Q`, applying `Qᵀ` to `vector` as well. On return `diagonal`
 /// (length n) and `off_diagonal` (length n − 1) hold T. With T, `A + rI` can be evaluated for
-/// many shifts r in O(n) each ([`shifted_tridiagonal_terms`]).
+/// many shifts r in O(n) each ([`shifted_tridiagonal_terms`], [`shifted_tridiagonal_terms_batch`]).
+/// Written for the small matrices of the GP (n ≈ 10): the reflector is read from a row (the
+/// matrix is symmetric) and the products `A₂₂ v` sum with two accumulators, which keeps the
+/// additions of one dot product from waiting on each other.
 pub fn tridiagonalize(
     matrix: &mut [f64],
     n: usize,
@@ -41,37 +44,44 @@ pub fn tridiagonalize(
     off_diagonal: &mut Vec<f64>,
     work: &mut Vec<f64>,
 ) {
+    assert!(matrix.len() >= n * n && vector.len() >= n);
     off_diagonal.clear();
     work.clear();
-    work.resize(3 * n, 0.0);
-    let (reflector, rest) = work.split_at_mut(n);
-    let (product, _) = rest.split_at_mut(n);
+    work.resize(2 * n, 0.0);
+    let (reflector, product) = work.split_at_mut(n);
     for k in 0..n.saturating_sub(2) {
         let m = n - k - 1; // length of the column below the diagonal
         let v = &mut reflector[..m];
-        for (i, slot) in v.iter_mut().enumerate() {
-            *slot = matrix[(k + 1 + i) * n + k];
-        }
-        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        v.copy_from_slice(&matrix[k * n + k + 1..(k + 1) * n]);
         let tail: f64 = v[1..].iter().map(|x| x * x).sum();
         if tail == 0.0 {
             off_diagonal.push(v[0]);
             continue;
         }
+        let norm = (v[0] * v[0] + tail).sqrt();
         let alpha = if v[0] > 0.0 { -norm } else { norm };
         v[0] -= alpha;
-        let beta = 2.0 / v.iter().map(|x| x * x).sum::<f64>();
+        let beta = 2.0 / (v[0] * v[0] + tail);
         // p = β A₂₂ v, w = p − (β/2)(pᵀv) v, A₂₂ ← A₂₂ − v wᵀ − w vᵀ.
         let p = &mut product[..m];
         for (i, slot) in p.iter_mut().enumerate() {
             let row = &matrix[(k + 1 + i) * n + k + 1..(k + 2 + i) * n];
-            *slot = beta * row.iter().zip(v.iter()).map(|(a, b)| a * b).sum::<f64>();
+            let (mut even, mut odd) = (0.0, 0.0);
+            for (a, b) in row.chunks_exact(2).zip(v.chunks_exact(2)) {
+                even += a[0] * b[0];
+                odd += a[1] * b[1];
+            }
+            if m % 2 == 1 {
+                even += row[m - 1] * v[m - 1];
+            }
+            *slot = beta * (even + odd);
         }
         let half = 0.5 * beta * p.iter().zip(v.iter()).map(|(a, b)| a * b).sum::<f64>();
         for (slot, x) in p.iter_mut().zip(v.iter()) {
             *slot -= half * x;
         }
-        for (i, (vi, pi)) in v.iter().zip(p.iter()).enumerate() {
+        for i in 0..m {
+            let (vi, pi) = (v[i], p[i]);
             let row = &mut matrix[(k + 1 + i) * n + k + 1..(k + 2 + i) * n];
             for ((entry, vj), pj) in row.iter_mut().zip(v.iter()).zip(p.iter()) {
                 *entry -= vi * pj + pi * vj;
@@ -106,34 +116,51 @@ pub fn shifted_tridiagonal_terms(
     vector: &[f64],
     shift: f64,
 ) -> Option<ShiftedTerms> {
-    let mut pivot = 0.0;
-    let mut carried = 0.0;
-    let mut mantissa = 1.0;
-    let mut exponent = 0.0;
-    let mut quadratic = 0.0;
+    let [terms] = shifted_tridiagonal_terms_batch(diagonal, off_diagonal, vector, &[shift]);
+    terms
+}
+
+/// [`shifted_tridiagonal_terms`] for `K` shifts at once. The LDLᵀ recurrence is a chain of
+/// dependent divisions (one reciprocal of each pivot); running the `K` chains side by side lets
+/// them overlap. Each shift gets the same operations in the same order as alone.
+pub fn shifted_tridiagonal_terms_batch<const K: usize>(
+    diagonal: &[f64],
+    off_diagonal: &[f64],
+    vector: &[f64],
+    shifts: &[f64; K],
+) -> [Option<ShiftedTerms>; K] {
+    let mut inverse = [0.0; K];
+    let mut carried = [0.0; K];
+    let mut mantissa = [1.0; K];
+    let mut exponent = [0.0; K];
+    let mut quadratic = [0.0; K];
+    let mut valid = [true; K];
     for (i, (a, c)) in diagonal.iter().zip(vector).enumerate() {
-        let (next_pivot, z) = if i == 0 {
-            (a + shift, *c)
-        } else {
-            let link = off_diagonal[i - 1] / pivot;
-            (a + shift - link * off_diagonal[i - 1], c - link * carried)
-        };
-        if next_pivot <= 0.0 || !next_pivot.is_finite() {
-            return None;
+        let previous = if i == 0 { 0.0 } else { off_diagonal[i - 1] };
+        for lane in 0..K {
+            // pivot_i = a_i + r − e²/pivot_{i−1}, z_i = c_i − (e/pivot_{i−1}) z_{i−1}.
+            let link = previous * inverse[lane];
+            let pivot = a + shifts[lane] - link * previous;
+            let z = c - link * carried[lane];
+            valid[lane] &= pivot > 0.0 && pivot.is_finite();
+            inverse[lane] = 1.0 / pivot;
+            carried[lane] = z;
+            quadratic[lane] += z * z * inverse[lane];
+            mantissa[lane] *= pivot;
         }
-        pivot = next_pivot;
-        carried = z;
-        quadratic += z * z / pivot;
-        mantissa *= pivot;
-        if !(1e-150..=1e150).contains(&mantissa) {
-            exponent += mantissa.ln();
-            mantissa = 1.0;
+        for lane in 0..K {
+            if !(1e-150..=1e150).contains(&mantissa[lane]) {
+                exponent[lane] += mantissa[lane].ln();
+                mantissa[lane] = 1.0;
+            }
         }
     }
-    Some(ShiftedTerms {
-        determinant_mantissa: mantissa,
-        determinant_exponent: exponent,
-        quadratic,
+    std::array::from_fn(|lane| {
+        valid[lane].then_some(ShiftedTerms {
+            determinant_mantissa: mantissa[lane],
+            determinant_exponent: exponent[lane],
+            quadratic: quadratic[lane],
+        })
     })
 }
 
@@ -309,6 +336,38 @@ mod tests {
         }
         // A shift that makes the matrix indefinite is reported.
         assert!(shifted_tridiagonal_terms(&diagonal, &off, &transformed, -10.0).is_none());
+    }
+
+    #[test]
+    fn batched_shifts_match_single_ones() {
+        let n = 9;
+        let points: Vec<f64> = (0..n).map(|i| ((i * 5417) % 17) as f64 * 0.29).collect();
+        let mut matrix = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                matrix[i * n + j] = (-(points[i] - points[j]).abs() / 0.8).exp();
+            }
+        }
+        let mut vector: Vec<f64> = (0..n).map(|i| ((i * 13) % 7) as f64 - 3.0).collect();
+        let (mut diagonal, mut off, mut work) = (Vec::new(), Vec::new(), Vec::new());
+        tridiagonalize(
+            &mut matrix,
+            n,
+            &mut vector,
+            &mut diagonal,
+            &mut off,
+            &mut work,
+        );
+        // Five shifts at once equal five single calls bit for bit; an indefinite shift is None.
+        let shifts = [1e-3, 0.05, 1.0, -50.0, 0.2];
+        let batch = shifted_tridiagonal_terms_batch(&diagonal, &off, &vector, &shifts);
+        for (terms, shift) in batch.iter().zip(shifts) {
+            assert_eq!(
+                *terms,
+                shifted_tridiagonal_terms(&diagonal, &off, &vector, shift)
+            );
+            assert_eq!(terms.is_none(), shift < 0.0);
+        }
     }
 
     #[test]
