@@ -284,26 +284,31 @@ pub fn print_table(report: &ForecastReport) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn evaluates_planetlab_directory_and_rejects_memory_metric() {
-        let directory = tempfile::tempdir().unwrap();
-        let series: Vec<String> = (0..80).map(|i| ((i * 7) % 23 + 10).to_string()).collect();
-        std::fs::write(directory.path().join("vm_a"), series.join("\n")).unwrap();
-        let mut options = ForecastOptions {
+    /// GP on a PlanetLab directory, exponential kernel, window = patterns, full search.
+    fn planetlab_gp(metric: &str, window: usize, horizon: usize) -> ForecastOptions {
+        ForecastOptions {
             format: "planetlab".into(),
             model: "gp".into(),
-            metric: "cpu".into(),
+            metric: metric.into(),
             kernel: Kernel::Exponential,
-            window: 5,
-            patterns: 5,
-            horizon: 2,
+            window,
+            patterns: window,
+            horizon,
             history: None,
             stride: 1,
             max_series: None,
             max_origins: None,
             refit_every: 1,
             warm_start: false,
-        };
+        }
+    }
+
+    #[test]
+    fn evaluates_planetlab_directory_and_rejects_memory_metric() {
+        let directory = tempfile::tempdir().unwrap();
+        let series: Vec<String> = (0..80).map(|i| ((i * 7) % 23 + 10).to_string()).collect();
+        std::fs::write(directory.path().join("vm_a"), series.join("\n")).unwrap();
+        let mut options = planetlab_gp("cpu", 5, 2);
         let report = run(directory.path(), &options).unwrap();
         assert_eq!(report.series, 1);
         assert_eq!(report.forecasts, 80 - 12 - 2 + 1);
@@ -322,21 +327,7 @@ mod tests {
         let directory = tempfile::tempdir().unwrap();
         let series: Vec<String> = (0..120).map(|i| ((i * 7) % 23 + 10).to_string()).collect();
         std::fs::write(directory.path().join("vm_a"), series.join("\n")).unwrap();
-        let mut options = ForecastOptions {
-            format: "planetlab".into(),
-            model: "gp".into(),
-            metric: "cpu-share".into(),
-            kernel: Kernel::Exponential,
-            window: 10,
-            patterns: 10,
-            horizon: 1,
-            history: None,
-            stride: 1,
-            max_series: None,
-            max_origins: None,
-            refit_every: 1,
-            warm_start: false,
-        };
+        let mut options = planetlab_gp("cpu-share", 10, 1);
         let full = run(directory.path(), &options).unwrap();
         assert_eq!(full.forecasts, 120 - 21 - 1 + 1);
         assert!(full.mae_1 < 0.2, "{full:?}");

@@ -42,13 +42,24 @@ const SIMPLEX_STRATEGY_PRIMAL: i32 = 4;
 const SIFTING_REDUCED_COST_TOLERANCE: f64 = 1e-7;
 
 fn build(model: &MilpModel, integer: bool) -> ColProblem {
+    build_columns(model, integer, 0..model.columns.len()).0
+}
+
+/// The model's rows and the given columns as a HiGHS problem, with the rows' handles (sifting
+/// adds columns against them later).
+fn build_columns(
+    model: &MilpModel,
+    integer: bool,
+    columns: impl IntoIterator<Item = usize>,
+) -> (ColProblem, Vec<Row>) {
     let mut problem = ColProblem::default();
-    let rows: Vec<_> = model
+    let rows: Vec<Row> = model
         .rows
         .iter()
         .map(|row| problem.add_row(..=row.upper))
         .collect();
-    for column in &model.columns {
+    for c in columns {
+        let column = &model.columns[c];
         let entries: Vec<_> = column
             .entries
             .iter()
@@ -56,7 +67,15 @@ fn build(model: &MilpModel, integer: bool) -> ColProblem {
             .collect();
         problem.add_column_with_integrality(column.objective, 0.0..=1.0, entries, integer);
     }
-    problem
+    (problem, rows)
+}
+
+/// A HiGHS instance maximising `problem`'s relaxation within `limit`.
+fn relaxation_model(problem: ColProblem, limit: SolveLimit) -> Result<Model, SolverError> {
+    let mut highs = Model::try_new(problem).map_err(rejected)?;
+    highs.set_sense(Sense::Maximise);
+    configure_relaxation(&mut highs, limit);
+    Ok(highs)
 }
 
 fn configure(model: &mut Model, limit: SolveLimit) {
@@ -117,10 +136,9 @@ impl HighsSolver {
         if model.columns.is_empty() {
             return Ok(LpSolution::empty());
         }
-        let mut highs = Model::try_new(build(model, false)).map_err(rejected)?;
-        highs.set_sense(Sense::Maximise);
-        configure_relaxation(&mut highs, limit);
-        let solved = highs.try_solve().map_err(rejected)?;
+        let solved = relaxation_model(build(model, false), limit)?
+            .try_solve()
+            .map_err(rejected)?;
         match solved.status() {
             HighsModelStatus::Optimal => {
                 let values: Vec<f64> = solved
@@ -156,23 +174,8 @@ impl HighsSolver {
         for c in &working {
             in_working[*c] = true;
         }
-        let mut problem = ColProblem::default();
-        let rows: Vec<Row> = model
-            .rows
-            .iter()
-            .map(|row| problem.add_row(..=row.upper))
-            .collect();
-        for &c in &working {
-            let column = &model.columns[c];
-            problem.add_column(
-                column.objective,
-                0.0..=1.0,
-                column.entries.iter().map(|(row, coef)| (rows[*row], *coef)),
-            );
-        }
-        let mut highs = Model::try_new(problem).map_err(rejected)?;
-        highs.set_sense(Sense::Maximise);
-        configure_relaxation(&mut highs, limit);
+        let (problem, rows) = build_columns(model, false, working.iter().copied());
+        let mut highs = relaxation_model(problem, limit)?;
         let mut iterations = 0u64;
         loop {
             let solved = highs.try_solve().map_err(rejected)?;
