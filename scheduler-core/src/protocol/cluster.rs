@@ -253,7 +253,9 @@ pub struct JoinRejected {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatAck {
     pub view: ClusterView,
-    /// Mercury §4.3 shedding threshold for R, if shedding is on.
+    /// Mercury §4.3/§6.3 shedding target for this node: set only when shedding is on and the
+    /// node was an outlier of the round (its R above mean + kσ of the other nodes' R, which is
+    /// then the target; `CoordinatorState::shedding_round`).
     pub shedding_threshold_ms: Option<f64>,
     /// Mercury §4.3 policing: what the node may give QUEUEABLE work.
     pub queueable_limit: Resources,
