@@ -22,6 +22,9 @@
 //!   smaller ones behind it (no head-of-line blocking).
 //! - Load shedding (§4.3): queued QUEUEABLE containers are discarded, newest (last in queue
 //!   order) first, while the newest would wait longer than the coordinator's threshold.
+//! - Re-placement (an addition to Mercury; [`NodeRuntime::shed_held_by_guaranteed`]): queued
+//!   QUEUEABLE containers that long GUARANTEED work holds back past what a placement on the
+//!   view's top-k would wait are shed, so their job managers place them again.
 
 use crate::queue_delay::QueueDelay;
 use crate::{AppId, ContainerId, ContainerType, JobId, KillReason, Resources, Time};
@@ -833,6 +836,150 @@ impl NodeRuntime {
                 was_running: false,
                 message: format!(
                     "shed: node queue delay above the cluster threshold of {threshold_ms:.0} ms; ask again elsewhere"
+                ),
+            });
+            shed.push(spec.id);
+        }
+        if !shed.is_empty() {
+            self.start_pending(now);
+        }
+        shed
+    }
+
+    /// Queued QUEUEABLE containers that GUARANTEED work holds back longer than a re-placement
+    /// would wait go back to their job managers (shed, reason [`KillReason::Shed`]), newest in
+    /// queue order first; returns them.
+    ///
+    /// Why (an addition to Mercury, measured in docs/experiments/mercury/diagnosis.md): the
+    /// distributed schedulers route QUEUEABLE work by the R of the last round, while the central
+    /// scheduler fills a node with GUARANTEED work between rounds. Mercury §3.4 resolves the
+    /// conflict for *running* QUEUEABLE containers (killed) and delays the queued ones "until
+    /// resources become available" — behind long GUARANTEED work that is the whole run of that
+    /// work, while the nodes of the current top-k would start them in about `bound_ms`. Such a
+    /// node is no outlier of R (its R is GUARANTEED remaining time, common in a hybrid cluster),
+    /// so §4.3's shedding never moves them. Returning them is Mercury's own remedy for "poor
+    /// placement choices" (§4.3: discarded containers are re-queued "at a less-loaded node",
+    /// §6.3), applied where the poor choice is known at the node.
+    ///
+    /// A queued container goes back when its expected start (the node replayed forward: running
+    /// containers end at their estimates, as in Tr, and queued ones start in queue order where
+    /// they fit, as `start_what_fits` starts them) is more than `bound_ms` away, and only while
+    /// a GUARANTEED container holds the node past that bound: without GUARANTEED work the queue
+    /// is QUEUEABLE work that R and §4.3's shedding already account for (only-Q runs are
+    /// unchanged by this).
+    ///
+    /// Evaluated at heartbeat answers only: applied to each arrival as well (measured, §7.4.1
+    /// and §7.4.2 seed 1), it returned twice as many containers and lowered task throughput by
+    /// 1–5 %, the returned work bouncing between nodes the stale view still ranks first.
+    pub fn shed_held_by_guaranteed(&mut self, now: Time, bound_ms: f64) -> Vec<ContainerId> {
+        if self.queue.is_empty() || !(bound_ms.is_finite() && bound_ms >= 0.0) {
+            return Vec::new();
+        }
+        let bound = Duration::from_secs_f64(bound_ms / 1000.0);
+        let remaining = |started_at: Time, estimate_ms: f64| -> Duration {
+            // As in Tr: a container past its estimate still has a tenth of it to go.
+            let elapsed = now.saturating_since(started_at).as_secs_f64() * 1000.0;
+            let ms = if elapsed < estimate_ms {
+                estimate_ms - elapsed
+            } else {
+                estimate_ms * 0.1
+            };
+            Duration::from_secs_f64(ms.max(0.0) / 1000.0)
+        };
+        let guaranteed_holds_past_bound = self
+            .running
+            .values()
+            .filter(|r| r.spec.container_type != ContainerType::Queueable)
+            .any(|r| remaining(r.started_at, self.estimate_ms(&r.spec)) > bound)
+            || self
+                .waiting_guaranteed
+                .iter()
+                .any(|g| Duration::from_secs_f64(self.estimate_ms(g) / 1000.0) > bound);
+        if !guaranteed_holds_past_bound {
+            return Vec::new();
+        }
+
+        // Replay the node forward from now: (offset of the end, resources, QUEUEABLE?).
+        let mut ends: std::collections::BinaryHeap<std::cmp::Reverse<(Duration, u64, u64, bool)>> =
+            self.running
+                .values()
+                .map(|r| {
+                    std::cmp::Reverse((
+                        remaining(r.started_at, self.estimate_ms(&r.spec)),
+                        r.spec.resources.cpu_millis,
+                        r.spec.resources.memory_mib,
+                        r.spec.container_type == ContainerType::Queueable,
+                    ))
+                })
+                .collect();
+        let mut free = self.free();
+        let mut queueable_allocated = self.queueable_allocated;
+        // Waiting GUARANTEED containers go first (they may preempt QUEUEABLE work): booked from
+        // now, ahead of every queued container.
+        for g in &self.waiting_guaranteed {
+            free = free.saturating_sub(&g.resources);
+            ends.push(std::cmp::Reverse((
+                Duration::from_secs_f64(self.estimate_ms(g) / 1000.0),
+                g.resources.cpu_millis,
+                g.resources.memory_mib,
+                false,
+            )));
+        }
+        let mut waiting: Vec<(&QueueKey, &ContainerSpec)> = self.queue.iter().collect();
+        let mut at = Duration::ZERO;
+        while at <= bound && !waiting.is_empty() {
+            let mut headroom = free.min(&self.queueable_limit.saturating_sub(&queueable_allocated));
+            let mut still_waiting = Vec::with_capacity(waiting.len());
+            for (key, spec) in waiting {
+                if !headroom.is_zero() && spec.resources.fits_in(&headroom) {
+                    headroom = headroom.saturating_sub(&spec.resources);
+                    free = free.saturating_sub(&spec.resources);
+                    queueable_allocated = queueable_allocated.saturating_add(&spec.resources);
+                    ends.push(std::cmp::Reverse((
+                        at + Duration::from_secs_f64(self.estimate_ms(spec) / 1000.0),
+                        spec.resources.cpu_millis,
+                        spec.resources.memory_mib,
+                        true,
+                    )));
+                } else {
+                    still_waiting.push((key, spec));
+                }
+            }
+            waiting = still_waiting;
+            // Advance to the next end (and every end at the same instant).
+            let Some(std::cmp::Reverse((next, ..))) = ends.peek().copied() else {
+                // Nothing left to end: what still waits never fits (policing); not ours to move.
+                waiting.clear();
+                break;
+            };
+            at = next;
+            while let Some(std::cmp::Reverse((end, cpu, memory, queueable))) = ends.peek().copied()
+            {
+                if end != at {
+                    break;
+                }
+                ends.pop();
+                let freed = Resources::new(cpu, memory);
+                free = free.saturating_add(&freed).min(&self.config.capacity);
+                if queueable {
+                    queueable_allocated = queueable_allocated.saturating_sub(&freed);
+                }
+            }
+        }
+        // `waiting` now holds exactly the containers that would start after the bound.
+        let victims: Vec<QueueKey> = waiting.into_iter().rev().map(|(k, _)| k.clone()).collect();
+        let mut shed = Vec::with_capacity(victims.len());
+        for key in victims {
+            let spec = self.queue.remove(&key).expect("key from queue");
+            self.queue_keys.remove(&spec.id);
+            self.waiting_work -= self.work_weight(&spec);
+            self.events.push(NodeEvent::Killed {
+                id: spec.id,
+                reason: KillReason::Shed,
+                was_running: false,
+                message: format!(
+                    "shed: GUARANTEED work holds this node for longer than a placement elsewhere \
+                     would wait ({bound_ms:.0} ms); ask again elsewhere"
                 ),
             });
             shed.push(spec.id);

@@ -237,6 +237,101 @@ fn a_node_less_than_one_container_above_the_threshold_sheds_nothing() {
     s.check();
 }
 
+/// Submits a container with its own runtime estimate.
+fn submit_lasting(
+    s: &mut Scenario,
+    t: ContainerType,
+    cpu: u64,
+    job_submit_secs: u64,
+    estimate_secs: u64,
+) -> ContainerId {
+    let mut spec = s.container(t, cpu, job_submit_secs);
+    spec.runtime_estimate_ms = Some(estimate_secs * 1000);
+    let id = spec.id;
+    s.node.submit(s.now, spec).expect("submit accepted");
+    s.check();
+    id
+}
+
+/// Queued QUEUEABLE work that long GUARANTEED work holds back past the re-placement bound goes
+/// back to its job manager; what starts within the bound stays (docs/experiments/mercury/
+/// diagnosis.md: 2-s tasks queued behind 50-s GUARANTEED work held whole jobs back).
+#[test]
+fn queued_work_held_back_by_long_guaranteed_work_past_the_bound_goes_back() {
+    let mut s = Scenario::new(2000, 2000);
+    s.at(0);
+    let g = submit_lasting(&mut s, ContainerType::Guaranteed, 1000, 0, 60);
+    let a = submit_lasting(&mut s, ContainerType::Queueable, 1000, 1, 10);
+    let b = submit_lasting(&mut s, ContainerType::Queueable, 1000, 2, 10);
+    let c = submit_lasting(&mut s, ContainerType::Queueable, 1000, 3, 10);
+    let d = submit_lasting(&mut s, ContainerType::Queueable, 1000, 4, 10);
+    assert_eq!(s.node.placement(g), Some(Placement::Running));
+    assert_eq!(s.node.placement(a), Some(Placement::Running));
+    // One core is the GUARANTEED container's for 60 s: b starts at 10 s, c at 20 s, d at 30 s.
+    let shed = s.node.shed_held_by_guaranteed(s.now, 15_000.0);
+    let ev = s.check();
+    assert_eq!(shed, vec![d, c], "newest first");
+    assert_eq!(killed(&ev, KillReason::Shed), shed);
+    assert_eq!(s.node.placement(b), Some(Placement::Queued));
+    // Time passes as expected: b still starts within the bound, nothing more goes.
+    s.at(5);
+    assert!(s.node.shed_held_by_guaranteed(s.now, 15_000.0).is_empty());
+    // A bound past every expected start keeps everything.
+    let e = submit_lasting(&mut s, ContainerType::Queueable, 1000, 5, 10);
+    assert!(s.node.shed_held_by_guaranteed(s.now, 60_000.0).is_empty());
+    assert_eq!(s.node.placement(e), Some(Placement::Queued));
+}
+
+/// Without GUARANTEED work holding the node past the bound, nothing goes back however long the
+/// queue: a queue of QUEUEABLE work is R's and §4.3's shedding's business (only-Q runs are
+/// unchanged), and short GUARANTEED work frees the node soon enough.
+#[test]
+fn queued_work_behind_queueable_or_short_guaranteed_work_stays() {
+    let mut s = Scenario::new(2000, 2000);
+    s.at(0);
+    submit_lasting(&mut s, ContainerType::Queueable, 1000, 0, 60);
+    submit_lasting(&mut s, ContainerType::Queueable, 1000, 0, 60);
+    let queued: Vec<_> = (1..=4)
+        .map(|job| submit_lasting(&mut s, ContainerType::Queueable, 1000, job, 10))
+        .collect();
+    assert!(s.node.shed_held_by_guaranteed(s.now, 1_000.0).is_empty());
+    s.check();
+    for id in &queued {
+        assert_eq!(s.node.placement(*id), Some(Placement::Queued));
+    }
+
+    let mut s = Scenario::new(1000, 1000);
+    s.at(0);
+    submit_lasting(&mut s, ContainerType::Guaranteed, 1000, 0, 4);
+    let q = submit_lasting(&mut s, ContainerType::Queueable, 1000, 1, 60);
+    let r = submit_lasting(&mut s, ContainerType::Queueable, 1000, 2, 10);
+    // The GUARANTEED container ends at 4 s, inside a 5-s bound: r waits 64 s behind q (QUEUEABLE
+    // work), which is not GUARANTEED work holding it.
+    assert!(s.node.shed_held_by_guaranteed(s.now, 5_000.0).is_empty());
+    s.check();
+    assert_eq!(s.node.placement(q), Some(Placement::Queued));
+    assert_eq!(s.node.placement(r), Some(Placement::Queued));
+}
+
+/// The bound a node gets: R of the k-th least-loaded node of the view plus one round.
+#[test]
+fn the_replacement_bound_is_the_kth_view_entry_plus_a_round() {
+    use scheduler_core::NodeId;
+    use scheduler_core::distributed::{NodeLoad, replacement_wait_bound_ms};
+    let view: Vec<NodeLoad> = [1_000.0, 3_000.0, 9_000.0]
+        .iter()
+        .enumerate()
+        .map(|(i, r)| NodeLoad {
+            node_id: NodeId::from(format!("n{i}").as_str()),
+            queue_delay_ms: *r,
+        })
+        .collect();
+    assert_eq!(replacement_wait_bound_ms(&view, 2, 3_000), Some(6_000.0));
+    assert_eq!(replacement_wait_bound_ms(&view, 50, 1_000), Some(10_000.0));
+    assert_eq!(replacement_wait_bound_ms(&view, 0, 1_000), Some(2_000.0));
+    assert_eq!(replacement_wait_bound_ms(&[], 50, 1_000), None);
+}
+
 #[test]
 fn policing_limit_caps_opportunistic_use_without_killing() {
     let mut s = Scenario::new(1000, 1000);

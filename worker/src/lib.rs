@@ -405,6 +405,7 @@ pub async fn start_adopting(
         scheduler: scheduler.clone(),
         node: node.clone(),
         outbox: link_rx,
+        placement_settings: link::PlacementSettings::default(),
     };
     actix_rt::spawn(link.run(Some(joined_tx)));
     match joined_rx.await {

@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
+use scheduler_core::distributed::replacement_wait_bound_ms;
 use scheduler_core::liveness::{
     DEFAULT_LINK_TIMEOUT_HEARTBEATS, JOIN_TIMEOUT, LinkLiveness, REJOIN_BACKOFF_START,
     next_rejoin_backoff,
@@ -95,6 +96,17 @@ pub struct Link {
     pub scheduler: Addr<SchedulerActor>,
     pub node: Addr<NodeActor>,
     pub outbox: mpsc::UnboundedReceiver<WorkerToCoordinator>,
+    /// The k this worker's scheduler places among and the coordinator's round interval, as of
+    /// the session's join and the answers since: what the node's re-placement bound is made of
+    /// ([`scheduler_core::distributed::replacement_wait_bound_ms`]).
+    pub placement_settings: PlacementSettings,
+}
+
+/// See [`Link::placement_settings`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlacementSettings {
+    pub top_k: usize,
+    pub round_interval_ms: u64,
 }
 
 /// Why a session ended.
@@ -229,6 +241,10 @@ impl Link {
     }
 
     fn on_joined(&mut self, acc: JoinAccepted) {
+        self.placement_settings = PlacementSettings {
+            top_k: acc.settings.top_k,
+            round_interval_ms: acc.settings.heartbeat_interval_ms,
+        };
         info!(
             issuer = acc.issuer,
             nodes = acc.view.directory.len(),
@@ -255,8 +271,17 @@ impl Link {
     fn dispatch(&mut self, frame: CoordinatorToWorker) {
         match frame {
             CoordinatorToWorker::HeartbeatAck(ack) => {
+                if let Some(k) = ack.top_k {
+                    self.placement_settings.top_k = k;
+                }
+                let replacement_bound_ms = replacement_wait_bound_ms(
+                    &ack.view.top_k,
+                    self.placement_settings.top_k,
+                    self.placement_settings.round_interval_ms,
+                );
                 self.node.do_send(NodeHints {
                     shedding_threshold_ms: ack.shedding_threshold_ms,
+                    replacement_bound_ms,
                     queueable_limit: ack.queueable_limit,
                     guaranteed_keys: ack.guaranteed_keys,
                 });

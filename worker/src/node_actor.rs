@@ -761,6 +761,10 @@ impl Handler<NodeJoined> for NodeActor {
 #[rtype(result = "()")]
 pub struct NodeHints {
     pub shedding_threshold_ms: Option<f64>,
+    /// How long a queued QUEUEABLE container may be held back by GUARANTEED work before it is
+    /// returned for placement elsewhere (`NodeRuntime::shed_held_by_guaranteed`); None without a
+    /// view.
+    pub replacement_bound_ms: Option<f64>,
     pub queueable_limit: Resources,
     pub guaranteed_keys: Option<PublicKeyRing>,
 }
@@ -783,6 +787,16 @@ impl Handler<NodeHints> for NodeActor {
                     count = shed.len(),
                     threshold_ms = t,
                     "shed queued QUEUEABLE containers"
+                );
+            }
+        }
+        if let Some(bound) = msg.replacement_bound_ms {
+            let returned = self.node.shed_held_by_guaranteed(now, bound);
+            if !returned.is_empty() {
+                info!(
+                    count = returned.len(),
+                    bound_ms = bound,
+                    "returned queued QUEUEABLE containers held back by GUARANTEED work"
                 );
             }
         }

@@ -388,3 +388,56 @@ async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_hear
     }
     c.stop().await;
 }
+
+/// A queued QUEUEABLE container that long GUARANTEED work holds back is returned to its
+/// application (shed) at the next heartbeat answer when another node of the view would start it
+/// sooner (`NodeRuntime::shed_held_by_guaranteed`, docs/experiments/mercury/diagnosis.md): the
+/// application can ask again and run it there instead of waiting out the GUARANTEED work.
+#[actix_rt::test]
+async fn a_queueable_container_held_back_by_long_guaranteed_work_is_returned() {
+    let c = Cluster::start_configured(
+        &["demo"],
+        &[node("node-a", 1000, 1024), node("node-b", 1000, 1024)],
+        |_| {},
+        None,
+        // The schedulers place among the least-loaded node only: idle node-b, once node-a
+        // reports its GUARANTEED work (before that, both report R = 0 and either may lead; the
+        // bound is then one round, and the container is returned all the same).
+        // §4.3's outlier shedding is off so that only the re-placement rule can act.
+        |s| {
+            s.top_k = 1;
+            s.shedding = scheduler_core::coordinator::SheddingPolicy::Off;
+        },
+    )
+    .await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    let mut long = ask_on(ContainerType::Guaranteed, 1000, 1024, "node-a");
+    long.runtime_estimate_ms = Some(600_000);
+    let long = app.grant(long).await;
+    start_running(&mut app, &long, sh("exec sleep 600")).await;
+
+    let mut short = ask_on(ContainerType::Queueable, 500, 256, "node-a");
+    short.runtime_estimate_ms = Some(1_000);
+    let short = app.grant(short).await;
+    let id = short.body.container_id;
+    let accepted = app
+        .start(&short, sh("exit 0"))
+        .await
+        .expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Queued);
+    let returned = app
+        .event("the held-back container's return", ended(id))
+        .await;
+    match &returned.event {
+        ContainerEventKind::Killed { reason, message } => {
+            assert_eq!(*reason, KillReason::Shed, "{returned:?}");
+            assert!(message.contains("GUARANTEED work holds"), "{returned:?}");
+        }
+        other => panic!("expected the container shed, got {other:?}"),
+    }
+    let snap = c.inspect("node-a").await;
+    assert_eq!((snap.running, snap.queued), (1, 0), "{snap:?}");
+    snap.invariants.expect("node runtime invariants hold");
+    c.stop().await;
+}

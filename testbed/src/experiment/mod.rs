@@ -219,6 +219,26 @@ fn plan(options: &ExperimentOptions) -> Vec<Planned> {
             generator,
         });
     }
+    // Mercury as published: queued QUEUEABLE work waits behind GUARANTEED work however long.
+    for (name, generator) in [
+        (
+            "synthetic hybrid <10sec-70%-Q, held QUEUEABLE work kept (no re-placement)",
+            Generator::SyntheticHybrid,
+        ),
+        (
+            "production-like <10sec-70%-Q, held QUEUEABLE work kept (no re-placement)",
+            Generator::ProductionLike,
+        ),
+    ] {
+        let mut c = tuned(base("<10sec-70%-Q"));
+        c.return_held_queueable = false;
+        out.push(Planned {
+            group: "ablation",
+            name: name.into(),
+            config: c,
+            generator,
+        });
+    }
     out
 }
 

@@ -54,6 +54,10 @@ pub struct SimArgs {
     /// Disable the QUEUEABLE limit (capacity − GUARANTEED booked) sent to nodes.
     #[arg(long)]
     pub no_policing: bool,
+    /// Nodes keep queued QUEUEABLE containers behind GUARANTEED work however long it holds them
+    /// (Mercury as published) instead of returning them for placement elsewhere.
+    #[arg(long)]
+    pub keep_held_queueable: bool,
     /// Runtime estimate noise σ of a log-normal factor (0 = exact).
     #[arg(long, default_value_t = 0.0)]
     pub estimate_sigma: f64,
@@ -137,6 +141,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     };
     config.guaranteed_placer = args.guaranteed_placer;
     config.policing = !args.no_policing;
+    config.return_held_queueable = !args.keep_held_queueable;
     if !args.estimate_sigma.is_finite() || args.estimate_sigma < 0.0 {
         anyhow::bail!(
             "--estimate-sigma must be a finite number ≥ 0, got {}",

@@ -14,7 +14,7 @@ use rand::{RngExt, SeedableRng};
 use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState, SheddingRound};
 use scheduler_core::distributed::{
     ClusterView, DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry, NodeLoad,
-    QueueableAsk,
+    QueueableAsk, replacement_wait_bound_ms,
 };
 use scheduler_core::guarantor::{
     BestFit, GuaranteedAsk, GuaranteedPlacement, GuaranteedPlacer, Guarantor, GuarantorConfig,
@@ -1443,6 +1443,16 @@ impl Simulation {
         }
         if let Some(threshold) = ack.threshold_ms {
             n.runtime.shed_to_threshold(now, threshold);
+        }
+        if self.config.return_held_queueable {
+            // The same bound a worker derives from the view its heartbeat answer carries.
+            if let Some(bound) = replacement_wait_bound_ms(
+                &self.rounds[ack.view_round as usize % ROUND_RING],
+                self.config.top_k,
+                self.config.heartbeat_interval_ms,
+            ) {
+                n.runtime.shed_held_by_guaranteed(now, bound);
+            }
         }
         n.view_round = ack.view_round;
         self.node_events(node);

@@ -48,6 +48,10 @@ pub enum GuaranteedAllocation {
     EventDriven,
 }
 
+fn default_true() -> bool {
+    true
+}
+
 fn default_view_candidates_per_k() -> usize {
     scheduler_core::distributed::VIEW_CANDIDATES_PER_K
 }
@@ -159,6 +163,11 @@ pub struct SimConfig {
     pub guaranteed_placer: GuaranteedPlacerKind,
     /// Tell nodes the QUEUEABLE limit "capacity − GUARANTEED booked" in heartbeat acks (§4.3).
     pub policing: bool,
+    /// Nodes return queued QUEUEABLE containers that GUARANTEED work holds back longer than a
+    /// placement elsewhere would wait (`NodeRuntime::shed_held_by_guaranteed`), at each
+    /// heartbeat answer. An addition to Mercury (docs/experiments/mercury/diagnosis.md).
+    #[serde(default = "default_true")]
+    pub return_held_queueable: bool,
     pub delays: MessageDelays,
     pub estimate: EstimateModel,
     /// Concurrent-jobs limit of the job submitter (Mercury §7.2.1: 150).
@@ -205,6 +214,7 @@ impl SimConfig {
             guaranteed_allocation: GuaranteedAllocation::OnHeartbeat,
             guaranteed_placer: GuaranteedPlacerKind::default(),
             policing: true,
+            return_held_queueable: true,
             delays: MessageDelays::default(),
             estimate: EstimateModel::Exact,
             max_concurrent_jobs: 150,

@@ -112,6 +112,21 @@ impl Cluster {
         worker_clock: Option<Clock>,
         heartbeat: Duration,
     ) -> Cluster {
+        Cluster::start_configured(apps, nodes, adjust, worker_clock, move |s| {
+            s.heartbeat_interval = heartbeat
+        })
+        .await
+    }
+
+    /// The most general start: workers adjusted by `adjust`, the coordinator's settings by
+    /// `adjust_coordinator` (after the harness's own: loopback, seed, [`HEARTBEAT`]).
+    pub async fn start_configured(
+        apps: &[&str],
+        nodes: &[NodeSpec],
+        adjust: impl Fn(&mut WorkerConfig),
+        worker_clock: Option<Clock>,
+        adjust_coordinator: impl FnOnce(&mut CoordinatorSettings),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = DataDir::new(dir.path());
         let now_ms = std::time::SystemTime::now()
@@ -139,7 +154,8 @@ impl Cluster {
         let mut settings = CoordinatorSettings::new(dir.path());
         settings.listen = "127.0.0.1:0".parse().expect("literal");
         settings.seed = Some(7);
-        settings.heartbeat_interval = heartbeat;
+        settings.heartbeat_interval = HEARTBEAT;
+        adjust_coordinator(&mut settings);
         // Tokens are checked against the workers' wall clock, so the coordinator uses it too.
         let server = coordinator::start(settings, coordinator::clock::system())
             .await
