@@ -124,17 +124,23 @@ pub fn view_size(k: usize) -> usize {
     k.max(1).saturating_mul(VIEW_CANDIDATES_PER_K)
 }
 
-/// How long a QUEUEABLE container placed again now should expect to wait at most, for
-/// [`crate::node::NodeRuntime::shed_held_by_guaranteed`]: the R of the `k`-th least-loaded node
-/// of the round's view (`top_k`, ascending; a distributed scheduler places among the first `k`),
-/// plus one round interval, the most the view's figures can be out of date. None for an empty
-/// view (nowhere to go).
+/// How long a QUEUEABLE container returned by `this_node` should expect to wait at most once
+/// placed again, for [`crate::node::NodeRuntime::shed_held_by_guaranteed`]: the R of the `k`-th
+/// least-loaded *other* node of the round's view (`top_k`, ascending; a distributed scheduler
+/// places among the first `k`, and not on the node that returned the work), plus one round
+/// interval, the most the view's figures can be out of date. None when the view names no other
+/// node: there is nowhere else to go, so nothing is returned.
 pub fn replacement_wait_bound_ms(
     top_k: &[NodeLoad],
+    this_node: &NodeId,
     k: usize,
     round_interval_ms: u64,
 ) -> Option<f64> {
-    let kth = top_k.get(k.clamp(1, top_k.len().max(1)) - 1)?;
+    let kth = top_k
+        .iter()
+        .filter(|l| &l.node_id != this_node)
+        .take(k.max(1))
+        .last()?;
     Some(kth.queue_delay_ms.max(0.0) + round_interval_ms as f64)
 }
 

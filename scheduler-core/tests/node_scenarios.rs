@@ -313,9 +313,10 @@ fn queued_work_behind_queueable_or_short_guaranteed_work_stays() {
     assert_eq!(s.node.placement(r), Some(Placement::Queued));
 }
 
-/// The bound a node gets: R of the k-th least-loaded node of the view plus one round.
+/// The bound a node gets: R of the k-th least-loaded *other* node of the view plus a round; none
+/// when the view names no other node (a one-node cluster keeps its queue).
 #[test]
-fn the_replacement_bound_is_the_kth_view_entry_plus_a_round() {
+fn the_replacement_bound_is_the_kth_other_view_entry_plus_a_round() {
     use scheduler_core::NodeId;
     use scheduler_core::distributed::{NodeLoad, replacement_wait_bound_ms};
     let view: Vec<NodeLoad> = [1_000.0, 3_000.0, 9_000.0]
@@ -326,10 +327,27 @@ fn the_replacement_bound_is_the_kth_view_entry_plus_a_round() {
             queue_delay_ms: *r,
         })
         .collect();
-    assert_eq!(replacement_wait_bound_ms(&view, 2, 3_000), Some(6_000.0));
-    assert_eq!(replacement_wait_bound_ms(&view, 50, 1_000), Some(10_000.0));
-    assert_eq!(replacement_wait_bound_ms(&view, 0, 1_000), Some(2_000.0));
-    assert_eq!(replacement_wait_bound_ms(&[], 50, 1_000), None);
+    let elsewhere = NodeId::from("elsewhere");
+    assert_eq!(
+        replacement_wait_bound_ms(&view, &elsewhere, 2, 3_000),
+        Some(6_000.0)
+    );
+    assert_eq!(
+        replacement_wait_bound_ms(&view, &elsewhere, 50, 1_000),
+        Some(10_000.0)
+    );
+    assert_eq!(
+        replacement_wait_bound_ms(&view, &elsewhere, 0, 1_000),
+        Some(2_000.0)
+    );
+    // The node itself is skipped: n0 asking with k = 2 gets n2's R.
+    let n0 = NodeId::from("n0");
+    assert_eq!(
+        replacement_wait_bound_ms(&view, &n0, 2, 1_000),
+        Some(10_000.0)
+    );
+    assert_eq!(replacement_wait_bound_ms(&view[..1], &n0, 50, 1_000), None);
+    assert_eq!(replacement_wait_bound_ms(&[], &n0, 50, 1_000), None);
 }
 
 #[test]

@@ -276,6 +276,7 @@ impl Link {
                 }
                 let replacement_bound_ms = replacement_wait_bound_ms(
                     &ack.view.top_k,
+                    &self.identity.node_id,
                     self.placement_settings.top_k,
                     self.placement_settings.round_interval_ms,
                 );

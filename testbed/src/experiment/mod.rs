@@ -82,6 +82,9 @@ fn tuned(mut c: SimConfig) -> SimConfig {
     c
 }
 
+/// A change to a planned configuration (an ablation).
+type ConfigChange = fn(&mut SimConfig);
+
 fn plan(options: &ExperimentOptions) -> Vec<Planned> {
     let policy = |s: &str| -> HybridGq { s.parse().expect("paper policy names parse") };
     let base = |p: &str| {
@@ -200,44 +203,30 @@ fn plan(options: &ExperimentOptions) -> Vec<Planned> {
         config: c,
         generator: micro.clone(),
     });
-    for (name, generator) in [
-        (
-            "synthetic hybrid <10sec-70%-Q, best-fit GUARANTEED placer",
-            Generator::SyntheticHybrid,
-        ),
-        (
-            "production-like <10sec-70%-Q, best-fit GUARANTEED placer",
-            Generator::ProductionLike,
-        ),
-    ] {
-        let mut c = tuned(base("<10sec-70%-Q"));
-        c.guaranteed_placer = GuaranteedPlacerKind::BestFit;
-        out.push(Planned {
-            group: "ablation",
-            name: name.into(),
-            config: c,
-            generator,
-        });
-    }
-    // Mercury as published: queued QUEUEABLE work waits behind GUARANTEED work however long.
-    for (name, generator) in [
-        (
-            "synthetic hybrid <10sec-70%-Q, held QUEUEABLE work kept (no re-placement)",
-            Generator::SyntheticHybrid,
-        ),
-        (
-            "production-like <10sec-70%-Q, held QUEUEABLE work kept (no re-placement)",
-            Generator::ProductionLike,
-        ),
-    ] {
-        let mut c = tuned(base("<10sec-70%-Q"));
-        c.return_held_queueable = false;
-        out.push(Planned {
-            group: "ablation",
-            name: name.into(),
-            config: c,
-            generator,
-        });
+    // The GUARANTEED placer, and the return of held QUEUEABLE work (off: Mercury as published,
+    // queued QUEUEABLE work waits behind GUARANTEED work however long).
+    let hybrid_ablations: [(&str, ConfigChange); 2] = [
+        ("best-fit GUARANTEED placer", |c| {
+            c.guaranteed_placer = GuaranteedPlacerKind::BestFit
+        }),
+        ("held QUEUEABLE work kept (no re-placement)", |c| {
+            c.return_held_queueable = false
+        }),
+    ];
+    for (change, adjust) in hybrid_ablations {
+        for (workload, generator) in [
+            ("synthetic hybrid", Generator::SyntheticHybrid),
+            ("production-like", Generator::ProductionLike),
+        ] {
+            let mut c = tuned(base("<10sec-70%-Q"));
+            adjust(&mut c);
+            out.push(Planned {
+                group: "ablation",
+                name: format!("{workload} <10sec-70%-Q, {change}"),
+                config: c,
+                generator,
+            });
+        }
     }
     out
 }

@@ -1448,6 +1448,7 @@ impl Simulation {
             // The same bound a worker derives from the view its heartbeat answer carries.
             if let Some(bound) = replacement_wait_bound_ms(
                 &self.rounds[ack.view_round as usize % ROUND_RING],
+                &n.id,
                 self.config.top_k,
                 self.config.heartbeat_interval_ms,
             ) {
