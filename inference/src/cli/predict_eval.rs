@@ -84,7 +84,8 @@ fn id(value: Option<i64>) -> String {
 
 /// SWF: runtime = run time field; finish = submit + wait + run. Features: user, group,
 /// executable, queue, partition, requested processors, requested time, user combinations, and
-/// the share of the requested time run per user and per (user, processors) (scaled features).
+/// the share of the requested time run per user, per (user, processors) and per (user,
+/// processors, memory) (scaled features); requested memory where the log has it.
 /// The hour of day counts from the log start (the header's UnixStartTime is not applied).
 pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
     jobs.iter()
@@ -95,6 +96,18 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
             let executable = id(job.executable);
             // Most specific first: the most-specific selection rule takes the first with history.
             let mut features = JobFeatures::new();
+            // The requested memory, where the log has it (HPC2N), is a requested resource too.
+            let memory = number(job.requested_memory);
+            if !user.is_empty() && !memory.is_empty() {
+                features.push(
+                    "user+processors+requested_time+requested_memory",
+                    format!(
+                        "{user}/{}/{}/{memory}",
+                        number(processors),
+                        number(job.requested_time)
+                    ),
+                );
+            }
             if !user.is_empty() {
                 features.push(
                     "user+processors+requested_time",
@@ -118,6 +131,13 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
                     format!("{user}/{}", number(processors)),
                     requested,
                 );
+                if !memory.is_empty() {
+                    features.push_scaled(
+                        "user+processors+requested_memory/requested_time",
+                        format!("{user}/{}/{memory}", number(processors)),
+                        requested,
+                    );
+                }
             }
             if !user.is_empty() && !executable.is_empty() {
                 // Job name × size (3Sigma §4.1's combined features).
@@ -643,6 +663,18 @@ mod tests {
                 ("user+processors/requested_time", "7/16", Some(3600.0)),
             ]
         );
+        // The requested memory joins the request where the log has it.
+        let with_memory = traces::SwfJob {
+            requested_time: Some(600.0),
+            requested_memory: Some(2048.0),
+            ..swf_job(7, 16.0)
+        };
+        let features = &jobs_from_swf(&[with_memory])[0].features.features;
+        assert_eq!(features[0].value, "7/16/600/2048");
+        assert!(features.iter().any(|f| f.name
+            == "user+processors+requested_memory/requested_time"
+            && f.value == "7/16/2048"
+            && f.scale == Some(600.0)));
         // Without a request there is nothing to scale by.
         let unrequested = &jobs_from_swf(&[swf_job(7, 16.0)])[0];
         assert!(
