@@ -625,18 +625,57 @@ impl RuntimePredictor {
             .copied()
     }
 
-    /// The expert the current [`RuntimePredictor::selection`] picks.
+    /// The expert each selection rule picks, in [`Selection::ALL`] order.
+    fn rule_choices(
+        &self,
+        candidates: &[ExpertCandidate],
+    ) -> [Option<ExpertCandidate>; SELECTIONS] {
+        let ranked = self.choose(candidates);
+        [
+            ranked,
+            Self::most_specific(candidates).or(ranked),
+            Self::choose_by_hits(candidates),
+            self.choose_with_estimator(candidates, Estimator::RecentMode)
+                .or(ranked),
+        ]
+    }
+
+    /// The expert for a job: the pick of the rule in use ([`RuntimePredictor::selection`]),
+    /// unless another rule's pick has more support. Each rule votes, with its recent
+    /// within-2× hit rate as weight, for every pick its own estimate is within 2× of; the pick
+    /// with the most weight wins (ties: the rule in use). When the rules disagree, an
+    /// estimate that two rules agree on is more often right than the one estimate of the
+    /// rule that has lately been best on average (docs/benchmarks-inference.md §1, issue 16:
+    /// +0.4 to +1.0 points of within-2× on all six traces).
     pub fn select(&self, candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
-        match self.selection() {
-            Selection::Ranked => self.choose(candidates),
-            Selection::MostSpecific => {
-                Self::most_specific(candidates).or_else(|| self.choose(candidates))
-            }
-            Selection::Learned => Self::choose_by_hits(candidates),
-            Selection::RankedMode => self
-                .choose_with_estimator(candidates, Estimator::RecentMode)
-                .or_else(|| self.choose(candidates)),
+        self.vote(&self.rule_choices(candidates))
+    }
+
+    fn vote(&self, choices: &[Option<ExpertCandidate>; SELECTIONS]) -> Option<ExpertCandidate> {
+        let in_use = choices[self.selection() as usize]?;
+        if self
+            .selection_hits
+            .iter()
+            .any(|record| record.scored <= 0.0)
+        {
+            return Some(in_use);
         }
+        let support = |estimate: f64| -> f64 {
+            choices
+                .iter()
+                .zip(&self.selection_hits)
+                .filter(|(choice, _)| choice.is_some_and(|c| within_2x(c.estimate, estimate)))
+                .map(|(_, record)| record.hits / record.scored)
+                .sum()
+        };
+        let (mut best, mut best_support) = (in_use, support(in_use.estimate));
+        for choice in choices.iter().flatten() {
+            let candidate_support = support(choice.estimate);
+            if candidate_support > best_support {
+                (best, best_support) = (*choice, candidate_support);
+            }
+        }
+        Some(best)
     }
 
     /// The candidate whose feature and estimator, at its feature value's history length, put
@@ -847,15 +886,10 @@ impl RuntimePredictor {
         features: &JobFeatures,
     ) -> (Option<RuntimePrediction>, SubmittedEstimates) {
         let (candidates, mut submitted) = self.candidates_and_submitted(features);
-        submitted.selections = [
-            self.choose(&candidates).map(|c| c.estimate),
-            Self::most_specific(&candidates).map(|c| c.estimate),
-            Self::choose_by_hits(&candidates).map(|c| c.estimate),
-            self.choose_with_estimator(&candidates, Estimator::RecentMode)
-                .map(|c| c.estimate),
-        ];
+        let choices = self.rule_choices(&candidates);
+        submitted.selections = choices.map(|choice| choice.map(|c| c.estimate));
         let prediction = self
-            .select(&candidates)
+            .vote(&choices)
             .and_then(|chosen| self.prediction_from(features, &chosen));
         submitted.interval = prediction
             .as_ref()
@@ -1341,6 +1375,62 @@ mod tests {
         assert_eq!(chosen.estimator, Estimator::RecentMode);
         assert_ne!(features.features[chosen.feature_index].name, "user");
         assert!((chosen.estimate - 1001.0).abs() < 2.0, "{chosen:?}");
+    }
+
+    #[test]
+    fn the_rules_vote_with_their_recent_hit_rates() {
+        let pick = |feature_index: usize, estimate: f64| ExpertCandidate {
+            feature_index,
+            estimator: Estimator::RecentMode,
+            estimate,
+            nmae: None,
+            scored: 0,
+            feature_nmae: None,
+            hit_rate: 0.5,
+            score: None,
+            observations: 1,
+        };
+        let mut predictor = RuntimePredictor::default();
+        let choices = [
+            Some(pick(1, 1000.0)),
+            Some(pick(0, 10.0)),
+            Some(pick(2, 1500.0)),
+            Some(pick(1, 900.0)),
+        ];
+        // No record yet: the rule in use (ranked), no vote.
+        assert_eq!(predictor.vote(&choices).unwrap().estimate, 1000.0);
+        let rates = |predictor: &mut RuntimePredictor, rates: [f64; SELECTIONS]| {
+            for (record, rate) in predictor.selection_hits.iter_mut().zip(rates) {
+                *record = HitRecord {
+                    hits: rate * 100.0,
+                    scored: 100.0,
+                };
+            }
+        };
+        // The most-specific rule is in use (best on average) and says 10; the three others
+        // agree on about 1,000: 0.5 + 0.4 + 0.4 of support against 0.55.
+        rates(&mut predictor, [0.5, 0.55, 0.4, 0.4]);
+        assert_eq!(predictor.selection(), Selection::MostSpecific);
+        let chosen = predictor.vote(&choices).unwrap();
+        assert_eq!(chosen.feature_index, 1);
+        // The pick with the most support among those within 2×: 1,000 has all three (1,500
+        // and 900 are within 2× of it), 1,500 and 900 only two each.
+        assert_eq!(chosen.estimate, 1000.0);
+        // A rule in use that is right far more often than the others keeps its pick.
+        rates(&mut predictor, [0.3, 0.95, 0.3, 0.3]);
+        assert_eq!(predictor.vote(&choices).unwrap().estimate, 10.0);
+        // predict and predict_with_submitted vote alike.
+        for round in 0..20 {
+            let jitter = f64::from(round % 3);
+            predictor.observe(&job("alice", "short"), 10.0 + jitter);
+            predictor.observe(&job("alice", "long"), 1000.0 + jitter);
+        }
+        let features = job("alice", "long");
+        let (one_pass, _) = predictor.predict_with_submitted(&features);
+        assert_eq!(
+            one_pass.unwrap().point_estimate,
+            predictor.predict(&features).unwrap().point_estimate
+        );
     }
 
     #[test]
