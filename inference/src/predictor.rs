@@ -118,14 +118,27 @@ impl Default for PredictorConfig {
 }
 
 /// One feature of a job, e.g. `user = alice` or `user+name = alice/etl`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+///
+/// A *scaled* feature (`scale = Some(s)`) learns the ratio runtime / `s` of its jobs, and its
+/// experts estimate `s ×` their estimate of the ratio: e.g. the share of its requested time a
+/// user's jobs run, applied to this job's request ([`JobFeatures::push_scaled`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Feature {
     pub name: String,
     pub value: String,
+    #[serde(default)]
+    pub scale: Option<f64>,
+}
+
+impl Feature {
+    /// The factor from this feature's history (a ratio when scaled) to a runtime.
+    fn scale(&self) -> f64 {
+        self.scale.unwrap_or(1.0)
+    }
 }
 
 /// The features a job is described by. Missing attributes are simply not pushed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobFeatures {
     pub features: Vec<Feature>,
 }
@@ -142,6 +155,20 @@ impl JobFeatures {
             self.features.push(Feature {
                 name: name.into(),
                 value,
+                scale: None,
+            });
+        }
+    }
+
+    /// Adds the scaled feature `name = value`, whose history is of runtime / `scale` (see
+    /// [`Feature`]); skipped when the value is empty or `scale` is not finite and positive.
+    pub fn push_scaled(&mut self, name: impl Into<String>, value: impl Into<String>, scale: f64) {
+        let value = value.into();
+        if !value.is_empty() && scale.is_finite() && scale > 0.0 {
+            self.features.push(Feature {
+                name: name.into(),
+                value,
+                scale: Some(scale),
             });
         }
     }
@@ -518,16 +545,22 @@ pub enum Selection {
     /// The expert whose (feature, estimator, history length) has put the most estimates
     /// within 2× of the outcome (see [`RuntimePredictor::choose_by_hits`]).
     Learned,
+    /// The feature value that the 3Sigma ranking restricted to [`Estimator::RecentMode`]
+    /// experts picks, with its recent mode: the ranking chooses the feature value, the mode
+    /// the estimate. Ranking every estimator lets a mean or rolling average with a low NMAE
+    /// (NMAE weighs the longest jobs most) win jobs that the mode would put within 2×.
+    RankedMode,
 }
 
 /// Number of selection rules.
-const SELECTIONS: usize = 3;
+const SELECTIONS: usize = 4;
 
 impl Selection {
     pub const ALL: [Selection; SELECTIONS] = [
         Selection::Ranked,
         Selection::MostSpecific,
         Selection::Learned,
+        Selection::RankedMode,
     ];
 }
 
@@ -592,15 +625,57 @@ impl RuntimePredictor {
             .copied()
     }
 
-    /// The expert the current [`RuntimePredictor::selection`] picks.
+    /// The expert each selection rule picks, in [`Selection::ALL`] order.
+    fn rule_choices(
+        &self,
+        candidates: &[ExpertCandidate],
+    ) -> [Option<ExpertCandidate>; SELECTIONS] {
+        let ranked = self.choose(candidates);
+        [
+            ranked,
+            Self::most_specific(candidates).or(ranked),
+            Self::choose_by_hits(candidates),
+            self.choose_with_estimator(candidates, Estimator::RecentMode)
+                .or(ranked),
+        ]
+    }
+
+    /// The expert for a job: the pick of the rule in use ([`RuntimePredictor::selection`]),
+    /// unless another rule's pick has more support. Each rule votes, with its recent
+    /// within-2× hit rate as weight, for every pick its own estimate is within 2× of; the pick
+    /// with the most weight wins (ties: the rule in use). When the rules disagree, an
+    /// estimate that two rules agree on is more often right than the one estimate of the
+    /// rule that has lately been best on average (docs/benchmarks-inference.md §1, issue 16:
+    /// +0.4 to +1.0 points of within-2× on all six traces).
     pub fn select(&self, candidates: &[ExpertCandidate]) -> Option<ExpertCandidate> {
-        match self.selection() {
-            Selection::Ranked => self.choose(candidates),
-            Selection::MostSpecific => {
-                Self::most_specific(candidates).or_else(|| self.choose(candidates))
-            }
-            Selection::Learned => Self::choose_by_hits(candidates),
+        self.vote(&self.rule_choices(candidates))
+    }
+
+    fn vote(&self, choices: &[Option<ExpertCandidate>; SELECTIONS]) -> Option<ExpertCandidate> {
+        let in_use = choices[self.selection() as usize]?;
+        if self
+            .selection_hits
+            .iter()
+            .any(|record| record.scored <= 0.0)
+        {
+            return Some(in_use);
         }
+        let support = |estimate: f64| -> f64 {
+            choices
+                .iter()
+                .zip(&self.selection_hits)
+                .filter(|(choice, _)| choice.is_some_and(|c| within_2x(c.estimate, estimate)))
+                .map(|(_, record)| record.hits / record.scored)
+                .sum()
+        };
+        let (mut best, mut best_support) = (in_use, support(in_use.estimate));
+        for choice in choices.iter().flatten() {
+            let candidate_support = support(choice.estimate);
+            if candidate_support > best_support {
+                (best, best_support) = (*choice, candidate_support);
+            }
+        }
+        Some(best)
     }
 
     /// The candidate whose feature and estimator, at its feature value's history length, put
@@ -700,7 +775,10 @@ impl RuntimePredictor {
                 observations.push(0);
                 continue;
             };
-            let estimates = history.estimates(&self.config);
+            let scale = feature.scale();
+            let estimates = history
+                .estimates(&self.config)
+                .map(|e| e.map(|e| e * scale));
             submitted.push(estimates);
             observations.push(history.count);
             let record = self.feature_records.get(&feature.name);
@@ -808,13 +886,10 @@ impl RuntimePredictor {
         features: &JobFeatures,
     ) -> (Option<RuntimePrediction>, SubmittedEstimates) {
         let (candidates, mut submitted) = self.candidates_and_submitted(features);
-        submitted.selections = [
-            self.choose(&candidates).map(|c| c.estimate),
-            Self::most_specific(&candidates).map(|c| c.estimate),
-            Self::choose_by_hits(&candidates).map(|c| c.estimate),
-        ];
+        let choices = self.rule_choices(&candidates);
+        submitted.selections = choices.map(|choice| choice.map(|c| c.estimate));
         let prediction = self
-            .select(&candidates)
+            .vote(&choices)
             .and_then(|chosen| self.prediction_from(features, &chosen));
         submitted.interval = prediction
             .as_ref()
@@ -836,10 +911,11 @@ impl RuntimePredictor {
         // docs/benchmarks-inference.md §1: within-2× of the median up by 0.4–4.6 points.
         let histogram = history.histogram.distribution()?;
         let median = histogram.median();
+        // A scaled feature's histogram is of ratios; this maps it to runtimes as well.
         let scale = if median > 0.0 && chosen.estimate > 0.0 {
             chosen.estimate / median
         } else {
-            1.0
+            feature.scale()
         };
         let distribution = histogram.calibrated(scale, self.spread, self.config.spread_floor);
         Some(RuntimePrediction {
@@ -872,9 +948,13 @@ impl RuntimePredictor {
         SubmittedEstimates {
             estimates: histories
                 .iter()
-                .map(|h| {
+                .zip(&features.features)
+                .map(|(h, feature)| {
                     h.map_or([None; ESTIMATORS], |history| {
-                        history.estimates(&self.config)
+                        let scale = feature.scale();
+                        history
+                            .estimates(&self.config)
+                            .map(|e| e.map(|e| e * scale))
                     })
                 })
                 .collect(),
@@ -942,7 +1022,11 @@ impl RuntimePredictor {
                         .unwrap_or([None; ESTIMATORS]),
                     submitted.observations.get(index).copied().unwrap_or(0),
                 ),
-                None => (history.estimates(&config), history.count),
+                None => {
+                    let scale = feature.scale();
+                    let estimates = history.estimates(&config).map(|e| e.map(|e| e * scale));
+                    (estimates, history.count)
+                }
             };
             if estimates.iter().any(Option::is_some) {
                 let record = match self.feature_records.get_mut(&feature.name) {
@@ -962,7 +1046,7 @@ impl RuntimePredictor {
                 }
                 history.score(&estimates, runtime);
             }
-            history.learn(runtime, &config);
+            history.learn(runtime / feature.scale(), &config);
         }
     }
 }
@@ -1056,6 +1140,7 @@ mod tests {
             .history(&Feature {
                 name: "user+name".into(),
                 value: "carol/etl".into(),
+                scale: None,
             })
             .unwrap();
         let raw = history.histogram().distribution().unwrap();
@@ -1114,7 +1199,7 @@ mod tests {
             observations: vec![0; 3],
             interval: None,
             // The learned rule said what the ranked one said.
-            selections: [Some(ranked), Some(specific), Some(ranked)],
+            selections: [Some(ranked), Some(specific), Some(ranked), Some(ranked)],
         };
         // The most-specific lookup said 10, the ranked expert 1000; it took 10.
         for _ in 0..50 {
@@ -1204,6 +1289,147 @@ mod tests {
         assert_eq!(
             history.estimates(&config)[Estimator::RecentMode.index()],
             Some(estimate)
+        );
+    }
+
+    #[test]
+    fn a_scaled_feature_learns_the_share_of_the_request_a_job_runs() {
+        // A user's jobs run about half of what they request, whatever the request.
+        let run = |requested: f64| {
+            let mut features = JobFeatures::new().with("user", "dana");
+            features.push_scaled("user/requested_time", "dana", requested);
+            features
+        };
+        let mut predictor = RuntimePredictor::default();
+        let requests = [100.0, 4000.0, 600.0, 20_000.0, 1500.0, 9000.0];
+        for (index, requested) in requests.into_iter().cycle().take(30).enumerate() {
+            let jitter = 1.0 + 0.02 * (index % 3) as f64;
+            predictor.observe(&run(requested), 0.5 * requested * jitter);
+        }
+        let features = run(50_000.0);
+        let candidates = predictor.candidates(&features);
+        let median_of = |feature_index: usize| {
+            *candidates
+                .iter()
+                .find(|c| {
+                    c.feature_index == feature_index && c.estimator == Estimator::RecentMedian
+                })
+                .unwrap()
+        };
+        let scaled = median_of(1);
+        assert!(
+            (scaled.estimate / 25_000.0 - 1.0).abs() < 0.05,
+            "{scaled:?}"
+        );
+        // The user's runtimes alone say nothing of this request.
+        assert!(!within_2x(median_of(0).estimate, 25_000.0));
+        // The ranking prefers the scaled feature, and its distribution is of runtimes,
+        // centred on the estimate.
+        assert_eq!(predictor.choose(&candidates).unwrap().feature_index, 1);
+        let prediction = predictor.prediction_from(&features, &scaled).unwrap();
+        let median = prediction.distribution.median();
+        assert!((median / scaled.estimate - 1.0).abs() < 1e-6, "{median}");
+        assert!(prediction.distribution.quantile(0.1) > 0.7 * median);
+        assert!(prediction.distribution.quantile(0.9) < 1.4 * median);
+        // Its history holds ratios, so the state per value is that of any feature value.
+        let ratio = predictor
+            .history(&features.features[1])
+            .unwrap()
+            .estimate(Estimator::Mean, predictor.config())
+            .unwrap();
+        assert!((ratio - 0.51).abs() < 0.01, "{ratio}");
+        // Scales that are not finite and positive, and empty values, are skipped.
+        let mut skipped = JobFeatures::new();
+        skipped.push_scaled("x", "y", 0.0);
+        skipped.push_scaled("x", "y", f64::NAN);
+        skipped.push_scaled("x", "", 5.0);
+        assert!(skipped.is_empty());
+    }
+
+    #[test]
+    fn the_ranked_mode_rule_takes_the_recent_mode_of_the_ranked_feature_value() {
+        let mut predictor = RuntimePredictor::default();
+        for round in 0..20 {
+            let jitter = f64::from(round % 3);
+            predictor.observe(&job("alice", "short"), 10.0 + jitter);
+            predictor.observe(&job("alice", "long"), 1000.0 + jitter);
+        }
+        let features = job("alice", "long");
+        let candidates = predictor.candidates(&features);
+        let expected = predictor
+            .choose_with_estimator(&candidates, Estimator::RecentMode)
+            .unwrap();
+        let (_, submitted) = predictor.predict_with_submitted(&features);
+        assert_eq!(
+            submitted.selections()[Selection::RankedMode as usize],
+            Some(expected.estimate)
+        );
+        // The rule in use when it has been right most often lately.
+        predictor.selection_hits = [HitRecord {
+            hits: 1.0,
+            scored: 10.0,
+        }; SELECTIONS];
+        predictor.selection_hits[Selection::RankedMode as usize].hits = 9.0;
+        assert_eq!(predictor.selection(), Selection::RankedMode);
+        let chosen = predictor.select(&candidates).unwrap();
+        assert_eq!(chosen.estimator, Estimator::RecentMode);
+        assert_ne!(features.features[chosen.feature_index].name, "user");
+        assert!((chosen.estimate - 1001.0).abs() < 2.0, "{chosen:?}");
+    }
+
+    #[test]
+    fn the_rules_vote_with_their_recent_hit_rates() {
+        let pick = |feature_index: usize, estimate: f64| ExpertCandidate {
+            feature_index,
+            estimator: Estimator::RecentMode,
+            estimate,
+            nmae: None,
+            scored: 0,
+            feature_nmae: None,
+            hit_rate: 0.5,
+            score: None,
+            observations: 1,
+        };
+        let mut predictor = RuntimePredictor::default();
+        let choices = [
+            Some(pick(1, 1000.0)),
+            Some(pick(0, 10.0)),
+            Some(pick(2, 1500.0)),
+            Some(pick(1, 900.0)),
+        ];
+        // No record yet: the rule in use (ranked), no vote.
+        assert_eq!(predictor.vote(&choices).unwrap().estimate, 1000.0);
+        let rates = |predictor: &mut RuntimePredictor, rates: [f64; SELECTIONS]| {
+            for (record, rate) in predictor.selection_hits.iter_mut().zip(rates) {
+                *record = HitRecord {
+                    hits: rate * 100.0,
+                    scored: 100.0,
+                };
+            }
+        };
+        // The most-specific rule is in use (best on average) and says 10; the three others
+        // agree on about 1,000: 0.5 + 0.4 + 0.4 of support against 0.55.
+        rates(&mut predictor, [0.5, 0.55, 0.4, 0.4]);
+        assert_eq!(predictor.selection(), Selection::MostSpecific);
+        let chosen = predictor.vote(&choices).unwrap();
+        assert_eq!(chosen.feature_index, 1);
+        // The pick with the most support among those within 2×: 1,000 has all three (1,500
+        // and 900 are within 2× of it), 1,500 and 900 only two each.
+        assert_eq!(chosen.estimate, 1000.0);
+        // A rule in use that is right far more often than the others keeps its pick.
+        rates(&mut predictor, [0.3, 0.95, 0.3, 0.3]);
+        assert_eq!(predictor.vote(&choices).unwrap().estimate, 10.0);
+        // predict and predict_with_submitted vote alike.
+        for round in 0..20 {
+            let jitter = f64::from(round % 3);
+            predictor.observe(&job("alice", "short"), 10.0 + jitter);
+            predictor.observe(&job("alice", "long"), 1000.0 + jitter);
+        }
+        let features = job("alice", "long");
+        let (one_pass, _) = predictor.predict_with_submitted(&features);
+        assert_eq!(
+            one_pass.unwrap().point_estimate,
+            predictor.predict(&features).unwrap().point_estimate
         );
     }
 

@@ -83,7 +83,9 @@ fn id(value: Option<i64>) -> String {
 }
 
 /// SWF: runtime = run time field; finish = submit + wait + run. Features: user, group,
-/// executable, queue, partition, requested processors, requested time, and user combinations.
+/// executable, queue, partition, requested processors, requested time, user combinations, and
+/// the share of the requested time run per user and per (user, processors, memory) (scaled
+/// features); requested memory where the log has it.
 /// The hour of day counts from the log start (the header's UnixStartTime is not applied).
 pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
     jobs.iter()
@@ -94,6 +96,18 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
             let executable = id(job.executable);
             // Most specific first: the most-specific selection rule takes the first with history.
             let mut features = JobFeatures::new();
+            // The requested memory, where the log has it (HPC2N), is a requested resource too.
+            let memory = number(job.requested_memory);
+            if !user.is_empty() && !memory.is_empty() {
+                features.push(
+                    "user+processors+requested_time+requested_memory",
+                    format!(
+                        "{user}/{}/{}/{memory}",
+                        number(processors),
+                        number(job.requested_time)
+                    ),
+                );
+            }
             if !user.is_empty() {
                 features.push(
                     "user+processors+requested_time",
@@ -105,6 +119,30 @@ pub fn jobs_from_swf(jobs: &[traces::SwfJob]) -> Vec<EvalJob> {
                 );
             }
             features.push("user", user.clone());
+            if let Some(requested) = job.requested_time
+                && !user.is_empty()
+            {
+                // Requested times are upper bounds (the job is killed at its limit); a user
+                // tends to over-request by a habitual factor: the share of the request the
+                // user's jobs ran, times this job's request. (Also per (user, processors):
+                // within ±0.05 points once the rules vote, so not kept; see
+                // docs/benchmarks-inference.md §1.)
+                features.push_scaled("user/requested_time", user.clone(), requested);
+                if !memory.is_empty() {
+                    features.push_scaled(
+                        "user+processors+requested_memory/requested_time",
+                        format!("{user}/{}/{memory}", number(processors)),
+                        requested,
+                    );
+                }
+            }
+            if !user.is_empty() && !executable.is_empty() {
+                // Job name × size (3Sigma §4.1's combined features).
+                features.push(
+                    "user+executable+processors",
+                    format!("{user}/{executable}/{}", number(processors)),
+                );
+            }
             features.push("group", id(job.group));
             features.push("executable", executable.clone());
             features.push("queue", id(job.queue));
@@ -182,8 +220,8 @@ pub fn jobs_from_google(jobs: &[traces::GoogleJob]) -> Vec<EvalJob> {
 }
 
 /// Alibaba 2017 batch tasks: runtime = end − create of Terminated tasks (the table has no
-/// start time, so queueing is included). Features: job id, instance count, per-instance CPU and
-/// memory requests and combinations.
+/// start time, so queueing is included). Features: job id, instance count (exact and in powers
+/// of two), per-instance CPU and memory requests and combinations.
 pub fn jobs_from_alibaba(tasks: &[traces::AlibabaTask]) -> Vec<EvalJob> {
     tasks
         .iter()
@@ -197,6 +235,12 @@ pub fn jobs_from_alibaba(tasks: &[traces::AlibabaTask]) -> Vec<EvalJob> {
                 .with(
                     "instances+cpu+memory",
                     format!("{instances}/{cpu}/{memory}"),
+                )
+                .with(
+                    // Instance count in powers of two: a request of similar width and the
+                    // same per-instance resources when the exact count has no history.
+                    "instances_log2+cpu+memory",
+                    format!("{}/{cpu}/{memory}", task.instances.max(1).ilog2()),
                 )
                 .with("cpu+memory", format!("{cpu}/{memory}"))
                 .with("job", task.job_id.to_string())
@@ -558,6 +602,25 @@ mod tests {
         }
     }
 
+    fn swf_job(user: i64, processors: f64) -> traces::SwfJob {
+        traces::SwfJob {
+            job: 1,
+            submit: 0.0,
+            wait: Some(0.0),
+            run_time: Some(100.0),
+            allocated_processors: Some(processors),
+            requested_processors: Some(processors),
+            requested_time: None,
+            requested_memory: None,
+            status: Some(1),
+            user: Some(user),
+            group: None,
+            executable: None,
+            queue: None,
+            partition: None,
+        }
+    }
+
     #[test]
     fn the_baseline_is_the_recent_median_of_the_key_then_of_the_user() {
         let mut baseline = RecentMedianBaseline::default();
@@ -574,6 +637,60 @@ mod tests {
             baseline.observe(&eval_job("u/4/60", "u", 7.0));
         }
         assert_eq!(baseline.predict(&eval_job("u/4/60", "u", 1.0)), Some(7.0));
+    }
+
+    #[test]
+    fn swf_jobs_get_the_share_of_their_request_and_alibaba_tasks_their_width_class() {
+        let swf = traces::SwfJob {
+            requested_time: Some(3600.0),
+            ..swf_job(7, 16.0)
+        };
+        let job = &jobs_from_swf(&[swf])[0];
+        let scaled: Vec<(&str, &str, Option<f64>)> = job
+            .features
+            .features
+            .iter()
+            .filter(|f| f.scale.is_some())
+            .map(|f| (f.name.as_str(), f.value.as_str(), f.scale))
+            .collect();
+        assert_eq!(scaled, [("user/requested_time", "7", Some(3600.0))]);
+        // The requested memory joins the request where the log has it.
+        let with_memory = traces::SwfJob {
+            requested_time: Some(600.0),
+            requested_memory: Some(2048.0),
+            ..swf_job(7, 16.0)
+        };
+        let features = &jobs_from_swf(&[with_memory])[0].features.features;
+        assert_eq!(features[0].value, "7/16/600/2048");
+        assert!(features.iter().any(|f| f.name
+            == "user+processors+requested_memory/requested_time"
+            && f.value == "7/16/2048"
+            && f.scale == Some(600.0)));
+        // Without a request there is nothing to scale by.
+        let unrequested = &jobs_from_swf(&[swf_job(7, 16.0)])[0];
+        assert!(
+            unrequested
+                .features
+                .features
+                .iter()
+                .all(|f| f.scale.is_none())
+        );
+        let task = traces::AlibabaTask {
+            create_time: 10.0,
+            end_time: 70.0,
+            job_id: 3,
+            task_id: 4,
+            instances: 300,
+            status: "Terminated".into(),
+            cpus_per_instance: Some(50.0),
+            memory_per_instance: Some(0.01),
+        };
+        let features = &jobs_from_alibaba(&[task])[0].features.features;
+        assert_eq!(features[0].value, "300/50/0.01");
+        assert_eq!(
+            (features[1].name.as_str(), features[1].value.as_str()),
+            ("instances_log2+cpu+memory", "8/50/0.01")
+        );
     }
 
     #[test]
