@@ -934,16 +934,26 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             Ok(lp) => {
                 record.lp_bound = Some(lp.bound);
                 record.lp_iterations = Some(lp.iterations);
-                if !lp.optimal {
+                let rounded = round_lp(model, jobs, &lp.values);
+                record.rounded_objective = Some(model.objective(&rounded));
+                if lp.optimal {
+                    (rounded, DecisionMethod::LpRounding)
+                } else {
+                    // The time limit stopped the LP: its best point is rounded, and the greedy
+                    // (what such a cycle did before) is kept when it is worth more, so
+                    // rounding a point short of the optimum never decides worse than that.
                     record.lp_stopped_early = true;
                     record.note = Some(
                         "LP relaxation stopped at its time limit: its best feasible point rounded"
                             .into(),
                     );
+                    let fallback = greedy(model, jobs);
+                    if model.objective(&fallback) > model.objective(&rounded) + 1e-9 {
+                        (fallback, DecisionMethod::GreedyFallback)
+                    } else {
+                        (rounded, DecisionMethod::LpRounding)
+                    }
                 }
-                let rounded = round_lp(model, jobs, &lp.values);
-                record.rounded_objective = Some(model.objective(&rounded));
-                (rounded, DecisionMethod::LpRounding)
             }
             Err(e) => {
                 record.note = Some(e.to_string());
@@ -955,7 +965,14 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             best = warm;
             method = DecisionMethod::WarmStart;
         }
-        if self.config.mip_improvement && method != DecisionMethod::GreedyFallback {
+        // An LP its limit stopped has used its whole share of the solver time, and the MILP
+        // improvement's own share is small next to what building HiGHS' MILP costs on such
+        // models (1,000+ jobs: more than the 30 ms of the default config; docs/benchmarks.md
+        // §8): such a cycle skips it, as a greedy fallback does.
+        if self.config.mip_improvement
+            && method != DecisionMethod::GreedyFallback
+            && !record.lp_stopped_early
+        {
             match self.solver.improve(model, &best, mip_limit) {
                 Ok(Some(improved))
                     if model.violated_row(&improved.chosen).is_none()

@@ -1149,3 +1149,56 @@ fn fractional_fits(model: &MilpModel, values: &[f64]) -> bool {
         .zip(&model.rows)
         .all(|(a, row)| *a <= row.upper + 1e-6)
 }
+
+/// An LP "stopped by its time limit" at a poor point (nothing chosen).
+struct StoppedLp;
+
+impl MilpSolver for StoppedLp {
+    fn name(&self) -> &'static str {
+        "stopped"
+    }
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        _: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
+        Ok(LpSolution {
+            values: vec![0.0; model.columns.len()],
+            bound: f64::MAX,
+            iterations: 7,
+            optimal: false,
+            basis: None,
+        })
+    }
+    fn improve(
+        &mut self,
+        _: &MilpModel,
+        _: &[bool],
+        _: SolveLimit,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        panic!("no MILP improvement after an LP its limit stopped");
+    }
+}
+
+/// A cycle whose LP its time limit stopped rounds the point it got, keeps the greedy when that
+/// is worth more (never worse than the fallback it replaces), says so in its record, and skips
+/// the MILP improvement.
+#[test]
+fn a_cycle_whose_lp_stopped_early_decides_no_worse_than_the_greedy() {
+    let mut rng = StdRng::seed_from_u64(48);
+    for _ in 0..10 {
+        let instance = wide_instance(&mut rng, 50);
+        let input = input_of(&instance, 0.0);
+        let mut scheduler =
+            ThreeSigmaScheduler::new("3Sigma", ThreeSigmaConfig::default(), StoppedLp).unwrap();
+        let (decision, cycle) = scheduler.cycle_with_model(&input);
+        let record = &decision.record;
+        assert!(record.lp_stopped_early);
+        assert_eq!(record.lp_iterations, Some(7));
+        let greedy_objective = cycle
+            .model
+            .objective(&greedy(&cycle.model, instance.1.len()));
+        assert!(record.objective >= greedy_objective - 1e-9);
+        check_enactable(&instance.0, &instance.1, &instance.2, &decision);
+    }
+}
