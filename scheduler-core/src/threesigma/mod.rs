@@ -246,7 +246,8 @@ pub struct CycleRecord {
     pub columns: usize,
     pub rows: usize,
     pub nonzeros: usize,
-    /// The LP relaxation's optimum (an upper bound), when the LP was solved.
+    /// The LP relaxation's optimum (an upper bound), when the LP was solved; when its time
+    /// limit stopped it (`lp_stopped_early`), the solver's Lagrangian bound (larger).
     pub lp_bound: Option<f64>,
     /// Objective of the rounded LP point alone (before warm start and MILP improvement).
     pub rounded_objective: Option<f64>,
