@@ -9,8 +9,11 @@
 //!
 //! Each size runs twice on the same instances: with the LP relaxation solved by HiGHS over all
 //! columns at once (`full LP`, how cycles were solved before sifting) and with
-//! [`HighsSolver`]'s default (sifting for wide models). A third table splits the 300-job cycle
-//! into its phases.
+//! [`HighsSolver`]'s default (sifting for wide models). A decision's bound is the LP optimum, or
+//! for a cycle whose LP its time limit stopped early (counted as "(LP stopped early)") the
+//! Lagrangian bound it reports, which is larger. A second table runs consecutive cycles of a
+//! live-like sequence (most jobs shared from cycle to cycle) with cold and warm-started sifting
+//! (§4.3.6); a third splits the 300-job cycle into its phases.
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -48,38 +51,7 @@ fn instance(seed: u64, pending: usize) -> (Vec<PartitionState>, Vec<PendingJob>,
     ];
     let now = 10_000.0;
     let jobs = (0..pending)
-        .map(|id| {
-            let slo = rng.random_bool(0.5);
-            let belief = belief(&mut rng);
-            let submit = now - rng.random_range(0.0..600.0);
-            let utility = if slo {
-                let slack = [0.2, 0.4, 0.6, 0.8][rng.random_range(0..4)];
-                Utility::Slo {
-                    deadline: submit + belief.runtimes()[10] * (1.0 + slack),
-                    value: 10.0,
-                }
-            } else {
-                Utility::BestEffort {
-                    submit,
-                    value: 1.0,
-                    zero_at: submit + 7200.0,
-                }
-            };
-            let preferred = rng.random_range(0..PARTITIONS);
-            PendingJob {
-                id: id as u64,
-                submit,
-                utility,
-                gang: rng.random_range(1..=4),
-                belief,
-                choices: (0..PARTITIONS)
-                    .map(|p| PartitionChoice {
-                        partition: p,
-                        runtime_factor: if !slo || p != preferred { 1.0 } else { 1.5 },
-                    })
-                    .collect(),
-            }
-        })
+        .map(|id| pending_job(&mut rng, id as u64, now))
         .collect();
     let mut running = Vec::new();
     for p in 0..PARTITIONS {
@@ -103,6 +75,40 @@ fn instance(seed: u64, pending: usize) -> (Vec<PartitionState>, Vec<PendingJob>,
         }
     }
     (partitions, jobs, running)
+}
+
+/// One pending job submitted in the 10 minutes before `now`.
+fn pending_job(rng: &mut StdRng, id: u64, now: f64) -> PendingJob {
+    let slo = rng.random_bool(0.5);
+    let belief = belief(rng);
+    let submit = now - rng.random_range(0.0..600.0);
+    let utility = if slo {
+        let slack = [0.2, 0.4, 0.6, 0.8][rng.random_range(0..4)];
+        Utility::Slo {
+            deadline: submit + belief.runtimes()[10] * (1.0 + slack),
+            value: 10.0,
+        }
+    } else {
+        Utility::BestEffort {
+            submit,
+            value: 1.0,
+            zero_at: submit + 7200.0,
+        }
+    };
+    let preferred = rng.random_range(0..PARTITIONS);
+    PendingJob {
+        id,
+        submit,
+        utility,
+        gang: rng.random_range(1..=4),
+        belief,
+        choices: (0..PARTITIONS)
+            .map(|p| PartitionChoice {
+                partition: p,
+                runtime_factor: if !slo || p != preferred { 1.0 } else { 1.5 },
+            })
+            .collect(),
+    }
 }
 
 /// CPU time of this thread (Linux: `/proc/thread-self/schedstat`, nanoseconds on a CPU); NaN
@@ -138,6 +144,64 @@ impl MilpSolver for FullLp {
     }
 }
 
+/// [`HighsSolver`] as before stopped-early answers: an LP its time limit stopped is no answer
+/// (the cycle falls back to the greedy).
+struct NoEarlyAnswer;
+
+impl MilpSolver for NoEarlyAnswer {
+    fn name(&self) -> &'static str {
+        "highs-no-early-answer"
+    }
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        limit: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
+        HighsSolver.solve_relaxation(model, limit).and_then(|lp| {
+            if lp.optimal {
+                Ok(lp)
+            } else {
+                Err(SolverError::NoSolution(
+                    "LP relaxation ReachedTimeLimit".into(),
+                ))
+            }
+        })
+    }
+    fn improve(
+        &mut self,
+        model: &MilpModel,
+        start: &[bool],
+        limit: SolveLimit,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        HighsSolver.improve(model, start, limit)
+    }
+}
+
+/// [`HighsSolver`] without the warm start: every LP sifts from the cold working set (how
+/// cycles were solved before it).
+struct ColdSifting;
+
+impl MilpSolver for ColdSifting {
+    fn name(&self) -> &'static str {
+        "highs-cold-sifting"
+    }
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        limit: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
+        HighsSolver.solve_relaxation(model, limit)
+    }
+    fn improve(
+        &mut self,
+        model: &MilpModel,
+        start: &[bool],
+        limit: SolveLimit,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        HighsSolver.improve(model, start, limit)
+    }
+}
+
 fn ms_since(began: Instant) -> f64 {
     began.elapsed().as_secs_f64() * 1000.0
 }
@@ -150,13 +214,13 @@ fn main() {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average at start: {}", load.trim());
     println!(
-        "| LP | pending | cycles | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | columns | rows | nonzeros | decision / LP bound mean (min) | methods |"
+        "| LP | pending | cycles | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | columns | rows | nonzeros | decision / LP optimum mean (min) | methods |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|");
     for (pending, cycles) in [(300, 100), (1000, 20), (3000, 5)] {
-        timed_cycles("full LP", FullLp, pending, cycles);
-        timed_cycles("sifting", HighsSolver, pending, cycles);
+        timed_cycles(pending, cycles);
     }
+    consecutive_cycles();
     phases();
     // Quality without the time limit: how long the LP needs, and what LP rounding and the
     // greedy fallback reach against its bound.
@@ -205,15 +269,17 @@ fn main() {
     }
 }
 
-/// `cycles` cycles of `pending` jobs under the default (wall-clock) config, one table row.
-fn timed_cycles<S: MilpSolver>(label: &str, solver: S, pending: usize, cycles: u64) {
-    let mut scheduler = ThreeSigmaScheduler::new("3Sigma", ThreeSigmaConfig::default(), solver)
-        .expect("default config is valid");
-    let mut times = Vec::new();
-    let mut cpu_times = Vec::new();
-    let mut ratios = Vec::new();
-    let mut methods: BTreeMap<String, usize> = BTreeMap::new();
-    let mut size = (0, 0, 0);
+/// `cycles` independent cycles of `pending` jobs under the default (wall-clock) config with
+/// the full LP, sifting as before stopped-early answers (a stop at the time limit is no
+/// answer) and sifting now (cold: these instances share no jobs), interleaved instance by
+/// instance; one table row each.
+fn timed_cycles(pending: usize, cycles: u64) {
+    let config = ThreeSigmaConfig::default();
+    let mut full = ThreeSigmaScheduler::new("3Sigma", config.clone(), FullLp).expect("valid");
+    let mut before =
+        ThreeSigmaScheduler::new("3Sigma", config.clone(), NoEarlyAnswer).expect("valid");
+    let mut now = ThreeSigmaScheduler::new("3Sigma", config, ColdSifting).expect("valid");
+    let mut stats: [TimedStats; 3] = Default::default();
     for seed in 0..cycles {
         let (partitions, jobs, running) = instance(seed, pending);
         let input = CycleInput {
@@ -222,38 +288,75 @@ fn timed_cycles<S: MilpSolver>(label: &str, solver: S, pending: usize, cycles: u
             pending: &jobs,
             running: &running,
         };
+        let optimum = lp_optimum(&input);
+        // Independent instances (job ids repeat across seeds, the jobs do not): the LP is
+        // solved cold; the warm start is measured on consecutive cycles below.
+        stats[0].cycle(&mut full, &input, optimum);
+        stats[1].cycle(&mut before, &input, optimum);
+        stats[2].cycle(&mut now, &input, optimum);
+    }
+    for (label, s) in [
+        "full LP",
+        "sifting, stop = no answer",
+        "sifting, stop = best point",
+    ]
+    .iter()
+    .zip(&mut stats)
+    {
+        s.print(label, pending);
+    }
+}
+
+#[derive(Default)]
+struct TimedStats {
+    times: Vec<f64>,
+    cpu_times: Vec<f64>,
+    ratios: Vec<f64>,
+    methods: BTreeMap<String, usize>,
+    size: (usize, usize, usize),
+}
+
+impl TimedStats {
+    fn cycle<S: MilpSolver>(
+        &mut self,
+        scheduler: &mut ThreeSigmaScheduler<S>,
+        input: &CycleInput<'_>,
+        optimum: f64,
+    ) {
         let began = Instant::now();
         let cpu_began = thread_cpu_ms();
-        let (decision, _) = scheduler.cycle_with_model(&input);
-        times.push(ms_since(began));
-        cpu_times.push(thread_cpu_ms() - cpu_began);
+        let (decision, _) = scheduler.cycle_with_model(input);
+        self.times.push(ms_since(began));
+        self.cpu_times.push(thread_cpu_ms() - cpu_began);
         let r = &decision.record;
-        size = (r.columns, r.rows, r.nonzeros);
-        if let Some(bound) = r.lp_bound.filter(|b| *b > 0.0) {
-            ratios.push(r.objective / bound);
+        self.size = (r.columns, r.rows, r.nonzeros);
+        self.ratios.push(r.objective / optimum);
+        *self.methods.entry(format!("{:?}", r.method)).or_default() += 1;
+        if r.lp_stopped_early {
+            *self.methods.entry("(LP stopped early)".into()).or_default() += 1;
         }
-        *methods.entry(format!("{:?}", r.method)).or_default() += 1;
     }
-    times.sort_by(f64::total_cmp);
-    cpu_times.sort_by(f64::total_cmp);
-    let quality = if ratios.is_empty() {
-        "no LP in time".to_string()
-    } else {
-        let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
-        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        format!("{mean:.3} ({min:.3}; {} cycles)", ratios.len())
-    };
-    println!(
-        "| {label} | {pending} | {cycles} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {methods:?} |",
-        quantile(&times, 0.5),
-        quantile(&times, 0.99),
-        times[times.len() - 1],
-        quantile(&cpu_times, 0.5),
-        quantile(&cpu_times, 0.99),
-        size.0,
-        size.1,
-        size.2
-    );
+
+    fn print(&mut self, label: &str, pending: usize) {
+        self.times.sort_by(f64::total_cmp);
+        self.cpu_times.sort_by(f64::total_cmp);
+        let mean = self.ratios.iter().sum::<f64>() / self.ratios.len() as f64;
+        let min = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let quality = format!("{mean:.3} ({min:.3})");
+        println!(
+            "| {label} | {pending} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {:?} |",
+            self.times.len(),
+            quantile(&self.times, 0.5),
+            quantile(&self.times, 0.99),
+            self.times[self.times.len() - 1],
+            quantile(&self.cpu_times, 0.5),
+            quantile(&self.cpu_times, 0.99),
+            self.size.0,
+            self.size.1,
+            self.size.2,
+            self.methods
+        );
+    }
 }
 
 /// Where a 300-job cycle's time goes: model build, the LP relaxation (all columns / sifting,
@@ -272,6 +375,8 @@ fn phases() {
     let mut sifting_iterations = Vec::new();
     let mut rounding = Vec::new();
     let mut check = Vec::new();
+    let mut improvement = Vec::new();
+    let mut improved = 0;
     let mut bound_gap: f64 = 0.0;
     for seed in 0..20 {
         let (partitions, jobs, running) = instance(5000 + seed, 300);
@@ -303,6 +408,16 @@ fn phases() {
         let began = Instant::now();
         assert!(model.violated_row(&chosen).is_none());
         check.push(ms_since(began));
+        // The default config's MILP improvement (its 15 % of the 0.2-s solver time) from the
+        // rounded point.
+        let began = Instant::now();
+        let better = HighsSolver
+            .improve(&model, &chosen, SolveLimit::time(0.2 * 0.15))
+            .expect("HiGHS takes the MILP");
+        improvement.push(ms_since(began));
+        if better.is_some_and(|b| b.objective > model.objective(&chosen) + 1e-9) {
+            improved += 1;
+        }
     }
     println!();
     println!(
@@ -323,6 +438,7 @@ fn phases() {
         ),
         ("LP rounding + greedy fill", &mut rounding, None),
         ("row check", &mut check, None),
+        ("MILP improvement (0.03 s limit)", &mut improvement, None),
     ] {
         times.sort_by(f64::total_cmp);
         let iterations = iterations.map_or(String::new(), |it| {
@@ -336,4 +452,153 @@ fn phases() {
         );
     }
     println!("largest relative difference between the two LP bounds: {bound_gap:.1e}");
+    println!("MILP improvement found a better point in {improved} of 20 instances");
+}
+
+/// The LP relaxation's optimum of a cycle (no limit; outside the timed cycles).
+fn lp_optimum(input: &CycleInput<'_>) -> f64 {
+    let unlimited = SolveLimit {
+        time_s: None,
+        simplex_iterations: None,
+        mip_nodes: None,
+    };
+    let model = build_model(&ThreeSigmaConfig::default(), input).model;
+    HighsSolver
+        .solve_relaxation_sifting(&model, unlimited)
+        .expect("LP solves")
+        .bound
+}
+
+type Instance = (Vec<PartitionState>, Vec<PendingJob>, Vec<RunningJob>);
+
+/// A live-like run: `cycles` consecutive 1-s cycles of 300 pending jobs, where each cycle
+/// `churn` pending jobs (at random) leave and as many new ones arrive, and the clock moves on by
+/// the cycle (running jobs' beliefs are conditioned on the later time, SLO deadlines come
+/// closer). The sequence does not depend on decisions, so every solver sees the same inputs.
+fn trajectory(seed: u64, cycles: usize, churn: usize) -> Vec<(f64, Instance)> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut current = instance(seed, 300);
+    let mut next_id = 300u64;
+    let mut out = Vec::with_capacity(cycles);
+    for t in 0..cycles {
+        let now = 10_000.0 + t as f64;
+        if t > 0 {
+            for _ in 0..churn {
+                let gone = rng.random_range(0..current.1.len());
+                current.1.swap_remove(gone);
+            }
+            for _ in 0..churn {
+                current.1.push(pending_job(&mut rng, next_id, now));
+                next_id += 1;
+            }
+        }
+        out.push((now, current.clone()));
+    }
+    out
+}
+
+/// Consecutive cycles (§4.3.6: consecutive cycles share most jobs) under the default
+/// wall-clock config, cold sifting and warm-started sifting interleaved cycle by cycle on the
+/// same inputs. Quality is against the LP optimum of each input, solved without a limit
+/// outside the timed cycles.
+fn consecutive_cycles() {
+    println!();
+    println!(
+        "| consecutive 300-job cycles | churn / cycle | cycles | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | LP iterations p50 (p99) | decision / LP optimum mean (min) | LP stopped early | methods |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|");
+    let config = ThreeSigmaConfig::default();
+    for churn in [10, 30] {
+        let inputs = trajectory(77 + churn as u64, 100, churn);
+        let optima: Vec<f64> = inputs
+            .iter()
+            .map(|(now, (partitions, jobs, running))| {
+                let input = CycleInput {
+                    now: *now,
+                    partitions,
+                    pending: jobs,
+                    running,
+                };
+                lp_optimum(&input)
+            })
+            .collect();
+        let mut cold = Stats::default();
+        let mut warm = Stats::default();
+        let mut cold_scheduler =
+            ThreeSigmaScheduler::new("3Sigma", config.clone(), ColdSifting).expect("valid");
+        let mut warm_scheduler =
+            ThreeSigmaScheduler::new("3Sigma", config.clone(), HighsSolver).expect("valid");
+        for ((now, (partitions, jobs, running)), optimum) in inputs.iter().zip(&optima) {
+            let input = CycleInput {
+                now: *now,
+                partitions,
+                pending: jobs,
+                running,
+            };
+            cold.cycle(&mut cold_scheduler, &input, *optimum);
+            warm.cycle(&mut warm_scheduler, &input, *optimum);
+        }
+        cold.print("cold sifting", churn);
+        warm.print("warm-started sifting", churn);
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    times: Vec<f64>,
+    cpu: Vec<f64>,
+    iterations: Vec<f64>,
+    ratios: Vec<f64>,
+    stopped_early: usize,
+    methods: BTreeMap<String, usize>,
+}
+
+impl Stats {
+    fn cycle<S: MilpSolver>(
+        &mut self,
+        scheduler: &mut ThreeSigmaScheduler<S>,
+        input: &CycleInput<'_>,
+        optimum: f64,
+    ) {
+        let began = Instant::now();
+        let cpu_began = thread_cpu_ms();
+        let (decision, _) = scheduler.cycle_with_model(input);
+        self.times.push(ms_since(began));
+        self.cpu.push(thread_cpu_ms() - cpu_began);
+        let r = &decision.record;
+        if let Some(iterations) = r.lp_iterations {
+            self.iterations.push(iterations as f64);
+        }
+        self.ratios.push(r.objective / optimum);
+        self.stopped_early += usize::from(r.lp_stopped_early);
+        *self.methods.entry(format!("{:?}", r.method)).or_default() += 1;
+    }
+
+    fn print(&mut self, label: &str, churn: usize) {
+        for v in [&mut self.times, &mut self.cpu, &mut self.iterations] {
+            v.sort_by(f64::total_cmp);
+        }
+        let iterations = if self.iterations.is_empty() {
+            "-".to_string()
+        } else {
+            format!(
+                "{:.0} ({:.0})",
+                quantile(&self.iterations, 0.5),
+                quantile(&self.iterations, 0.99)
+            )
+        };
+        let mean = self.ratios.iter().sum::<f64>() / self.ratios.len() as f64;
+        let min = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        println!(
+            "| {label} | {churn} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {iterations} | {mean:.3} ({min:.3}) | {} | {:?} |",
+            self.times.len(),
+            quantile(&self.times, 0.5),
+            quantile(&self.times, 0.99),
+            self.times[self.times.len() - 1],
+            quantile(&self.cpu, 0.5),
+            quantile(&self.cpu, 0.99),
+            self.stopped_early,
+            self.methods
+        );
+    }
 }

@@ -14,9 +14,18 @@
 //! the full relaxation's optimum (same bound; LP duality), found without running the simplex
 //! over all 158k non-zeros each iteration. 3Sigma §4.3.6 only prunes terms with a zero
 //! constant; this changes how the LP is solved, not the model or its optimum.
+//!
+//! §4.3.6 warm-starts each cycle's solver from the previous cycle's decision. For the LP the
+//! natural start is the previous LP's basis: consecutive cycles share most jobs, so
+//! [`MilpSolver::solve_relaxation_from`] gets the previous basis mapped onto this model (by job
+//! ids; [`super::ThreeSigmaScheduler`] keeps it under a wall-clock budget), sifting starts from
+//! the previous optimum's support plus the cold working set, and HiGHS from that basis. Where a
+//! time limit ends the LP early, the answer is the best feasible point at hand with a Lagrangian
+//! upper bound, so the cycle still rounds an LP point instead of falling back to the greedy.
 
 use super::model::{
-    ColumnKind, LpSolution, MilpModel, MilpSolver, MipSolution, SolveLimit, SolverError,
+    BasisStatus, ColumnKind, FEASIBILITY_TOLERANCE, LpBasis, LpSolution, MilpModel, MilpSolver,
+    MipSolution, SolveLimit, SolverError,
 };
 use highs::{ColProblem, HighsModelStatus, HighsSolutionStatus, Model, Row, Sense, SolvedModel};
 
@@ -120,6 +129,8 @@ impl LpSolution {
             values: Vec::new(),
             bound: 0.0,
             iterations: 0,
+            optimal: true,
+            basis: None,
         }
     }
 }
@@ -151,6 +162,8 @@ impl HighsSolver {
                     values,
                     bound: solved.objective_value(),
                     iterations: iterations_of(&solved),
+                    optimal: true,
+                    basis: None,
                 })
             }
             other => Err(SolverError::NoSolution(format!("LP relaxation {other:?}"))),
@@ -161,83 +174,339 @@ impl HighsSolver {
     /// clock accumulates over the runs of one instance, so `time_limit` bounds them together
     /// (pricing between runs is a pass over the non-zeros, ~1 ms at 300 jobs, and not on that
     /// clock); simplex iterations are counted over all runs.
+    ///
+    /// When the time limit ends a run before the LP is optimal, the answer is the best feasible
+    /// point at hand (the interrupted primal simplex iterate, or the last working set's
+    /// optimum; both are feasible for the whole LP, its other columns being 0) with
+    /// `optimal: false` and a Lagrangian bound ([`lagrangian_bound`]) instead of the optimum.
+    /// The iteration limit still gives no answer (what `SolverBudget::Work` relies on).
     pub fn solve_relaxation_sifting(
         &mut self,
         model: &MilpModel,
         limit: SolveLimit,
     ) -> Result<LpSolution, SolverError> {
-        if model.columns.is_empty() {
-            return Ok(LpSolution::empty());
+        sift(model, limit, None)
+    }
+}
+
+/// HiGHS' basis status codes (`kHighsBasisStatus*` in `highs_c_api.h`).
+const BASIS_LOWER: highs_sys::HighsInt = 0;
+const BASIS_BASIC: highs_sys::HighsInt = 1;
+const BASIS_UPPER: highs_sys::HighsInt = 2;
+
+/// Sifting from the cold working set, or from `start` (the previous cycle's basis mapped onto
+/// this model): its columns join the working set and HiGHS starts from its basis.
+fn sift(
+    model: &MilpModel,
+    limit: SolveLimit,
+    start: Option<&LpBasis>,
+) -> Result<LpSolution, SolverError> {
+    if model.columns.is_empty() {
+        return Ok(LpSolution::empty());
+    }
+    let mut working = initial_working_set(model);
+    if let Some(start) = start {
+        // The start's basic columns and those at their upper bound (the previous optimum's
+        // support) join the cold working set. Its columns at 0 do not: carried over, the
+        // working set would grow from cycle to cycle towards every column.
+        working.extend((0..model.columns.len()).filter(|c| {
+            matches!(
+                start.columns.get(*c),
+                Some(Some(BasisStatus::Basic | BasisStatus::AtUpper))
+            )
+        }));
+        working.sort_unstable();
+        working.dedup();
+    }
+    let mut in_working = vec![false; model.columns.len()];
+    for c in &working {
+        in_working[*c] = true;
+    }
+    let (problem, rows) = build_columns(model, false, working.iter().copied());
+    let mut highs = relaxation_model(problem, limit)?;
+    if let Some(start) = start {
+        // A basis HiGHS refuses leaves the cold (slack) start: a hint, not a requirement.
+        set_basis(&mut highs, model, &working, start);
+    }
+    let mut iterations = 0u64;
+    // The best upper bound any round's row prices gave, and the last working set's optimum
+    // (a feasible point of the whole LP), for a run the time limit ends.
+    let mut best_bound = f64::INFINITY;
+    let mut last_optimum: Option<LpSolution> = None;
+    loop {
+        let solved = highs.try_solve().map_err(rejected)?;
+        iterations += iterations_of(&solved);
+        match solved.status() {
+            HighsModelStatus::Optimal => {}
+            HighsModelStatus::ReachedTimeLimit => {
+                return stopped_early(model, &solved, &working, best_bound, last_optimum)
+                    .map(|mut lp| {
+                        lp.iterations = iterations;
+                        lp
+                    })
+                    .ok_or_else(|| {
+                        SolverError::NoSolution("LP relaxation ReachedTimeLimit".into())
+                    });
+            }
+            other => {
+                return Err(SolverError::NoSolution(format!("LP relaxation {other:?}")));
+            }
         }
-        let mut working = initial_working_set(model);
-        let mut in_working = vec![false; model.columns.len()];
-        for c in &working {
-            in_working[*c] = true;
+        let solution = solved.get_solution();
+        let duals = solution.dual_rows();
+        let values = spread(model, &working, solution.columns());
+        // The columns outside the working set that price positive, best first.
+        let mut entering: Vec<(f64, usize)> = (0..model.columns.len())
+            .filter(|c| !in_working[*c])
+            .map(|c| (reduced_cost(model, c, duals), c))
+            .filter(|(d, _)| *d > SIFTING_REDUCED_COST_TOLERANCE)
+            .collect();
+        if entering.is_empty() {
+            return Ok(LpSolution {
+                values,
+                bound: solved.objective_value(),
+                iterations,
+                optimal: true,
+                basis: basis_of(&solved, model, &working),
+            });
         }
-        let (problem, rows) = build_columns(model, false, working.iter().copied());
-        let mut highs = relaxation_model(problem, limit)?;
-        let mut iterations = 0u64;
-        loop {
-            let solved = highs.try_solve().map_err(rejected)?;
-            iterations += iterations_of(&solved);
-            match solved.status() {
-                HighsModelStatus::Optimal => {}
-                other => {
-                    return Err(SolverError::NoSolution(format!("LP relaxation {other:?}")));
-                }
+        if limit.time_s.is_some() {
+            best_bound = best_bound.min(lagrangian_bound(model, duals));
+            last_optimum = Some(LpSolution {
+                values,
+                bound: best_bound,
+                iterations,
+                optimal: false,
+                basis: basis_of(&solved, model, &working),
+            });
+        }
+        entering.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        entering.truncate(SIFTING_MAX_ENTERING);
+        let mut highs_next = Model::from(solved);
+        // The last basis stays primal feasible when columns join at 0: primal simplex
+        // continues from it.
+        highs_next.set_option("simplex_strategy", SIMPLEX_STRATEGY_PRIMAL);
+        if let Some(limit) = limit.simplex_iterations {
+            let left = limit.saturating_sub(iterations);
+            if left == 0 {
+                return Err(SolverError::NoSolution(
+                    "LP relaxation ReachedIterationLimit".into(),
+                ));
             }
-            let solution = solved.get_solution();
-            let duals = solution.dual_rows();
-            // The columns outside the working set that price positive, best first.
-            let mut entering: Vec<(f64, usize)> = (0..model.columns.len())
-                .filter(|c| !in_working[*c])
-                .map(|c| (reduced_cost(model, c, duals), c))
-                .filter(|(d, _)| *d > SIFTING_REDUCED_COST_TOLERANCE)
-                .collect();
-            entering.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            entering.truncate(SIFTING_MAX_ENTERING);
-            if entering.is_empty() {
-                let mut values = vec![0.0; model.columns.len()];
-                for (c, v) in working.iter().zip(solution.columns()) {
-                    values[*c] = v.clamp(0.0, 1.0);
-                }
-                return Ok(LpSolution {
-                    values,
-                    bound: solved.objective_value(),
-                    iterations,
-                });
+            highs_next.set_option(
+                "simplex_iteration_limit",
+                i32::try_from(left).unwrap_or(i32::MAX),
+            );
+        }
+        for (_, c) in entering {
+            let column = &model.columns[c];
+            highs_next
+                .try_add_column(
+                    column.objective,
+                    0.0..=1.0,
+                    column.entries.iter().map(|(row, coef)| (rows[*row], *coef)),
+                )
+                .map_err(rejected)?;
+            in_working[c] = true;
+            working.push(c);
+        }
+        highs = highs_next;
+    }
+}
+
+/// The working set's values (in working-set order) as values of every model column (0
+/// outside), clamped to `[0, 1]`.
+fn spread(model: &MilpModel, working: &[usize], working_values: &[f64]) -> Vec<f64> {
+    let mut values = vec![0.0; model.columns.len()];
+    for (c, v) in working.iter().zip(working_values) {
+        values[*c] = v.clamp(0.0, 1.0);
+    }
+    values
+}
+
+/// The answer of a sifting run the time limit ended: the interrupted iterate if it is feasible
+/// (primal simplex, which every round after the first runs, keeps its iterates feasible), or
+/// the last working set's optimum, whichever is worth more. `None` when neither exists (the
+/// first run was interrupted by the limit and its iterate is infeasible).
+fn stopped_early(
+    model: &MilpModel,
+    solved: &SolvedModel,
+    working: &[usize],
+    best_bound: f64,
+    last_optimum: Option<LpSolution>,
+) -> Option<LpSolution> {
+    let solution = solved.get_solution();
+    let bound = best_bound.min(lagrangian_bound(model, solution.dual_rows()));
+    let objective = |values: &[f64]| -> f64 {
+        model
+            .columns
+            .iter()
+            .zip(values)
+            .map(|(c, v)| c.objective * v)
+            .sum()
+    };
+    let iterate = (solution.columns().len() == working.len())
+        .then(|| spread(model, working, solution.columns()))
+        .filter(|values| fractional_point_fits(model, values))
+        .map(|values| LpSolution {
+            values,
+            bound,
+            iterations: 0,
+            optimal: false,
+            basis: basis_of(solved, model, working),
+        });
+    let best = match (iterate, last_optimum) {
+        (Some(a), Some(b)) => {
+            if objective(&a.values) >= objective(&b.values) {
+                a
+            } else {
+                b
             }
-            let mut highs_next = Model::from(solved);
-            // The last basis stays primal feasible when columns join at 0: primal simplex
-            // continues from it.
-            highs_next.set_option("simplex_strategy", SIMPLEX_STRATEGY_PRIMAL);
-            if let Some(limit) = limit.simplex_iterations {
-                let left = limit.saturating_sub(iterations);
-                if left == 0 {
-                    return Err(SolverError::NoSolution(
-                        "LP relaxation ReachedIterationLimit".into(),
-                    ));
-                }
-                highs_next.set_option(
-                    "simplex_iteration_limit",
-                    i32::try_from(left).unwrap_or(i32::MAX),
-                );
+        }
+        (a, b) => a.or(b)?,
+    };
+    Some(LpSolution { bound, ..best })
+}
+
+/// A point with every column in `[0, 1]` satisfies every row (within the solver tolerance).
+fn fractional_point_fits(model: &MilpModel, values: &[f64]) -> bool {
+    let mut activity = vec![0.0; model.rows.len()];
+    for (column, v) in model.columns.iter().zip(values) {
+        if *v != 0.0 {
+            for (row, coef) in &column.entries {
+                activity[*row] += coef * v;
             }
-            for (_, c) in entering {
-                let column = &model.columns[c];
-                highs_next
-                    .try_add_column(
-                        column.objective,
-                        0.0..=1.0,
-                        column.entries.iter().map(|(row, coef)| (rows[*row], *coef)),
-                    )
-                    .map_err(rejected)?;
-                in_working[c] = true;
-                working.push(c);
-            }
-            highs = highs_next;
         }
     }
+    activity
+        .iter()
+        .zip(&model.rows)
+        .all(|(a, row)| *a <= row.upper + FEASIBILITY_TOLERANCE)
+}
+
+/// An upper bound on the LP relaxation from any row prices `y` (negative prices count as 0):
+/// for `x ∈ [0, 1]` with `Ax ≤ b`, `cx = yAx + (c − yA)x ≤ yb + Σ_j max(0, c_j − y a_j)`
+/// (Lagrangian relaxation of the rows; equal to the optimum at the optimal duals of the whole
+/// LP, larger otherwise).
+pub(super) fn lagrangian_bound(model: &MilpModel, duals: &[f64]) -> f64 {
+    let prices: Vec<f64> = duals.iter().map(|y| y.max(0.0)).collect();
+    let rows: f64 = model
+        .rows
+        .iter()
+        .zip(&prices)
+        .map(|(row, y)| row.upper * y)
+        .sum();
+    let columns: f64 = (0..model.columns.len())
+        .map(|c| reduced_cost(model, c, &prices).max(0.0))
+        .sum();
+    rows + columns
+}
+
+/// The row duals of the LP over all columns at its optimum (tests).
+#[cfg(test)]
+pub(super) fn optimal_row_duals(model: &MilpModel) -> Vec<f64> {
+    let limit = SolveLimit {
+        time_s: None,
+        simplex_iterations: None,
+        mip_nodes: None,
+    };
+    let solved = relaxation_model(build(model, false), limit)
+        .and_then(|m| m.try_solve().map_err(rejected))
+        .expect("the relaxation solves");
+    assert_eq!(solved.status(), HighsModelStatus::Optimal);
+    solved.get_solution().dual_rows().to_vec()
+}
+
+/// The solved instance's basis over the model (columns outside the working set: `None`).
+fn basis_of(solved: &SolvedModel, model: &MilpModel, working: &[usize]) -> Option<LpBasis> {
+    let mut columns: Vec<highs_sys::HighsInt> = vec![0; working.len()];
+    let mut rows: Vec<highs_sys::HighsInt> = vec![0; model.rows.len()];
+    // SAFETY: reads two counts of a live instance.
+    let (num_cols, num_rows) = unsafe {
+        (
+            highs_sys::Highs_getNumCol(solved.as_ptr()),
+            highs_sys::Highs_getNumRow(solved.as_ptr()),
+        )
+    };
+    if usize::try_from(num_cols) != Ok(working.len())
+        || usize::try_from(num_rows) != Ok(model.rows.len())
+    {
+        return None;
+    }
+    // SAFETY: the instance is alive for the call (borrowed), and both arrays have the lengths
+    // `Highs_getBasis` writes: the instance's column and row counts, checked above.
+    let status = unsafe {
+        highs_sys::Highs_getBasis(solved.as_ptr(), columns.as_mut_ptr(), rows.as_mut_ptr())
+    };
+    if status != highs_sys::STATUS_OK {
+        return None;
+    }
+    let of = |code: highs_sys::HighsInt| match code {
+        BASIS_BASIC => BasisStatus::Basic,
+        BASIS_UPPER => BasisStatus::AtUpper,
+        _ => BasisStatus::AtLower,
+    };
+    let mut basis = LpBasis {
+        columns: vec![None; model.columns.len()],
+        rows: rows.into_iter().map(|r| Some(of(r))).collect(),
+    };
+    for (c, code) in working.iter().zip(columns) {
+        basis.columns[*c] = Some(of(code));
+    }
+    Some(basis)
+}
+
+/// Start `highs` (built over `working`) from `start`. A simplex basis has exactly as many
+/// basic variables as rows; the mapped one may not (jobs left with their rows and basic
+/// columns, new jobs' rows came in basic), so row slacks are made basic, or the last basic
+/// columns non-basic, until it has. A singular result is HiGHS' to repair (it swaps in
+/// slacks). Returns whether HiGHS took the basis.
+fn set_basis(highs: &mut Model, model: &MilpModel, working: &[usize], start: &LpBasis) -> bool {
+    let mut columns: Vec<highs_sys::HighsInt> = working
+        .iter()
+        .map(|c| match start.columns.get(*c).copied().flatten() {
+            Some(BasisStatus::Basic) => BASIS_BASIC,
+            Some(BasisStatus::AtUpper) => BASIS_UPPER,
+            _ => BASIS_LOWER,
+        })
+        .collect();
+    let mut rows: Vec<highs_sys::HighsInt> = (0..model.rows.len())
+        .map(|r| match start.rows.get(r).copied().flatten() {
+            Some(BasisStatus::AtLower | BasisStatus::AtUpper) => BASIS_UPPER,
+            _ => BASIS_BASIC,
+        })
+        .collect();
+    let basic = columns
+        .iter()
+        .chain(&rows)
+        .filter(|s| **s == BASIS_BASIC)
+        .count();
+    let mut surplus = basic.saturating_sub(rows.len());
+    let mut missing = rows.len().saturating_sub(basic);
+    for status in columns.iter_mut().rev() {
+        if surplus == 0 {
+            break;
+        }
+        if *status == BASIS_BASIC {
+            *status = BASIS_LOWER;
+            surplus -= 1;
+        }
+    }
+    for status in &mut rows {
+        if missing == 0 {
+            break;
+        }
+        if *status != BASIS_BASIC {
+            *status = BASIS_BASIC;
+            missing -= 1;
+        }
+    }
+    // SAFETY: the instance is alive (borrowed mutably), it has `working.len()` columns and
+    // `model.rows.len()` rows (built by `build_columns` from exactly those), the lengths of
+    // the two arrays `Highs_setBasis` reads.
+    let status =
+        unsafe { highs_sys::Highs_setBasis(highs.as_mut_ptr(), columns.as_ptr(), rows.as_ptr()) };
+    status == highs_sys::STATUS_OK
 }
 
 /// `c_j − Σ_i a_ij y_i` for the row duals `y` HiGHS reports (for a maximisation: ≥ 0 on a
@@ -287,6 +556,13 @@ fn initial_working_set(model: &MilpModel) -> Vec<usize> {
     working
 }
 
+/// Whether [`MilpSolver::solve_relaxation`] sifts: time-limited (or unlimited) calls on wide
+/// models.
+fn sifts(model: &MilpModel, limit: SolveLimit) -> bool {
+    limit.simplex_iterations.is_none()
+        && model.columns.len() > SIFTING_COLUMNS_PER_ROW * model.rows.len().max(1)
+}
+
 impl MilpSolver for HighsSolver {
     fn name(&self) -> &'static str {
         "highs"
@@ -302,12 +578,25 @@ impl MilpSolver for HighsSolver {
         // them back in time per iteration): such calls keep the full LP, so a simulation makes
         // the decisions its committed reports were produced with. Time-limited (live) calls
         // sift.
-        let sift = limit.simplex_iterations.is_none()
-            && model.columns.len() > SIFTING_COLUMNS_PER_ROW * model.rows.len().max(1);
-        if sift {
+        if sifts(model, limit) {
             self.solve_relaxation_sifting(model, limit)
         } else {
             self.solve_relaxation_full(model, limit)
+        }
+    }
+
+    /// Sifting from the previous cycle's basis (§4.3.6) when the call would sift; otherwise
+    /// exactly [`MilpSolver::solve_relaxation`] (the start is ignored).
+    fn solve_relaxation_from(
+        &mut self,
+        model: &MilpModel,
+        limit: SolveLimit,
+        start: &LpBasis,
+    ) -> Result<LpSolution, SolverError> {
+        if sifts(model, limit) {
+            sift(model, limit, Some(start))
+        } else {
+            self.solve_relaxation(model, limit)
         }
     }
 

@@ -23,8 +23,8 @@ mod prio;
 pub use belief::{OverEstimateHandling, RuntimeBelief, Utility, exp_inc_finish};
 pub use highs_solver::HighsSolver;
 pub use model::{
-    Column, ColumnKind, FEASIBILITY_TOLERANCE, LpSolution, MilpModel, MilpSolver, MipSolution, Row,
-    RowKind, SolveLimit, SolverError,
+    BasisStatus, Column, ColumnKind, FEASIBILITY_TOLERANCE, LpBasis, LpSolution, MilpModel,
+    MilpSolver, MipSolution, Row, RowKind, SolveLimit, SolverError,
 };
 pub use partition::{JobDescription, NodeConstraint, Partitioning, equivalence_partitions};
 pub use prio::PrioScheduler;
@@ -246,7 +246,8 @@ pub struct CycleRecord {
     pub columns: usize,
     pub rows: usize,
     pub nonzeros: usize,
-    /// The LP relaxation's optimum (an upper bound), when the LP was solved.
+    /// The LP relaxation's optimum (an upper bound), when the LP was solved; when its time
+    /// limit stopped it (`lp_stopped_early`), the solver's Lagrangian bound (larger).
     pub lp_bound: Option<f64>,
     /// Objective of the rounded LP point alone (before warm start and MILP improvement).
     pub rounded_objective: Option<f64>,
@@ -257,6 +258,11 @@ pub struct CycleRecord {
     /// Simplex iterations of the LP relaxation, when it was solved.
     #[serde(default)]
     pub lp_iterations: Option<u64>,
+    /// The LP relaxation's time limit ended it before it was optimal: the decision rounds the
+    /// best feasible point the solver had, and `lp_bound` is a Lagrangian upper bound (≥ the
+    /// LP's optimum) rather than the optimum.
+    #[serde(default)]
+    pub lp_stopped_early: bool,
 }
 
 /// A cycle's outcome.
@@ -700,6 +706,97 @@ pub struct ThreeSigmaScheduler<S> {
     solver: S,
     /// The previous cycle's options: job id → (partition, absolute start).
     previous: HashMap<u64, (usize, f64)>,
+    /// The previous cycle's LP basis by job and running-job ids (wall-clock budgets only).
+    previous_lp: Option<PreviousLp>,
+}
+
+/// A model column by what it stands for across cycles: column indices change from cycle to
+/// cycle, job ids and (partition, step of the window) do not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ColumnKey {
+    Option {
+        job: u64,
+        partition: usize,
+        step: usize,
+    },
+    Preempt {
+        running: u64,
+    },
+}
+
+/// A model row by what it stands for across cycles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum RowKey {
+    Capacity { partition: usize, step: usize },
+    Job(u64),
+}
+
+fn column_key(kind: ColumnKind, input: &CycleInput<'_>) -> ColumnKey {
+    match kind {
+        ColumnKind::Option {
+            job,
+            partition,
+            step,
+        } => ColumnKey::Option {
+            job: input.pending[job].id,
+            partition,
+            step,
+        },
+        ColumnKind::Preempt { running } => ColumnKey::Preempt {
+            running: input.running[running].id,
+        },
+    }
+}
+
+fn row_key(kind: RowKind, input: &CycleInput<'_>) -> RowKey {
+    match kind {
+        RowKind::Capacity { partition, step } => RowKey::Capacity { partition, step },
+        RowKind::OneOption { job } => RowKey::Job(input.pending[job].id),
+    }
+}
+
+/// §4.3.6's warm start for the LP relaxation: the last LP basis, kept by column and row keys.
+/// Consecutive cycles share most pending jobs and all capacity rows; an option keeps its key
+/// while its job waits (the same partition and step of the window, one cycle later), so most
+/// of the previous basis maps onto the next model.
+#[derive(Debug, Clone, Default)]
+struct PreviousLp {
+    columns: HashMap<ColumnKey, BasisStatus>,
+    rows: HashMap<RowKey, BasisStatus>,
+}
+
+impl PreviousLp {
+    fn of(model: &MilpModel, input: &CycleInput<'_>, basis: &LpBasis) -> Self {
+        let columns = model
+            .columns
+            .iter()
+            .zip(&basis.columns)
+            .filter_map(|(c, status)| Some((column_key(c.kind, input), (*status)?)))
+            .collect();
+        let rows = model
+            .rows
+            .iter()
+            .zip(&basis.rows)
+            .filter_map(|(r, status)| Some((row_key(r.kind, input), (*status)?)))
+            .collect();
+        Self { columns, rows }
+    }
+
+    /// This basis on `model`'s columns and rows (`None` where the previous model had none).
+    fn on(&self, model: &MilpModel, input: &CycleInput<'_>) -> LpBasis {
+        LpBasis {
+            columns: model
+                .columns
+                .iter()
+                .map(|c| self.columns.get(&column_key(c.kind, input)).copied())
+                .collect(),
+            rows: model
+                .rows
+                .iter()
+                .map(|r| self.rows.get(&row_key(r.kind, input)).copied())
+                .collect(),
+        }
+    }
 }
 
 impl<S: MilpSolver> ThreeSigmaScheduler<S> {
@@ -714,6 +811,7 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             config,
             solver,
             previous: HashMap::new(),
+            previous_lp: None,
         })
     }
 
@@ -804,9 +902,11 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             objective: 0.0,
             note: None,
             lp_iterations: None,
+            lp_stopped_early: false,
         };
         if model.columns.is_empty() {
             self.previous.clear();
+            self.previous_lp = None;
             let decision = CycleDecision {
                 start_now: Vec::new(),
                 deferred: Vec::new(),
@@ -816,13 +916,45 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             return (decision, cycle);
         }
         let (lp_limit, mip_limit) = self.solve_limits();
-        let (mut best, mut method) = match self.solver.solve_relaxation(model, lp_limit) {
+        // §4.3.6: under a wall-clock budget the LP starts from the previous cycle's basis.
+        // A work budget (the simulator's) solves every cycle's LP from scratch, as before, so
+        // its decisions do not depend on the cycles before beyond the warm-start decision.
+        let warm_lp = matches!(self.config.solver_budget, SolverBudget::WallClock);
+        let relaxation = match self.previous_lp.as_ref().filter(|_| warm_lp) {
+            Some(previous) => {
+                let start = previous.on(model, input);
+                self.solver.solve_relaxation_from(model, lp_limit, &start)
+            }
+            None => self.solver.solve_relaxation(model, lp_limit),
+        };
+        if warm_lp && let Ok(lp) = &relaxation {
+            // After a failed LP the older basis is kept: it is still the best start known.
+            self.previous_lp = lp.basis.as_ref().map(|b| PreviousLp::of(model, input, b));
+        }
+        let (mut best, mut method) = match relaxation {
             Ok(lp) => {
                 record.lp_bound = Some(lp.bound);
                 record.lp_iterations = Some(lp.iterations);
                 let rounded = round_lp(model, jobs, &lp.values);
                 record.rounded_objective = Some(model.objective(&rounded));
-                (rounded, DecisionMethod::LpRounding)
+                if lp.optimal {
+                    (rounded, DecisionMethod::LpRounding)
+                } else {
+                    // The time limit stopped the LP: its best point is rounded, and the greedy
+                    // (what such a cycle did before) is kept when it is worth more, so
+                    // rounding a point short of the optimum never decides worse than that.
+                    record.lp_stopped_early = true;
+                    record.note = Some(
+                        "LP relaxation stopped at its time limit: its best feasible point rounded"
+                            .into(),
+                    );
+                    let fallback = greedy(model, jobs);
+                    if model.objective(&fallback) > model.objective(&rounded) + 1e-9 {
+                        (fallback, DecisionMethod::GreedyFallback)
+                    } else {
+                        (rounded, DecisionMethod::LpRounding)
+                    }
+                }
             }
             Err(e) => {
                 record.note = Some(e.to_string());
@@ -834,7 +966,14 @@ impl<S: MilpSolver> ThreeSigmaScheduler<S> {
             best = warm;
             method = DecisionMethod::WarmStart;
         }
-        if self.config.mip_improvement && method != DecisionMethod::GreedyFallback {
+        // An LP its limit stopped has used its whole share of the solver time, and the MILP
+        // improvement's own share is small next to what building HiGHS' MILP costs on such
+        // models (1,000+ jobs: more than the 30 ms of the default config; docs/benchmarks.md
+        // §8): such a cycle skips it, as a greedy fallback does.
+        if self.config.mip_improvement
+            && method != DecisionMethod::GreedyFallback
+            && !record.lp_stopped_early
+        {
             match self.solver.improve(model, &best, mip_limit) {
                 Ok(Some(improved))
                     if model.violated_row(&improved.chosen).is_none()

@@ -96,12 +96,38 @@ impl MilpModel {
 /// The LP relaxation's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LpSolution {
-    /// Value of each column in `[0, 1]`.
+    /// Value of each column in `[0, 1]`: a feasible point of the relaxation.
     pub values: Vec<f64>,
-    /// The relaxation's optimum: an upper bound on any integer solution.
+    /// An upper bound on the relaxation, so on any integer solution: its optimum when
+    /// `optimal`, otherwise a Lagrangian bound from the solver's last row prices.
     pub bound: f64,
     /// Simplex iterations the solver used (0 when it does not count them).
     pub iterations: u64,
+    /// The solver proved `values` optimal (`bound` is their objective). `false`: the solver's
+    /// limit ended the solve and `values` is the best feasible point it had.
+    pub optimal: bool,
+    /// The solver's last simplex basis, when it has one (a warm start for the next cycle's
+    /// relaxation, [`MilpSolver::solve_relaxation_from`]).
+    pub basis: Option<LpBasis>,
+}
+
+/// Where a column or row stands in a simplex basis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BasisStatus {
+    Basic,
+    /// Non-basic at its lower bound (a column at 0).
+    AtLower,
+    /// Non-basic at its upper bound (a column at 1, a `≤` row at its bound).
+    AtUpper,
+}
+
+/// A simplex basis over a model's columns and rows. `None`: the solver never worked with that
+/// column (sifting's columns outside the working set, at 0) or, in a warm start, a column or row
+/// the previous cycle did not have.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LpBasis {
+    pub columns: Vec<Option<BasisStatus>>,
+    pub rows: Vec<Option<BasisStatus>>,
 }
 
 /// How much a solver call may spend: wall-clock time, work, or both (the first reached ends
@@ -157,6 +183,19 @@ pub trait MilpSolver {
         model: &MilpModel,
         limit: SolveLimit,
     ) -> Result<LpSolution, SolverError>;
+    /// Solve the LP relaxation starting from `start`, the previous cycle's basis mapped onto
+    /// this model (3Sigma §4.3.6: consecutive cycles share most jobs, so the previous solution
+    /// is a good start). A hint only: the answer is the relaxation's, whatever the start. By
+    /// default the start is ignored.
+    fn solve_relaxation_from(
+        &mut self,
+        model: &MilpModel,
+        limit: SolveLimit,
+        start: &LpBasis,
+    ) -> Result<LpSolution, SolverError> {
+        let _ = start;
+        self.solve_relaxation(model, limit)
+    }
     /// Improve on `start` (a feasible 0/1 selection) as a MILP within the time limit. `None`
     /// when the solver found nothing better or had no time.
     fn improve(

@@ -106,6 +106,7 @@ impl CyclePolicy for PrioScheduler {
                 objective: 0.0,
                 note: None,
                 lp_iterations: None,
+                lp_stopped_early: false,
             },
         }
     }

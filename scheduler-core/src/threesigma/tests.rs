@@ -540,6 +540,8 @@ impl MilpSolver for GivenLp {
             values,
             bound,
             iterations: 0,
+            optimal: true,
+            basis: None,
         })
     }
     fn improve(
@@ -894,4 +896,309 @@ fn sifting_counts_iterations_over_all_rounds() {
             .unwrap(),
         solved
     );
+}
+
+type Instance = (Vec<PartitionState>, Vec<PendingJob>, Vec<RunningJob>);
+
+/// The next cycle of a [`wide_instance`]: `replaced` pending jobs (chosen at random) have left
+/// and as many new ones (ids from `first_id`) have arrived; the running jobs stay.
+fn next_cycle(rng: &mut StdRng, instance: &Instance, replaced: usize, first_id: u64) -> Instance {
+    let (partitions, pending, running) = instance.clone();
+    let mut pending = pending;
+    for _ in 0..replaced.min(pending.len()) {
+        let gone = rng.random_range(0..pending.len());
+        pending.remove(gone);
+    }
+    let (_, arrivals, _) = wide_instance(rng, replaced);
+    pending.extend(arrivals.into_iter().enumerate().map(|(i, mut job)| {
+        job.id = first_id + i as u64;
+        job
+    }));
+    (partitions, pending, running)
+}
+
+fn input_of(instance: &Instance, now: f64) -> CycleInput<'_> {
+    CycleInput {
+        now,
+        partitions: &instance.0,
+        pending: &instance.1,
+        running: &instance.2,
+    }
+}
+
+const UNLIMITED: SolveLimit = SolveLimit {
+    time_s: None,
+    simplex_iterations: None,
+    mip_nodes: None,
+};
+
+fn assert_optimal_point(model: &MilpModel, lp: &LpSolution, optimum: f64) {
+    let scale = optimum.abs().max(1.0);
+    assert!(lp.optimal);
+    assert!(
+        (lp.bound - optimum).abs() <= 1e-6 * scale,
+        "bound {} optimum {optimum}",
+        lp.bound
+    );
+    let objective: f64 = model
+        .columns
+        .iter()
+        .zip(&lp.values)
+        .map(|(c, v)| c.objective * v)
+        .sum();
+    assert!((objective - optimum).abs() <= 1e-6 * scale);
+    let mut activity = vec![0.0; model.rows.len()];
+    for (column, v) in model.columns.iter().zip(&lp.values) {
+        for (row, coef) in &column.entries {
+            activity[*row] += coef * v;
+        }
+    }
+    for (a, row) in activity.iter().zip(&model.rows) {
+        assert!(*a <= row.upper + 1e-6, "{a} > {}", row.upper);
+    }
+}
+
+/// §4.3.6's warm start changes where the LP starts, never where it ends: sifting from the
+/// previous cycle's basis (mapped by job ids), and from arbitrary bases, reaches the optimum of
+/// the LP over all columns with a feasible point at that bound.
+#[test]
+fn a_warm_started_sifting_reaches_the_same_optimum_as_a_cold_one() {
+    let mut rng = StdRng::seed_from_u64(43);
+    let config = ThreeSigmaConfig::default();
+    let mut warm_models = 0;
+    for round in 0..16 {
+        let jobs = 40 + 10 * (round % 5);
+        let first = wide_instance(&mut rng, jobs);
+        let replaced = [0, 1, 4, jobs / 4, jobs][round % 5];
+        let second = next_cycle(&mut rng, &first, replaced, 10_000);
+        let first_input = input_of(&first, 0.0);
+        let second_input = input_of(&second, 1.0);
+        let first_model = build_model(&config, &first_input).model;
+        let second_model = build_model(&config, &second_input).model;
+        let cold_first = HighsSolver
+            .solve_relaxation_sifting(&first_model, UNLIMITED)
+            .unwrap();
+        let basis = cold_first
+            .basis
+            .as_ref()
+            .expect("sifting reports its basis");
+        let start =
+            PreviousLp::of(&first_model, &first_input, basis).on(&second_model, &second_input);
+        let full = HighsSolver
+            .solve_relaxation_full(&second_model, UNLIMITED)
+            .unwrap();
+        let warm = HighsSolver
+            .solve_relaxation_from(&second_model, UNLIMITED, &start)
+            .unwrap();
+        assert_optimal_point(&second_model, &warm, full.bound);
+        // Arbitrary statuses, too many and too few basic ones: still the optimum.
+        let noise = LpBasis {
+            columns: (0..second_model.columns.len())
+                .map(|_| {
+                    [
+                        None,
+                        Some(BasisStatus::Basic),
+                        Some(BasisStatus::AtLower),
+                        Some(BasisStatus::AtUpper),
+                    ][rng.random_range(0..4)]
+                })
+                .collect(),
+            rows: (0..second_model.rows.len())
+                .map(|_| {
+                    [None, Some(BasisStatus::Basic), Some(BasisStatus::AtUpper)]
+                        [rng.random_range(0..3)]
+                })
+                .collect(),
+        };
+        let noisy = HighsSolver
+            .solve_relaxation_from(&second_model, UNLIMITED, &noise)
+            .unwrap();
+        assert_optimal_point(&second_model, &noisy, full.bound);
+        if second_model.columns.len() > 8 * second_model.rows.len() {
+            warm_models += 1;
+        }
+    }
+    assert!(
+        warm_models >= 12,
+        "only {warm_models} models were wide enough to sift"
+    );
+}
+
+/// A cycle after a cycle with mostly the same jobs starts its LP from the previous basis and
+/// needs fewer simplex iterations than the same cycle solved cold (§4.3.6), at the same bound.
+#[test]
+fn a_cycle_after_a_cycle_with_mostly_the_same_jobs_uses_fewer_simplex_iterations() {
+    let mut rng = StdRng::seed_from_u64(44);
+    // Wall-clock budget (the live guarantor's) with room enough never to be reached here.
+    let config = ThreeSigmaConfig {
+        cycle_s: 100.0,
+        mip_improvement: false,
+        ..ThreeSigmaConfig::default()
+    };
+    let (mut warm_total, mut cold_total) = (0, 0);
+    for _ in 0..4 {
+        let first = wide_instance(&mut rng, 120);
+        let second = next_cycle(&mut rng, &first, 3, 10_000);
+        let mut warm = ThreeSigmaScheduler::new("warm", config.clone(), HighsSolver).unwrap();
+        warm.cycle(&input_of(&first, 0.0));
+        let warm_second = warm.cycle(&input_of(&second, 1.0)).record;
+        let mut cold = ThreeSigmaScheduler::new("cold", config.clone(), HighsSolver).unwrap();
+        let cold_second = cold.cycle(&input_of(&second, 1.0)).record;
+        let (warm_bound, cold_bound) =
+            (warm_second.lp_bound.unwrap(), cold_second.lp_bound.unwrap());
+        assert!((warm_bound - cold_bound).abs() <= 1e-6 * cold_bound.abs().max(1.0));
+        assert!(!warm_second.lp_stopped_early && !cold_second.lp_stopped_early);
+        let (w, c) = (
+            warm_second.lp_iterations.unwrap(),
+            cold_second.lp_iterations.unwrap(),
+        );
+        assert!(w < c, "warm {w} iterations, cold {c}");
+        warm_total += w;
+        cold_total += c;
+    }
+    assert!(
+        2 * warm_total < cold_total,
+        "warm {warm_total} iterations in all, cold {cold_total}"
+    );
+}
+
+/// Under a work budget (the simulator's `SolverBudget::Work`) the LP never starts from the
+/// previous cycle: a cycle decides the same after any history.
+#[test]
+fn a_work_budget_ignores_the_previous_cycles_lp() {
+    let mut rng = StdRng::seed_from_u64(45);
+    let config = ThreeSigmaConfig {
+        solver_budget: SolverBudget::Work {
+            lp_simplex_iterations: 1_000_000,
+            mip_nodes: 0,
+        },
+        ..ThreeSigmaConfig::default()
+    };
+    let first = wide_instance(&mut rng, 120);
+    let second = next_cycle(&mut rng, &first, 3, 10_000);
+    let mut after = ThreeSigmaScheduler::new("after", config.clone(), HighsSolver).unwrap();
+    let mut fresh = ThreeSigmaScheduler::new("fresh", config, HighsSolver).unwrap();
+    after.cycle(&input_of(&first, 0.0));
+    assert!(after.previous_lp.is_none());
+    let a = after.cycle(&input_of(&second, 1.0)).record;
+    let b = fresh.cycle(&input_of(&second, 1.0)).record;
+    assert_eq!(a.lp_iterations, b.lp_iterations);
+    assert_eq!(a.lp_bound, b.lp_bound);
+}
+
+/// Any non-negative row prices give an upper bound on the LP (the bound a time-limited sifting
+/// reports when it stops early), and the optimal duals give the optimum itself.
+#[test]
+fn the_lagrangian_bound_is_an_upper_bound_and_tight_at_the_optimal_prices() {
+    let mut rng = StdRng::seed_from_u64(46);
+    for _ in 0..6 {
+        let instance = wide_instance(&mut rng, 60);
+        let model = build_model(&ThreeSigmaConfig::default(), &input_of(&instance, 0.0)).model;
+        let optimum = HighsSolver
+            .solve_relaxation_full(&model, UNLIMITED)
+            .unwrap()
+            .bound;
+        for _ in 0..20 {
+            let prices: Vec<f64> = (0..model.rows.len())
+                .map(|_| rng.random_range(-0.5..2.0))
+                .collect();
+            assert!(highs_solver::lagrangian_bound(&model, &prices) >= optimum - 1e-9);
+        }
+        let duals = highs_solver::optimal_row_duals(&model);
+        let tight = highs_solver::lagrangian_bound(&model, &duals);
+        assert!(
+            (tight - optimum).abs() <= 1e-6 * optimum.abs().max(1.0),
+            "{tight} vs {optimum}"
+        );
+    }
+}
+
+/// A time limit too short for the LP gives either no answer (the greedy decides) or a feasible
+/// point with an upper bound on the LP, never an infeasible point or a bound below the optimum.
+#[test]
+fn a_sifting_stopped_by_its_time_limit_answers_a_feasible_point_and_a_valid_bound() {
+    let mut rng = StdRng::seed_from_u64(47);
+    let instance = wide_instance(&mut rng, 150);
+    let model = build_model(&ThreeSigmaConfig::default(), &input_of(&instance, 0.0)).model;
+    let optimum = HighsSolver
+        .solve_relaxation_full(&model, UNLIMITED)
+        .unwrap()
+        .bound;
+    for time_s in [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 10.0] {
+        let Ok(lp) = HighsSolver.solve_relaxation_sifting(&model, SolveLimit::time(time_s)) else {
+            continue;
+        };
+        assert!(lp.bound >= optimum - 1e-6 * optimum.abs().max(1.0));
+        assert!(fractional_fits(&model, &lp.values));
+        if lp.optimal {
+            assert_optimal_point(&model, &lp, optimum);
+        }
+    }
+}
+
+fn fractional_fits(model: &MilpModel, values: &[f64]) -> bool {
+    let mut activity = vec![0.0; model.rows.len()];
+    for (column, v) in model.columns.iter().zip(values) {
+        assert!((0.0..=1.0).contains(v));
+        for (row, coef) in &column.entries {
+            activity[*row] += coef * v;
+        }
+    }
+    activity
+        .iter()
+        .zip(&model.rows)
+        .all(|(a, row)| *a <= row.upper + 1e-6)
+}
+
+/// An LP "stopped by its time limit" at a poor point (nothing chosen).
+struct StoppedLp;
+
+impl MilpSolver for StoppedLp {
+    fn name(&self) -> &'static str {
+        "stopped"
+    }
+    fn solve_relaxation(
+        &mut self,
+        model: &MilpModel,
+        _: SolveLimit,
+    ) -> Result<LpSolution, SolverError> {
+        Ok(LpSolution {
+            values: vec![0.0; model.columns.len()],
+            bound: f64::MAX,
+            iterations: 7,
+            optimal: false,
+            basis: None,
+        })
+    }
+    fn improve(
+        &mut self,
+        _: &MilpModel,
+        _: &[bool],
+        _: SolveLimit,
+    ) -> Result<Option<MipSolution>, SolverError> {
+        panic!("no MILP improvement after an LP its limit stopped");
+    }
+}
+
+/// A cycle whose LP its time limit stopped rounds the point it got, keeps the greedy when that
+/// is worth more (never worse than the fallback it replaces), says so in its record, and skips
+/// the MILP improvement.
+#[test]
+fn a_cycle_whose_lp_stopped_early_decides_no_worse_than_the_greedy() {
+    let mut rng = StdRng::seed_from_u64(48);
+    for _ in 0..10 {
+        let instance = wide_instance(&mut rng, 50);
+        let input = input_of(&instance, 0.0);
+        let mut scheduler =
+            ThreeSigmaScheduler::new("3Sigma", ThreeSigmaConfig::default(), StoppedLp).unwrap();
+        let (decision, cycle) = scheduler.cycle_with_model(&input);
+        let record = &decision.record;
+        assert!(record.lp_stopped_early);
+        assert_eq!(record.lp_iterations, Some(7));
+        let greedy_objective = cycle
+            .model
+            .objective(&greedy(&cycle.model, instance.1.len()));
+        assert!(record.objective >= greedy_objective - 1e-9);
+        check_enactable(&instance.0, &instance.1, &instance.2, &decision);
+    }
 }
