@@ -255,7 +255,7 @@ fn timed_cycles(pending: usize, cycles: u64) {
     let mut before =
         ThreeSigmaScheduler::new("3Sigma", config.clone(), NO_EARLY_ANSWER).expect("valid");
     let mut now = ThreeSigmaScheduler::new("3Sigma", config, COLD_SIFTING).expect("valid");
-    let mut stats: [TimedStats; 3] = Default::default();
+    let mut stats: [CycleStats; 3] = Default::default();
     for seed in 0..cycles {
         let (partitions, jobs, running) = instance(seed, pending);
         let input = CycleInput {
@@ -279,59 +279,7 @@ fn timed_cycles(pending: usize, cycles: u64) {
     .iter()
     .zip(&mut stats)
     {
-        s.print(label, pending);
-    }
-}
-
-#[derive(Default)]
-struct TimedStats {
-    times: Vec<f64>,
-    cpu_times: Vec<f64>,
-    ratios: Vec<f64>,
-    methods: BTreeMap<String, usize>,
-    size: (usize, usize, usize),
-}
-
-impl TimedStats {
-    fn cycle<S: MilpSolver>(
-        &mut self,
-        scheduler: &mut ThreeSigmaScheduler<S>,
-        input: &CycleInput<'_>,
-        optimum: f64,
-    ) {
-        let began = Instant::now();
-        let cpu_began = thread_cpu_ms();
-        let (decision, _) = scheduler.cycle_with_model(input);
-        self.times.push(ms_since(began));
-        self.cpu_times.push(thread_cpu_ms() - cpu_began);
-        let r = &decision.record;
-        self.size = (r.columns, r.rows, r.nonzeros);
-        self.ratios.push(r.objective / optimum);
-        *self.methods.entry(format!("{:?}", r.method)).or_default() += 1;
-        if r.lp_stopped_early {
-            *self.methods.entry("(LP stopped early)".into()).or_default() += 1;
-        }
-    }
-
-    fn print(&mut self, label: &str, pending: usize) {
-        self.times.sort_by(f64::total_cmp);
-        self.cpu_times.sort_by(f64::total_cmp);
-        let mean = self.ratios.iter().sum::<f64>() / self.ratios.len() as f64;
-        let min = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let quality = format!("{mean:.3} ({min:.3})");
-        println!(
-            "| {label} | {pending} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {:?} |",
-            self.times.len(),
-            quantile(&self.times, 0.5),
-            quantile(&self.times, 0.99),
-            self.times[self.times.len() - 1],
-            quantile(&self.cpu_times, 0.5),
-            quantile(&self.cpu_times, 0.99),
-            self.size.0,
-            self.size.1,
-            self.size.2,
-            self.methods
-        );
+        s.print_by_pending(label, pending);
     }
 }
 
@@ -498,8 +446,8 @@ fn consecutive_cycles() {
                 lp_optimum(&input)
             })
             .collect();
-        let mut cold = Stats::default();
-        let mut warm = Stats::default();
+        let mut cold = CycleStats::default();
+        let mut warm = CycleStats::default();
         let mut cold_scheduler =
             ThreeSigmaScheduler::new("3Sigma", config.clone(), COLD_SIFTING).expect("valid");
         let mut warm_scheduler =
@@ -514,22 +462,26 @@ fn consecutive_cycles() {
             cold.cycle(&mut cold_scheduler, &input, *optimum);
             warm.cycle(&mut warm_scheduler, &input, *optimum);
         }
-        cold.print("cold sifting", churn);
-        warm.print("warm-started sifting", churn);
+        cold.print_by_churn("cold sifting", churn);
+        warm.print_by_churn("warm-started sifting", churn);
     }
 }
 
+/// One configuration's cycles: wall and CPU times, LP iterations, decisions against the LP
+/// optimum, methods (both tables of this bench print from it).
 #[derive(Default)]
-struct Stats {
+struct CycleStats {
     times: Vec<f64>,
     cpu: Vec<f64>,
     iterations: Vec<f64>,
     ratios: Vec<f64>,
     stopped_early: usize,
     methods: BTreeMap<String, usize>,
+    /// Columns, rows and nonzeros of the last cycle's model.
+    size: (usize, usize, usize),
 }
 
-impl Stats {
+impl CycleStats {
     fn cycle<S: MilpSolver>(
         &mut self,
         scheduler: &mut ThreeSigmaScheduler<S>,
@@ -545,15 +497,46 @@ impl Stats {
         if let Some(iterations) = r.lp_iterations {
             self.iterations.push(iterations as f64);
         }
+        self.size = (r.columns, r.rows, r.nonzeros);
         self.ratios.push(r.objective / optimum);
         self.stopped_early += usize::from(r.lp_stopped_early);
         *self.methods.entry(format!("{:?}", r.method)).or_default() += 1;
     }
 
-    fn print(&mut self, label: &str, churn: usize) {
+    /// Sorts the samples; the decision quality as "mean (min)".
+    fn sorted_quality(&mut self) -> String {
         for v in [&mut self.times, &mut self.cpu, &mut self.iterations] {
             v.sort_by(f64::total_cmp);
         }
+        let mean = self.ratios.iter().sum::<f64>() / self.ratios.len() as f64;
+        let min = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        format!("{mean:.3} ({min:.3})")
+    }
+
+    /// A row of the independent-instances table (stopped-early LPs among the methods).
+    fn print_by_pending(&mut self, label: &str, pending: usize) {
+        let quality = self.sorted_quality();
+        let mut methods = self.methods.clone();
+        if self.stopped_early > 0 {
+            methods.insert("(LP stopped early)".into(), self.stopped_early);
+        }
+        println!(
+            "| {label} | {pending} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {methods:?} |",
+            self.times.len(),
+            quantile(&self.times, 0.5),
+            quantile(&self.times, 0.99),
+            self.times[self.times.len() - 1],
+            quantile(&self.cpu, 0.5),
+            quantile(&self.cpu, 0.99),
+            self.size.0,
+            self.size.1,
+            self.size.2,
+        );
+    }
+
+    /// A row of the consecutive-cycles table.
+    fn print_by_churn(&mut self, label: &str, churn: usize) {
+        let quality = self.sorted_quality();
         let iterations = if self.iterations.is_empty() {
             "-".to_string()
         } else {
@@ -563,10 +546,8 @@ impl Stats {
                 quantile(&self.iterations, 0.99)
             )
         };
-        let mean = self.ratios.iter().sum::<f64>() / self.ratios.len() as f64;
-        let min = self.ratios.iter().copied().fold(f64::INFINITY, f64::min);
         println!(
-            "| {label} | {churn} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {iterations} | {mean:.3} ({min:.3}) | {} | {:?} |",
+            "| {label} | {churn} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {iterations} | {quality} | {} | {:?} |",
             self.times.len(),
             quantile(&self.times, 0.5),
             quantile(&self.times, 0.99),
