@@ -184,12 +184,26 @@ async fn check(args: &PartitionArgs) -> anyhow::Result<serde_json::Value> {
                 Ok(a) => format!("{:?}", a.state),
                 Err(e) => format!("refused: {e:?}"),
             };
-            let q = tokio::time::timeout(
-                guard,
-                client.allocate(on_victim(ContainerType::Queueable, 100, &args.victim)),
-            )
-            .await
-            .context("QUEUEABLE ask not answered")??;
+            // The asking worker's distributed scheduler learns of the re-joined node with the
+            // next view it gets (one round later); until then a strict node-local QUEUEABLE ask
+            // comes back unplaced, which is an answer to ask again, not a failure.
+            let mut last_unplaced_reason = None;
+            let q = loop {
+                let q = tokio::time::timeout_at(
+                    deadline,
+                    client.allocate(on_victim(ContainerType::Queueable, 100, &args.victim)),
+                )
+                .await
+                .context("QUEUEABLE ask not answered")??;
+                if !q.containers.is_empty() || q.unplaced == 0 {
+                    break q;
+                }
+                last_unplaced_reason = q.unplaced_reason.clone();
+                if tokio::time::Instant::now() + Duration::from_millis(100) >= deadline {
+                    break q;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
             let queueable_on_victim = q
                 .containers
                 .iter()
@@ -207,6 +221,7 @@ async fn check(args: &PartitionArgs) -> anyhow::Result<serde_json::Value> {
                 "guaranteed_cpu_millis": g.resources.cpu_millis,
                 "started": started,
                 "queueable_grants_on_victim": queueable_on_victim,
+                "queueable_last_unplaced_reason": last_unplaced_reason,
             }))
         }
     }
