@@ -853,6 +853,10 @@ impl Handler<WorkerJoined> for CoordinatorActor {
 pub struct FromWorker {
     pub session_id: SessionId,
     pub msg: WorkerToCoordinator,
+    /// The session's place in the actor's mailbox, given back when the frame is handled
+    /// (dropped with the message): a worker cannot queue more than
+    /// [`crate::session::WORKER_FRAMES_IN_FLIGHT`] frames ahead of the actor.
+    pub in_flight: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Handler<FromWorker> for CoordinatorActor {

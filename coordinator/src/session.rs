@@ -9,7 +9,7 @@ use crate::coordinator_actor::{
 };
 use actix::Addr;
 use scheduler_core::codec::{
-    CLUSTER_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame, from_payload,
+    CLUSTER_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame_into, from_payload,
 };
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::cluster::{CoordinatorToWorker, JoinRejected, WorkerToCoordinator};
@@ -24,8 +24,59 @@ use tracing::{debug, info, warn};
 
 pub type SessionId = u64;
 
-/// Frames to one worker, in order.
-pub type WorkerTx = mpsc::UnboundedSender<CoordinatorToWorker>;
+/// Frames queued to one worker at most. A worker sends one heartbeat per interval and gets one
+/// answer; grants and notices add a few frames each. A worker that stops reading (paused, or
+/// hostile) while its requests keep coming would otherwise grow this queue without bound.
+pub const WORKER_QUEUE_FRAMES: usize = 4096;
+
+/// Frames of one worker handed to the coordinator actor and not yet handled, at most. Its
+/// heartbeats come one per interval; a worker forwarding many apps' asks pipelines more, and a
+/// worker flooding frames waits here (then on QUIC flow control) instead of filling the actor's
+/// mailbox, which has no bound of its own for `do_send`.
+pub const WORKER_FRAMES_IN_FLIGHT: usize = 256;
+
+/// Frames to one worker, in order, through a bounded queue. When the queue is full the worker
+/// is not reading: its connection is closed (close code 2, the reason says so) and the frame
+/// is dropped; the session then ends as any lost connection does.
+#[derive(Clone, Debug)]
+pub struct WorkerTx {
+    tx: mpsc::Sender<CoordinatorToWorker>,
+    connection: Option<quinn::Connection>,
+}
+
+/// The worker's session has ended (or was closed for not reading): the frame was not queued.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WorkerGone;
+
+impl WorkerTx {
+    /// A queue of `capacity` frames; `connection` is closed when it overflows.
+    pub fn bounded(
+        capacity: usize,
+        connection: Option<quinn::Connection>,
+    ) -> (WorkerTx, mpsc::Receiver<CoordinatorToWorker>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (WorkerTx { tx, connection }, rx)
+    }
+
+    /// Queue a frame for the worker without waiting.
+    pub fn send(&self, msg: CoordinatorToWorker) -> Result<(), WorkerGone> {
+        match self.tx.try_send(msg) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let reason = format!(
+                    "the worker does not read its answers: {} frames queued",
+                    self.tx.max_capacity()
+                );
+                warn!("closing worker connection: {reason}");
+                if let Some(connection) = &self.connection {
+                    CloseCode::ProtocolError.close(connection, &reason);
+                }
+                Err(WorkerGone)
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(WorkerGone),
+        }
+    }
+}
 
 /// QUIC application close codes the coordinator uses (documented in docs/design.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,10 +285,10 @@ pub async fn serve_connection(
             return;
         }
     };
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = WorkerTx::bounded(WORKER_QUEUE_FRAMES, Some(connection.clone()));
     let writer = actix_rt::spawn(write_frames(send, rx, peer));
     let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
-    let mut buf = vec![0u8; 64 * 1024];
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(WORKER_FRAMES_IN_FLIGHT));
     let mut joined: Option<String> = None;
     // Before the join, a frame over JOIN_PREFIX_BYTES is read on only once its first bytes
     // carried the join token.
@@ -248,13 +299,15 @@ pub async fn serve_connection(
         let room = if joined.is_none() && !token_seen {
             (LENGTH_PREFIX + JOIN_PREFIX_BYTES)
                 .saturating_sub(decoder.buffered().len())
-                .clamp(1, buf.len())
+                .clamp(1, READ_CHUNK_BYTES)
         } else {
-            buf.len()
+            READ_CHUNK_BYTES
         };
+        // Chunks are taken from QUIC's own buffers (no per-session read buffer: a coordinator
+        // holds one session per node).
         let read = if joined.is_none() {
             tokio::select! {
-                r = recv.read(&mut buf[..room]) => r,
+                r = recv.read_chunk(room, true) => r,
                 _ = tokio::time::sleep_until(deadline) => {
                     close = Some((
                         CloseCode::ProtocolError,
@@ -264,11 +317,11 @@ pub async fn serve_connection(
                 }
             }
         } else {
-            recv.read(&mut buf).await
+            recv.read_chunk(READ_CHUNK_BYTES, true).await
         };
         match read {
-            Ok(Some(n)) => {
-                decoder.push(&buf[..n]);
+            Ok(Some(chunk)) => {
+                decoder.push(&chunk.bytes);
                 if joined.is_none() && !token_seen {
                     match check_join_prefix(&gate, decoder.buffered()) {
                         Ok(seen) => token_seen = seen,
@@ -338,7 +391,17 @@ pub async fn serve_connection(
                     }
                 }
             } else {
-                coordinator.do_send(FromWorker { session_id, msg });
+                // Wait for a place before handing the frame on: the actor's mailbox does not
+                // bound what one session queues, this does (and QUIC flow control then slows
+                // the worker down).
+                let Ok(in_flight) = in_flight.clone().acquire_owned().await else {
+                    break 'read;
+                };
+                coordinator.do_send(FromWorker {
+                    session_id,
+                    msg,
+                    in_flight,
+                });
             }
         }
     }
@@ -385,9 +448,16 @@ const KNOWN_TYPES: [&str; 7] = [
     "cancel_allocate",
 ];
 
+/// Most bytes taken from the stream per read.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Capacity the writer keeps between batches: one whole-directory answer must not stay
+/// allocated for the session's life (one writer per node).
+const WRITER_RETAINED_CAPACITY: usize = 16 * 1024;
+
 async fn write_frames(
     mut send: quinn::SendStream,
-    mut rx: mpsc::UnboundedReceiver<CoordinatorToWorker>,
+    mut rx: mpsc::Receiver<CoordinatorToWorker>,
     peer: SocketAddr,
 ) {
     let mut out = Vec::new();
@@ -396,15 +466,17 @@ async fn write_frames(
         let mut next = Some(first);
         // Batch what is queued into one write.
         while let Some(msg) = next {
-            match encode_frame(&msg, CLUSTER_MAX_FRAME) {
-                Ok(bytes) => out.extend_from_slice(&bytes),
-                Err(e) => warn!(%peer, "frame to worker dropped: {e}"),
+            if let Err(e) = encode_frame_into(&msg, CLUSTER_MAX_FRAME, &mut out) {
+                warn!(%peer, "frame to worker dropped: {e}");
             }
             next = rx.try_recv().ok();
         }
         if let Err(e) = send.write_all(&out).await {
             debug!(%peer, "cannot write to worker: {e}");
             return;
+        }
+        if out.capacity() > WRITER_RETAINED_CAPACITY {
+            out = Vec::new();
         }
     }
     let _ = send.finish();

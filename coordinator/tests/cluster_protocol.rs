@@ -393,6 +393,46 @@ async fn malformed_oversized_and_unknown_frames_close_only_that_worker() {
     );
 }
 
+/// A worker that keeps sending but stops reading must not grow the coordinator's queue of
+/// frames to it without bound: once the stream's credit and the bounded queue are full, the
+/// coordinator closes that connection and says why.
+#[actix_rt::test]
+async fn a_worker_that_stops_reading_its_answers_is_closed_not_buffered() {
+    let h = Harness::start().await;
+    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+    let mut w = h.connect_with_receive_window(4096).await;
+    w.send(&join_msg(&h.join_token(), "node-b", 2000, 2048))
+        .await;
+    let frame = scheduler_core::codec::encode_frame(
+        &heartbeat("node-b", 0, 5.0, vec![], vec![], vec![]),
+        scheduler_core::codec::CLUSTER_MAX_FRAME,
+    )
+    .unwrap();
+    let batch: Vec<u8> = frame.repeat(64);
+    // The queue holds WORKER_QUEUE_FRAMES answers; the cap only guards against a coordinator
+    // that never closes (a failure of this test, not a wait).
+    let mut sent = 0usize;
+    while w.connection.close_reason().is_none() {
+        if w.send_raw_checked(&batch).await.is_err() {
+            break;
+        }
+        sent += 64;
+        assert!(
+            sent < 50 * coordinator::session::WORKER_QUEUE_FRAMES,
+            "still open after {sent} heartbeats that were never read"
+        );
+    }
+    let closed = w.expect_closed().await;
+    assert!(
+        closed.contains("code 2: the worker does not read its answers"),
+        "{closed}"
+    );
+    // node-a is still served.
+    a.send(&heartbeat("node-a", 0, 5.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+}
+
 #[actix_rt::test]
 async fn promotion_is_booked_applied_by_the_host_and_answered_to_the_requester() {
     let h = Harness::start().await;

@@ -175,10 +175,42 @@ pub fn encode_frame<T: Serialize>(msg: &T, limit: usize) -> Result<Vec<u8>, Code
     Ok(out)
 }
 
-/// Incremental frame splitter.
+/// Capacity a [`FrameDecoder`] keeps once it holds nothing: one large frame (a whole directory
+/// answer at a join) must not stay allocated for the life of a connection, since a coordinator
+/// holds one decoder per node.
+pub const DECODER_RETAINED_CAPACITY: usize = 16 * 1024;
+
+/// Append a message as one length-prefixed frame to `out` (no intermediate buffer), refusing to
+/// produce one over `limit`; on an error `out` is left as it was.
+pub fn encode_frame_into<T: Serialize>(
+    msg: &T,
+    limit: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    let at = out.len();
+    out.extend_from_slice(&[0; LENGTH_PREFIX]);
+    let encoded = msg.serialize(&mut rmp_serde::Serializer::new(&mut *out).with_struct_map());
+    if let Err(e) = encoded {
+        out.truncate(at);
+        return Err(CodecError::Encode(e.to_string()));
+    }
+    let size = out.len() - at - LENGTH_PREFIX;
+    if size > limit {
+        out.truncate(at);
+        return Err(CodecError::Oversized { size, limit });
+    }
+    out[at..at + LENGTH_PREFIX].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(())
+}
+
+/// Incremental frame splitter. Consumed frames advance a read offset (no copy of what follows
+/// per frame); the bytes are compacted when new ones arrive, and an empty decoder gives back
+/// capacity over [`DECODER_RETAINED_CAPACITY`].
 #[derive(Debug)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
+    /// Start of the bytes not yet returned in `buf`.
+    start: usize,
     limit: usize,
 }
 
@@ -186,6 +218,7 @@ impl FrameDecoder {
     pub fn new(limit: usize) -> FrameDecoder {
         FrameDecoder {
             buf: Vec::new(),
+            start: 0,
             limit,
         }
     }
@@ -202,32 +235,49 @@ impl FrameDecoder {
 
     /// The bytes received and not yet returned as payloads (a partial frame, its prefix first).
     pub fn buffered(&self) -> &[u8] {
-        &self.buf
+        &self.buf[self.start..]
+    }
+
+    /// Bytes allocated for buffering (what this decoder costs in memory).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Append received bytes.
     pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         self.buf.extend_from_slice(bytes);
     }
 
     /// The next complete payload, `Ok(None)` if more bytes are needed, or an error if the
     /// announced length is over the cap (checked before the body arrives).
     pub fn next_payload(&mut self) -> Result<Option<Vec<u8>>, CodecError> {
-        if self.buf.len() < LENGTH_PREFIX {
+        let pending = &self.buf[self.start..];
+        if pending.len() < LENGTH_PREFIX {
             return Ok(None);
         }
-        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        let len = u32::from_be_bytes([pending[0], pending[1], pending[2], pending[3]]) as usize;
         if len > self.limit {
             return Err(CodecError::Oversized {
                 size: len,
                 limit: self.limit,
             });
         }
-        if self.buf.len() < LENGTH_PREFIX + len {
+        if pending.len() < LENGTH_PREFIX + len {
             return Ok(None);
         }
-        let payload = self.buf[LENGTH_PREFIX..LENGTH_PREFIX + len].to_vec();
-        self.buf.drain(..LENGTH_PREFIX + len);
+        let payload = pending[LENGTH_PREFIX..LENGTH_PREFIX + len].to_vec();
+        self.start += LENGTH_PREFIX + len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+            if self.buf.capacity() > DECODER_RETAINED_CAPACITY {
+                self.buf.shrink_to(DECODER_RETAINED_CAPACITY);
+            }
+        }
         Ok(Some(payload))
     }
 
@@ -241,17 +291,18 @@ impl FrameDecoder {
 
     /// Call at end of stream: an error if a partial frame is buffered.
     pub fn finish(&self) -> Result<(), CodecError> {
-        if self.buf.is_empty() {
+        let pending = self.buffered();
+        if pending.is_empty() {
             return Ok(());
         }
-        let expected = if self.buf.len() >= LENGTH_PREFIX {
+        let expected = if pending.len() >= LENGTH_PREFIX {
             LENGTH_PREFIX
-                + u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize
+                + u32::from_be_bytes([pending[0], pending[1], pending[2], pending[3]]) as usize
         } else {
             LENGTH_PREFIX
         };
         Err(CodecError::Truncated {
-            buffered: self.buf.len(),
+            buffered: pending.len(),
             expected,
         })
     }
@@ -351,6 +402,56 @@ mod tests {
             ]
         );
         d.finish().unwrap();
+    }
+
+    /// A coordinator keeps one decoder per node: a whole-directory frame at the join must not
+    /// stay allocated once it has been decoded.
+    #[test]
+    fn a_large_frame_does_not_stay_allocated_once_decoded() {
+        let big = Msg {
+            a: 1,
+            b: "d".repeat(400 * 1024),
+        };
+        let small = Msg {
+            a: 2,
+            b: "s".into(),
+        };
+        let mut bytes = encode_frame(&big, 1 << 20).unwrap();
+        let big_len = bytes.len();
+        bytes.extend(encode_frame(&small, 1 << 20).unwrap());
+        let mut d = FrameDecoder::new(1 << 20);
+        // The large frame and the start of the next arrive in one read.
+        let split = bytes.len() - 3;
+        d.push(&bytes[..split]);
+        assert_eq!(d.next_message::<Msg>().unwrap(), Some(big));
+        assert_eq!(d.next_message::<Msg>().unwrap(), None);
+        assert_eq!(d.buffered(), &bytes[big_len..split]);
+        d.push(&bytes[split..]);
+        assert_eq!(d.next_message::<Msg>().unwrap(), Some(small));
+        d.finish().unwrap();
+        assert!(
+            d.capacity() <= DECODER_RETAINED_CAPACITY,
+            "{} bytes kept after the frames were decoded",
+            d.capacity()
+        );
+    }
+
+    #[test]
+    fn frames_encoded_in_place_equal_encoded_frames_and_errors_leave_the_buffer() {
+        let msg = Msg {
+            a: 3,
+            b: "z".repeat(40),
+        };
+        let mut out = b"kept".to_vec();
+        encode_frame_into(&msg, 1024, &mut out).unwrap();
+        let mut expected = b"kept".to_vec();
+        expected.extend(encode_frame(&msg, 1024).unwrap());
+        assert_eq!(out, expected);
+        assert!(matches!(
+            encode_frame_into(&msg, 16, &mut out),
+            Err(CodecError::Oversized { limit: 16, .. })
+        ));
+        assert_eq!(out, expected);
     }
 
     #[test]

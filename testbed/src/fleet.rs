@@ -566,7 +566,6 @@ async fn session(
         .collect();
     let mut pending: HashMap<u64, Instant> = HashMap::new();
     let mut release_seq = 1u64 << 40;
-    let mut buf = vec![0u8; 64 * 1024];
     // A random phase, so heartbeats spread over the period as real nodes' do.
     let phase = Duration::from_micros(rng.random_range(0..period.as_micros() as u64));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
@@ -605,7 +604,7 @@ async fn session(
                     return;
                 }
             }
-            frame = read_frame(&mut recv, &mut decoder, &mut buf) => {
+            frame = read_frame(&mut recv, &mut decoder) => {
                 let Ok(frame) = frame else { return };
                 match frame {
                     CoordinatorToWorker::HeartbeatAck(ack) => {

@@ -179,7 +179,6 @@ impl Link {
             mut decoder,
             accepted,
         } = joined_session;
-        let mut buf = vec![0u8; 64 * 1024];
         // A monotonic clock for the liveness rule (never the wall clock: it can jump).
         let epoch = tokio::time::Instant::now();
         let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
@@ -209,8 +208,8 @@ impl Link {
                 self.dispatch(frame);
             }
             tokio::select! {
-                read = recv.read(&mut buf) => match read {
-                    Ok(Some(n)) => decoder.push(&buf[..n]),
+                read = recv.read_chunk(READ_CHUNK_BYTES, true) => match read {
+                    Ok(Some(chunk)) => decoder.push(&chunk.bytes),
                     Ok(None) => return SessionEnd::Lost("the coordinator closed the stream".into()),
                     Err(e) => return SessionEnd::Lost(format!("reading from the coordinator: {e}")),
                 },
@@ -398,13 +397,10 @@ pub async fn join_cluster(
         .await
         .map_err(JoinError::Lost)?;
     let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
-    let answer = tokio::time::timeout(
-        JOIN_TIMEOUT,
-        read_frame(&mut recv, &mut decoder, &mut vec![0u8; 16 * 1024]),
-    )
-    .await
-    .map_err(|_| JoinError::Lost(format!("no join answer within {JOIN_TIMEOUT:?}")))?
-    .map_err(JoinError::Lost)?;
+    let answer = tokio::time::timeout(JOIN_TIMEOUT, read_frame(&mut recv, &mut decoder))
+        .await
+        .map_err(|_| JoinError::Lost(format!("no join answer within {JOIN_TIMEOUT:?}")))?
+        .map_err(JoinError::Lost)?;
     match answer {
         CoordinatorToWorker::JoinAccepted(accepted) => Ok(JoinedSession {
             connection,
@@ -420,12 +416,15 @@ pub async fn join_cluster(
     }
 }
 
-/// The next frame from the coordinator: one already buffered in `decoder`, else read into `buf`
-/// until one is complete.
+/// Most bytes taken from the stream per read (QUIC's own buffers are read in place, so a
+/// session holds no read buffer of its own).
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// The next frame from the coordinator: one already buffered in `decoder`, else read chunks
+/// until one is complete. Cancel-safe (a chunk read is taken whole or not at all).
 pub async fn read_frame(
     recv: &mut quinn::RecvStream,
     decoder: &mut FrameDecoder,
-    buf: &mut [u8],
 ) -> Result<CoordinatorToWorker, String> {
     loop {
         match decoder.next_message::<CoordinatorToWorker>() {
@@ -433,8 +432,8 @@ pub async fn read_frame(
             Ok(None) => {}
             Err(e) => return Err(format!("bad frame from the coordinator: {e}")),
         }
-        match recv.read(buf).await {
-            Ok(Some(n)) => decoder.push(&buf[..n]),
+        match recv.read_chunk(READ_CHUNK_BYTES, true).await {
+            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
             Ok(None) => return Err("the coordinator closed the stream".into()),
             Err(e) => return Err(format!("reading from the coordinator: {e}")),
         }

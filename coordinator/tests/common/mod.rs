@@ -108,6 +108,22 @@ impl Harness {
         TestWorker::connect(self.server.quic_addr, &self.ca()).await
     }
 
+    /// Connect granting the coordinator only `bytes` of stream credit (a worker that reads
+    /// nothing then blocks the coordinator's writes after that much).
+    #[allow(dead_code)]
+    pub async fn connect_with_receive_window(&self, bytes: u32) -> TestWorker {
+        let mut transport = quinn::TransportConfig::default();
+        transport.stream_receive_window(quinn::VarInt::from_u32(bytes));
+        TestWorker::try_connect_with(
+            self.server.quic_addr,
+            &self.ca(),
+            "127.0.0.1".parse().unwrap(),
+            Some(transport),
+        )
+        .await
+        .expect("TLS handshake with the pinned CA")
+    }
+
     /// Connect and join as `node` with the given capacity; panics unless accepted.
     pub async fn join(&self, node: &str, cpu: u64, mem: u64) -> (TestWorker, JoinAccepted) {
         let mut w = self.connect().await;
@@ -235,6 +251,16 @@ impl TestWorker {
         ca_pem: &Path,
         local: std::net::IpAddr,
     ) -> Result<TestWorker, quinn::ConnectionError> {
+        TestWorker::try_connect_with(addr, ca_pem, local, None).await
+    }
+
+    /// [`TestWorker::try_connect_from`] with a transport configuration of the test's own.
+    pub async fn try_connect_with(
+        addr: SocketAddr,
+        ca_pem: &Path,
+        local: std::net::IpAddr,
+        transport: Option<quinn::TransportConfig>,
+    ) -> Result<TestWorker, quinn::ConnectionError> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(ca_pem).unwrap() {
             roots.add(cert.unwrap()).unwrap();
@@ -247,7 +273,11 @@ impl TestWorker {
             .with_no_client_auth();
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
         let mut endpoint = quinn::Endpoint::client(SocketAddr::new(local, 0)).unwrap();
-        endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+        let mut client = quinn::ClientConfig::new(Arc::new(quic));
+        if let Some(transport) = transport {
+            client.transport_config(Arc::new(transport));
+        }
+        endpoint.set_default_client_config(client);
         let connection = tokio::time::timeout(
             FAILURE_TIMEOUT,
             endpoint.connect(addr, SERVER_NAME).unwrap(),
