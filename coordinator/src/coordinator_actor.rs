@@ -408,10 +408,9 @@ impl CoordinatorActor {
         self.state.report_issued(node_id, issued);
         // Top-k, the threshold and the per-app totals are aggregated once per round (O(nodes)),
         // not per heartbeat.
-        let mut round = self
-            .state
-            .round(now, self.settings.heartbeat_interval, &mut self.rng)
-            .clone();
+        self.state
+            .round(now, self.settings.heartbeat_interval, &mut self.rng);
+        let round = self.state.aggregate_round();
         let threshold = round.shedding_threshold_ms;
         // Off (no threshold) reads as 0 ms.
         self.metrics
@@ -419,12 +418,10 @@ impl CoordinatorActor {
             .set(threshold.unwrap_or(0.0));
         // Only an outlier of the round is asked to shed (Mercury §6.3).
         let shedding_target = round.shedding_target_for(node_id);
-        let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, &round);
-        let NodeView { view, issuer_keys } = self.state.node_view(
-            node_id,
-            hb.directory_version,
-            std::mem::take(&mut round.top_k),
-        );
+        let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, round);
+        let top_k = round.top_k.clone();
+        let NodeView { view, issuer_keys } =
+            self.state.node_view(node_id, hb.directory_version, top_k);
         let notices = self.state.take_notices_for(node_id);
         let limit = self
             .queueable_limits

@@ -77,9 +77,12 @@ fn main() {
                     };
                     c.heartbeat(now, id, load, containers);
                     c.report_issued(id, Vec::new());
-                    let mut round = c.round(now, interval, &mut rng).clone();
-                    let elsewhere = c.outstanding_elsewhere(id, &round);
-                    let view = c.node_view(id, version, std::mem::take(&mut round.top_k));
+                    c.round(now, interval, &mut rng);
+                    let round = c.aggregate_round();
+                    black_box(round.shedding_target_for(id));
+                    let elsewhere = c.outstanding_elsewhere(id, round);
+                    let top_k = round.top_k.clone();
+                    let view = c.node_view(id, version, top_k);
                     let notices = c.take_notices_for(id);
                     black_box((elsewhere, view, notices));
                 }

@@ -356,6 +356,13 @@ impl CoordinatorState {
         &self.round
     }
 
+    /// The aggregate last computed by [`CoordinatorState::round`] (call that first in each
+    /// heartbeat). Borrow it rather than clone it per heartbeat: its shedding targets hold one
+    /// entry per outlier node, so a clone per heartbeat is O(nodes) work per node per round.
+    pub fn aggregate_round(&self) -> &AggregateRound {
+        &self.round
+    }
+
     /// Publish the membership changes since the last version as one new version (at most once
     /// per round: a join storm of N nodes in a round is one version, not N; Mercury §4.2 bounds
     /// the staleness of the cluster view by one round). Keeps the last
