@@ -626,7 +626,11 @@ fn simulate(
                 trace[j].started = Some((now, placement.partition));
             }
             for (&j, &t) in &traced_index {
-                if !pending.contains(&j) && !decision.start_now.iter().any(|p| p.job as usize == j)
+                // Past its deadline a job's options are worth nothing (or decay, §4.2.2): the
+                // trace stops there.
+                if now > jobs[j].deadline
+                    || !pending.contains(&j)
+                        && !decision.start_now.iter().any(|p| p.job as usize == j)
                 {
                     continue;
                 }
