@@ -51,6 +51,10 @@ pub struct ExperimentArgs {
     /// 3sigma: the Google 2011 slice (job_events/, task_events/).
     #[arg(long, default_value = "../shared/data/traces/google-2011")]
     pub trace_dir: PathBuf,
+    /// 3sigma: trace (into missed-jobs.md) the first N SLO jobs per seed that 3Sigma missed and
+    /// Prio met, cycle by cycle (0: none; a second, identical 3Sigma run per seed).
+    #[arg(long, default_value_t = 0)]
+    pub trace_missed: usize,
 }
 
 impl ExperimentArgs {
