@@ -1007,6 +1007,7 @@ impl Handler<HandOverAll> for NodeActor {
     type Result = AtomicResponse<Self, NodeHandover>;
     fn handle(&mut self, _: HandOverAll, _: &mut Context<Self>) -> Self::Result {
         self.upgrading = true;
+        self.executor.close_cgroup_pool();
         let mut replies = Vec::new();
         for (id, tx) in &self.processes {
             let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
