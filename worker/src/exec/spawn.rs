@@ -132,18 +132,24 @@ pub(crate) fn child_setup(plan: &ChildPlan) -> io::Result<()> {
     // SAFETY: the pointer refers to a live, initialised rlimit; failure is harmless and ignored.
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
     if let Some(id) = &plan.identity {
+        // Raw system calls, not glibc's wrappers: in a multi-threaded process glibc's
+        // setgroups/setgid/setuid broadcast the change to every thread (signals and shared
+        // bookkeeping), and the child, which shares the worker's memory until exec, would
+        // reach into the worker's threads. The raw calls change the calling process only.
         // SAFETY: the pointer and length describe the live `groups` vector, which the parent
-        // built before forking; setgid/setuid take plain integers.
+        // built before the clone; setgid/setuid take plain integers.
         unsafe {
-            if libc::setgroups(id.groups.len(), id.groups.as_ptr()) == -1
-                || libc::setgid(id.gid) == -1
-                || libc::setuid(id.uid) == -1
+            if libc::syscall(libc::SYS_setgroups, id.groups.len(), id.groups.as_ptr()) == -1
+                || libc::syscall(libc::SYS_setgid, id.gid) == -1
+                || libc::syscall(libc::SYS_setuid, id.uid) == -1
             {
                 return Err(io::Error::last_os_error());
             }
             // Never exec with a way back to root (setuid from root sets all three uids, so
             // this only fails as intended; checked anyway).
-            if id.uid != 0 && (libc::setuid(0) != -1 || libc::geteuid() != id.uid) {
+            if id.uid != 0
+                && (libc::syscall(libc::SYS_setuid, 0) != -1 || libc::geteuid() != id.uid)
+            {
                 return Err(io::Error::from_raw_os_error(libc::EPERM));
             }
         }
