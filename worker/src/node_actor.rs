@@ -414,7 +414,12 @@ async fn supervise(
     node: Addr<NodeActor>,
     ended: Rc<std::cell::RefCell<HashMap<ContainerId, ProcessEnd>>>,
 ) {
-    let mut sample = tokio::time::interval(Duration::from_secs(1));
+    // First sample one period after the start (an immediate one would scan /proc on the
+    // actor's thread for every container, most of which end long before a second).
+    let mut sample = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
     let mut commands_open = true;
     loop {
         enum Step {
