@@ -414,7 +414,12 @@ async fn supervise(
     node: Addr<NodeActor>,
     ended: Rc<std::cell::RefCell<HashMap<ContainerId, ProcessEnd>>>,
 ) {
-    let mut sample = tokio::time::interval(Duration::from_secs(1));
+    // First sample one period after the start (an immediate one would scan /proc on the
+    // actor's thread for every container, most of which end long before a second).
+    let mut sample = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
     let mut commands_open = true;
     loop {
         enum Step {
@@ -1007,6 +1012,7 @@ impl Handler<HandOverAll> for NodeActor {
     type Result = AtomicResponse<Self, NodeHandover>;
     fn handle(&mut self, _: HandOverAll, _: &mut Context<Self>) -> Self::Result {
         self.upgrading = true;
+        self.executor.close_cgroup_pool();
         let mut replies = Vec::new();
         for (id, tx) in &self.processes {
             let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();

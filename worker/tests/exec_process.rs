@@ -99,14 +99,18 @@ fn live_tree(root: u32) -> BTreeSet<u32> {
     }
 }
 
-/// The directory of a container's (memory) cgroup, if the executor uses cgroups.
-fn container_cgroup(executor: &Executor, container_id: u64) -> Option<PathBuf> {
-    let name = format!("c{container_id}");
-    match executor.enforcement() {
-        Enforcement::CgroupV2 { root } => Some(root.join(name)),
-        Enforcement::CgroupV1 { memory_root, .. } => Some(memory_root.join(name)),
-        Enforcement::RlimitAndMonitor => None,
-    }
+/// Whether the executor puts containers in cgroups.
+fn uses_cgroups(executor: &Executor) -> bool {
+    *executor.enforcement() != Enforcement::RlimitAndMonitor
+}
+
+/// Pids in a cgroup directory (none once it is empty).
+fn cgroup_pids(dir: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
 }
 
 async fn poll_until(what: &str, mut condition: impl FnMut() -> bool) {
@@ -330,10 +334,15 @@ async fn leader_exit_ends_the_container_and_dropping_a_handle_kills_it() {
             .await
             .expect("launch");
         let pid = dropped.pid();
+        let dir = dropped.cgroup_dir();
         drop(dropped);
         poll_until("dropped container's process is dead", || is_dead(pid)).await;
-        if let Some(dir) = container_cgroup(&executor, id + 10) {
-            poll_until("dropped container's cgroup is removed", || !dir.exists()).await;
+        if let Some(dir) = dir {
+            // Emptied and back in the pool (removed only with the executor).
+            poll_until("dropped container's cgroup is idle again", || {
+                cgroup_pids(&dir).is_empty() && executor.idle_cgroups() > 0
+            })
+            .await;
         }
     }
 }
@@ -429,10 +438,10 @@ async fn usage_sampling_sees_a_cpu_burner_and_its_memory() {
 #[tokio::test]
 async fn cgroup_mode_catches_double_forked_escapees_and_removes_its_cgroup() {
     let executor = detected();
-    let Some(container_dir) = container_cgroup(&executor, 800) else {
+    if !uses_cgroups(&executor) {
         eprintln!("no usable cgroups on this machine: escapee test not applicable");
         return;
-    };
+    }
     // The subshell starts a sleep in a new session and exits, so the sleep is reparented away
     // from the container and is in neither its session nor its process group.
     let script = "(setsid sleep 1000 &); sleep 1000";
@@ -440,6 +449,7 @@ async fn cgroup_mode_catches_double_forked_escapees_and_removes_its_cgroup() {
         .launch(800, &sh(script), limits(64))
         .await
         .expect("launch");
+    let container_dir = process.cgroup_dir().expect("a cgroup in cgroup mode");
     let leader = process.pid();
     let procs = container_dir.join("cgroup.procs");
     let mut escapee = None;
@@ -465,15 +475,29 @@ async fn cgroup_mode_catches_double_forked_escapees_and_removes_its_cgroup() {
     );
     poll_until("escapee is dead", || is_dead(escapee)).await;
     assert!(
-        !container_dir.exists(),
-        "container cgroup removed after wait"
+        cgroup_pids(&container_dir).is_empty(),
+        "container cgroup empty after wait"
     );
+    assert_eq!(
+        executor.idle_cgroups(),
+        1,
+        "the empty cgroup is back in the pool"
+    );
+    let roots = executor.cgroup_roots();
+    drop(process);
+    drop(executor);
+    // The roots go with the last reference (an aborted monitor task lets its go when the
+    // runtime drops it).
+    poll_until("the cgroup roots are removed with the executor", || {
+        roots.iter().all(|root| !root.exists())
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn cgroup_mode_holds_a_burner_to_its_cpu_quota() {
     let executor = detected();
-    if container_cgroup(&executor, 900).is_none() {
+    if !uses_cgroups(&executor) {
         eprintln!("no usable cgroups on this machine: CPU is not limited in fallback mode");
         return;
     }
@@ -564,7 +588,7 @@ async fn an_unprivileged_container_keeps_its_cgroup_and_limits() {
             "{:?}: not running as {nobody:?}",
             executor.enforcement()
         );
-        if let Some(dir) = container_cgroup(&executor, id) {
+        if let Some(dir) = who.cgroup_dir() {
             let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
             assert!(
                 procs.lines().any(|l| l.trim() == leader.to_string()),
@@ -683,4 +707,107 @@ async fn a_running_container_is_resized_without_a_restart() {
         p.kill_tree().expect("kill");
         wait_bounded(&mut p).await;
     }
+}
+
+/// A failure in the child after clone and before exec (here exec itself: a file marked
+/// executable that is no program) is a launch error naming the command, and the cgroup it had
+/// is given back (idle, not leaked).
+#[tokio::test]
+async fn a_failed_exec_is_a_launch_error_naming_the_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bogus = dir.path().join("not-a-program");
+    std::fs::write(&bogus, "no shebang, no ELF\n").expect("write");
+    std::fs::set_permissions(
+        &bogus,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+    )
+    .expect("chmod");
+    for executor in both() {
+        let spec = LaunchSpec {
+            command: bogus.display().to_string(),
+            ..LaunchSpec::default()
+        };
+        let err = executor.launch(1100, &spec, limits(64)).await.unwrap_err();
+        assert!(matches!(err, ExecError::Spawn { .. }), "{err:?}");
+        assert!(err.to_string().contains("not-a-program"), "{err}");
+        if uses_cgroups(&executor) {
+            assert_eq!(
+                executor.idle_cgroups(),
+                1,
+                "the cgroup went back to the pool"
+            );
+        }
+    }
+}
+
+/// Strings no C string can carry are refused by name before anything is created.
+#[tokio::test]
+async fn a_nul_byte_in_the_environment_is_refused_by_name() {
+    for executor in both() {
+        let mut spec = sh("exit 0");
+        spec.env.insert("BAD_VAR".to_owned(), "a\0b".to_owned());
+        let err = executor.launch(1200, &spec, limits(64)).await.unwrap_err();
+        assert!(matches!(err, ExecError::Spawn { .. }), "{err:?}");
+        assert!(err.to_string().contains("BAD_VAR"), "{err}");
+        assert_eq!(executor.idle_cgroups(), 0, "no cgroup was created");
+    }
+}
+
+/// The child starts with no blocked signal and SIGPIPE at its default (the Rust runtime of the
+/// worker ignores it), as `std::process::Command` would leave it.
+#[tokio::test]
+async fn containers_start_with_default_signal_state() {
+    for executor in both() {
+        let script = "set -- $(grep -E '^Sig(Blk|Ign):' /proc/self/status); \
+                      [ $((0x$2)) -eq 0 ] || exit 3; [ $((0x$4 & 0x1000)) -eq 0 ] || exit 4";
+        let mut process = executor
+            .launch(1300, &sh(script), limits(64))
+            .await
+            .expect("launch");
+        assert_eq!(
+            wait_bounded(&mut process).await,
+            ExitOutcome::Exited { code: 0 },
+            "3: signals blocked, 4: SIGPIPE ignored"
+        );
+    }
+}
+
+/// A pooled cgroup is reused by the next container with that container's limits, and what the
+/// previous one left in the kernel's counters (here an OOM kill) is not blamed on it.
+#[tokio::test]
+async fn a_reused_cgroup_has_the_new_limits_and_a_clean_record() {
+    let executor = detected();
+    if !uses_cgroups(&executor) {
+        eprintln!("no usable cgroups on this machine: nothing is pooled");
+        return;
+    }
+    let mut hog = executor
+        .launch(1400, &sh(HOLD_100_MIB), limits(32))
+        .await
+        .expect("launch");
+    let first_dir = hog.cgroup_dir().expect("cgroup");
+    assert!(matches!(
+        wait_bounded(&mut hog).await,
+        ExitOutcome::KilledForMemory { limit_mib: 32, .. }
+    ));
+    assert_eq!(executor.idle_cgroups(), 1);
+    let mut next = executor
+        .launch(1401, &sh("sleep 1000"), limits(96))
+        .await
+        .expect("launch");
+    assert_eq!(next.cgroup_dir(), Some(first_dir.clone()), "reused");
+    let limit_file = match executor.enforcement() {
+        Enforcement::CgroupV2 { .. } => "memory.max",
+        _ => "memory.limit_in_bytes",
+    };
+    let written = std::fs::read_to_string(first_dir.join(limit_file)).expect("limit file");
+    assert_eq!(written.trim(), (96u64 << 20).to_string());
+    next.kill_tree().expect("kill");
+    assert_eq!(
+        wait_bounded(&mut next).await,
+        ExitOutcome::Signaled {
+            signal: libc::SIGKILL
+        },
+        "the earlier OOM kill is not reported again"
+    );
 }

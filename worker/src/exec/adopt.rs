@@ -102,9 +102,8 @@ pub enum AdoptError {
 /// How a container's leader is waited for.
 #[derive(Debug)]
 pub(crate) enum Leader {
-    /// Spawned by this image.
-    Spawned(tokio::process::Child),
-    /// Spawned by an earlier image of this process and taken over after an `execve`.
+    /// Spawned by this image or by an earlier image of this process and taken over after an
+    /// `execve`; either way watched by a pidfd.
     Adopted(AdoptedLeader),
 }
 
@@ -112,7 +111,6 @@ impl Leader {
     /// Waits for the leader's exit and reaps it. Cancel-safe (the status is kept once reaped).
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {
-            Leader::Spawned(child) => child.wait().await,
             Leader::Adopted(adopted) => adopted.wait().await,
         }
     }
@@ -131,6 +129,7 @@ impl AdoptedLeader {
         let watch_err = |problem: String| AdoptError::Watch { pid, problem };
         let pid_t = libc::pid_t::try_from(pid).map_err(|_| watch_err("pid out of range".into()))?;
         // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid_t, 0) };
         if fd < 0 {
             return Err(watch_err(format!(
@@ -146,6 +145,22 @@ impl AdoptedLeader {
         // descriptor until the AsyncFd is dropped.
         let pidfd =
             unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE) }
+                .map_err(|e| watch_err(format!("registering the pidfd: {e}")))?;
+        Ok(AdoptedLeader {
+            pid: pid_t,
+            pidfd,
+            status: None,
+        })
+    }
+
+    /// Watches a child this image just spawned, through the pidfd `clone` returned.
+    pub(crate) fn watch(pid: u32, pidfd: OwnedFd) -> Result<AdoptedLeader, AdoptError> {
+        let watch_err = |problem: String| AdoptError::Watch { pid, problem };
+        let pid_t = libc::pid_t::try_from(pid).map_err(|_| watch_err("pid out of range".into()))?;
+        // SAFETY: the AsyncFd takes the OwnedFd, which stays open and returns the same
+        // descriptor until the AsyncFd is dropped.
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
                 .map_err(|e| watch_err(format!("registering the pidfd: {e}")))?;
         Ok(AdoptedLeader {
             pid: pid_t,
@@ -333,18 +348,16 @@ impl Executor {
         Ok(process)
     }
 
-    /// The container's cgroup as this executor names it (`c<id>` below its roots), which must
-    /// be exactly the recorded one and exist.
+    /// The container's cgroup, which must be one cgroup directly below this executor's roots
+    /// (in every hierarchy it uses) and exist.
     fn adopt_cgroup(
         &self,
         handover: &ProcessHandover,
     ) -> Result<Option<ContainerCgroup>, AdoptError> {
-        let expected = ContainerCgroup::at(self.enforcement(), handover.container_id);
-        let expected_dirs: Vec<PathBuf> = expected
-            .as_ref()
-            .map(|c| c.dirs().into_iter().map(PathBuf::from).collect())
-            .unwrap_or_default();
-        if expected_dirs != handover.cgroups {
+        if *self.enforcement() == Enforcement::RlimitAndMonitor && handover.cgroups.is_empty() {
+            return Ok(None);
+        }
+        let Some(cgroup) = ContainerCgroup::at_dirs(self.enforcement(), &handover.cgroups) else {
             let path = handover.cgroups.first().cloned().unwrap_or_default();
             return Err(AdoptError::Cgroup {
                 path,
@@ -352,20 +365,20 @@ impl Executor {
                     "is not where this worker keeps container cgroups ({})",
                     match self.enforcement() {
                         Enforcement::RlimitAndMonitor => "it uses none now".to_string(),
-                        _ => format!("{expected_dirs:?}"),
+                        other => format!("{:?}", super::cgroup::roots(other)),
                     }
                 ),
             });
-        }
-        for dir in &expected_dirs {
+        };
+        for dir in cgroup.dirs() {
             if !dir.is_dir() {
                 return Err(AdoptError::Cgroup {
-                    path: dir.clone(),
+                    path: dir.to_path_buf(),
                     problem: "does not exist".into(),
                 });
             }
         }
-        Ok(expected)
+        Ok(Some(cgroup))
     }
 }
 

@@ -9,6 +9,8 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::ContainerLimits;
 use super::error::ExecError;
@@ -273,7 +275,7 @@ pub(crate) fn prepare_root(enforcement: &Enforcement) -> Result<(), ExecError> {
         cpu_millis: 100,
         memory_mib: 64,
     };
-    let probe = ContainerCgroup::create_named(enforcement, PROBE_ID, probe_limits)?;
+    let probe = ContainerCgroup::create_named(enforcement, PROBE_ID, probe_limits, true)?;
     probe
         .remove()
         .map_err(|source| cgroup_err(&probe.primary_dir(), source))
@@ -303,9 +305,9 @@ fn enable_v2_controllers(dir: &Path) -> Result<(), ExecError> {
     write_file(&control, &request.join(" "))
 }
 
-/// The cgroup(s) of one container.
-#[derive(Debug)]
-pub(crate) enum ContainerCgroup {
+/// Where a container cgroup lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CgroupDirs {
     V2 {
         dir: PathBuf,
     },
@@ -315,73 +317,155 @@ pub(crate) enum ContainerCgroup {
     },
 }
 
+/// The cgroup(s) of one container. It may be a reused one from the executor's
+/// [`CgroupPool`]: the kernel's counters (OOM kills, CPU time) then start from the values it
+/// had when it went idle, which are subtracted.
+#[derive(Debug)]
+pub(crate) struct ContainerCgroup {
+    dirs: CgroupDirs,
+    /// The hard limits last written (an unchanged reuse writes nothing).
+    written: Option<ContainerLimits>,
+    /// Soft limits were written by a resize: they are reset before the cgroup is reused.
+    shaped: AtomicBool,
+    /// Counters at the moment the container got the cgroup.
+    oom_base: u64,
+    cpu_base_us: u64,
+    /// Held an earlier container (v2 cannot reset `memory.peak` for every reader).
+    reused: bool,
+}
+
 impl ContainerCgroup {
-    /// Creates the container's cgroup(s) and writes its limits.
-    pub fn create(
-        enforcement: &Enforcement,
-        container_id: u64,
-        limits: ContainerLimits,
-    ) -> Result<Option<Self>, ExecError> {
-        if *enforcement == Enforcement::RlimitAndMonitor {
-            return Ok(None);
+    fn fresh(dirs: CgroupDirs, written: Option<ContainerLimits>) -> Self {
+        ContainerCgroup {
+            dirs,
+            written,
+            shaped: AtomicBool::new(false),
+            oom_base: 0,
+            cpu_base_us: 0,
+            reused: false,
         }
-        Self::create_named(enforcement, &format!("c{container_id}"), limits).map(Some)
     }
 
-    /// The cgroup [`ContainerCgroup::create`] makes for `container_id`, without touching it.
-    pub(crate) fn at(enforcement: &Enforcement, container_id: u64) -> Option<Self> {
-        let name = format!("c{container_id}");
+    /// The directories a cgroup called `name` has below the roots of `enforcement`.
+    fn dirs_named(enforcement: &Enforcement, name: &str) -> Option<CgroupDirs> {
         match enforcement {
             Enforcement::RlimitAndMonitor => None,
-            Enforcement::CgroupV2 { root } => Some(ContainerCgroup::V2 {
+            Enforcement::CgroupV2 { root } => Some(CgroupDirs::V2 {
                 dir: root.join(name),
             }),
             Enforcement::CgroupV1 {
                 memory_root,
                 cpu_root,
-            } => Some(ContainerCgroup::V1 {
-                memory_dir: memory_root.join(&name),
+            } => Some(CgroupDirs::V1 {
+                memory_dir: memory_root.join(name),
                 cpu_dir: cpu_root.join(name),
             }),
         }
     }
 
+    /// The cgroup a container was handed over with, if `dirs` are exactly the directories of
+    /// one cgroup name directly below this executor's roots (pooled cgroups are named `p<n>`,
+    /// older images named them `c<container id>`).
+    pub(crate) fn at_dirs(enforcement: &Enforcement, dirs: &[PathBuf]) -> Option<Self> {
+        let name = dirs.first()?.file_name()?.to_str()?;
+        let expected = Self::dirs_named(enforcement, name)?;
+        let cgroup = Self::fresh(expected, None);
+        let matches = cgroup.dirs().len() == dirs.len()
+            && cgroup
+                .dirs()
+                .iter()
+                .zip(dirs)
+                .all(|(a, b)| *a == b.as_path());
+        matches.then_some(cgroup)
+    }
+
+    /// Creates cgroup `name` and writes its limits. An existing cgroup of that name is an
+    /// error (`AlreadyExists`), unless `replace_empty` and it is empty: it is then replaced.
     fn create_named(
         enforcement: &Enforcement,
         name: &str,
         limits: ContainerLimits,
+        replace_empty: bool,
     ) -> Result<Self, ExecError> {
-        let cgroup = match enforcement {
-            Enforcement::RlimitAndMonitor => {
-                return Err(ExecError::CgroupUnavailable {
-                    reason: "rlimit+monitor mode has no cgroups".to_owned(),
-                });
-            }
-            Enforcement::CgroupV2 { root } => ContainerCgroup::V2 {
-                dir: root.join(name),
-            },
-            Enforcement::CgroupV1 {
-                memory_root,
-                cpu_root,
-            } => ContainerCgroup::V1 {
-                memory_dir: memory_root.join(name),
-                cpu_dir: cpu_root.join(name),
-            },
-        };
+        let dirs =
+            Self::dirs_named(enforcement, name).ok_or_else(|| ExecError::CgroupUnavailable {
+                reason: "rlimit+monitor mode has no cgroups".to_owned(),
+            })?;
+        let mut cgroup = Self::fresh(dirs, None);
+        let mut created: Vec<&Path> = Vec::new();
         for dir in cgroup.dirs() {
-            // A leftover empty cgroup with this name (e.g. after a crash) is removed first; a
-            // populated one means the id is still in use and the mkdir below reports it.
-            let _ = fs::remove_dir(dir);
+            if replace_empty {
+                // A leftover empty cgroup with this name (e.g. after a crash) is removed first;
+                // a populated one means the name is still in use and the mkdir reports it.
+                let _ = fs::remove_dir(dir);
+            }
             if let Err(source) = fs::create_dir(dir) {
-                cgroup.remove_quietly();
+                // Only what this call made is removed: an existing directory of that name
+                // (another container's, e.g. one handed over by an earlier image) is not ours.
+                for made in created {
+                    let _ = fs::remove_dir(made);
+                }
                 return Err(cgroup_err(dir, source));
             }
+            created.push(dir);
         }
         if let Err(e) = cgroup.write_limits(limits) {
             cgroup.remove_quietly();
             return Err(e);
         }
+        cgroup.written = Some(limits);
         Ok(cgroup)
+    }
+
+    /// Makes an idle pooled cgroup ready for a new container with `limits`: soft limits a
+    /// resize left are lifted, and hard limits are written unless they are unchanged.
+    fn reuse(&mut self, limits: ContainerLimits) -> Result<(), ExecError> {
+        if self.shaped.swap(false, Ordering::SeqCst) {
+            match &self.dirs {
+                CgroupDirs::V2 { dir } => write_file(&dir.join("memory.high"), "max")?,
+                CgroupDirs::V1 { memory_dir, .. } => {
+                    write_file(&memory_dir.join("memory.soft_limit_in_bytes"), "-1")?;
+                }
+            }
+            self.written = None;
+        }
+        if self.written != Some(limits) {
+            self.written = None;
+            self.write_limits(limits)?;
+            self.written = Some(limits);
+        }
+        self.reused = true;
+        Ok(())
+    }
+
+    /// Prepares an empty cgroup for the pool: v1's peak is reset, and the counters' current
+    /// values become the baselines of its next container. Fails while processes remain. Memory
+    /// still charged to it (page cache the last container read) is left for the kernel to
+    /// reclaim under the next container's limit: forcing it out (`memory.force_empty`) took
+    /// 28 ms per container here. So the memory a reused cgroup reports can include such cache.
+    fn make_idle(&self) -> Result<ContainerCgroup, ExecError> {
+        if !self.pids().is_empty() {
+            return Err(cgroup_err(
+                &self.primary_dir(),
+                io::Error::from_raw_os_error(libc::EBUSY),
+            ));
+        }
+        if let CgroupDirs::V1 { memory_dir, .. } = &self.dirs {
+            write_file(&memory_dir.join("memory.max_usage_in_bytes"), "0")?;
+        }
+        let idle = ContainerCgroup {
+            dirs: self.dirs.clone(),
+            written: self.written,
+            shaped: AtomicBool::new(self.shaped.load(Ordering::SeqCst)),
+            oom_base: 0,
+            cpu_base_us: 0,
+            reused: self.reused,
+        };
+        Ok(ContainerCgroup {
+            oom_base: idle.oom_kills(),
+            cpu_base_us: idle.cpu_usage_us().unwrap_or(0),
+            ..idle
+        })
     }
 
     /// The resource shaper's allocation (Pace §3.2) as soft limits on a running container: the
@@ -390,15 +474,16 @@ impl ContainerCgroup {
     /// limit stays at the request, so a use above the forecast is throttled and preempted by the
     /// shaper's policy rather than OOM-killed at the forecast.
     pub(crate) fn write_shaped_limits(&self, shaped: ContainerLimits) -> Result<(), ExecError> {
+        self.shaped.store(true, Ordering::SeqCst);
         let memory_bytes = shaped.memory_mib.saturating_mul(1 << 20);
         let quota_us =
             (shaped.cpu_millis.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US);
-        match self {
-            ContainerCgroup::V2 { dir } => {
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => {
                 write_file(&dir.join("memory.high"), &memory_bytes.to_string())?;
                 write_file(&dir.join("cpu.max"), &format!("{quota_us} {CPU_PERIOD_US}"))?;
             }
-            ContainerCgroup::V1 {
+            CgroupDirs::V1 {
                 memory_dir,
                 cpu_dir,
             } => {
@@ -416,8 +501,8 @@ impl ContainerCgroup {
         let memory_bytes = limits.memory_mib.saturating_mul(1 << 20);
         let quota_us =
             (limits.cpu_millis.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US);
-        match self {
-            ContainerCgroup::V2 { dir } => {
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => {
                 write_file(&dir.join("memory.max"), &memory_bytes.to_string())?;
                 write_file(&dir.join("cpu.max"), &format!("{quota_us} {CPU_PERIOD_US}"))?;
                 // Without swap accounting the limit could be dodged by swapping; oom.group makes
@@ -429,17 +514,28 @@ impl ContainerCgroup {
                     }
                 }
             }
-            ContainerCgroup::V1 {
+            CgroupDirs::V1 {
                 memory_dir,
                 cpu_dir,
             } => {
-                write_file(
-                    &memory_dir.join("memory.limit_in_bytes"),
-                    &memory_bytes.to_string(),
-                )?;
+                let limit = memory_dir.join("memory.limit_in_bytes");
                 let memsw = memory_dir.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    write_file(&memsw, &memory_bytes.to_string())?;
+                let bytes = memory_bytes.to_string();
+                // The kernel keeps limit <= memsw limit: lowering writes the limit first,
+                // raising (a reused cgroup) the memsw limit first.
+                match write_file(&limit, &bytes) {
+                    Ok(()) => {
+                        if memsw.exists() {
+                            write_file(&memsw, &bytes)?;
+                        }
+                    }
+                    Err(e) => {
+                        if !memsw.exists() {
+                            return Err(e);
+                        }
+                        write_file(&memsw, &bytes)?;
+                        write_file(&limit, &bytes)?;
+                    }
                 }
                 write_file(
                     &cpu_dir.join("cpu.cfs_period_us"),
@@ -452,9 +548,9 @@ impl ContainerCgroup {
     }
 
     pub(crate) fn dirs(&self) -> Vec<&Path> {
-        match self {
-            ContainerCgroup::V2 { dir } => vec![dir.as_path()],
-            ContainerCgroup::V1 {
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => vec![dir.as_path()],
+            CgroupDirs::V1 {
                 memory_dir,
                 cpu_dir,
             } => vec![memory_dir.as_path(), cpu_dir.as_path()],
@@ -463,9 +559,9 @@ impl ContainerCgroup {
 
     /// The directory whose membership and memory accounting describe the container.
     pub fn primary_dir(&self) -> PathBuf {
-        match self {
-            ContainerCgroup::V2 { dir } => dir.clone(),
-            ContainerCgroup::V1 { memory_dir, .. } => memory_dir.clone(),
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => dir.clone(),
+            CgroupDirs::V1 { memory_dir, .. } => memory_dir.clone(),
         }
     }
 
@@ -488,55 +584,57 @@ impl ContainerCgroup {
 
     /// Memory charged to the cgroup (the quantity the limit applies to).
     pub fn memory_bytes(&self) -> Option<u64> {
-        let file = match self {
-            ContainerCgroup::V2 { dir } => dir.join("memory.current"),
-            ContainerCgroup::V1 { memory_dir, .. } => memory_dir.join("memory.usage_in_bytes"),
+        let file = match &self.dirs {
+            CgroupDirs::V2 { dir } => dir.join("memory.current"),
+            CgroupDirs::V1 { memory_dir, .. } => memory_dir.join("memory.usage_in_bytes"),
         };
         read_file(&file)?.trim().parse().ok()
     }
 
     /// The highest memory charge seen, where the kernel records it.
     pub fn peak_memory_bytes(&self) -> Option<u64> {
-        let file = match self {
-            ContainerCgroup::V2 { dir } => dir.join("memory.peak"),
-            ContainerCgroup::V1 { memory_dir, .. } => memory_dir.join("memory.max_usage_in_bytes"),
+        let file = match &self.dirs {
+            // An earlier container's peak may be in it (v2 cannot reset it for every reader).
+            CgroupDirs::V2 { .. } if self.reused => return None,
+            CgroupDirs::V2 { dir } => dir.join("memory.peak"),
+            CgroupDirs::V1 { memory_dir, .. } => memory_dir.join("memory.max_usage_in_bytes"),
         };
         read_file(&file)?.trim().parse().ok()
     }
 
     /// How many processes the kernel's OOM killer has killed in this cgroup.
     pub fn oom_kills(&self) -> u64 {
-        let (file, key) = match self {
-            ContainerCgroup::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
-            ContainerCgroup::V1 { memory_dir, .. } => {
+        let (file, key) = match &self.dirs {
+            CgroupDirs::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
+            CgroupDirs::V1 { memory_dir, .. } => {
                 (memory_dir.join("memory.oom_control"), "oom_kill")
             }
         };
         read_file(&file)
             .and_then(|c| keyed_value(&c, key))
             .unwrap_or(0)
+            .saturating_sub(self.oom_base)
     }
 
     /// CPU time used by everything that ever ran in the cgroup, in microseconds (v2 only; v1's
     /// cpu hierarchy has no usage counter, so callers fall back to `/proc`).
     pub fn cpu_usage_us(&self) -> Option<u64> {
-        match self {
-            ContainerCgroup::V2 { dir } => {
-                keyed_value(&read_file(&dir.join("cpu.stat"))?, "usage_usec")
-            }
-            ContainerCgroup::V1 { .. } => None,
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => keyed_value(&read_file(&dir.join("cpu.stat"))?, "usage_usec")
+                .map(|us| us.saturating_sub(self.cpu_base_us)),
+            CgroupDirs::V1 { .. } => None,
         }
     }
 
     /// Asks the kernel to kill every process in the cgroup (v2 `cgroup.kill`, Linux ≥ 5.14).
     /// Returns false when the kernel has no such file; callers then signal pid by pid.
     pub fn kill_all(&self) -> bool {
-        match self {
-            ContainerCgroup::V2 { dir } => {
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => {
                 let kill = dir.join("cgroup.kill");
                 kill.exists() && fs::write(&kill, "1").is_ok()
             }
-            ContainerCgroup::V1 { .. } => false,
+            CgroupDirs::V1 { .. } => false,
         }
     }
 
@@ -557,6 +655,123 @@ impl ContainerCgroup {
 
     fn remove_quietly(&self) {
         let _ = self.remove();
+    }
+}
+
+/// Most idle cgroups an executor keeps for reuse (the rest are removed).
+const MAX_IDLE_CGROUPS: usize = 64;
+/// Names tried when a new pooled cgroup's name is taken by a populated cgroup (one an earlier
+/// image of the worker handed over).
+const NAME_ATTEMPTS: usize = 64;
+
+/// Container cgroups are created once and reused: creating a v1 memory+cpu pair and removing
+/// it again costs about 2 ms of kernel work per container (docs/benchmarks.md, section 1),
+/// several times the rest of a launch. A cgroup goes back to the pool only when it is empty
+/// (every process of its container is gone); a reused one gets its limits rewritten only if
+/// they differ, and its counters are baselined (see [`ContainerCgroup`]).
+#[derive(Debug, Default)]
+pub(crate) struct CgroupPool {
+    idle: Mutex<Vec<ContainerCgroup>>,
+    next: AtomicU64,
+    /// Set before an in-place upgrade: cgroups given back are removed, not kept (the next
+    /// image knows nothing of this pool).
+    closed: AtomicBool,
+}
+
+impl CgroupPool {
+    /// A cgroup with `limits` for a new container (`None` without cgroups): an idle one if
+    /// there is one, else a new one.
+    pub fn acquire(
+        &self,
+        enforcement: &Enforcement,
+        limits: ContainerLimits,
+    ) -> Result<Option<ContainerCgroup>, ExecError> {
+        if *enforcement == Enforcement::RlimitAndMonitor {
+            return Ok(None);
+        }
+        loop {
+            let idle = self
+                .idle
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .pop();
+            let Some(mut cgroup) = idle else { break };
+            match cgroup.reuse(limits) {
+                Ok(()) => return Ok(Some(cgroup)),
+                // E.g. a lower v1 memory limit than the memory still charged: use a fresh one.
+                Err(_) => cgroup.remove_quietly(),
+            }
+        }
+        let mut last_error = None;
+        for _ in 0..NAME_ATTEMPTS {
+            let name = format!("p{}", self.next.fetch_add(1, Ordering::Relaxed));
+            match ContainerCgroup::create_named(enforcement, &name, limits, false) {
+                Ok(cgroup) => return Ok(Some(cgroup)),
+                Err(ExecError::Cgroup { source, path })
+                    if source.kind() == io::ErrorKind::AlreadyExists =>
+                {
+                    last_error = Some(ExecError::Cgroup { source, path });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or(ExecError::CgroupUnavailable {
+            reason: "no free cgroup name".to_owned(),
+        }))
+    }
+
+    /// Takes back the cgroup of a container that has ended, or removes it when the pool is
+    /// full. Fails (EBUSY) while processes remain in it, leaving it untouched.
+    pub fn release(&self, cgroup: &ContainerCgroup) -> Result<(), ExecError> {
+        let idle = match cgroup.make_idle() {
+            Ok(idle) => idle,
+            Err(e) if !cgroup.pids().is_empty() => return Err(e),
+            // Empty but not resettable: not reused.
+            Err(_) => {
+                return cgroup
+                    .remove()
+                    .map_err(|source| cgroup_err(&cgroup.primary_dir(), source));
+            }
+        };
+        let mut pool = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if pool.len() < MAX_IDLE_CGROUPS && !self.closed.load(Ordering::SeqCst) {
+            pool.push(idle);
+            return Ok(());
+        }
+        drop(pool);
+        cgroup
+            .remove()
+            .map_err(|source| cgroup_err(&cgroup.primary_dir(), source))
+    }
+
+    /// Removes every idle cgroup and keeps none from now on (an in-place upgrade follows).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.drain();
+    }
+
+    /// Removes every idle cgroup (the executor is going away).
+    pub fn drain(&self) {
+        let idle = std::mem::take(
+            &mut *self
+                .idle
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for cgroup in idle {
+            cgroup.remove_quietly();
+        }
+    }
+
+    /// Idle cgroups held (for tests and metrics).
+    pub fn idle_count(&self) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .len()
     }
 }
 

@@ -23,6 +23,12 @@
 //! - Identity: with [`ExecutorConfig::run_as`] the child drops to that uid/gid/groups before
 //!   exec (after joining its cgroups and starting its session, which need the worker's
 //!   privileges), then enters its working directory as that user ([`user`]).
+//! - Starting: the leader is created with `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` on the
+//!   blocking pool (the child borrows the worker's memory until it execs, so a launch never
+//!   copies the worker's page tables the way `fork` does), and its exit is watched through the
+//!   pidfd and reaped with `waitpid` for that pid only. Container cgroups come from a pool of
+//!   empty ones ([`cgroup::CgroupPool`]): created once, limits rewritten only when they change,
+//!   given back when the container's last process is gone, removed with the executor.
 
 pub mod adopt;
 mod cgroup;
@@ -36,10 +42,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -156,10 +162,22 @@ pub struct Executor {
 #[derive(Debug)]
 struct CgroupRoots {
     enforcement: Enforcement,
+    /// Empty container cgroups kept for reuse.
+    pool: cgroup::CgroupPool,
+}
+
+impl CgroupRoots {
+    fn new(enforcement: Enforcement) -> Arc<CgroupRoots> {
+        Arc::new(CgroupRoots {
+            enforcement,
+            pool: cgroup::CgroupPool::default(),
+        })
+    }
 }
 
 impl Drop for CgroupRoots {
     fn drop(&mut self) {
+        self.pool.drain();
         // Fails harmlessly (EBUSY) if a container cgroup could not be removed.
         cgroup::remove_root(&self.enforcement);
     }
@@ -190,7 +208,7 @@ impl Executor {
         };
         record_roots(&config, &enforcement);
         Executor {
-            roots: Arc::new(CgroupRoots { enforcement }),
+            roots: CgroupRoots::new(enforcement),
             config,
         }
     }
@@ -204,7 +222,7 @@ impl Executor {
         cgroup::prepare_root(&enforcement)?;
         record_roots(&config, &enforcement);
         Ok(Executor {
-            roots: Arc::new(CgroupRoots { enforcement }),
+            roots: CgroupRoots::new(enforcement),
             config,
         })
     }
@@ -215,6 +233,23 @@ impl Executor {
 
     pub fn config(&self) -> &ExecutorConfig {
         &self.config
+    }
+
+    /// Before an in-place upgrade: removes the idle cgroups and keeps no more (the next image
+    /// starts its own pool; the cgroups of handed-over containers are theirs).
+    pub fn close_cgroup_pool(&self) {
+        self.roots.pool.close();
+    }
+
+    /// Empty container cgroups kept for reuse.
+    pub fn idle_cgroups(&self) -> usize {
+        self.roots.pool.idle_count()
+    }
+
+    /// The directories container cgroups are created below (none without cgroups); removed
+    /// when the executor and its last container are gone.
+    pub fn cgroup_roots(&self) -> Vec<PathBuf> {
+        cgroup::roots(&self.roots.enforcement)
     }
 
     /// Starts `spec` as container `container_id` under `limits`. The returned process has
@@ -237,128 +272,82 @@ impl Executor {
             }
         }
         let env = container_env(container_id, &spec.env);
-        let prepared = {
-            let enforcement = self.roots.enforcement.clone();
-            let log_dir = self.config.log_dir.clone();
-            let command = spec.command.clone();
-            let working_dir = spec.working_dir.clone();
-            let search_path = env.get("PATH").cloned().unwrap_or_default();
-            tokio::task::spawn_blocking(move || {
-                prepare(
-                    &enforcement,
-                    container_id,
-                    &command,
-                    &search_path,
-                    working_dir.as_deref(),
-                    log_dir.as_deref(),
-                    limits,
-                )
+        let search_path = env.get("PATH").cloned().unwrap_or_default();
+        // Bad strings are refused before anything is created.
+        let image = |program: &Path| {
+            spawn::ExecImage::new(program, &spec.command, &spec.args, &env).map_err(|source| {
+                ExecError::Spawn {
+                    command: spec.command.clone(),
+                    source,
+                }
             })
-            .await
-            .map_err(|e| ExecError::Task(e.to_string()))??
         };
-        let Prepared {
-            program,
-            working_dir,
-            cgroup,
-            cgroup_procs,
-            logs,
-        } = prepared;
-        let output = || {
-            if logs.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            }
-        };
-
-        let mut cgroup_procs_fds = [-1; spawn::MAX_CGROUP_FDS];
-        for (slot, file) in cgroup_procs_fds.iter_mut().zip(&cgroup_procs) {
-            *slot = file.as_raw_fd();
-        }
-        let Some(working_dir_c) = user::c_path(&working_dir) else {
-            if let Some(cgroup) = &cgroup {
-                let _ = cgroup.remove();
-            }
-            return Err(ExecError::WorkingDirMissing { path: working_dir });
-        };
-        let plan = spawn::ChildPlan {
-            cgroup_procs_fds,
+        image(Path::new("/"))?;
+        let job = StartJob {
+            roots: Arc::clone(&self.roots),
+            container_id,
+            command: spec.command.clone(),
+            args: spec.args.clone(),
+            env,
+            search_path,
+            requested_dir: spec.working_dir.clone(),
+            log_dir: self.config.log_dir.clone(),
+            limits,
             identity: self.config.run_as.as_ref().map(user::ChildIdentity::from),
-            working_dir: working_dir_c,
-            working_dir_fallback: spec.working_dir.is_none() && self.config.run_as.is_some(),
+            state: self.config.state.clone(),
         };
-        let mut command = tokio::process::Command::new(&program);
-        command
-            .arg0(&spec.command)
-            .args(&spec.args)
-            .env_clear()
-            .envs(&env)
-            .stdin(Stdio::null())
-            .stdout(output())
-            .stderr(output())
-            .kill_on_drop(false);
-        // SAFETY: child_setup only makes async-signal-safe calls (write, setsid, setrlimit,
-        // setgroups, setgid, setuid, chdir) on values prepared before the fork and moved into
-        // the closure, and does not allocate.
-        unsafe {
-            command.pre_exec(move || spawn::child_setup(&plan));
-        }
-        let spawned = command.spawn();
-        drop(cgroup_procs);
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(source) => {
+        // Resolving, the cgroup, the spawn and the state record (a file write) are blocking
+        // work: done on the blocking pool, never on the caller's (the node actor's) thread.
+        let started = tokio::task::spawn_blocking(move || start_blocking(job))
+            .await
+            .map_err(|e| ExecError::Task(e.to_string()))??;
+        let Started {
+            child,
+            cgroup,
+            logs,
+            record_error,
+        } = started;
+        let pid = child.pid;
+        let leader = match adopt::AdoptedLeader::watch(pid, child.pidfd) {
+            Ok(leader) => leader,
+            Err(e) => {
+                // Cannot watch it: kill and reap it rather than leak it.
+                let _ = signal(-i32::try_from(pid).unwrap_or(i32::MAX), pid);
+                let mut raw = 0;
+                // SAFETY: waitpid on our own child (killed above), writing into a live local.
+                unsafe { libc::waitpid(pid as libc::pid_t, &mut raw, 0) };
                 if let Some(cgroup) = &cgroup {
                     let _ = cgroup.remove();
                 }
-                return Err(ExecError::Spawn {
-                    command: spec.command.clone(),
-                    source,
-                });
+                return Err(ExecError::Task(format!("container {container_id}: {e}")));
             }
-        };
-        let Some(pid) = child.id() else {
-            return Err(ExecError::Task(format!(
-                "container {container_id}: spawned child has no pid"
-            )));
         };
         let mut log_copiers = Vec::new();
-        if let Some((stdout_file, stderr_file)) = logs {
+        if let Some(logs) = logs {
             let max = self.config.log_max_bytes;
-            if let Some(pipe) = child.stdout.take() {
-                let fd = pipe.as_raw_fd();
-                log_copiers.push(LogCopier {
-                    stream: adopt::LogStream::Stdout,
-                    fd,
-                    task: tokio::spawn(copy_capped_log(pipe, stdout_file, max, 0)),
-                });
-            }
-            if let Some(pipe) = child.stderr.take() {
-                let fd = pipe.as_raw_fd();
-                log_copiers.push(LogCopier {
-                    stream: adopt::LogStream::Stderr,
-                    fd,
-                    task: tokio::spawn(copy_capped_log(pipe, stderr_file, max, 0)),
-                });
+            for (stream, read_end, file) in [
+                (adopt::LogStream::Stdout, logs.stdout_read, logs.stdout_file),
+                (adopt::LogStream::Stderr, logs.stderr_read, logs.stderr_file),
+            ] {
+                match tokio::net::unix::pipe::Receiver::from_owned_fd(read_end) {
+                    Ok(pipe) => {
+                        let fd = pipe.as_raw_fd();
+                        log_copiers.push(LogCopier {
+                            stream,
+                            fd,
+                            task: tokio::spawn(copy_capped_log(pipe, file, max, 0)),
+                        });
+                    }
+                    Err(e) => tracing::warn!(
+                        container_id,
+                        error = %e,
+                        "cannot read a container log pipe: that output is lost"
+                    ),
+                }
             }
         }
-        let record_error = self.config.state.as_ref().and_then(|state| {
-            let record = state::ContainerRecord {
-                container_id,
-                pgid: pid,
-                // The start time is set at fork and kept across exec; a leader that already
-                // died leaves nothing to find by pid anyway.
-                start_time: state::start_time(pid).unwrap_or(0),
-                cgroups: cgroup
-                    .as_ref()
-                    .map(|c| c.dirs().into_iter().map(Path::to_path_buf).collect())
-                    .unwrap_or_default(),
-            };
-            state.record(&record).err()
-        });
         let process = ContainerProcess::new(
-            adopt::Leader::Spawned(child),
+            adopt::Leader::Adopted(leader),
             container_id,
             pid,
             cgroup,
@@ -378,6 +367,173 @@ impl Executor {
         }
         Ok(process)
     }
+}
+
+/// What a launch hands to the blocking pool.
+struct StartJob {
+    roots: Arc<CgroupRoots>,
+    container_id: u64,
+    command: String,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+    search_path: String,
+    requested_dir: Option<PathBuf>,
+    log_dir: Option<PathBuf>,
+    limits: ContainerLimits,
+    identity: Option<user::ChildIdentity>,
+    state: Option<Arc<state::StateDir>>,
+}
+
+/// The read ends of a container's output pipes and the files they are copied into.
+struct LogPipes {
+    stdout_read: std::os::fd::OwnedFd,
+    stdout_file: File,
+    stderr_read: std::os::fd::OwnedFd,
+    stderr_file: File,
+}
+
+/// A started leader, back from the blocking pool.
+struct Started {
+    child: spawn::SpawnedChild,
+    cgroup: Option<ContainerCgroup>,
+    logs: Option<LogPipes>,
+    /// Why the container could not be recorded in the state dir (it is then killed).
+    record_error: Option<state::StateError>,
+}
+
+/// `/dev/null`, opened once (close-on-exec) and shared by every container's stdin (and its
+/// stdout/stderr when there is no log dir).
+fn dev_null() -> io::Result<RawFd> {
+    static DEV_NULL: std::sync::OnceLock<File> = std::sync::OnceLock::new();
+    if let Some(file) = DEV_NULL.get() {
+        return Ok(file.as_raw_fd());
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    Ok(DEV_NULL.get_or_init(|| file).as_raw_fd())
+}
+
+/// A pipe (both ends close-on-exec): (read, write).
+fn pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into the live array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nothing else.
+    Ok(unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// Prepares and starts one container on the blocking pool: resolve, cgroup, pipes, spawn,
+/// record. On a spawn failure the cgroup is given back.
+fn start_blocking(job: StartJob) -> Result<Started, ExecError> {
+    let Prepared {
+        program,
+        working_dir,
+        cgroup,
+        cgroup_procs,
+        logs,
+    } = prepare(
+        &job.roots,
+        job.container_id,
+        &job.command,
+        &job.search_path,
+        job.requested_dir.as_deref(),
+        job.log_dir.as_deref(),
+        job.limits,
+    )?;
+    let give_back = |cgroup: &Option<ContainerCgroup>| {
+        if let Some(cgroup) = cgroup
+            && job.roots.pool.release(cgroup).is_err()
+        {
+            let _ = cgroup.remove();
+        }
+    };
+    let spawn_err = |source: io::Error| ExecError::Spawn {
+        command: job.command.clone(),
+        source,
+    };
+    let result = (|| {
+        let image = spawn::ExecImage::new(&program, &job.command, &job.args, &job.env)
+            .map_err(spawn_err)?;
+        let Some(working_dir_c) = user::c_path(&working_dir) else {
+            return Err(ExecError::WorkingDirMissing { path: working_dir });
+        };
+        let mut cgroup_procs_fds = [-1; spawn::MAX_CGROUP_FDS];
+        for (slot, file) in cgroup_procs_fds.iter_mut().zip(&cgroup_procs) {
+            *slot = file.as_raw_fd();
+        }
+        let plan = spawn::ChildPlan {
+            cgroup_procs_fds,
+            identity: job.identity.clone(),
+            working_dir: working_dir_c,
+            working_dir_fallback: job.requested_dir.is_none() && job.identity.is_some(),
+        };
+        let null = dev_null().map_err(spawn_err)?;
+        let child_and_pipes = match logs {
+            Some((stdout_file, stderr_file)) => {
+                let (stdout_read, stdout_write) = pipe().map_err(spawn_err)?;
+                let (stderr_read, stderr_write) = pipe().map_err(spawn_err)?;
+                let child = spawn::spawn_child(
+                    &image,
+                    [null, stdout_write.as_raw_fd(), stderr_write.as_raw_fd()],
+                    &plan,
+                )
+                .map_err(spawn_err)?;
+                // The write ends are closed here (dropped): only the container holds them now.
+                (
+                    child,
+                    Some(LogPipes {
+                        stdout_read,
+                        stdout_file,
+                        stderr_read,
+                        stderr_file,
+                    }),
+                )
+            }
+            None => (
+                spawn::spawn_child(&image, [null, null, null], &plan).map_err(spawn_err)?,
+                None,
+            ),
+        };
+        Ok((child_and_pipes.0, child_and_pipes.1))
+    })();
+    drop(cgroup_procs);
+    let (child, logs) = match result {
+        Ok(started) => started,
+        Err(e) => {
+            give_back(&cgroup);
+            return Err(e);
+        }
+    };
+    let record_error = job.state.as_ref().and_then(|state| {
+        let record = state::ContainerRecord {
+            container_id: job.container_id,
+            pgid: child.pid,
+            // The start time is set at fork and kept across exec; a leader that already died
+            // leaves nothing to find by pid anyway.
+            start_time: state::start_time(child.pid).unwrap_or(0),
+            cgroups: cgroup
+                .as_ref()
+                .map(|c| c.dirs().into_iter().map(Path::to_path_buf).collect())
+                .unwrap_or_default(),
+        };
+        state.record(&record).err()
+    });
+    Ok(Started {
+        child,
+        cgroup,
+        logs,
+        record_error,
+    })
 }
 
 /// Writes the executor's cgroup roots into the state dir (if any).
@@ -519,7 +675,7 @@ async fn copy_capped_log(
 }
 
 fn prepare(
-    enforcement: &Enforcement,
+    roots: &CgroupRoots,
     container_id: u64,
     command: &str,
     search_path: &str,
@@ -554,7 +710,7 @@ fn prepare(
         }
         None => None,
     };
-    let cgroup = ContainerCgroup::create(enforcement, container_id, limits)?;
+    let cgroup = roots.pool.acquire(&roots.enforcement, limits)?;
     let mut cgroup_procs = Vec::new();
     if let Some(cgroup) = &cgroup {
         for path in cgroup.procs_files() {
@@ -728,14 +884,43 @@ impl ContainerTree {
     /// After the leader has been reaped: notice a kernel OOM kill the monitor has not seen yet
     /// and kill whatever the leader left behind.
     fn settle_after_exit(&self) {
-        if let Some(cgroup) = &self.cgroup
-            && cgroup.oom_kills() > 0
-        {
-            self.record_cgroup_oom(cgroup);
+        if let Some(cgroup) = &self.cgroup {
+            if cgroup.oom_kills() > 0 {
+                self.record_cgroup_oom(cgroup);
+            }
+            // Nothing is left when the cgroup is empty and so is the process group: what the
+            // scan below could still find would have had to leave both the cgroup and the
+            // group, and a process that left the group after its leader died is found by
+            // neither (it is no longer a descendant). Skipping the /proc scan saves a read of
+            // every process's stat per container.
+            // SAFETY: kill with signal 0 only checks for the group's existence.
+            let group_gone = unsafe {
+                libc::kill(-i32::try_from(self.leader).unwrap_or(i32::MAX), 0) == -1
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            };
+            if group_gone && cgroup.pids().is_empty() {
+                return;
+            }
         }
         if let Err(e) = self.kill_tree() {
             tracing::warn!(container_id = self.container_id, error = %e, "killing leftover container processes failed");
         }
+    }
+
+    /// Gives the container's cgroup back to the pool if it is empty now; true when it is gone
+    /// from this container (or it has none).
+    fn try_release_cgroup(&self) -> bool {
+        let Some(cgroup) = &self.cgroup else {
+            return true;
+        };
+        if self.cgroup_removed.load(Ordering::SeqCst) {
+            return true;
+        }
+        if self._roots.pool.release(cgroup).is_ok() {
+            self.cgroup_removed.store(true, Ordering::SeqCst);
+            return true;
+        }
+        false
     }
 
     /// After the leader was reaped and leftovers killed: the container no longer needs to be
@@ -754,7 +939,8 @@ impl ContainerTree {
         }
         let mut last_error = None;
         for _ in 0..CGROUP_REMOVE_ATTEMPTS {
-            match cgroup.remove() {
+            // Back to the pool once empty (removed if the pool is full).
+            match self._roots.pool.release(cgroup) {
                 Ok(()) => return,
                 Err(e) => last_error = Some(e),
             }
@@ -786,7 +972,9 @@ fn signal(target: i32, pid: u32) -> Result<(), ExecError> {
 }
 
 async fn monitor_memory(tree: Arc<ContainerTree>, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
+    // The first check is one interval after the start, not at once: a container that ends
+    // sooner (most short tasks) costs no check at all.
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
@@ -844,6 +1032,11 @@ impl ContainerProcess {
 
     pub fn container_id(&self) -> u64 {
         self.tree.container_id
+    }
+
+    /// The directory of the container's (memory) cgroup, if it has one.
+    pub fn cgroup_dir(&self) -> Option<PathBuf> {
+        self.tree.cgroup.as_ref().map(ContainerCgroup::primary_dir)
     }
 
     /// The hard limits the container was started with.
@@ -916,9 +1109,20 @@ impl ContainerProcess {
             monitor.abort();
         }
         let tree = Arc::clone(&self.tree);
-        if let Err(e) = tokio::task::spawn_blocking(move || tree.settle_after_exit()).await {
+        // One trip to the blocking pool: leftovers, the cgroup back to the pool, the record.
+        let settled = tokio::task::spawn_blocking(move || {
+            tree.settle_after_exit();
+            let released = tree.try_release_cgroup();
+            if released {
+                tree.forget();
+            }
+            released
+        })
+        .await;
+        let released = settled.unwrap_or_else(|e| {
             tracing::warn!(container_id = self.tree.container_id, error = %e, "post-exit clean-up failed");
-        }
+            false
+        });
         let outcome = match self.tree.memory_verdict() {
             Some((used_mib, limit_mib)) => ExitOutcome::KilledForMemory {
                 used_mib,
@@ -926,8 +1130,10 @@ impl ContainerProcess {
             },
             None => outcome_of(status),
         };
-        self.tree.remove_cgroup().await;
-        self.tree.forget();
+        if !released {
+            self.tree.remove_cgroup().await;
+            self.tree.forget();
+        }
         for copier in self.log_copiers.drain(..).map(|c| c.task) {
             // Every process of the container is gone, so its pipes are closed and the copy ends
             // with the last bytes written: the logs are whole when the end is reported. The bound

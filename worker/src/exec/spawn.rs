@@ -132,18 +132,24 @@ pub(crate) fn child_setup(plan: &ChildPlan) -> io::Result<()> {
     // SAFETY: the pointer refers to a live, initialised rlimit; failure is harmless and ignored.
     unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
     if let Some(id) = &plan.identity {
+        // Raw system calls, not glibc's wrappers: in a multi-threaded process glibc's
+        // setgroups/setgid/setuid broadcast the change to every thread (signals and shared
+        // bookkeeping), and the child, which shares the worker's memory until exec, would
+        // reach into the worker's threads. The raw calls change the calling process only.
         // SAFETY: the pointer and length describe the live `groups` vector, which the parent
-        // built before forking; setgid/setuid take plain integers.
+        // built before the clone; setgid/setuid take plain integers.
         unsafe {
-            if libc::setgroups(id.groups.len(), id.groups.as_ptr()) == -1
-                || libc::setgid(id.gid) == -1
-                || libc::setuid(id.uid) == -1
+            if libc::syscall(libc::SYS_setgroups, id.groups.len(), id.groups.as_ptr()) == -1
+                || libc::syscall(libc::SYS_setgid, id.gid) == -1
+                || libc::syscall(libc::SYS_setuid, id.uid) == -1
             {
                 return Err(io::Error::last_os_error());
             }
             // Never exec with a way back to root (setuid from root sets all three uids, so
             // this only fails as intended; checked anyway).
-            if id.uid != 0 && (libc::setuid(0) != -1 || libc::geteuid() != id.uid) {
+            if id.uid != 0
+                && (libc::syscall(libc::SYS_setuid, 0) != -1 || libc::geteuid() != id.uid)
+            {
                 return Err(io::Error::from_raw_os_error(libc::EPERM));
             }
         }
@@ -158,6 +164,234 @@ pub(crate) fn child_setup(plan: &ChildPlan) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `execve` gets: the resolved program, `argv` (with `argv[0]` as the spec wrote the
+/// command) and the whole environment, as C strings built before the child exists.
+#[derive(Debug)]
+pub(crate) struct ExecImage {
+    program: CString,
+    /// Keeps the strings `argv_ptrs` points into.
+    _argv: Vec<CString>,
+    _envp: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp_ptrs: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the raw pointers point into the CStrings owned by the same value (heap buffers that
+// do not move when the value does); nothing else aliases them.
+unsafe impl Send for ExecImage {}
+
+impl ExecImage {
+    /// Fails (naming the string) when the program, an argument or the environment holds a NUL
+    /// byte, which no C string can carry.
+    pub(crate) fn new(
+        program: &Path,
+        arg0: &str,
+        args: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Result<ExecImage, io::Error> {
+        use std::os::unix::ffi::OsStrExt;
+        let nul = |what: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{what} contains a NUL byte"),
+            )
+        };
+        let program = CString::new(program.as_os_str().as_bytes())
+            .map_err(|_| nul(format!("program path {}", program.display())))?;
+        let mut argv = Vec::with_capacity(args.len() + 1);
+        for (i, arg) in std::iter::once(arg0)
+            .chain(args.iter().map(String::as_str))
+            .enumerate()
+        {
+            argv.push(CString::new(arg).map_err(|_| nul(format!("argument {i} {arg:?}")))?);
+        }
+        let mut envp = Vec::with_capacity(env.len());
+        for (key, value) in env {
+            if key.is_empty() || key.contains('=') {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("environment variable name {key:?} is empty or contains '='"),
+                ));
+            }
+            envp.push(
+                CString::new(format!("{key}={value}"))
+                    .map_err(|_| nul(format!("environment variable {key}")))?,
+            );
+        }
+        let terminated = |strings: &[CString]| {
+            strings
+                .iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect::<Vec<_>>()
+        };
+        Ok(ExecImage {
+            program,
+            argv_ptrs: terminated(&argv),
+            envp_ptrs: terminated(&envp),
+            _argv: argv,
+            _envp: envp,
+        })
+    }
+}
+
+/// A started container leader: its pid and a pidfd (close-on-exec) that becomes readable when
+/// it exits.
+#[derive(Debug)]
+pub(crate) struct SpawnedChild {
+    pub pid: u32,
+    pub pidfd: std::os::fd::OwnedFd,
+}
+
+/// Stack of the child between clone and exec (it runs `child_main` only; the parent is
+/// suspended meanwhile, so the buffer outlives every use).
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+
+/// Everything the child reads, in memory it shares with the suspended parent.
+struct ChildArgs<'a> {
+    image: &'a ExecImage,
+    /// Descriptors that become the child's 0, 1 and 2.
+    stdio: [RawFd; 3],
+    plan: &'a ChildPlan,
+    /// errno of the step that failed before exec (0: exec succeeded). Written by the child,
+    /// read by the parent once the child has exec'd or exited.
+    error: std::sync::atomic::AtomicI32,
+}
+
+/// Starts the container leader without copying the worker's address space: `clone` with
+/// `CLONE_VM | CLONE_VFORK` (what `posix_spawn` does inside glibc, which cannot do our set-up
+/// itself: cgroup join and the user switch), so the child borrows the worker's memory and the
+/// calling thread sleeps until the child has exec'd (or failed). `CLONE_PIDFD` hands back a
+/// pidfd in the same call, so the exit is watched without a SIGCHLD race and without a later
+/// `pidfd_open`. All signals are blocked in the calling thread across the clone, so no handler
+/// of the worker ever runs on the shared memory; the child resets handled signals (and SIGPIPE,
+/// which the Rust runtime ignores) to their defaults and unblocks everything before exec, as
+/// `std::process::Command` would. A failed step before exec comes back as its errno.
+pub(crate) fn spawn_child(
+    image: &ExecImage,
+    stdio: [RawFd; 3],
+    plan: &ChildPlan,
+) -> io::Result<SpawnedChild> {
+    use std::os::fd::FromRawFd;
+    use std::sync::atomic::Ordering;
+    let mut stack = vec![0u8; CHILD_STACK_BYTES];
+    // The stack grows down from its 16-byte aligned top.
+    let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
+    let args = ChildArgs {
+        image,
+        stdio,
+        plan,
+        error: std::sync::atomic::AtomicI32::new(0),
+    };
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: sigfillset/pthread_sigmask write into live locals. clone gets a stack that stays
+    // allocated until it returns (CLONE_VFORK: the child has exec'd or exited by then), an
+    // entry point that only makes async-signal-safe calls on `args` (which lives in this frame
+    // until clone returns), and a live int for the pidfd.
+    let (pid, clone_error) = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            std::ptr::from_ref(&args).cast_mut().cast(),
+            &mut pidfd as *mut libc::c_int,
+        );
+        let clone_error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        (pid, clone_error)
+    };
+    drop(stack);
+    if pid < 0 {
+        return Err(clone_error);
+    }
+    // SAFETY: CLONE_PIDFD stored a fresh descriptor that nothing else owns.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) };
+    let child_errno = args.error.load(Ordering::SeqCst);
+    if child_errno != 0 {
+        let mut status = 0;
+        // SAFETY: reaping our own child, which has exited (_exit after the failed step).
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        return Err(io::Error::from_raw_os_error(child_errno));
+    }
+    Ok(SpawnedChild {
+        pid: u32::try_from(pid).unwrap_or(0),
+        pidfd,
+    })
+}
+
+/// The child's entry point: set-up, then exec; on failure report errno and exit 127.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the ChildArgs the parent passed; it stays alive while the parent is
+    // suspended in clone.
+    let args = unsafe { &*arg.cast::<ChildArgs<'_>>() };
+    let errno = child_exec(args);
+    args.error
+        .store(errno.max(1), std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: _exit ends only this child (its own thread group).
+    unsafe { libc::_exit(127) }
+}
+
+/// Runs in the child: returns errno of the failed step (exec does not return on success).
+fn child_exec(args: &ChildArgs<'_>) -> i32 {
+    let errno = || {
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL)
+    };
+    // SAFETY: sigaction, dup2, fcntl, pthread_sigmask and execve are async-signal-safe and get
+    // pointers to live locals or to the parent's prepared, unchanging buffers.
+    unsafe {
+        // The child has its own copy of the signal dispositions (no CLONE_SIGHAND): handlers of
+        // the worker must not run here, so they go back to the default.
+        for sig in 1..=libc::SIGRTMAX() {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                continue;
+            }
+            if (old.sa_sigaction != libc::SIG_IGN && old.sa_sigaction != libc::SIG_DFL)
+                || sig == libc::SIGPIPE
+            {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(sig, &default, std::ptr::null_mut());
+            }
+        }
+        for (target, &fd) in args.stdio.iter().enumerate() {
+            let target = target as RawFd;
+            let ok = if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0) != -1
+            } else {
+                libc::dup2(fd, target) != -1
+            };
+            if !ok {
+                return errno();
+            }
+        }
+    }
+    if let Err(e) = child_setup(args.plan) {
+        return e.raw_os_error().unwrap_or(libc::EINVAL);
+    }
+    // SAFETY: as above; the argv/envp arrays are NUL-terminated arrays of C strings.
+    unsafe {
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::execve(
+            args.image.program.as_ptr(),
+            args.image.argv_ptrs.as_ptr(),
+            args.image.envp_ptrs.as_ptr(),
+        );
+    }
+    errno()
 }
 
 #[cfg(test)]

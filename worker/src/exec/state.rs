@@ -172,8 +172,9 @@ impl StateDir {
         self.root.join("cgroup-roots")
     }
 
-    /// Writes `contents` to `path` atomically (temporary file, fsync, rename), 0600.
-    fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), StateError> {
+    /// Writes `contents` to `path` atomically (temporary file, fsync when `durable`, rename),
+    /// 0600.
+    fn write_atomically(path: &Path, contents: &[u8], durable: bool) -> Result<(), StateError> {
         let tmp = path.with_extension("tmp");
         let mut file = OpenOptions::new()
             .write(true)
@@ -183,14 +184,19 @@ impl StateDir {
             .open(&tmp)
             .map_err(io_err(&tmp))?;
         file.write_all(contents).map_err(io_err(&tmp))?;
-        file.sync_data().map_err(io_err(&tmp))?;
+        if durable {
+            file.sync_data().map_err(io_err(&tmp))?;
+        }
         fs::rename(&tmp, path).map_err(io_err(path))
     }
 
-    /// Records a running container.
+    /// Records a running container. Not fsynced: a record only matters to a worker restarted
+    /// after its own process died (the page cache survives that, and the rename keeps the file
+    /// whole); after a machine crash no container is left running to find. The fsync was a
+    /// disk flush on every launch (0.6 ms median, 8 ms p90 on this VM's disk).
     pub fn record(&self, record: &ContainerRecord) -> Result<(), StateError> {
         let json = serde_json::to_vec(record).expect("JSON of integers and paths");
-        Self::write_atomically(&self.record_path(record.container_id), &json)
+        Self::write_atomically(&self.record_path(record.container_id), &json, false)
     }
 
     /// Forgets a container that has been reaped.
@@ -237,7 +243,7 @@ impl StateDir {
             text.push_str(&root.display().to_string());
             text.push('\n');
         }
-        Self::write_atomically(&self.roots_path(), text.as_bytes())
+        Self::write_atomically(&self.roots_path(), text.as_bytes(), true)
     }
 
     fn cgroup_roots(&self) -> Vec<PathBuf> {

@@ -3,7 +3,7 @@
 //!
 //! The worker's `container_user` option names a user (`nobody`), a uid, or `uid:gid`; by default
 //! the `nobody` user, or uid/gid 65534 when the system has no such user. A worker running as
-//! root switches every container to that identity in the child, between fork and exec
+//! root switches every container to that identity in the child, between clone and exec
 //! (`setgroups`, `setgid`, `setuid`). A worker that is not root cannot switch users: its
 //! containers then run as the worker's own uid, and the worker says so once at start.
 //! Containers running as uid 0 are refused unless `allow_root_containers` is set.
