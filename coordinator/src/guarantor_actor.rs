@@ -512,15 +512,24 @@ impl Handler<Submit> for GuarantorActor {
                 let now_ms = self.clock.now_ms();
                 match spec.description(msg.ask.app_id.as_str(), msg.ask.resources, msg.ask.count, now_ms) {
                     Err(m) => Err(GuarantorError::BadJob(m)),
-                    Ok(description) => match &self.threesigma {
+                    Ok(description) => match &mut self.threesigma {
                         None => Err(GuarantorError::BadJob(
                             "3Sigma scheduling is off on this coordinator (threesigma = false); send the ask without `job`".into(),
                         )),
                         Some(t) => {
-                            let (belief, source) =
+                            let (belief, source, estimates) =
                                 t.belief(&description, msg.ask.runtime_estimate_ms);
-                            self.core
-                                .submit_job(msg.ask, description, belief, source, now_ms)
+                            let submitted = self.core.submit_job(
+                                msg.ask,
+                                description,
+                                belief,
+                                source,
+                                now_ms,
+                            );
+                            if submitted.is_ok() {
+                                t.remember_submission(ask_key, estimates);
+                            }
+                            submitted
                         }
                     },
                 }

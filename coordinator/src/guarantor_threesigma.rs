@@ -5,10 +5,11 @@
 use super::GuarantorActor;
 use crate::store::JobHistoryRecord;
 use actix::prelude::*;
-use inference::predictor::{JobFeatures, RuntimePredictor};
+use inference::predictor::{JobFeatures, RuntimePredictor, SubmittedEstimates};
 use scheduler_core::threesigma::{
-    JobDescription, LiveThreeSigma, LiveThreeSigmaConfig, RuntimeBelief,
+    CompletedJob, JobDescription, LiveThreeSigma, LiveThreeSigmaConfig, RuntimeBelief,
 };
+use std::collections::{HashMap, HashSet};
 use tracing::{debug, error, info, warn};
 
 /// Equally likely runtimes a 3σPredict distribution is handed to 3σSched as (3Sigma §4.1's
@@ -19,6 +20,12 @@ pub const BELIEF_QUANTILES: usize = 20;
 /// written to the store.
 pub(super) struct ActorThreeSigma {
     pub(super) predictor: RuntimePredictor,
+    /// What 3σPredict estimated for each waiting or running job when it was submitted, by ask
+    /// key: its outcome is scored against these (3Sigma §4.1 ranks experts by their past
+    /// estimates), and the interval it was given calibrates the spread. Learning with
+    /// `observe` alone would never calibrate nor score the selection rules. At most one entry
+    /// per job the core holds (pruned with [`ActorThreeSigma::forget_jobs_not_in`]).
+    submitted: HashMap<u64, SubmittedEstimates>,
     pub(super) unsaved: Vec<JobHistoryRecord>,
     pub(super) cycle_ms: u64,
     pub(super) default_runtime_s: f64,
@@ -32,15 +39,65 @@ fn job_features(features: &[(String, String)]) -> JobFeatures {
     f
 }
 
+/// 3σPredict trained on the stored history, oldest first. Each job is predicted from the jobs
+/// stored before it and then learned with that prediction's estimates, as it was live, so the
+/// spread calibration and the selection rules' records are rebuilt too (they would stay at
+/// their initial values with `observe`).
+fn predictor_from_history(history: &[JobHistoryRecord]) -> RuntimePredictor {
+    let mut predictor = RuntimePredictor::default();
+    for r in history {
+        let features = job_features(&r.features);
+        let (_, submitted) = predictor.predict_with_submitted(&features);
+        predictor.observe_submitted(&features, r.runtime_s, &submitted);
+    }
+    predictor
+}
+
 impl ActorThreeSigma {
-    /// The belief 3σSched plans `description` with, and where it came from.
+    fn new(history: &[JobHistoryRecord], cycle_ms: u64, default_runtime_s: f64) -> Self {
+        ActorThreeSigma {
+            predictor: predictor_from_history(history),
+            submitted: HashMap::new(),
+            unsaved: Vec::new(),
+            cycle_ms,
+            default_runtime_s,
+        }
+    }
+
+    /// Keep what 3σPredict estimated for the job the core accepted under `ask_key`.
+    pub(super) fn remember_submission(&mut self, ask_key: u64, estimates: SubmittedEstimates) {
+        self.submitted.insert(ask_key, estimates);
+    }
+
+    /// Drop the submissions of jobs the core no longer holds and that will never complete
+    /// (withdrawn, expired, their app gone).
+    fn forget_jobs_not_in(&mut self, held: &HashSet<u64>) {
+        self.submitted.retain(|key, _| held.contains(key));
+    }
+
+    /// Learn a finished job's runtime against what was estimated at its submission.
+    fn learn(&mut self, job: &CompletedJob) {
+        let features = job_features(&job.features);
+        match self.submitted.remove(&job.ask_key) {
+            Some(submitted) => {
+                self.predictor
+                    .observe_submitted(&features, job.runtime_s, &submitted)
+            }
+            // Submitted before a restart: its estimates were not kept.
+            None => self.predictor.observe(&features, job.runtime_s),
+        }
+    }
+
+    /// The belief 3σSched plans `description` with, where it came from, and what 3σPredict
+    /// estimated (to keep with the job if the core accepts it).
     pub(super) fn belief(
         &self,
         description: &JobDescription,
         runtime_estimate_ms: Option<u64>,
-    ) -> (RuntimeBelief, String) {
+    ) -> (RuntimeBelief, String, SubmittedEstimates) {
         let features = job_features(&description.features);
-        if let Some(p) = self.predictor.predict(&features) {
+        let (prediction, submitted) = self.predictor.predict_with_submitted(&features);
+        if let Some(p) = prediction {
             let levels: Vec<f64> = (0..BELIEF_QUANTILES)
                 .map(|i| (i as f64 + 0.5) / BELIEF_QUANTILES as f64)
                 .collect();
@@ -57,17 +114,23 @@ impl ActorThreeSigma {
                         p.expert.observations,
                         p.expert.estimator.name()
                     ),
+                    submitted,
                 );
             }
         }
         if let Some(ms) = runtime_estimate_ms.filter(|ms| *ms > 0)
             && let Ok(b) = RuntimeBelief::point(ms as f64 / 1000.0)
         {
-            return (b, "runtime_estimate_ms of the ask (no history yet)".into());
+            return (
+                b,
+                "runtime_estimate_ms of the ask (no history yet)".into(),
+                submitted,
+            );
         }
         (
             RuntimeBelief::point(self.default_runtime_s).expect("validated positive"),
             "the default runtime (no history, no runtime_estimate_ms)".into(),
+            submitted,
         )
     }
 }
@@ -84,21 +147,14 @@ impl GuarantorActor {
             .store
             .job_history()
             .map_err(|e| format!("reading the 3Sigma job history: {e}"))?;
-        let mut predictor = RuntimePredictor::default();
-        for r in &history {
-            predictor.observe(&job_features(&r.features), r.runtime_s);
-        }
+        let threesigma = ActorThreeSigma::new(&history, config.cycle_ms, config.default_runtime_s);
         info!(
             cycle_ms = config.cycle_ms,
             history = history.len(),
+            spread = threesigma.predictor.spread(),
             "3Sigma scheduling on; 3σPredict loaded the job history"
         );
-        self.threesigma = Some(ActorThreeSigma {
-            predictor,
-            unsaved: Vec::new(),
-            cycle_ms: config.cycle_ms,
-            default_runtime_s: config.default_runtime_s,
-        });
+        self.threesigma = Some(threesigma);
         let core = std::mem::replace(
             &mut self.core,
             scheduler_core::guarantor::Guarantor::new(
@@ -127,6 +183,7 @@ impl GuarantorActor {
         };
         for job in completed {
             if job.aborted {
+                t.submitted.remove(&job.ask_key);
                 debug!(job = %job.job_id, "3Sigma job ended without all containers started: not learned from");
                 continue;
             }
@@ -135,8 +192,7 @@ impl GuarantorActor {
                 Some(false) => self.metrics.threesigma_slo_missed.inc(),
                 None => 0,
             };
-            t.predictor
-                .observe(&job_features(&job.features), job.runtime_s);
+            t.learn(&job);
             t.unsaved.push(JobHistoryRecord {
                 features: job.features,
                 runtime_s: job.runtime_s,
@@ -144,6 +200,11 @@ impl GuarantorActor {
                 app_id: job.app_id.to_string(),
                 slo_met: job.slo_met,
             });
+        }
+        // Jobs that ended without completing leave their submission behind: prune when the
+        // map holds more than the core's jobs (rare: a withdrawn or abandoned job).
+        if t.submitted.len() > self.core.threesigma_jobs() {
+            t.forget_jobs_not_in(&self.core.threesigma_job_keys());
         }
         if !t.unsaved.is_empty() {
             match self.store.append_job_history(&t.unsaved) {
@@ -221,5 +282,115 @@ impl GuarantorActor {
                 act.report_limits();
             }),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scheduler_core::threesigma::Utility;
+    use scheduler_core::{AppId, JobId, Resources};
+
+    fn features(name: &str) -> Vec<(String, String)> {
+        vec![
+            ("user".to_string(), "alice".to_string()),
+            ("name".to_string(), name.to_string()),
+        ]
+    }
+
+    /// Runtimes that spread well beyond one feature value's history, so the intervals given at
+    /// submission miss often and the calibration must widen them.
+    fn history(jobs: usize) -> Vec<JobHistoryRecord> {
+        (0..jobs)
+            .map(|i| JobHistoryRecord {
+                features: features("etl"),
+                runtime_s: if i % 3 == 0 { 5.0 } else { 40.0 + i as f64 },
+                finish_ms: i as u64 * 1000,
+                app_id: "app".into(),
+                slo_met: None,
+            })
+            .collect()
+    }
+
+    fn description() -> JobDescription {
+        JobDescription {
+            utility: Utility::Slo {
+                deadline: 100.0,
+                value: 1.0,
+            },
+            features: features("etl"),
+            gang: 1,
+            container: Resources::new(1000, 256),
+            required: Vec::new(),
+            preferred: Vec::new(),
+            non_preferred_slowdown: 1.5,
+        }
+    }
+
+    fn completed(ask_key: u64, runtime_s: f64) -> CompletedJob {
+        CompletedJob {
+            app_id: AppId::new("app"),
+            job_id: JobId::new("j"),
+            ask_key,
+            features: features("etl"),
+            submit_ms: 0,
+            start_ms: 0,
+            finish_ms: (runtime_s * 1000.0) as u64,
+            runtime_s,
+            slo_met: Some(true),
+            utility_earned: 1.0,
+            aborted: false,
+        }
+    }
+
+    #[test]
+    fn the_stored_history_rebuilds_the_spread_calibration_not_only_the_histories() {
+        let records = history(60);
+        let replayed = predictor_from_history(&records);
+        let mut observed_only = RuntimePredictor::default();
+        for r in &records {
+            observed_only.observe(&job_features(&r.features), r.runtime_s);
+        }
+        assert_eq!(observed_only.spread(), 1.0, "observe never calibrates");
+        assert!(
+            replayed.spread() > 1.0,
+            "intervals that missed a third of outcomes must widen: spread {}",
+            replayed.spread()
+        );
+    }
+
+    #[test]
+    fn a_finished_job_is_learned_against_the_estimates_of_its_submission() {
+        let mut t = ActorThreeSigma::new(&history(30), 1000, 60.0);
+        let (_, source, estimates) = t.belief(&description(), None);
+        assert!(source.starts_with("3σPredict"), "{source}");
+        t.remember_submission(7, estimates);
+        let before = t.predictor.spread();
+        // Far outside any interval the history gives: the spread must grow.
+        t.learn(&completed(7, 5000.0));
+        assert!(t.submitted.is_empty(), "the submission is consumed");
+        assert!(
+            t.predictor.spread() > before,
+            "{} -> {}",
+            before,
+            t.predictor.spread()
+        );
+    }
+
+    #[test]
+    fn submissions_of_jobs_the_core_no_longer_holds_are_forgotten() {
+        let mut t = ActorThreeSigma::new(&[], 1000, 60.0);
+        for key in 0..10 {
+            let (_, _, estimates) = t.belief(&description(), Some(1000));
+            t.remember_submission(key, estimates);
+        }
+        t.forget_jobs_not_in(&HashSet::from([3, 4]));
+        let mut kept: Vec<u64> = t.submitted.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, vec![3, 4]);
+        // A job finished after a restart (no kept submission) is still learned from.
+        let seen = t.predictor.feature_values();
+        t.learn(&completed(99, 12.0));
+        assert!(t.predictor.feature_values() > seen);
     }
 }

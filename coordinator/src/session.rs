@@ -17,6 +17,7 @@ use scheduler_core::protocol::limits::{JOIN_PREFIX_BYTES, join_token_in_prefix};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -42,6 +43,9 @@ pub const WORKER_FRAMES_IN_FLIGHT: usize = 256;
 pub struct WorkerTx {
     tx: mpsc::Sender<CoordinatorToWorker>,
     connection: Option<quinn::Connection>,
+    /// Set by the first send that found the queue full (shared by the clones): the warning and
+    /// the close happen once, not for every frame sent until the session ends.
+    overflowed: Arc<AtomicBool>,
 }
 
 /// The worker's session has ended (or was closed for not reading): the frame was not queued.
@@ -55,7 +59,14 @@ impl WorkerTx {
         connection: Option<quinn::Connection>,
     ) -> (WorkerTx, mpsc::Receiver<CoordinatorToWorker>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        (WorkerTx { tx, connection }, rx)
+        (
+            WorkerTx {
+                tx,
+                connection,
+                overflowed: Arc::new(AtomicBool::new(false)),
+            },
+            rx,
+        )
     }
 
     /// Queue a frame for the worker without waiting.
@@ -63,6 +74,9 @@ impl WorkerTx {
         match self.tx.try_send(msg) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
+                if self.overflowed.swap(true, Ordering::Relaxed) {
+                    return Err(WorkerGone);
+                }
                 let reason = format!(
                     "the worker does not read its answers: {} frames queued",
                     self.tx.max_capacity()
@@ -481,4 +495,30 @@ async fn write_frames(
     }
     let _ = send.finish();
     let _ = send.stopped().await;
+}
+
+#[cfg(test)]
+mod worker_tx_tests {
+    use super::*;
+
+    fn frame() -> CoordinatorToWorker {
+        CoordinatorToWorker::JoinRejected(JoinRejected {
+            reason: "test".into(),
+        })
+    }
+
+    #[test]
+    fn a_full_queue_refuses_frames_and_marks_every_clone_overflowed_once() {
+        let (tx, mut rx) = WorkerTx::bounded(1, None);
+        let clone = tx.clone();
+        assert_eq!(tx.send(frame()), Ok(()));
+        assert_eq!(tx.send(frame()), Err(WorkerGone));
+        assert!(clone.overflowed.load(Ordering::Relaxed), "shared by clones");
+        assert_eq!(clone.send(frame()), Err(WorkerGone));
+        assert!(
+            rx.try_recv().is_ok(),
+            "the frame queued before the overflow stays"
+        );
+        assert!(rx.try_recv().is_err(), "nothing past the bound was queued");
+    }
 }

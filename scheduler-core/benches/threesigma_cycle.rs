@@ -521,17 +521,25 @@ impl CycleStats {
             methods.insert("(LP stopped early)".into(), self.stopped_early);
         }
         println!(
-            "| {label} | {pending} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {quality} | {methods:?} |",
+            "| {label} | {pending} | {} | {} | {} | {} | {quality} | {methods:?} |",
+            self.timing_columns(),
+            self.size.0,
+            self.size.1,
+            self.size.2,
+        );
+    }
+
+    /// Cycles, wall p50 / p99 / max and CPU p50 / p99 (ms): the columns both tables share.
+    fn timing_columns(&self) -> String {
+        format!(
+            "{} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1}",
             self.times.len(),
             quantile(&self.times, 0.5),
             quantile(&self.times, 0.99),
             self.times[self.times.len() - 1],
             quantile(&self.cpu, 0.5),
             quantile(&self.cpu, 0.99),
-            self.size.0,
-            self.size.1,
-            self.size.2,
-        );
+        )
     }
 
     /// A row of the consecutive-cycles table.
@@ -547,13 +555,8 @@ impl CycleStats {
             )
         };
         println!(
-            "| {label} | {churn} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {iterations} | {quality} | {} | {:?} |",
-            self.times.len(),
-            quantile(&self.times, 0.5),
-            quantile(&self.times, 0.99),
-            self.times[self.times.len() - 1],
-            quantile(&self.cpu, 0.5),
-            quantile(&self.cpu, 0.99),
+            "| {label} | {churn} | {} | {iterations} | {quality} | {} | {:?} |",
+            self.timing_columns(),
             self.stopped_early,
             self.methods
         );

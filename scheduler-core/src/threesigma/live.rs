@@ -182,6 +182,10 @@ pub struct JobExplanation {
 pub struct CompletedJob {
     pub app_id: AppId,
     pub job_id: JobId,
+    /// The guarantor's key of the job's ask (what [`Guarantor::submit_job`] was given): the
+    /// caller finds what it kept of the job's submission by it.
+    #[serde(default)]
+    pub ask_key: u64,
     pub features: Vec<(String, String)>,
     pub submit_ms: u64,
     pub start_ms: u64,
@@ -441,6 +445,25 @@ impl Guarantor {
     /// Jobs waiting in the 3Sigma queue.
     pub fn threesigma_pending(&self) -> usize {
         self.threesigma.as_ref().map_or(0, |l| l.waiting.len())
+    }
+
+    /// 3Sigma jobs the guarantor holds, waiting or running.
+    pub fn threesigma_jobs(&self) -> usize {
+        self.threesigma
+            .as_ref()
+            .map_or(0, |l| l.waiting.len() + l.running.len())
+    }
+
+    /// Ask keys of the 3Sigma jobs still waiting or running (a job not among them completed,
+    /// was withdrawn or left with its app).
+    pub fn threesigma_job_keys(&self) -> HashSet<u64> {
+        self.threesigma.as_ref().map_or_else(HashSet::new, |l| {
+            l.running
+                .keys()
+                .copied()
+                .chain(l.waiting.iter().map(|w| w.ask.ask_key))
+                .collect()
+        })
     }
 
     /// Tell the guarantor the time before reporting container ends, so a finished 3Sigma job's
@@ -950,6 +973,7 @@ impl Guarantor {
         let completed = CompletedJob {
             app_id: job.app_id,
             job_id: job.job_id,
+            ask_key: key,
             features: job.features,
             submit_ms: job.submit_ms,
             start_ms: job.start_ms,
