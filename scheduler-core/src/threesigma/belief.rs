@@ -522,7 +522,7 @@ mod tests {
             deadline: 200.0,
             value: 1.0,
         };
-        assert_eq!(mid_bin.expected_utility(&deadline, 2.0), 1.0);
+        assert!((mid_bin.expected_utility(&deadline, 2.0) - 1.0).abs() < 1e-12);
         assert!((b.expected_utility(&deadline, 2.0) - 0.98).abs() < 1e-9);
         // Linear best-effort decay from 1 at 0 to 0 at 400: E[1 − (s + T)/400] exactly.
         let be = Utility::BestEffort {
