@@ -65,11 +65,7 @@ impl RuntimeBelief {
         Self::from_pieces(
             runtimes
                 .into_iter()
-                .map(|r| BeliefPiece {
-                    lo: r,
-                    hi: r,
-                    mass,
-                })
+                .map(|r| BeliefPiece { lo: r, hi: r, mass })
                 .collect(),
         )
     }
@@ -149,10 +145,14 @@ impl RuntimeBelief {
                 ..p
             })
             .collect();
-        let mut mass_from = vec![0.0; pieces.len() + 1];
-        for i in (0..pieces.len()).rev() {
-            mass_from[i] = mass_from[i + 1] + pieces[i].mass;
+        let mut mass_from = Vec::with_capacity(pieces.len() + 1);
+        let mut above = 0.0;
+        mass_from.push(above);
+        for piece in pieces.iter().rev() {
+            above += piece.mass;
+            mass_from.push(above);
         }
+        mass_from.reverse();
         Self {
             pieces,
             mass_from,

@@ -1469,7 +1469,9 @@ pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
     let mut params = ThreeSigmaParams::default();
     if let Some(interval) = args.cycle_interval_s {
         if !(interval.is_finite() && interval > 0.0) {
-            anyhow::bail!("--cycle-interval-s must be a positive number of seconds, got {interval}");
+            anyhow::bail!(
+                "--cycle-interval-s must be a positive number of seconds, got {interval}"
+            );
         }
         params.cycle_interval_s = interval;
         params.scheduler.cycle_s = interval;
@@ -1604,8 +1606,16 @@ mod tests {
         let d = &p.distribution;
         let belief = belief_from(d, ThreeSigmaParams::default().belief_pieces);
         let (lo, hi) = (d.support_min().max(1.0), d.support_max());
-        assert!((belief.min() - lo).abs() < 1e-6 * lo, "{} vs {lo}", belief.min());
-        assert!((belief.max() - hi).abs() < 1e-6 * hi, "{} vs {hi}", belief.max());
+        assert!(
+            (belief.min() - lo).abs() < 1e-6 * lo,
+            "{} vs {lo}",
+            belief.min()
+        );
+        assert!(
+            (belief.max() - hi).abs() < 1e-6 * hi,
+            "{} vs {hi}",
+            belief.max()
+        );
         // The top 2.5 % of the predicted mass is still there, in the same place.
         let top = d.quantile(0.99);
         assert!(
