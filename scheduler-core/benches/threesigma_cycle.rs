@@ -85,7 +85,7 @@ fn pending_job(rng: &mut StdRng, id: u64, now: f64) -> PendingJob {
     let utility = if slo {
         let slack = [0.2, 0.4, 0.6, 0.8][rng.random_range(0..4)];
         Utility::Slo {
-            deadline: submit + belief.runtimes()[10] * (1.0 + slack),
+            deadline: submit + belief.quantile(0.525) * (1.0 + slack),
             value: 10.0,
         }
     } else {

@@ -135,12 +135,10 @@ pub struct BeliefSummary {
 
 impl BeliefSummary {
     pub fn of(belief: &RuntimeBelief, source: impl Into<String>) -> BeliefSummary {
-        let r = belief.runtimes();
-        let at = |q: f64| r[((r.len() - 1) as f64 * q).round() as usize];
         BeliefSummary {
-            p10_s: at(0.1),
-            p50_s: at(0.5),
-            p90_s: at(0.9),
+            p10_s: belief.quantile(0.1),
+            p50_s: belief.quantile(0.5),
+            p90_s: belief.quantile(0.9),
             mean_s: belief.mean(),
             source: source.into(),
         }

@@ -20,7 +20,7 @@ pub mod model;
 mod partition;
 mod prio;
 
-pub use belief::{OverEstimateHandling, RuntimeBelief, Utility, exp_inc_finish};
+pub use belief::{BeliefPiece, OverEstimateHandling, RuntimeBelief, Utility, exp_inc_finish};
 pub use highs_solver::HighsSolver;
 pub use model::{
     BasisStatus, Column, ColumnKind, FEASIBILITY_TOLERANCE, LpBasis, LpSolution, MilpModel,
@@ -44,6 +44,8 @@ pub enum ThreeSigmaError {
     EmptyBelief,
     #[error("runtime {0} is not a finite positive number of seconds")]
     BadRuntime(f64),
+    #[error("runtime belief: {0}")]
+    BadBelief(String),
     #[error("job description: {0}")]
     BadDescription(String),
     #[error("config: {0}")]

@@ -740,7 +740,7 @@ fn wide_instance(
             let slo = rng.random_bool(0.5);
             let utility = if slo {
                 Utility::Slo {
-                    deadline: submit + b.runtimes()[10] * rng.random_range(1.2..1.8),
+                    deadline: submit + b.quantile(0.525) * rng.random_range(1.2..1.8),
                     value: 10.0,
                 }
             } else {

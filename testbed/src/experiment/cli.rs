@@ -55,6 +55,10 @@ pub struct ExperimentArgs {
     /// Prio met, cycle by cycle (0: none; a second, identical 3Sigma run per seed).
     #[arg(long, default_value_t = 0)]
     pub trace_missed: usize,
+    /// 3sigma: simulated seconds between scheduling cycles, overriding the parameters'
+    /// `cycle_interval_s` (docs/experiments/3sigma/parameters.md).
+    #[arg(long)]
+    pub cycle_interval_s: Option<f64>,
 }
 
 impl ExperimentArgs {
