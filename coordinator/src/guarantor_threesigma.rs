@@ -12,9 +12,10 @@ use scheduler_core::threesigma::{
 use std::collections::{HashMap, HashSet};
 use tracing::{debug, error, info, warn};
 
-/// Equally likely runtimes a 3σPredict distribution is handed to 3σSched as (3Sigma §4.1's
-/// piecewise distribution at the midpoints of this many bins).
-pub const BELIEF_QUANTILES: usize = 20;
+/// Equal-mass pieces a 3σPredict distribution is handed to 3σSched as: its quantiles at
+/// `0, 1/20, …, 1` (support minimum and maximum included, so no tail is cut; exact for
+/// 3σPredict's calibrated distributions, `inference::distribution::CALIBRATED_PIECES`).
+pub const BELIEF_PIECES: usize = 20;
 
 /// The 3Sigma state the actor keeps beside the core: the predictor and finished jobs not yet
 /// written to the store.
@@ -98,13 +99,13 @@ impl ActorThreeSigma {
         let features = job_features(&description.features);
         let (prediction, submitted) = self.predictor.predict_with_submitted(&features);
         if let Some(p) = prediction {
-            let levels: Vec<f64> = (0..BELIEF_QUANTILES)
-                .map(|i| (i as f64 + 0.5) / BELIEF_QUANTILES as f64)
+            let quantiles: Vec<f64> = p
+                .distribution
+                .equal_mass_quantiles(BELIEF_PIECES)
+                .into_iter()
+                .map(|r| r.max(0.1))
                 .collect();
-            let mut q = vec![0.0; BELIEF_QUANTILES];
-            p.distribution.quantiles_into(&levels, &mut q);
-            let runtimes: Vec<f64> = q.into_iter().map(|r| r.max(0.1)).collect();
-            if let Ok(b) = RuntimeBelief::from_runtimes(runtimes) {
+            if let Ok(b) = RuntimeBelief::from_quantiles(&quantiles) {
                 return (
                     b,
                     format!(
@@ -375,6 +376,31 @@ mod tests {
             before,
             t.predictor.spread()
         );
+    }
+
+    #[test]
+    fn the_live_belief_keeps_both_tails_of_the_predicted_distribution() {
+        let t = ActorThreeSigma::new(&history(30), 1000, 60.0);
+        let (belief, source, _) = t.belief(&description(), None);
+        assert!(source.starts_with("3σPredict"), "{source}");
+        let predicted = t
+            .predictor
+            .predict(&job_features(&features("etl")))
+            .expect("history gives a prediction")
+            .distribution;
+        let (lo, hi) = (predicted.quantile(0.0), predicted.quantile(1.0));
+        // Mid-bin quantiles stop at the 2.5th and 97.5th percentiles.
+        assert!(
+            (belief.max() - hi).abs() <= 1e-9 * hi,
+            "{} vs {hi}",
+            belief.max()
+        );
+        assert!(
+            (belief.min() - lo.max(0.1)).abs() <= 1e-9 * hi,
+            "{} vs {lo}",
+            belief.min()
+        );
+        assert!(belief.survival(predicted.quantile(0.99)) > 0.0);
     }
 
     #[test]

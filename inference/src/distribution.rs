@@ -284,6 +284,19 @@ impl RuntimeDistribution {
         }
     }
 
+    /// The quantiles at levels `0, 1/n, …, 1` (`n + 1` runtimes, `n ≥ 1`): the support's
+    /// minimum and maximum and the knots of `n` equal-mass pieces between them. What 3σSched is
+    /// handed (`RuntimeBelief::from_quantiles`): exact for a calibrated distribution of
+    /// [`CALIBRATED_PIECES`] pieces, and no tail is cut (3Sigma Eq. 1 integrates over the whole
+    /// distribution).
+    pub fn equal_mass_quantiles(&self, n: usize) -> Vec<f64> {
+        let n = n.max(1);
+        let levels: Vec<f64> = (0..=n).map(|i| i as f64 / n as f64).collect();
+        let mut quantiles = vec![0.0; n + 1];
+        self.quantiles_into(&levels, &mut quantiles);
+        quantiles
+    }
+
     /// Quantiles at increasing levels `levels` into `out` (as many as both hold) in one sweep
     /// over the pieces: O(pieces + levels), where calling [`RuntimeDistribution::quantile`] for
     /// each is O(pieces × levels).

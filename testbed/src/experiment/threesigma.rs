@@ -403,11 +403,11 @@ fn belief_from(
     prediction: &inference::distribution::RuntimeDistribution,
     n: usize,
 ) -> RuntimeBelief {
-    let n = n.max(1);
-    let levels: Vec<f64> = (0..=n).map(|i| i as f64 / n as f64).collect();
-    let mut q = vec![0.0; n + 1];
-    prediction.quantiles_into(&levels, &mut q);
-    let quantiles: Vec<f64> = q.into_iter().map(|r| r.max(1.0)).collect();
+    let quantiles: Vec<f64> = prediction
+        .equal_mass_quantiles(n)
+        .into_iter()
+        .map(|r| r.max(1.0))
+        .collect();
     RuntimeBelief::from_quantiles(&quantiles).unwrap_or_else(|_| {
         RuntimeBelief::point(prediction.median().max(1.0)).expect("positive point")
     })
