@@ -325,14 +325,21 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
     // A container this scheduler did not grant there changes nothing either.
     let elsewhere = [ShedContainer {
         container_id: placed.container_id,
-        node_id: NodeId::new(if placed.node_id.as_str() == "n0" { "n1" } else { "n0" }),
+        node_id: NodeId::new(if placed.node_id.as_str() == "n0" {
+            "n1"
+        } else {
+            "n0"
+        }),
     }];
     assert_eq!(
         issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &elsewhere),
         0
     );
     // The owner's re-ask: the re-placement and every other one this view goes elsewhere.
-    assert_eq!(issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &shed), 1);
+    assert_eq!(
+        issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &shed),
+        1
+    );
     for _ in 0..30 {
         assert_ne!(c.place_one(2_000), placed.node_id.as_str());
     }
@@ -347,7 +354,10 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
         kind: NoticeKind::Finished,
     };
     issued.on_notice(c.scheduler.quotas_mut(), &notice);
-    assert_eq!(issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &shed), 0);
+    assert_eq!(
+        issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &shed),
+        0
+    );
     assert!(!c.scheduler.is_avoided(&placed.node_id));
     c.scheduler.quotas().check_invariants().unwrap();
 }

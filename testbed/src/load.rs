@@ -1,8 +1,8 @@
 //! `testbed load`: a job manager speaking the app protocol. It allocates and starts N short
 //! `testbed task` containers with C in flight, picks each container's type with the hybrid-GQ
-//! policy (Mercury §5), re-asks QUEUEABLE containers that were shed (naming the shedding node, so the scheduler
-//! avoids it until its next view), preempted or lost, and
-//! reports counts and client-side latency percentiles.
+//! policy (Mercury §5), re-asks QUEUEABLE containers that were shed (naming the shed container
+//! and its node, so that the scheduler avoids that node until its next view), preempted or lost,
+//! and reports counts and client-side latency percentiles.
 
 use crate::client::{AppClient, ClientPool, ConnectOptions};
 use anyhow::{Context, bail};

@@ -220,12 +220,7 @@ pub fn validate_request(request: &AppRequest) -> Result<(), ErrorFrame> {
                 }
                 // An ask replaces at most the containers it asks for (so at most
                 // MAX_CONTAINERS_PER_ALLOCATE entries).
-                check_count(
-                    id,
-                    "replaces_shed",
-                    a.replaces_shed.len(),
-                    a.count as usize,
-                )?;
+                check_count(id, "replaces_shed", a.replaces_shed.len(), a.count as usize)?;
                 for shed in &a.replaces_shed {
                     check_len(
                         id,
