@@ -71,6 +71,7 @@ fn ask(correlation_id: u64, count: u32, reservation_id: Option<&str>) -> WorkerT
             role: Default::default(),
             allow_shaping: false,
             job: None,
+            replaces_shed: Vec::new(),
         },
     })
 }

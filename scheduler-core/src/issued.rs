@@ -11,8 +11,15 @@
 //! - A grant the app released before any node reported it is remembered until its token
 //!   expires; if a node reports it started after all (the release raced the start), it is
 //!   stopped then ([`IssuedAction::Stop`]).
+//! - An app that asks again for QUEUEABLE containers a node shed names them
+//!   ([`crate::protocol::app::Allocate::replaces_shed`]): each node that shed a container this
+//!   scheduler granted there to that app is avoided until the next view
+//!   ([`IssuedContainers::avoid_nodes_that_shed`]), as the simulator's schedulers avoid a node
+//!   the moment it sheds their work.
 
 use crate::coordinator::{ContainerNotice, NoticeKind};
+use crate::distributed::DistributedScheduler;
+use crate::protocol::app::ShedContainer;
 use crate::quota::QuotaTracker;
 use crate::{AppId, ContainerId, NodeId};
 use std::collections::{HashMap, HashSet};
@@ -130,6 +137,38 @@ impl IssuedContainers {
             );
         }
         out
+    }
+
+    /// `app` asks again for containers that nodes shed (Mercury §4.3: a shed returns a poorly
+    /// placed QUEUEABLE container to its job manager, which asks again): each named node that
+    /// holds, by this scheduler's record, a container it granted to `app` there is avoided by
+    /// `scheduler` until its next view ([`DistributedScheduler::avoid_until_next_view`]), so the
+    /// re-ask does not go back to it on the same stale estimate. The node's worker learns of the
+    /// shed at once; this scheduler, on another worker, only with the coordinator's notice a
+    /// heartbeat later, and that notice comes with a newer view. So a container no longer in the
+    /// record (its `finished` notice arrived, with a view newer than the shed) avoids nothing,
+    /// nor does a container of another app or scheduler. Returns how many nodes are now avoided.
+    pub fn avoid_nodes_that_shed(
+        &self,
+        scheduler: &mut DistributedScheduler,
+        app: &AppId,
+        shed: &[ShedContainer],
+    ) -> usize {
+        let mut avoided = 0;
+        for s in shed {
+            let ours = self
+                .by_node
+                .get(&s.node_id)
+                .is_some_and(|set| set.contains(&s.container_id))
+                && scheduler.quotas().owner(s.container_id) == Some(app);
+            if ours
+                && !scheduler.is_avoided(&s.node_id)
+                && scheduler.avoid_until_next_view(&s.node_id)
+            {
+                avoided += 1;
+            }
+        }
+        avoided
     }
 
     /// Drop what expired: remembered releases past their token's expiry, and unstarted grants

@@ -114,6 +114,7 @@ fn allocate() -> AppRequest {
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     })
 }
 

@@ -227,3 +227,137 @@ fn a_burst_spreads_over_the_whole_view_as_if_every_peer_placed_it_too() {
     let again: HashSet<String> = (0..40).map(|_| c.place_one(2000)).collect();
     assert_eq!(again.len(), 20, "{again:?}");
 }
+
+/// The live path of a return (issue 15): a node returns a queued QUEUEABLE container that long
+/// GUARANTEED work holds back (`NodeRuntime::shed_held_by_guaranteed`), the app asks again
+/// naming it (`allocate.replaces_shed`), and the scheduler that granted it (on another worker,
+/// which has not heard of the shed) avoids that node until its next view, as the simulator's
+/// schedulers do when the node sheds. Naming someone else's container, or one whose end the
+/// scheduler already heard of (with a newer view), avoids nothing.
+#[test]
+fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
+    use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
+    use scheduler_core::distributed::replacement_wait_bound_ms;
+    use scheduler_core::issued::IssuedContainers;
+    use scheduler_core::node::{ContainerSpec, NodeEvent, NodeRuntime, NodeRuntimeConfig};
+    use scheduler_core::protocol::app::ShedContainer;
+    use scheduler_core::{ContainerId, ContainerType, KillReason};
+
+    let mut c = Cluster::new(6, 6, 6, |_| 0.0);
+    let mut issued = IssuedContainers::default();
+    let app = AppId::from("app");
+    let ask = QueueableAsk {
+        app_id: app.clone(),
+        resources: Resources::new(1000, 1024),
+        count: 1,
+        priority: 0,
+        locality: None,
+        runtime_estimate_ms: Some(2_000),
+        job_id: JobId::from("j"),
+        job_submit_time_ms: 0,
+    };
+    let out = c
+        .scheduler
+        .place(0, &ask, &QueueableQuota::default(), &mut c.rng)
+        .expect("placement");
+    let placed = out.placed[0].clone();
+    issued.issued(&placed.node_id, placed.container_id);
+
+    // On its node, GUARANTEED work fills every core for 60 s before the grant arrives: the 2-s
+    // container would wait 60 s where any other node of the view starts it at once.
+    let now = Time::ZERO;
+    let mut node = NodeRuntime::new(NodeRuntimeConfig::new(NODE_CAPACITY), now);
+    for seq in 0..4 {
+        node.submit(
+            now,
+            ContainerSpec {
+                id: ContainerId::new(0, seq),
+                app_id: AppId::from("batch"),
+                job_id: JobId::from("long"),
+                job_submit_time: now,
+                priority: 0,
+                container_type: ContainerType::Guaranteed,
+                resources: Resources::new(1000, 1024),
+                runtime_estimate_ms: Some(60_000),
+                version: 0,
+            },
+        )
+        .expect("GUARANTEED container accepted");
+    }
+    let body = &placed.token_body;
+    node.submit(
+        now,
+        ContainerSpec {
+            id: body.container_id,
+            app_id: body.app_id.clone(),
+            job_id: body.job_id.clone(),
+            job_submit_time: Time::from_millis(body.job_submit_time_ms),
+            priority: body.priority,
+            container_type: body.container_type,
+            resources: body.resources,
+            runtime_estimate_ms: body.runtime_estimate_ms,
+            version: body.version,
+        },
+    )
+    .expect("QUEUEABLE container queued");
+    node.drain_events();
+    let bound = replacement_wait_bound_ms(&c.scheduler.view().top_k, &placed.node_id, 6, 1_000)
+        .expect("the view names other nodes");
+    assert_eq!(
+        node.shed_held_by_guaranteed(now, bound),
+        vec![placed.container_id]
+    );
+    assert!(node.drain_events().iter().any(|e| matches!(
+        e,
+        NodeEvent::Killed { id, reason: KillReason::Shed, .. } if *id == placed.container_id
+    )));
+
+    let shed = [ShedContainer {
+        container_id: placed.container_id,
+        node_id: placed.node_id.clone(),
+    }];
+    // Another app naming it changes nothing.
+    assert_eq!(
+        issued.avoid_nodes_that_shed(&mut c.scheduler, &AppId::from("other"), &shed),
+        0
+    );
+    assert!(!c.scheduler.is_avoided(&placed.node_id));
+    // A container this scheduler did not grant there changes nothing either.
+    let elsewhere = [ShedContainer {
+        container_id: placed.container_id,
+        node_id: NodeId::new(if placed.node_id.as_str() == "n0" {
+            "n1"
+        } else {
+            "n0"
+        }),
+    }];
+    assert_eq!(
+        issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &elsewhere),
+        0
+    );
+    // The owner's re-ask: the re-placement and every other one this view goes elsewhere.
+    assert_eq!(
+        issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &shed),
+        1
+    );
+    for _ in 0..30 {
+        assert_ne!(c.place_one(2_000), placed.node_id.as_str());
+    }
+    // The next view ends it.
+    c.fresh_view();
+    assert!(!c.scheduler.is_avoided(&placed.node_id));
+    // Once the scheduler heard the container ended (its notice comes with a view newer than the
+    // shed), naming it avoids nothing.
+    let notice = ContainerNotice {
+        container_id: placed.container_id,
+        node_id: placed.node_id.clone(),
+        kind: NoticeKind::Finished,
+    };
+    issued.on_notice(c.scheduler.quotas_mut(), &notice);
+    assert_eq!(
+        issued.avoid_nodes_that_shed(&mut c.scheduler, &app, &shed),
+        0
+    );
+    assert!(!c.scheduler.is_avoided(&placed.node_id));
+    c.scheduler.quotas().check_invariants().unwrap();
+}

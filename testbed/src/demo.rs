@@ -60,6 +60,7 @@ fn ask(
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     }
 }
 

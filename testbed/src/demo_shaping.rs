@@ -49,6 +49,7 @@ fn ask(memory_mib: u64, role: ComponentRole, allow_shaping: bool) -> Allocate {
         role,
         allow_shaping,
         job: None,
+        replaces_shed: Vec::new(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! `testbed load`: a job manager speaking the app protocol. It allocates and starts N short
 //! `testbed task` containers with C in flight, picks each container's type with the hybrid-GQ
-//! policy (Mercury §5), re-asks QUEUEABLE containers that were shed, preempted or lost, and
-//! reports counts and client-side latency percentiles.
+//! policy (Mercury §5), re-asks QUEUEABLE containers that were shed (naming the shed container
+//! and its node, so that the scheduler avoids that node until its next view), preempted or lost,
+//! and reports counts and client-side latency percentiles.
 
 use crate::client::{AppClient, ClientPool, ConnectOptions};
 use anyhow::{Context, bail};
@@ -9,7 +10,9 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::hybrid_gq::HybridGq;
-use scheduler_core::protocol::app::{Allocate, ContainerEvent, ContainerEventKind, LaunchSpec};
+use scheduler_core::protocol::app::{
+    Allocate, ContainerEvent, ContainerEventKind, LaunchSpec, ShedContainer,
+};
 use scheduler_core::{ContainerId, ContainerType, KillReason, Resources};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -376,6 +379,7 @@ async fn run_task(
 ) -> anyhow::Result<()> {
     let mut kills = 0u32;
     let mut refused_since: Option<Instant> = None;
+    let mut shed = None;
     let began = Instant::now();
     loop {
         match attempt(
@@ -385,6 +389,7 @@ async fn run_task(
             ctype,
             &mut kills,
             &mut refused_since,
+            &mut shed,
         )
         .await?
         {
@@ -408,6 +413,9 @@ async fn attempt(
     ctype: ContainerType,
     kills: &mut u32,
     refused_since: &mut Option<Instant>,
+    // The task's last container, if a node shed it: named in the re-ask so that the scheduler
+    // avoids that node until its next view (`allocate.replaces_shed`).
+    shed: &mut Option<ShedContainer>,
 ) -> anyhow::Result<Attempt> {
     let args = &runner.args;
     let ask = Allocate {
@@ -424,6 +432,7 @@ async fn attempt(
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: shed.take().into_iter().collect(),
     };
     // A refusal that passes (quota, nothing placeable this round, coordinator away): wait for
     // one of our containers to end, then ask again, for at most REFUSAL_PATIENCE in a row.
@@ -548,7 +557,13 @@ async fn attempt(
                     s.report.failed += 1;
                     return Ok(Attempt::Done);
                 }
-                KillReason::Shed => s.report.shed += 1,
+                KillReason::Shed => {
+                    s.report.shed += 1;
+                    *shed = Some(ShedContainer {
+                        container_id: grant.container_id,
+                        node_id: grant.node_id.clone(),
+                    });
+                }
                 KillReason::PreemptedByGuaranteed => s.report.preempted += 1,
                 KillReason::Lost => s.report.lost += 1,
                 KillReason::ShapedPreemption => s.report.preempted += 1,

@@ -77,6 +77,7 @@ fn on_victim(ctype: ContainerType, cpu: u64, victim: &str) -> Allocate {
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     }
 }
 

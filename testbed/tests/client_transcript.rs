@@ -116,6 +116,7 @@ fn transcript() -> Vec<(&'static str, Frame)> {
                 role: Default::default(),
                 allow_shaping: false,
                 job: None,
+                replaces_shed: Vec::new(),
             })),
         ),
         (

@@ -74,6 +74,7 @@ fn ask(t: ContainerType, count: u32) -> Allocate {
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     }
 }
 

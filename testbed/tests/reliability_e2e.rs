@@ -28,6 +28,7 @@ fn guaranteed_ask() -> Allocate {
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     }
 }
 

@@ -198,6 +198,13 @@ impl SchedulerActor {
             job_id: JobId::new(req.job_id.as_str()),
             job_submit_time_ms: req.job_submit_time_ms,
         };
+        // A re-ask of shed containers: their nodes wait until the next view, as in the simulator.
+        let avoided = self
+            .issued
+            .avoid_nodes_that_shed(&mut self.ds, &app, &req.replaces_shed);
+        if avoided > 0 {
+            debug!(%app, avoided, "avoiding nodes that shed this app's containers until the next view");
+        }
         let quota = self.shared.quota(&app);
         let now_ms = self.shared.clock.now().as_millis();
         match self.ds.place(now_ms, &ask, &quota, &mut self.rng) {

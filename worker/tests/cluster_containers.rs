@@ -441,3 +441,72 @@ async fn a_queueable_container_held_back_by_long_guaranteed_work_is_returned() {
     snap.invariants.expect("node runtime invariants hold");
     c.stop().await;
 }
+
+/// The application's re-ask of a returned container names it (`allocate.replaces_shed`): the
+/// local worker's scheduler, which granted it, avoids the node that returned it until its next
+/// view, as the simulator's schedulers do (docs/experiments/mercury/diagnosis.md). Its view was
+/// taken with the heartbeat whose answer returned the container, so without the hint the
+/// scheduler would draw node-a again for about half of the re-asks (k = 2 of two nodes).
+#[actix_rt::test]
+async fn a_re_ask_naming_a_returned_container_avoids_the_returning_node_until_the_next_view() {
+    let c = Cluster::start_configured(
+        &["demo"],
+        &[node("node-a", 1000, 1024), node("node-b", 1000, 1024)],
+        |_| {},
+        None,
+        // Views every 3 s, so that the re-asks below all fall within one (they take
+        // milliseconds); outlier shedding off so that only the re-placement rule returns work.
+        |s| {
+            s.heartbeat_interval = std::time::Duration::from_secs(3);
+            s.top_k = 2;
+            s.shedding = scheduler_core::coordinator::SheddingPolicy::Off;
+        },
+    )
+    .await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    let mut long = ask_on(ContainerType::Guaranteed, 1000, 1024, "node-a");
+    long.runtime_estimate_ms = Some(600_000);
+    let long = app.grant(long).await;
+    start_running(&mut app, &long, sh("exec sleep 600")).await;
+
+    let mut short = ask_on(ContainerType::Queueable, 500, 256, "node-a");
+    short.runtime_estimate_ms = Some(1_000);
+    let short = app.grant(short).await;
+    let id = short.body.container_id;
+    let accepted = app
+        .start(&short, sh("exit 0"))
+        .await
+        .expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Queued);
+    let returned = app
+        .event("the held-back container's return", ended(id))
+        .await;
+    assert!(
+        matches!(
+            returned.event,
+            ContainerEventKind::Killed {
+                reason: KillReason::Shed,
+                ..
+            }
+        ),
+        "{returned:?}"
+    );
+
+    // The re-ask names it: it, and the asks after it until the next view (the job manager's
+    // other tasks), go elsewhere.
+    let mut nodes = Vec::new();
+    for i in 0..6 {
+        let mut again = ask(ContainerType::Queueable, 500, 256);
+        again.runtime_estimate_ms = Some(1_000);
+        if i == 0 {
+            again.replaces_shed = vec![scheduler_core::protocol::app::ShedContainer {
+                container_id: id,
+                node_id: returned.node_id.clone(),
+            }];
+        }
+        nodes.push(app.grant(again).await.body.node_id.to_string());
+    }
+    assert!(nodes.iter().all(|n| n == "node-b"), "{nodes:?}");
+    c.stop().await;
+}

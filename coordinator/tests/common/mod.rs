@@ -213,6 +213,7 @@ pub fn allocate_guaranteed(
             role: Default::default(),
             allow_shaping: false,
             job: None,
+            replaces_shed: Vec::new(),
         },
     })
 }

@@ -115,6 +115,22 @@ pub struct Allocate {
     /// together, a gang) instead of being placed at once where capacity is free.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobSpec>,
+    /// QUEUEABLE only: containers of this app that nodes shed (event `killed`, reason `shed`)
+    /// and that this ask asks for again, each with the node that shed it. The worker's scheduler
+    /// that granted them avoids those nodes for off-locality placement until its next cluster
+    /// view (Mercury §4.3: a shed is a poor placement its stale view cannot see;
+    /// [`crate::issued::IssuedContainers::avoid_nodes_that_shed`]). At most `count` entries.
+    /// Default empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces_shed: Vec<ShedContainer>,
+}
+
+/// A container a node shed, named in a re-ask ([`Allocate::replaces_shed`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShedContainer {
+    pub container_id: ContainerId,
+    /// The node that shed it (the `node_id` of its `killed` event).
+    pub node_id: NodeId,
 }
 
 /// A GUARANTEED ask's job description (3Sigma §3.1, §4.1, §4.3.3).
@@ -249,6 +265,7 @@ impl Allocate {
             role: ComponentRole::Core,
             allow_shaping: false,
             job: None,
+            replaces_shed: Vec::new(),
         }
     }
 }
@@ -638,6 +655,7 @@ mod tests {
             role: Default::default(),
             allow_shaping: false,
             job: None,
+            replaces_shed: Vec::new(),
         });
         let bytes = to_payload(&req).unwrap();
         assert_eq!(from_payload::<AppRequest>(&bytes).unwrap(), req);

@@ -211,6 +211,25 @@ pub fn validate_request(request: &AppRequest) -> Result<(), ErrorFrame> {
                     return refuse(id, format!("`{m}`"));
                 }
             }
+            if !a.replaces_shed.is_empty() {
+                if a.container_type != crate::ContainerType::Queueable {
+                    return refuse(
+                        id,
+                        "`replaces_shed`: only QUEUEABLE asks are placed by the worker's scheduler, which avoids the shedding nodes".into(),
+                    );
+                }
+                // An ask replaces at most the containers it asks for (so at most
+                // MAX_CONTAINERS_PER_ALLOCATE entries).
+                check_count(id, "replaces_shed", a.replaces_shed.len(), a.count as usize)?;
+                for shed in &a.replaces_shed {
+                    check_len(
+                        id,
+                        "replaces_shed.node_id",
+                        shed.node_id.as_str(),
+                        MAX_LOCALITY_NAME_BYTES,
+                    )?;
+                }
+            }
             Ok(())
         }
         AppRequest::Reserve(crate::protocol::app::Reserve {
@@ -540,6 +559,7 @@ mod tests {
             role: Default::default(),
             allow_shaping: false,
             job: None,
+            replaces_shed: Vec::new(),
         }
     }
 
@@ -595,6 +615,34 @@ mod tests {
             refused(AppRequest::Allocate(a))
                 .message
                 .starts_with("`locality.racks[]` is 254 bytes")
+        );
+
+        // replaces_shed: at most `count` entries, node names bounded, QUEUEABLE asks only.
+        let shed = |node: String| crate::protocol::app::ShedContainer {
+            container_id: ContainerId::new(3, 1),
+            node_id: NodeId::new(node),
+        };
+        let mut a = allocate();
+        a.count = 2;
+        a.replaces_shed = vec![shed("n".repeat(MAX_LOCALITY_NAME_BYTES)); 2];
+        assert!(validate_request(&AppRequest::Allocate(a.clone())).is_ok());
+        a.replaces_shed.push(shed("n".into()));
+        assert_eq!(
+            refused(AppRequest::Allocate(a.clone())).message,
+            "`replaces_shed` has 3 entries; the limit is 2"
+        );
+        a.replaces_shed = vec![shed("n".repeat(MAX_LOCALITY_NAME_BYTES + 1))];
+        assert!(
+            refused(AppRequest::Allocate(a.clone()))
+                .message
+                .starts_with("`replaces_shed.node_id` is 254 bytes")
+        );
+        a.replaces_shed = vec![shed("n".into())];
+        a.container_type = ContainerType::Guaranteed;
+        assert!(
+            refused(AppRequest::Allocate(a))
+                .message
+                .starts_with("`replaces_shed`: only QUEUEABLE asks")
         );
 
         let hello = |app_id: String, secret: String, name: Option<String>| {

@@ -314,6 +314,7 @@ async fn well_behaved_client(endpoint: &str, app_id: &str, secret: &str) -> anyh
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     };
     let granted = tokio::time::timeout(guard, client.allocate(ask))
         .await

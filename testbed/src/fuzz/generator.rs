@@ -13,7 +13,7 @@ use scheduler_core::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntr
 use scheduler_core::node::{ContainerJob, ContainerStatus, Placement};
 use scheduler_core::protocol::app::{
     self, AcceptedState, Allocate, AppRequest, AppResponse, ContainerEvent, ContainerEventKind,
-    ErrorCode, ErrorFrame, GrantedContainer, LaunchSpec, Locality,
+    ErrorCode, ErrorFrame, GrantedContainer, LaunchSpec, Locality, ShedContainer,
 };
 use scheduler_core::protocol::cluster::{self, CoordinatorToWorker, WorkerToCoordinator};
 use scheduler_core::queue_delay::QueueDelay;
@@ -464,6 +464,12 @@ pub fn allocate(rng: &mut Rng) -> Allocate {
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: (0..if rng.chance(1, 4) { rng.below(3) } else { 0 })
+            .map(|_| ShedContainer {
+                container_id: cid(rng),
+                node_id: NodeId::from(rng.word()),
+            })
+            .collect(),
     }
 }
 

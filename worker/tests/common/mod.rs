@@ -449,6 +449,7 @@ pub fn ask(container_type: ContainerType, cpu_millis: u64, memory_mib: u64) -> A
         role: Default::default(),
         allow_shaping: false,
         job: None,
+        replaces_shed: Vec::new(),
     }
 }
 
