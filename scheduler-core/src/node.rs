@@ -71,6 +71,24 @@ pub struct ContainerSpec {
     pub version: u32,
 }
 
+impl ContainerSpec {
+    /// The container a grant's token describes, as the node runtime is handed it when the
+    /// app starts it.
+    pub fn granted_by(body: &crate::token::TokenBody) -> ContainerSpec {
+        ContainerSpec {
+            id: body.container_id,
+            app_id: body.app_id.clone(),
+            job_id: body.job_id.clone(),
+            job_submit_time: Time::from_millis(body.job_submit_time_ms),
+            priority: body.priority,
+            container_type: body.container_type,
+            resources: body.resources,
+            runtime_estimate_ms: body.runtime_estimate_ms,
+            version: body.version,
+        }
+    }
+}
+
 /// What the caller must do / report.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum NodeEvent {

@@ -284,22 +284,8 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
         )
         .expect("GUARANTEED container accepted");
     }
-    let body = &placed.token_body;
-    node.submit(
-        now,
-        ContainerSpec {
-            id: body.container_id,
-            app_id: body.app_id.clone(),
-            job_id: body.job_id.clone(),
-            job_submit_time: Time::from_millis(body.job_submit_time_ms),
-            priority: body.priority,
-            container_type: body.container_type,
-            resources: body.resources,
-            runtime_estimate_ms: body.runtime_estimate_ms,
-            version: body.version,
-        },
-    )
-    .expect("QUEUEABLE container queued");
+    node.submit(now, ContainerSpec::granted_by(&placed.token_body))
+        .expect("QUEUEABLE container queued");
     node.drain_events();
     let bound = replacement_wait_bound_ms(&c.scheduler.view().top_k, &placed.node_id, 6, 1_000)
         .expect("the view names other nodes");

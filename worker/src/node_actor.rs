@@ -19,9 +19,7 @@ use scheduler_core::protocol::limits::{
     MAX_GRANT_TOKENS_PER_JOIN, MAX_REPORTED_IDS_PER_HEARTBEAT, ReportLog, check_node_room,
 };
 use scheduler_core::token::{NodeSessionSecret, PublicKeyRing, TokenVerifier};
-use scheduler_core::{
-    AppId, ContainerId, ContainerType, JobId, KillReason, NodeId, Resources, Time,
-};
+use scheduler_core::{AppId, ContainerId, ContainerType, KillReason, NodeId, Resources, Time};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -286,17 +284,7 @@ impl NodeActor {
             );
         }
         let body = &token.body;
-        let spec = ContainerSpec {
-            id: body.container_id,
-            app_id: body.app_id.clone(),
-            job_id: JobId::new(body.job_id.as_str()),
-            job_submit_time: Time::from_millis(body.job_submit_time_ms),
-            priority: body.priority,
-            container_type: body.container_type,
-            resources: body.resources,
-            runtime_estimate_ms: body.runtime_estimate_ms,
-            version: body.version,
-        };
+        let spec = ContainerSpec::granted_by(body);
         let launch = exec::LaunchSpec {
             command: req.launch.command.clone(),
             args: req.launch.args.clone(),

@@ -389,6 +389,34 @@ async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_hear
     c.stop().await;
 }
 
+/// On node-a of `c`: a 600-s GUARANTEED container fills the node, a 1-s QUEUEABLE container
+/// queues behind it, and node-a returns it. The app (subscribed), the returned container and
+/// the event that ended it.
+async fn queued_behind_long_guaranteed_work_until_returned(
+    c: &Cluster,
+) -> (AppClient, ContainerId, ContainerEvent) {
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    let mut long = ask_on(ContainerType::Guaranteed, 1000, 1024, "node-a");
+    long.runtime_estimate_ms = Some(600_000);
+    let long = app.grant(long).await;
+    start_running(&mut app, &long, sh("exec sleep 600")).await;
+
+    let mut short = ask_on(ContainerType::Queueable, 500, 256, "node-a");
+    short.runtime_estimate_ms = Some(1_000);
+    let short = app.grant(short).await;
+    let id = short.body.container_id;
+    let accepted = app
+        .start(&short, sh("exit 0"))
+        .await
+        .expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Queued);
+    let returned = app
+        .event("the held-back container's return", ended(id))
+        .await;
+    (app, id, returned)
+}
+
 /// A queued QUEUEABLE container that long GUARANTEED work holds back is returned to its
 /// application (shed) at the next heartbeat answer when another node of the view would start it
 /// sooner (`NodeRuntime::shed_held_by_guaranteed`, docs/experiments/mercury/diagnosis.md): the
@@ -410,25 +438,7 @@ async fn a_queueable_container_held_back_by_long_guaranteed_work_is_returned() {
         },
     )
     .await;
-    let mut app = c.client("node-a").await;
-    app.subscribe().await;
-    let mut long = ask_on(ContainerType::Guaranteed, 1000, 1024, "node-a");
-    long.runtime_estimate_ms = Some(600_000);
-    let long = app.grant(long).await;
-    start_running(&mut app, &long, sh("exec sleep 600")).await;
-
-    let mut short = ask_on(ContainerType::Queueable, 500, 256, "node-a");
-    short.runtime_estimate_ms = Some(1_000);
-    let short = app.grant(short).await;
-    let id = short.body.container_id;
-    let accepted = app
-        .start(&short, sh("exit 0"))
-        .await
-        .expect("start accepted");
-    assert_eq!(accepted.state, AcceptedState::Queued);
-    let returned = app
-        .event("the held-back container's return", ended(id))
-        .await;
+    let (_app, _, returned) = queued_behind_long_guaranteed_work_until_returned(&c).await;
     match &returned.event {
         ContainerEventKind::Killed { reason, message } => {
             assert_eq!(*reason, KillReason::Shed, "{returned:?}");
@@ -463,25 +473,7 @@ async fn a_re_ask_naming_a_returned_container_avoids_the_returning_node_until_th
         },
     )
     .await;
-    let mut app = c.client("node-a").await;
-    app.subscribe().await;
-    let mut long = ask_on(ContainerType::Guaranteed, 1000, 1024, "node-a");
-    long.runtime_estimate_ms = Some(600_000);
-    let long = app.grant(long).await;
-    start_running(&mut app, &long, sh("exec sleep 600")).await;
-
-    let mut short = ask_on(ContainerType::Queueable, 500, 256, "node-a");
-    short.runtime_estimate_ms = Some(1_000);
-    let short = app.grant(short).await;
-    let id = short.body.container_id;
-    let accepted = app
-        .start(&short, sh("exit 0"))
-        .await
-        .expect("start accepted");
-    assert_eq!(accepted.state, AcceptedState::Queued);
-    let returned = app
-        .event("the held-back container's return", ended(id))
-        .await;
+    let (mut app, id, returned) = queued_behind_long_guaranteed_work_until_returned(&c).await;
     assert!(
         matches!(
             returned.event,
