@@ -26,6 +26,10 @@ use std::collections::{HashMap, HashSet, VecDeque};
 #[path = "threesigma/live.rs"]
 pub(crate) mod threesigma_live;
 
+#[path = "guarantor/fit_index.rs"]
+mod fit_index;
+use fit_index::{FitIndex, FitKey};
+
 /// A node as the guarantor sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GuarantorNode {
@@ -141,6 +145,25 @@ pub trait GuaranteedPlacer: Send {
     fn node_update_patience_ms(&self) -> u64 {
         0
     }
+
+    /// `Some(rule)` when `choose` is "the best fit among the candidates `rule` accepts, whenever
+    /// it accepts any" (best fit: least free dominant share left after placing, ties to the first
+    /// name). The guarantor then finds that node through its index of nodes by free capacity in
+    /// O(log n) rather than scoring every candidate, and calls `choose` only when no candidate
+    /// passes the rule. `None` (the default): `choose` sees every candidate.
+    fn best_fit_rule(&self) -> Option<BestFitRule> {
+        None
+    }
+}
+
+/// Which candidates a best-fit placer takes outright (see [`GuaranteedPlacer::best_fit_rule`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BestFitRule {
+    /// Every node where the ask fits.
+    AnyCandidate,
+    /// Nodes where the ask costs nothing by [`GuaranteedPlacer::placement_cost`] and no
+    /// QUEUEABLE container is queued.
+    NoQueueableCost,
 }
 
 /// Best fit: the node left with the least free dominant share after placement. Packs GUARANTEED
@@ -163,6 +186,10 @@ impl GuaranteedPlacer for BestFit {
             })
             .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
             .map(|(_, i)| i)
+    }
+
+    fn best_fit_rule(&self) -> Option<BestFitRule> {
+        Some(BestFitRule::AnyCandidate)
     }
 }
 
@@ -237,6 +264,12 @@ impl GuaranteedPlacer for QueueableAware {
 
     fn node_update_patience_ms(&self) -> u64 {
         self.patience_ms
+    }
+
+    /// A node where the ask preempts nothing and delays nothing scores `(0, 0, left share)`, the
+    /// least prefix any node can have: when one exists the choice is the best fit among them.
+    fn best_fit_rule(&self) -> Option<BestFitRule> {
+        Some(BestFitRule::NoQueueableCost)
     }
 }
 
@@ -364,15 +397,46 @@ struct PendingAsk {
 
 /// The guarantor's nodes, iterated in name order (the order placers see candidates in) and
 /// found by name through a hash index: every heartbeat looks its node up several times, and a
-/// name-ordered tree costs a dozen string comparisons per lookup on a large cluster.
+/// name-ordered tree costs a dozen string comparisons per lookup on a large cluster. A
+/// [`FitIndex`] orders them by free capacity for best-fit placement in O(log n); every change to
+/// a node goes through [`NodeTable::get_mut`]'s guard or [`NodeTable::insert`], which keep it
+/// current.
 #[derive(Default)]
 struct NodeTable {
     /// Nodes in insertion slots (a removal moves the last one into the gap).
     slots: Vec<GuarantorNode>,
+    /// Each slot's key in `fit`, as of the node's last change.
+    fit_keys: Vec<FitKey>,
     /// Slot of each name.
     index: HashMap<NodeId, usize, NameBuildHasher>,
     /// Slots in name order.
     order: Vec<usize>,
+    fit: FitIndex,
+}
+
+/// A node borrowed for change; its place in the fit index follows when the borrow ends.
+struct NodeMut<'a> {
+    table: &'a mut NodeTable,
+    slot: usize,
+}
+
+impl std::ops::Deref for NodeMut<'_> {
+    type Target = GuarantorNode;
+    fn deref(&self) -> &GuarantorNode {
+        &self.table.slots[self.slot]
+    }
+}
+
+impl std::ops::DerefMut for NodeMut<'_> {
+    fn deref_mut(&mut self) -> &mut GuarantorNode {
+        &mut self.table.slots[self.slot]
+    }
+}
+
+impl Drop for NodeMut<'_> {
+    fn drop(&mut self) {
+        self.table.refit(self.slot);
+    }
 }
 
 impl NodeTable {
@@ -384,8 +448,9 @@ impl NodeTable {
         self.index.get(id).map(|&i| &self.slots[i])
     }
 
-    fn get_mut(&mut self, id: &NodeId) -> Option<&mut GuarantorNode> {
-        self.index.get(id).map(|&i| &mut self.slots[i])
+    fn get_mut(&mut self, id: &NodeId) -> Option<NodeMut<'_>> {
+        let slot = *self.index.get(id)?;
+        Some(NodeMut { table: self, slot })
     }
 
     /// In name order.
@@ -393,10 +458,26 @@ impl NodeTable {
         self.order.iter().map(|&i| &self.slots[i])
     }
 
+    fn fit_key(node: &GuarantorNode) -> FitKey {
+        FitKey::of(node.free(), node.capacity)
+    }
+
+    /// Move the slot's node to its current place in the fit index.
+    fn refit(&mut self, slot: usize) {
+        let node = &self.slots[slot];
+        let key = Self::fit_key(node);
+        if key != self.fit_keys[slot] {
+            self.fit.remove(self.fit_keys[slot], &node.node_id);
+            self.fit.insert(key, node.node_id.clone());
+            self.fit_keys[slot] = key;
+        }
+    }
+
     /// Insert or replace (in place) the node of this name.
     fn insert(&mut self, node: GuarantorNode) {
         if let Some(&i) = self.index.get(&node.node_id) {
             self.slots[i] = node;
+            self.refit(i);
             return;
         }
         let slot = self.slots.len();
@@ -406,6 +487,9 @@ impl NodeTable {
             .partition_point(|&i| slots[i].node_id < node.node_id);
         self.order.insert(at, slot);
         self.index.insert(node.node_id.clone(), slot);
+        let key = Self::fit_key(&node);
+        self.fit.insert(key, node.node_id.clone());
+        self.fit_keys.push(key);
         self.slots.push(node);
     }
 
@@ -414,6 +498,8 @@ impl NodeTable {
         self.order.retain(|&i| i != slot);
         let last = self.slots.len() - 1;
         let node = self.slots.swap_remove(slot);
+        let key = self.fit_keys.swap_remove(slot);
+        self.fit.remove(key, &node.node_id);
         if slot != last {
             // The last slot's node moved into the gap.
             if let Some(i) = self.index.get_mut(&self.slots[slot].node_id) {
@@ -428,19 +514,44 @@ impl NodeTable {
         Some(node)
     }
 
-    /// Index and order agree (for invariant checking).
+    /// The best fit for `ask` (least free dominant share left, ties to the first name) among the
+    /// nodes where it fits and `eligible` holds; as [`BestFit`] over those candidates.
+    fn best_fit(
+        &self,
+        ask: &Resources,
+        mut eligible: impl FnMut(&GuarantorNode) -> bool,
+    ) -> Option<NodeId> {
+        self.fit
+            .best_fit(ask, |name| self.get(name).is_some_and(&mut eligible))
+    }
+
+    /// Index, order and fit index agree (for invariant checking).
     fn check(&self) -> Result<(), String> {
-        if self.index.len() != self.slots.len() || self.order.len() != self.slots.len() {
+        if self.index.len() != self.slots.len()
+            || self.order.len() != self.slots.len()
+            || self.fit_keys.len() != self.slots.len()
+            || self.fit.len() != self.slots.len()
+        {
             return Err(format!(
-                "node table: {} names and {} in order for {} nodes",
+                "node table: {} names, {} in order, {} fit keys and {} fit entries for {} nodes",
                 self.index.len(),
                 self.order.len(),
+                self.fit_keys.len(),
+                self.fit.len(),
                 self.slots.len()
             ));
         }
         for (i, n) in self.slots.iter().enumerate() {
             if self.index.get(&n.node_id) != Some(&i) {
                 return Err(format!("node index misplaces {}", n.node_id));
+            }
+            let key = Self::fit_key(n);
+            if self.fit_keys[i] != key || !self.fit.holds(&key, &n.node_id) {
+                return Err(format!(
+                    "fit index has {} at a stale free capacity (free now {})",
+                    n.node_id,
+                    n.free()
+                ));
             }
         }
         let mut previous: Option<&NodeId> = None;
@@ -653,7 +764,7 @@ impl Guarantor {
     /// bookings do not depend on it). Returns false for an unknown node.
     pub fn report_queueable_load(&mut self, node_id: &NodeId, load: QueueableLoad) -> bool {
         match self.nodes.get_mut(node_id) {
-            Some(n) => {
+            Some(mut n) => {
                 n.queueable = load;
                 true
             }
@@ -855,6 +966,40 @@ impl Guarantor {
         }
     }
 
+    /// The placer's choice for `ask` found through the fit index (`Some(None)`: no node fits),
+    /// when the placer has a [`BestFitRule`] and the ask names no nodes or racks. `None` sends
+    /// the caller to score every candidate: the placer has no rule, the ask has a locality, or
+    /// no candidate passes [`BestFitRule::NoQueueableCost`].
+    fn indexed_choice(
+        nodes: &NodeTable,
+        draining: &HashSet<NodeId>,
+        placer: &dyn GuaranteedPlacer,
+        ask: &GuaranteedAsk,
+    ) -> Option<Option<NodeId>> {
+        let rule = placer.best_fit_rule()?;
+        if ask
+            .locality
+            .as_ref()
+            .is_some_and(|l| !l.nodes.is_empty() || !l.racks.is_empty())
+        {
+            return None;
+        }
+        let chosen = nodes.best_fit(&ask.resources, |n| {
+            !draining.contains(&n.node_id)
+                && match rule {
+                    BestFitRule::AnyCandidate => true,
+                    BestFitRule::NoQueueableCost => {
+                        n.queueable.queued_count == 0 && placer.placement_cost(ask, n) <= 0.0
+                    }
+                }
+        });
+        match (chosen, rule) {
+            (Some(node), _) => Some(Some(node)),
+            (None, BestFitRule::AnyCandidate) => Some(None),
+            (None, BestFitRule::NoQueueableCost) => None,
+        }
+    }
+
     /// Place whatever pending containers fit now, in arrival order; an ask that does not fit
     /// does not block later ones. `now_ms` is the wall clock for token expiry.
     pub fn schedule(&mut self, now_ms: u64) -> Vec<GuaranteedPlacement> {
@@ -865,12 +1010,16 @@ impl Guarantor {
             let reservation = pending.reservation.take();
             let ask = &mut pending.ask;
             while ask.count > 0 && self.admits(now_ms, ask, reservation.as_deref()) {
-                let chosen = {
-                    let cands = Self::candidates(&self.nodes, &self.draining, ask);
-                    self.placer
-                        .choose(ask, &cands)
-                        .map(|i| cands[i].node_id.clone())
-                };
+                let chosen =
+                    match Self::indexed_choice(&self.nodes, &self.draining, &*self.placer, ask) {
+                        Some(answer) => answer,
+                        None => {
+                            let cands = Self::candidates(&self.nodes, &self.draining, ask);
+                            self.placer
+                                .choose(ask, &cands)
+                                .map(|i| cands[i].node_id.clone())
+                        }
+                    };
                 let Some(node_id) = chosen else { break };
                 ask.count -= 1;
                 out.push(self.grant(now_ms, ask, node_id, ask.count, reservation.as_deref()));
@@ -995,6 +1144,18 @@ impl Guarantor {
         let accept = here <= 0.0 || waited_out || {
             let elsewhere = match cheapest_elsewhere.iter().find(|(r, _)| *r == ask.resources) {
                 Some(&(_, cost)) => cost,
+                // A node elsewhere where the ask costs nothing, found through the fit index.
+                None if Self::costs_nothing_elsewhere(
+                    &self.nodes,
+                    &self.draining,
+                    &*self.placer,
+                    ask,
+                    node_id,
+                ) =>
+                {
+                    cheapest_elsewhere.push((ask.resources, 0.0));
+                    0.0
+                }
                 None => {
                     let cost = self
                         .nodes
@@ -1018,6 +1179,34 @@ impl Guarantor {
             pending.passed_over_since_ms = None;
         }
         accept
+    }
+
+    /// Whether a node other than `here` takes `ask` at no cost by the placer's
+    /// [`BestFitRule::NoQueueableCost`] rule, found through the fit index; false when the placer
+    /// has no such rule or the ask names nodes or racks (the caller then scores every node).
+    fn costs_nothing_elsewhere(
+        nodes: &NodeTable,
+        draining: &HashSet<NodeId>,
+        placer: &dyn GuaranteedPlacer,
+        ask: &GuaranteedAsk,
+        here: &NodeId,
+    ) -> bool {
+        if placer.best_fit_rule() != Some(BestFitRule::NoQueueableCost)
+            || ask
+                .locality
+                .as_ref()
+                .is_some_and(|l| !l.nodes.is_empty() || !l.racks.is_empty())
+        {
+            return false;
+        }
+        nodes
+            .best_fit(&ask.resources, |n| {
+                &n.node_id != here
+                    && !draining.contains(&n.node_id)
+                    && n.queueable.queued_count == 0
+                    && placer.placement_cost(ask, n) <= 0.0
+            })
+            .is_some()
     }
 
     /// Advance the guarantor's clock to `now_ms` and end DRA stretches whose time is up.
@@ -1249,12 +1438,13 @@ impl Guarantor {
         reservation: Option<&str>,
     ) -> GuaranteedPlacement {
         self.reservations.book(reservation, &ask.resources, true);
-        let node = self.nodes.get_mut(&node_id).expect("candidate node exists");
+        let mut node = self.nodes.get_mut(&node_id).expect("candidate node exists");
         node.guaranteed = node.guaranteed.saturating_add(&ask.resources);
         if node.mark_limit_changed() {
             self.limits_changed.push(node_id.clone());
         }
         let epoch = node.epoch;
+        drop(node); // re-files the node in the fit index
         let container_id = self.minter.next_id();
         // Plain, unshaped core work needs nothing beyond the token's resources to be booked
         // again after a restart; everything else carries its booking (signed).
@@ -1398,7 +1588,7 @@ impl Guarantor {
         }
         self.reservations
             .book(g.reservation.as_deref(), &g.resources, false);
-        if let Some(n) = self.nodes.get_mut(&g.node) {
+        if let Some(mut n) = self.nodes.get_mut(&g.node) {
             n.guaranteed = n.guaranteed.saturating_sub(&g.resources);
             if n.mark_limit_changed() {
                 self.limits_changed.push(g.node.clone());
@@ -1507,7 +1697,7 @@ impl Guarantor {
         if self.grants.contains_key(&id) {
             return Err(GuarantorError::AlreadyGuaranteed(id));
         }
-        let node = self
+        let mut node = self
             .nodes
             .get_mut(node_id)
             .ok_or_else(|| GuarantorError::UnknownNode(node_id.to_string()))?;
@@ -1598,7 +1788,7 @@ impl Guarantor {
             let node_id = &r.node;
             self.reservations.book(None, &old, false);
             self.reservations.book(None, allocation, true);
-            if let Some(n) = self.nodes.get_mut(node_id) {
+            if let Some(mut n) = self.nodes.get_mut(node_id) {
                 n.guaranteed = n.guaranteed.saturating_sub(&old).saturating_add(allocation);
                 if n.mark_limit_changed() {
                     self.limits_changed.push(node_id.clone());
@@ -1617,7 +1807,7 @@ impl Guarantor {
         let mut changed: Vec<(NodeId, Resources)> = std::mem::take(&mut self.limits_changed)
             .into_iter()
             .filter_map(|id| {
-                let node = self.nodes.get_mut(&id)?;
+                let mut node = self.nodes.get_mut(&id)?;
                 if !std::mem::replace(&mut node.limit_changed, false) {
                     return None; // listed twice (a re-join); reported once
                 }

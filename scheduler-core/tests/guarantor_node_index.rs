@@ -1,7 +1,8 @@
 //! The guarantor finds nodes by name through a hash index while placers see them in name
 //! order. A random sequence of joins, re-joins, removals, load reports, asks, placements and
 //! finishes is checked after every step against a brute-force model: the nodes and their order,
-//! every lookup, the books (grants) and, for best fit, the chosen node.
+//! every lookup, the books (grants) and the chosen node: best fit against the model, and the
+//! QUEUEABLE-aware placer's own scoring of every candidate against the guarantor's fit index.
 
 mod common;
 
@@ -9,8 +10,8 @@ use common::guaranteed_ask as ask;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::guarantor::{
-    BestFit, GuaranteedPlacement, Guarantor, GuarantorConfig, GuarantorNode, QueueableAware,
-    QueueableLoad,
+    BestFit, GuaranteedPlacement, GuaranteedPlacer, Guarantor, GuarantorConfig, GuarantorNode,
+    QueueableAware, QueueableLoad,
 };
 use scheduler_core::{ContainerId, NodeId, Resources};
 use std::collections::BTreeMap;
@@ -57,10 +58,11 @@ impl Model {
     }
 
     /// The node best fit would choose for one container of `r` (least free dominant share
-    /// left, then name order).
-    fn best_fit(&self, r: &Resources) -> Option<NodeId> {
+    /// left, then name order) among the nodes `g` is not draining.
+    fn best_fit(&self, g: &Guarantor, r: &Resources) -> Option<NodeId> {
         self.nodes
             .iter()
+            .filter(|(name, _)| !g.is_draining(name))
             .filter_map(|(name, (_, capacity, _))| {
                 let free = capacity.saturating_sub(&self.booked(name));
                 r.fits_in(&free)
@@ -92,7 +94,7 @@ fn run(seed: u64, queueable_aware: bool) {
     let mut key = 0;
     for step in 0..3_000 {
         let name = names[rng.random_range(0..names.len())].clone();
-        match rng.random_range(0..12) {
+        match rng.random_range(0..13) {
             // Join or re-join (bookings on the node are kept; each name has its own capacity,
             // so a re-join does not over-commit).
             0..=2 => {
@@ -140,9 +142,21 @@ fn run(seed: u64, queueable_aware: bool) {
                 if g.submit(ask(key, r, 1)).is_err() {
                     continue;
                 }
-                let expected = model.best_fit(&r);
+                // QUEUEABLE-aware: what its `choose` makes of every candidate, which the
+                // guarantor's fit index must reproduce without scoring them all.
+                let expected = if queueable_aware {
+                    let candidates: Vec<&GuarantorNode> = g
+                        .nodes()
+                        .filter(|n| r.fits_in(&n.free()) && !g.is_draining(&n.node_id))
+                        .collect();
+                    QueueableAware::default()
+                        .choose(&ask(key, r, 1), &candidates)
+                        .map(|i| candidates[i].node_id.clone())
+                } else {
+                    model.best_fit(&g, &r)
+                };
                 let placed = g.schedule(0);
-                if alone && !queueable_aware {
+                if alone {
                     assert_eq!(
                         placed
                             .iter()
@@ -160,6 +174,11 @@ fn run(seed: u64, queueable_aware: bool) {
                     assert_eq!(p.token_body.node_id, name);
                 }
                 model.record(&placed);
+            }
+            // Drain or undrain (placements must skip draining nodes, indexed or not).
+            9 => {
+                let draining = !g.is_draining(&name);
+                g.set_draining(&name, draining);
             }
             _ => {
                 let live: Vec<ContainerId> = model.grants.keys().copied().collect();
