@@ -755,7 +755,11 @@ impl TokenVerifier {
         Ok(())
     }
 
-    fn consume(&mut self, token: &ContainerToken) {
+    /// Marks a token that [`TokenVerifier::check`] accepted as used: a replay is refused until
+    /// it expires. For a caller that consumes only once it has acted on the token (a node that
+    /// refuses a start leaves the token usable), in the same turn as the check: checking again
+    /// would verify the signature twice (an Ed25519 verification per GUARANTEED start).
+    pub fn consume(&mut self, token: &ContainerToken) {
         let key = (token.body.container_id, token.body.version);
         self.used.insert(key, token.body.expires_at_ms);
         self.by_expiry
@@ -891,6 +895,22 @@ mod tests {
             Err(TokenError::Expired { .. })
         ));
         assert_eq!(v.remembered(), 0);
+    }
+
+    #[test]
+    fn a_checked_token_consumed_afterwards_is_refused_as_a_replay() {
+        // The node's order: check, act on it (submit), then consume without verifying again.
+        let token = signer(ISSUER, &[("n1", EPOCH)]).sign(body("n1")).unwrap();
+        let mut v = verifier("n1", EPOCH);
+        let app = AppId::from("app");
+        v.check(&token, &app, 5_000).unwrap();
+        // Checking does not use it up: a start the node refused can be retried.
+        v.check(&token, &app, 5_000).unwrap();
+        v.consume(&token);
+        assert!(matches!(
+            v.check(&token, &app, 5_001),
+            Err(TokenError::Replayed { .. })
+        ));
     }
 
     #[test]

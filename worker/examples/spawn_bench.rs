@@ -3,7 +3,11 @@
 //! process in its own cgroup (when the machine has usable cgroups) switched to the container
 //! user (when run as root). Prints JSON: rate, and the launch / wait latency percentiles.
 //!
-//! `cargo run --release -p worker --example spawn_bench -- N C [PROGRAM] [none|detect]`
+//! `cargo run --release -p worker --example spawn_bench -- N C [PROGRAM] [none|detect] [IDLE_MS]`
+//!
+//! IDLE_MS (default 0) leaves the executor idle that long before each launch, as between the
+//! tasks of a client that runs one at a time: costs that only back-to-back starts amortise (a
+//! v1 cgroup attach's RCU grace period, docs/benchmarks.md §1) show up in the launch latency.
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +30,7 @@ fn main() -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "/bin/true".to_owned());
     let mode = args.get(4).cloned().unwrap_or_else(|| "detect".to_owned());
+    let idle = Duration::from_millis(args.get(5).map(|s| s.parse()).transpose()?.unwrap_or(0));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -64,6 +69,9 @@ fn main() -> anyhow::Result<()> {
                         return Ok::<_, anyhow::Error>((launches, waits));
                     }
                     next.set(id + 1);
+                    if !idle.is_zero() {
+                        tokio::time::sleep(idle).await;
+                    }
                     let t0 = Instant::now();
                     let mut process = executor.launch(id as u64, &spec, limits).await?;
                     let t1 = Instant::now();
@@ -98,6 +106,7 @@ fn main() -> anyhow::Result<()> {
                 "n": n,
                 "concurrency": c,
                 "program": program,
+                "idle_ms_before_each": idle.as_millis(),
                 "mode": executor.enforcement().name(),
                 "run_as_uid": executor.config().run_as.as_ref().map(|r| r.uid),
                 "wall_s": wall,

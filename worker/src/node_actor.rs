@@ -322,10 +322,9 @@ impl NodeActor {
         self.owners.insert(id, app.clone());
         match self.node.submit(now, spec) {
             Ok(()) => {
-                // Consume the token only once the node took the container, so a refused start can be retried.
-                let _ = self
-                    .verifier
-                    .check_and_consume(token, &app, now.as_millis());
+                // Consume the token only once the node took the container, so a refused start
+                // can be retried; it was checked above in this same turn.
+                self.verifier.consume(token);
                 self.reports.started(id);
                 if token.body.booking.is_some() {
                     self.grant_tokens.insert(id, token.clone());

@@ -389,6 +389,61 @@ async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_hear
     c.stop().await;
 }
 
+/// A container's exit reaches its application, and the QUEUEABLE container queued behind it
+/// starts, without waiting for any timer (issue 17: one no-op task's submit → complete): with
+/// heartbeats an hour apart, only the event-driven path (pidfd readable → node runtime → app
+/// connection) can deliver them within the test's patience.
+#[actix_rt::test]
+async fn an_exit_is_delivered_and_the_next_queued_container_starts_without_a_heartbeat() {
+    let c = Cluster::start_with_heartbeat(
+        &["demo"],
+        &[node("node-a", 1000, 1024)],
+        |_| {},
+        None,
+        std::time::Duration::from_secs(3600),
+    )
+    .await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+    // The first container holds the node until the test lets it end (a file appears), so the
+    // second is queued behind it whatever the machine's speed.
+    let gate = tempfile::tempdir().expect("tempdir");
+    // Searchable by the container's (unprivileged) user.
+    std::fs::set_permissions(
+        gate.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let open = gate.path().join("open");
+    let first = app.grant(ask(ContainerType::Queueable, 1000, 1024)).await;
+    let wait_for_gate = format!("while [ ! -e {} ]; do sleep 0.01; done", open.display());
+    let first = start_running(&mut app, &first, sh(&wait_for_gate)).await;
+    let second = app.grant(ask(ContainerType::Queueable, 1000, 1024)).await;
+    let accepted = app
+        .start(&second, sh("exit 0"))
+        .await
+        .expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Queued);
+    let second = second.body.container_id;
+    std::fs::write(&open, b"").expect("open the gate");
+    app.event(
+        "the first container's exit",
+        is(first, ContainerEventKind::Completed { exit_code: 0 }),
+    )
+    .await;
+    app.event(
+        "the second container's start",
+        is(second, ContainerEventKind::Running),
+    )
+    .await;
+    app.event(
+        "the second container's exit",
+        is(second, ContainerEventKind::Completed { exit_code: 0 }),
+    )
+    .await;
+    c.stop().await;
+}
+
 /// On node-a of `c`: a 600-s GUARANTEED container fills the node, a 1-s QUEUEABLE container
 /// queues behind it, and node-a returns it. The app (subscribed), the returned container and
 /// the event that ended it.

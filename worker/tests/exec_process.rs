@@ -811,3 +811,62 @@ async fn a_reused_cgroup_has_the_new_limits_and_a_clean_record() {
         "the earlier OOM kill is not reported again"
     );
 }
+
+/// The path of `pid`'s cgroup in the v1 hierarchy holding `controller`, or in the v2 unified
+/// hierarchy for `None` (`/proc/PID/cgroup` lines are `ID:CONTROLLERS:PATH`; v2's is `0::PATH`).
+fn cgroup_path_of(pid: u32, controller: Option<&str>) -> Option<String> {
+    let lines = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    lines.lines().find_map(|line| {
+        let mut fields = line.splitn(3, ':');
+        let (id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+        let wanted = match controller {
+            Some(c) => controllers.split(',').any(|have| have == c),
+            None => id == "0" && controllers.is_empty(),
+        };
+        wanted.then(|| path.to_owned())
+    })
+}
+
+/// A container joins its cgroups by moving its own (only) thread (v1 `tasks`, which spares the
+/// global lock a `cgroup.procs` write takes: docs/benchmarks.md §1): its leader and the
+/// processes it forks afterwards must all be in the container's memory and cpu cgroups.
+#[tokio::test]
+async fn a_container_and_what_it_forks_are_in_every_hierarchy_of_its_cgroup() {
+    let executor = detected();
+    if !uses_cgroups(&executor) {
+        eprintln!("no usable cgroups on this machine: membership test not applicable");
+        return;
+    }
+    let mut process = executor
+        .launch(900, &sh("sleep 1000 & exec sleep 1000"), limits(64))
+        .await
+        .expect("launch");
+    let leader = process.pid();
+    let name = process
+        .cgroup_dir()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .expect("a cgroup in cgroup mode");
+    let mut forked = None;
+    poll_until("the leader became sleep and forked a sleep", || {
+        forked = live_tree(leader).into_iter().find(|p| *p != leader);
+        comm(leader) == "sleep" && forked.is_some_and(|p| comm(p) == "sleep")
+    })
+    .await;
+    let forked = forked.expect("found above");
+    let hierarchies: &[Option<&str>] = match executor.enforcement() {
+        Enforcement::CgroupV1 { .. } => &[Some("memory"), Some("cpu")],
+        _ => &[None],
+    };
+    for pid in [leader, forked] {
+        for &controller in hierarchies {
+            let path = cgroup_path_of(pid, controller);
+            assert!(
+                path.as_deref()
+                    .is_some_and(|p| p.ends_with(&format!("/{name}"))),
+                "pid {pid} (leader {leader}) is not in the container's {controller:?} cgroup {name}: {path:?}"
+            );
+        }
+    }
+    process.kill_tree().expect("kill");
+    wait_bounded(&mut process).await;
+}

@@ -565,12 +565,22 @@ impl ContainerCgroup {
         }
     }
 
-    /// The `cgroup.procs` files the child writes itself into before exec.
-    pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs()
-            .into_iter()
-            .map(|d| d.join("cgroup.procs"))
-            .collect()
+    /// The files the child writes "0" (itself) into before exec to join the container's
+    /// cgroups: `cgroup.procs` on v2, each hierarchy's `tasks` on v1. A v1 `cgroup.procs` write
+    /// takes the machine-wide `cgroup_threadgroup_rwsem` for writing, which waits for an RCU
+    /// grace period unless another attach came just before: 12–16 ms for the first container
+    /// after an idle moment on this project's VMs (one no-op task took ~16 ms end to end). A
+    /// `tasks` write of "0" moves only the calling thread, for which recent kernels skip that
+    /// lock (measured on 6.18: 0.1 ms instead of 16 ms, docs/benchmarks.md §1); the child is a
+    /// single-threaded process, so moving its thread moves the process.
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        match &self.dirs {
+            CgroupDirs::V2 { dir } => vec![dir.join("cgroup.procs")],
+            CgroupDirs::V1 {
+                memory_dir,
+                cpu_dir,
+            } => vec![memory_dir.join("tasks"), cpu_dir.join("tasks")],
+        }
     }
 
     /// Pids currently in the container's cgroup.
@@ -851,6 +861,29 @@ mod tests {
             own_dir(&mounts[0], "/"),
             Some(PathBuf::from("/sys/fs/cgroup/cpu/"))
         );
+    }
+
+    #[test]
+    fn containers_join_v1_hierarchies_through_their_tasks_files() {
+        let v1 = ContainerCgroup::fresh(
+            CgroupDirs::V1 {
+                memory_dir: PathBuf::from("/m/p1"),
+                cpu_dir: PathBuf::from("/c/p1"),
+            },
+            None,
+        );
+        // Not cgroup.procs: its write waits out an RCU grace period after an idle moment.
+        assert_eq!(
+            v1.join_files(),
+            vec![PathBuf::from("/m/p1/tasks"), PathBuf::from("/c/p1/tasks")]
+        );
+        let v2 = ContainerCgroup::fresh(
+            CgroupDirs::V2 {
+                dir: PathBuf::from("/u/p1"),
+            },
+            None,
+        );
+        assert_eq!(v2.join_files(), vec![PathBuf::from("/u/p1/cgroup.procs")]);
     }
 
     #[test]

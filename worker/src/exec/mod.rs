@@ -628,7 +628,8 @@ struct Prepared {
     program: PathBuf,
     working_dir: PathBuf,
     cgroup: Option<ContainerCgroup>,
-    /// Open `cgroup.procs` files (close-on-exec) the child writes itself into.
+    /// Open cgroup membership files (close-on-exec) the child writes itself into
+    /// ([`ContainerCgroup::join_files`]).
     cgroup_procs: Vec<File>,
     /// The stdout and stderr log files, if there is a log dir.
     logs: Option<(File, File)>,
@@ -713,7 +714,7 @@ fn prepare(
     let cgroup = roots.pool.acquire(&roots.enforcement, limits)?;
     let mut cgroup_procs = Vec::new();
     if let Some(cgroup) = &cgroup {
-        for path in cgroup.procs_files() {
+        for path in cgroup.join_files() {
             match std::fs::OpenOptions::new().write(true).open(&path) {
                 Ok(file) => cgroup_procs.push(file),
                 Err(source) => {

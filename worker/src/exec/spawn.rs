@@ -88,13 +88,14 @@ pub(crate) fn resolve_working_dir(requested: Option<&Path>) -> Result<PathBuf, E
     }
 }
 
-/// Most cgroup.procs files a child joins (v1 uses two hierarchies).
+/// Most cgroup membership files a child writes itself into (v1 uses two hierarchies).
 pub(crate) const MAX_CGROUP_FDS: usize = 2;
 
 /// What the child does between fork and exec, prepared by the parent (the child only reads it).
 #[derive(Debug)]
 pub(crate) struct ChildPlan {
-    /// Pre-opened `cgroup.procs` files to join (`-1` for unused slots).
+    /// Pre-opened cgroup membership files to join (`-1` for unused slots): see
+    /// `ContainerCgroup::join_files`.
     pub cgroup_procs_fds: [RawFd; MAX_CGROUP_FDS],
     /// The identity to switch to; `None` keeps the worker's.
     pub identity: Option<ChildIdentity>,
@@ -106,7 +107,7 @@ pub(crate) struct ChildPlan {
 }
 
 /// Runs in the child between fork and exec: join the container's cgroups (by writing "0", the
-/// calling process, into each pre-opened cgroup.procs), start a new session (so the container
+/// calling process, into each pre-opened membership file: v2 `cgroup.procs`, v1 `tasks`), start a new session (so the container
 /// is its own process group and session, which is how its tree is found and killed), disable
 /// core dumps, drop to the container identity (supplementary groups, gid, then uid: the order
 /// matters, each later call needs the privilege the earlier ones keep), and enter the working
