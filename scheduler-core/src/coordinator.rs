@@ -166,6 +166,9 @@ pub struct CoordinatorState {
     /// Issuer prefixes of the joined nodes' current sessions.
     live_issuers: HashSet<u32>,
     round: AggregateRound,
+    /// Bumped whenever the round's top-k may have changed (recomputed or patched), so a caller
+    /// can encode the list once and share it until it changes ([`CoordinatorState::top_k_generation`]).
+    top_k_generation: u64,
     /// Nodes declared lost (their containers reported `lost`) that have not re-joined and
     /// reported without those containers since. Persisted by the caller
     /// ([`CoordinatorState::take_lost_nodes_if_changed`]) so a restart does not forget them.
@@ -223,6 +226,7 @@ impl CoordinatorState {
             outbox: HashMap::new(),
             live_issuers: HashSet::new(),
             round: AggregateRound::default(),
+            top_k_generation: 0,
             lost_nodes: BTreeSet::new(),
             lost_nodes_changed: false,
             token_master: None,
@@ -352,8 +356,16 @@ impl CoordinatorState {
                 outstanding_totals,
                 at: Some(now),
             };
+            self.top_k_generation += 1;
         }
         &self.round
+    }
+
+    /// Changes whenever the round's top-k may have (a new round, or a join or removal patching
+    /// it): the live coordinator encodes the list once per generation and shares the bytes among
+    /// the round's heartbeat answers (issue 17).
+    pub fn top_k_generation(&self) -> u64 {
+        self.top_k_generation
     }
 
     /// The aggregate last computed by [`CoordinatorState::round`] (call that first in each
@@ -632,6 +644,7 @@ impl CoordinatorState {
         if self.round.at.is_none() {
             return;
         }
+        self.top_k_generation += 1;
         let top_k = &mut self.round.top_k;
         top_k.retain(|l| &l.node_id != node);
         if joined && !self.draining.contains(node) && self.config.top_k > 0 {
