@@ -1212,6 +1212,50 @@ mod tests {
         assert_eq!(c.node(&NodeId::from("b")).unwrap().app_endpoint, "b:1");
     }
 
+    /// The live coordinator encodes the top-k once per generation and shares the bytes: every
+    /// change of the list (a new round, a join or a removal patching it, a drain) must move the
+    /// generation, and a heartbeat within the round must not.
+    #[test]
+    fn the_top_k_generation_moves_whenever_the_list_may_change() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let mut rng = StdRng::seed_from_u64(5);
+        let second = Duration::from_secs(1);
+        c.join(Time::ZERO, dir("a"));
+        c.round(Time::ZERO, second, &mut rng);
+        let mut seen = vec![(c.top_k_generation(), c.aggregate_round().top_k.clone())];
+        let mut check = |c: &CoordinatorState, moved: bool| {
+            let (last, list) = seen.last().cloned().expect("one seen");
+            let now = (c.top_k_generation(), c.aggregate_round().top_k.clone());
+            if moved {
+                assert_ne!(now.0, last, "the generation moves");
+            } else {
+                assert_eq!(now.0, last, "the generation stays");
+                assert_eq!(now.1, list, "so does the list");
+            }
+            seen.push(now);
+        };
+        c.heartbeat(
+            Time::from_millis(10),
+            &NodeId::from("a"),
+            QueueDelay::default(),
+            vec![],
+        );
+        c.round(Time::from_millis(10), second, &mut rng);
+        check(&c, false);
+        c.join(Time::from_millis(20), dir("b"));
+        check(&c, true);
+        c.round(Time::from_millis(30), second, &mut rng);
+        check(&c, false);
+        c.remove_node(&NodeId::from("a"));
+        check(&c, true);
+        c.round(Time::from_millis(1000), second, &mut rng);
+        check(&c, true);
+        c.set_draining(&NodeId::from("b"), true);
+        c.round(Time::from_millis(1001), second, &mut rng);
+        check(&c, true);
+        assert!(c.aggregate_round().top_k.is_empty(), "b is draining");
+    }
+
     fn status(id: ContainerId) -> ContainerStatus {
         ContainerStatus {
             usage: None,
