@@ -136,6 +136,9 @@ pub struct FleetReport {
     /// entries, over the run.
     pub delta_answers: u64,
     pub delta_entries: u64,
+    /// QUIC traffic per heartbeat answered in the window, as the nodes' connections counted it
+    /// (what the nodes received is what the coordinator sent).
+    pub quic: QuicPerHeartbeat,
     pub allocate: AllocateFigures,
     pub lost: LostFigures,
     /// The coordinator's own counters at the end (`GET /metrics`).
@@ -152,6 +155,17 @@ pub struct ProcessCost {
     pub core_fraction: f64,
     /// CPU per heartbeat answered in the window.
     pub cpu_us_per_heartbeat: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QuicPerHeartbeat {
+    pub coordinator_datagrams_sent: f64,
+    pub coordinator_bytes_sent: f64,
+    pub coordinator_datagrams_received: f64,
+    pub coordinator_bytes_received: f64,
+    /// ACK frames the nodes sent (each in a datagram of its own unless a heartbeat or a request
+    /// carried it).
+    pub node_ack_frames_sent: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -192,11 +206,41 @@ struct FleetShared {
     lost_seen_us: AtomicU64,
     lost_seen: AtomicBool,
     fatal: Mutex<Option<String>>,
+    quic: [QuicTotals; 2],
 }
 
 enum Command {
-    Allocate { correlation_id: u64 },
+    Allocate {
+        correlation_id: u64,
+    },
+    /// Add the connection's QUIC counters to `FleetShared::quic[i]` (0: window start, 1: end).
+    AddQuicStats(usize),
     Stop,
+}
+
+/// The nodes' QUIC counters summed over their connections at one moment.
+#[derive(Default)]
+struct QuicTotals {
+    reported: AtomicU64,
+    datagrams_rx: AtomicU64,
+    bytes_rx: AtomicU64,
+    datagrams_tx: AtomicU64,
+    bytes_tx: AtomicU64,
+    ack_frames_tx: AtomicU64,
+}
+
+impl QuicTotals {
+    fn add(&self, s: &quinn::ConnectionStats) {
+        self.datagrams_rx
+            .fetch_add(s.udp_rx.datagrams, Ordering::Relaxed);
+        self.bytes_rx.fetch_add(s.udp_rx.bytes, Ordering::Relaxed);
+        self.datagrams_tx
+            .fetch_add(s.udp_tx.datagrams, Ordering::Relaxed);
+        self.bytes_tx.fetch_add(s.udp_tx.bytes, Ordering::Relaxed);
+        self.ack_frames_tx
+            .fetch_add(s.frame_tx.acks, Ordering::Relaxed);
+        self.reported.fetch_add(1, Ordering::Release);
+    }
 }
 
 struct SessionPlan {
@@ -251,6 +295,14 @@ fn print_report(r: &FleetReport) {
         r.allocate.p50_us,
         r.allocate.p99_us,
         r.allocate.max_us
+    );
+    println!(
+        "QUIC per heartbeat: coordinator sent {:.1} datagrams ({:.0} bytes), received {:.1} ({:.0} bytes); nodes sent {:.2} ACK frames",
+        r.quic.coordinator_datagrams_sent,
+        r.quic.coordinator_bytes_sent,
+        r.quic.coordinator_datagrams_received,
+        r.quic.coordinator_bytes_received,
+        r.quic.node_ack_frames_sent
     );
     println!(
         "lost: {} stopped, detected after {:?} ms (node timeout {} ms)",
@@ -419,6 +471,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     );
 
     // The window: every node heartbeats; GUARANTEED asks from random live nodes.
+    quic_snapshot(&commands, &shared, 0).await;
     let acks0 = shared.acks.load(Ordering::Relaxed);
     let coord0 = process_cpu_s(pid)?;
     let fleet0 = process_cpu_s(std::process::id())?;
@@ -447,6 +500,27 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     let fleet1 = process_cpu_s(std::process::id())?;
     let acks = shared.acks.load(Ordering::Relaxed) - acks0;
     let rss = rss_mib(pid)?;
+    quic_snapshot(&commands, &shared, 1).await;
+    let quic = {
+        let [a, b] = &shared.quic;
+        let per = |x: &AtomicU64, y: &AtomicU64| {
+            let d = y
+                .load(Ordering::Relaxed)
+                .saturating_sub(x.load(Ordering::Relaxed));
+            if acks == 0 {
+                0.0
+            } else {
+                d as f64 / acks as f64
+            }
+        };
+        QuicPerHeartbeat {
+            coordinator_datagrams_sent: per(&a.datagrams_rx, &b.datagrams_rx),
+            coordinator_bytes_sent: per(&a.bytes_rx, &b.bytes_rx),
+            coordinator_datagrams_received: per(&a.datagrams_tx, &b.datagrams_tx),
+            coordinator_bytes_received: per(&a.bytes_tx, &b.bytes_tx),
+            node_ack_frames_sent: per(&a.ack_frames_tx, &b.ack_frames_tx),
+        }
+    };
     // Wait for the answers still on their way (bounded: a lost answer is reported as missing).
     let answers_by = Instant::now() + Duration::from_secs(10);
     while shared.granted.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) < asked
@@ -530,6 +604,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         directory_entries: shared.directory_entries.load(Ordering::Relaxed),
         delta_answers: shared.delta_answers.load(Ordering::Relaxed),
         delta_entries: shared.delta_entries.load(Ordering::Relaxed),
+        quic,
         allocate: AllocateFigures {
             asked,
             granted: shared.granted.load(Ordering::Relaxed),
@@ -543,6 +618,23 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         coordinator_nodes_lost: metric(&metrics, "coordinator_nodes_lost_total"),
         coordinator_heartbeats: metric(&metrics, "coordinator_heartbeats_total"),
     })
+}
+
+/// Every live session adds its connection's QUIC counters to `shared.quic[i]`; waits (at most
+/// 5 s) until all have.
+async fn quic_snapshot(
+    commands: &[mpsc::UnboundedSender<Command>],
+    shared: &FleetShared,
+    i: usize,
+) {
+    let asked = commands
+        .iter()
+        .filter(|c| c.send(Command::AddQuicStats(i)).is_ok())
+        .count() as u64;
+    let by = Instant::now() + Duration::from_secs(5);
+    while shared.quic[i].reported.load(Ordering::Acquire) < asked && Instant::now() < by {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
@@ -579,7 +671,7 @@ async fn session(
         }
     };
     let JoinedSession {
-        connection: _connection,
+        connection,
         mut send,
         mut recv,
         mut decoder,
@@ -739,6 +831,7 @@ async fn session(
                         return;
                     }
                 }
+                Some(Command::AddQuicStats(i)) => shared.quic[i].add(&connection.stats()),
                 Some(Command::Stop) | None => return,
             },
         }
