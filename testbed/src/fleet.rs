@@ -680,6 +680,9 @@ async fn session(
     shared.joined.fetch_add(1, Ordering::Relaxed);
     let issuer = accepted.issuer;
     let mut known_version = accepted.view.directory_version;
+    // The join answer holds the whole directory and a key per node: kept for the session's
+    // life it made the fleet's memory O(nodes²) (3.8 GB at 4,000 of 5,000 nodes).
+    drop(accepted);
     let mut seq = 0u64;
     let mut containers: Vec<ContainerStatus> = (0..plan.containers_per_node)
         .map(|_| {
