@@ -119,7 +119,6 @@ fn main() {
     let app = AppId::new("fleet-app");
     for nodes in [1_000usize, 5_000, 10_000] {
         let (mut c, ids) = state(nodes);
-        let version = c.directory_version();
         let mut rng = StdRng::seed_from_u64(1);
         let mut per_heartbeat = Vec::with_capacity(ROUNDS);
         let mut parts = Vec::with_capacity(ROUNDS);
@@ -162,6 +161,9 @@ fn main() {
                     let round = c.aggregate_round();
                     let shedding = round.shedding_target_for(id);
                     let elsewhere = c.outstanding_elsewhere(id, round);
+                    // The node is at the published version (its joins' delta went out with its
+                    // first answer), so the answer carries no membership.
+                    let version = c.directory_version();
                     let NodeView { view, issuer_keys } = c.node_view(id, version, Vec::new());
                     let notices = c.take_notices_for(id);
                     let ack = HeartbeatAck {
