@@ -31,7 +31,7 @@ use scheduler_core::protocol::app::ErrorCode;
 use scheduler_core::protocol::cluster::ReservationCall;
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, ApplyPromotion, CLUSTER_PROTOCOL_VERSION, ClusterSettings,
-    CoordinatorToWorker, Heartbeat, HeartbeatAck, Join, JoinAccepted, JoinRejected,
+    CoordinatorToWorker, EncodedTopK, Heartbeat, HeartbeatAck, Join, JoinAccepted, JoinRejected,
     PromoteContainer, PromoteResult, PromotionApplied, ReleaseContainer, Released, RequestFailed,
     StopContainerOnNode, WorkerToCoordinator,
 };
@@ -97,6 +97,9 @@ pub struct CoordinatorActor {
     pub(crate) metrics: Arc<CoordinatorMetrics>,
     /// Where the dashboard's cluster snapshot is published (with an HTTP port only).
     pub(crate) dashboard: Option<Arc<crate::dashboard::Dashboard>>,
+    /// The round's top-k as encoded for the heartbeat answers, with the
+    /// [`CoordinatorState::top_k_generation`] it was encoded at.
+    encoded_top_k: Option<(u64, EncodedTopK)>,
 }
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
@@ -170,6 +173,7 @@ impl CoordinatorActor {
             promotions,
             metrics: Arc::default(),
             dashboard: None,
+            encoded_top_k: None,
         })
     }
 
@@ -419,9 +423,25 @@ impl CoordinatorActor {
         // Only an outlier of the round is asked to shed (Mercury §6.3).
         let shedding_target = round.shedding_target_for(node_id);
         let outstanding_elsewhere = self.state.outstanding_elsewhere(node_id, round);
-        let top_k = round.top_k.clone();
+        // The round's top-k is the same in every answer until it changes: encoded once per
+        // change and shared (the answer's own view carries an empty list, not read).
+        let generation = self.state.top_k_generation();
+        let top_k = match &self.encoded_top_k {
+            Some((g, encoded)) if *g == generation => encoded.clone(),
+            _ => match EncodedTopK::encode(&round.top_k) {
+                Ok(encoded) => {
+                    self.encoded_top_k = Some((generation, encoded.clone()));
+                    encoded
+                }
+                Err(e) => {
+                    error!("cannot encode the round's top-k: {e}");
+                    return;
+                }
+            },
+        };
         let NodeView { view, issuer_keys } =
-            self.state.node_view(node_id, hb.directory_version, top_k);
+            self.state
+                .node_view(node_id, hb.directory_version, Vec::new());
         let notices = self.state.take_notices_for(node_id);
         let limit = self
             .queueable_limits
@@ -436,21 +456,21 @@ impl CoordinatorActor {
         session.keys_sent = key_id;
         let apps = (session.apps_sent != self.apps_version).then(|| self.apps.clone());
         session.apps_sent = self.apps_version;
-        let top_k = (session.top_k_sent != self.top_k_version).then_some(self.settings.top_k);
+        let top_k_setting =
+            (session.top_k_sent != self.top_k_version).then_some(self.settings.top_k);
         session.top_k_sent = self.top_k_version;
-        let _ = session
-            .tx
-            .send(CoordinatorToWorker::HeartbeatAck(HeartbeatAck {
-                view,
-                shedding_threshold_ms: shedding_target,
-                queueable_limit: limit.unwrap_or_default(),
-                notices,
-                issuer_keys,
-                guaranteed_keys,
-                apps,
-                top_k,
-                outstanding_elsewhere,
-            }));
+        let ack = HeartbeatAck {
+            view,
+            shedding_threshold_ms: shedding_target,
+            queueable_limit: limit.unwrap_or_default(),
+            notices,
+            issuer_keys,
+            guaranteed_keys,
+            apps,
+            top_k: top_k_setting,
+            outstanding_elsewhere,
+        };
+        let _ = session.tx.send_heartbeat_ack(ack, top_k);
     }
 
     fn fail(tx: &WorkerTx, correlation_id: u64, code: ErrorCode, message: String) {

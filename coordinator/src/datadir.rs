@@ -545,6 +545,10 @@ pub fn secure(dir: &DataDir) -> Result<Vec<String>, InitError> {
     Ok(changed)
 }
 
+/// Ack-eliciting packets a worker may receive before it must acknowledge at once (see
+/// [`quic_server_config`]): more than one heartbeat answer's packets.
+pub const ACK_ELICITING_THRESHOLD: u32 = 16;
+
 /// The rustls/quinn server configuration from the data dir's server certificate (ring only).
 pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitError> {
     use rustls::pki_types::pem::PemObject;
@@ -582,6 +586,15 @@ pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitErro
     // connection-wide default is unlimited).
     transport.stream_receive_window((1u32 << 20).into());
     transport.receive_window((2u32 << 20).into());
+    // A heartbeat answer is several packets (the round's top-k list is most of it); by default
+    // a worker acknowledges every second packet at once, so every answer brought back a few
+    // ACK-only packets for the coordinator to receive, decrypt and process (issue 17: per-packet
+    // work is most of the coordinator's cost per heartbeat). Workers are asked (QUIC ACK
+    // frequency extension, which quinn peers support) to acknowledge after
+    // `ACK_ELICITING_THRESHOLD` + 1 packets or their max ACK delay (25 ms), whichever first.
+    let mut ack_frequency = quinn::AckFrequencyConfig::default();
+    ack_frequency.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
+    transport.ack_frequency_config(Some(ack_frequency));
     config.transport_config(Arc::new(transport));
     Ok(config)
 }

@@ -12,7 +12,10 @@ use scheduler_core::codec::{
     CLUSTER_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame_into, from_payload,
 };
 use scheduler_core::protocol::Envelope;
-use scheduler_core::protocol::cluster::{CoordinatorToWorker, JoinRejected, WorkerToCoordinator};
+use scheduler_core::protocol::cluster::{
+    CoordinatorToWorker, EncodedTopK, HeartbeatAck, JoinRejected, WorkerToCoordinator,
+    encode_heartbeat_ack_frame_into,
+};
 use scheduler_core::protocol::limits::{JOIN_PREFIX_BYTES, join_token_in_prefix};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -41,11 +44,24 @@ pub const WORKER_FRAMES_IN_FLIGHT: usize = 256;
 /// is dropped; the session then ends as any lost connection does.
 #[derive(Clone, Debug)]
 pub struct WorkerTx {
-    tx: mpsc::Sender<CoordinatorToWorker>,
+    tx: mpsc::Sender<ToWorker>,
     connection: Option<quinn::Connection>,
     /// Set by the first send that found the queue full (shared by the clones): the warning and
     /// the close happen once, not for every frame sent until the session ends.
     overflowed: Arc<AtomicBool>,
+}
+
+/// A frame queued for a worker's writer.
+#[derive(Debug)]
+pub enum ToWorker {
+    Frame(CoordinatorToWorker),
+    /// A heartbeat answer whose view's top-k is the round's list, encoded once and shared by
+    /// every answer of the round ([`encode_heartbeat_ack_frame_into`]; `ack.view.top_k` is
+    /// left empty and not read).
+    HeartbeatAck {
+        ack: HeartbeatAck,
+        top_k: EncodedTopK,
+    },
 }
 
 /// The worker's session has ended (or was closed for not reading): the frame was not queued.
@@ -57,7 +73,7 @@ impl WorkerTx {
     pub fn bounded(
         capacity: usize,
         connection: Option<quinn::Connection>,
-    ) -> (WorkerTx, mpsc::Receiver<CoordinatorToWorker>) {
+    ) -> (WorkerTx, mpsc::Receiver<ToWorker>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         (
             WorkerTx {
@@ -71,6 +87,19 @@ impl WorkerTx {
 
     /// Queue a frame for the worker without waiting.
     pub fn send(&self, msg: CoordinatorToWorker) -> Result<(), WorkerGone> {
+        self.queue(ToWorker::Frame(msg))
+    }
+
+    /// Queue a heartbeat answer whose view carries the round's shared, encoded top-k.
+    pub fn send_heartbeat_ack(
+        &self,
+        ack: HeartbeatAck,
+        top_k: EncodedTopK,
+    ) -> Result<(), WorkerGone> {
+        self.queue(ToWorker::HeartbeatAck { ack, top_k })
+    }
+
+    fn queue(&self, msg: ToWorker) -> Result<(), WorkerGone> {
         match self.tx.try_send(msg) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -358,15 +387,18 @@ pub async fn serve_connection(
             }
         }
         loop {
-            let msg = match decoder.next_payload() {
+            // Decoded where it lies in the decoder (no copy of the payload per frame).
+            let decoded = decoder.with_next_payload(|payload| {
+                from_payload::<WorkerToCoordinator>(payload)
+                    .map_err(|e| describe_bad_frame(&e, payload))
+            });
+            let msg = match decoded {
                 Ok(None) => break,
-                Ok(Some(payload)) => match from_payload::<WorkerToCoordinator>(&payload) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        close = Some((CloseCode::ProtocolError, describe_bad_frame(&e, &payload)));
-                        break 'read;
-                    }
-                },
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(why))) => {
+                    close = Some((CloseCode::ProtocolError, why));
+                    break 'read;
+                }
                 Err(e) => {
                     close = Some((CloseCode::ProtocolError, e.to_string()));
                     break 'read;
@@ -471,7 +503,7 @@ const WRITER_RETAINED_CAPACITY: usize = 16 * 1024;
 
 async fn write_frames(
     mut send: quinn::SendStream,
-    mut rx: mpsc::Receiver<CoordinatorToWorker>,
+    mut rx: mpsc::Receiver<ToWorker>,
     peer: SocketAddr,
 ) {
     let mut out = Vec::new();
@@ -480,7 +512,13 @@ async fn write_frames(
         let mut next = Some(first);
         // Batch what is queued into one write.
         while let Some(msg) = next {
-            if let Err(e) = encode_frame_into(&msg, CLUSTER_MAX_FRAME, &mut out) {
+            let encoded = match &msg {
+                ToWorker::Frame(frame) => encode_frame_into(frame, CLUSTER_MAX_FRAME, &mut out),
+                ToWorker::HeartbeatAck { ack, top_k } => {
+                    encode_heartbeat_ack_frame_into(ack, top_k, CLUSTER_MAX_FRAME, &mut out)
+                }
+            };
+            if let Err(e) = encoded {
                 warn!(%peer, "frame to worker dropped: {e}");
             }
             next = rx.try_recv().ok();

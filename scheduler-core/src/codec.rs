@@ -42,13 +42,17 @@ pub const MAX_NESTING_DEPTH: usize = 32;
 /// docs/protocol.md): rmp-serde would take an integer key as a struct's field index and an
 /// array as a struct's fields in order, so without the check such frames decoded positionally.
 pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
-    check_named_fields(payload).map_err(CodecError::Malformed)?;
-    let mut deserializer = rmp_serde::Deserializer::new(std::io::Cursor::new(payload));
+    let end = check_named_fields(payload).map_err(CodecError::Malformed)?;
+    // Read from the slice, not through `io::Read`: strings are then lent to the decoder rather
+    // than copied into a scratch buffer, so the internally tagged enums of both protocols (which
+    // serde buffers before it knows the variant) buffer borrowed keys and strings instead of
+    // allocating each one (issue 17: decoding is paid once per heartbeat per node).
+    let mut deserializer = rmp_serde::Deserializer::from_read_ref(payload);
     deserializer.set_max_depth(MAX_NESTING_DEPTH);
     let value =
         T::deserialize(&mut deserializer).map_err(|e| CodecError::Malformed(e.to_string()))?;
-    let consumed = usize::try_from(deserializer.position()).unwrap_or(usize::MAX);
-    let trailing = payload.len().saturating_sub(consumed);
+    // The deserializer reads exactly the one value the walk above measured.
+    let trailing = payload.len().saturating_sub(end);
     if trailing > 0 {
         return Err(CodecError::Malformed(format!(
             "{trailing} trailing bytes after the message (a frame carries exactly one msgpack value)"
@@ -60,7 +64,8 @@ pub fn from_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError
 /// The payload is a map, and every map in it (at any depth) has string keys only. Walks the
 /// msgpack bytes without allocating; stops at the first problem, including a value that is cut
 /// short or nested deeper than [`MAX_NESTING_DEPTH`] (reported as such, as the decoder would).
-fn check_named_fields(payload: &[u8]) -> Result<(), String> {
+/// Returns where the value ends.
+fn check_named_fields(payload: &[u8]) -> Result<usize, String> {
     match payload.first() {
         Some(0x80..=0x8f | 0xde | 0xdf) => {}
         Some(m) => {
@@ -71,7 +76,8 @@ fn check_named_fields(payload: &[u8]) -> Result<(), String> {
         None => return Err("empty payload".into()),
     }
     let mut pos = 0;
-    skip_value(payload, &mut pos, 0)
+    skip_value(payload, &mut pos, 0)?;
+    Ok(pos)
 }
 
 fn read_be(b: &[u8], pos: &mut usize, n: usize) -> Result<usize, String> {
@@ -252,9 +258,10 @@ impl FrameDecoder {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// The next complete payload, `Ok(None)` if more bytes are needed, or an error if the
-    /// announced length is over the cap (checked before the body arrives).
-    pub fn next_payload(&mut self) -> Result<Option<Vec<u8>>, CodecError> {
+    /// Where the next complete frame's payload lies in `buf`, `Ok(None)` if more bytes are
+    /// needed, or an error if the announced length is over the cap (checked before the body
+    /// arrives).
+    fn next_frame(&self) -> Result<Option<std::ops::Range<usize>>, CodecError> {
         let pending = &self.buf[self.start..];
         if pending.len() < LENGTH_PREFIX {
             return Ok(None);
@@ -269,8 +276,13 @@ impl FrameDecoder {
         if pending.len() < LENGTH_PREFIX + len {
             return Ok(None);
         }
-        let payload = pending[LENGTH_PREFIX..LENGTH_PREFIX + len].to_vec();
-        self.start += LENGTH_PREFIX + len;
+        let at = self.start + LENGTH_PREFIX;
+        Ok(Some(at..at + len))
+    }
+
+    /// Mark the frame ending at `end` as returned.
+    fn consume(&mut self, end: usize) {
+        self.start = end;
         if self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
@@ -278,15 +290,42 @@ impl FrameDecoder {
                 self.buf.shrink_to(DECODER_RETAINED_CAPACITY);
             }
         }
+    }
+
+    /// The next complete payload, `Ok(None)` if more bytes are needed, or an error if the
+    /// announced length is over the cap (checked before the body arrives).
+    pub fn next_payload(&mut self) -> Result<Option<Vec<u8>>, CodecError> {
+        let Some(frame) = self.next_frame()? else {
+            return Ok(None);
+        };
+        let payload = self.buf[frame.clone()].to_vec();
+        self.consume(frame.end);
         Ok(Some(payload))
     }
 
-    /// The next complete message.
+    /// `f` of the next complete payload where it lies in the buffer (no copy), `Ok(None)` if
+    /// more bytes are needed; the frame is consumed whatever `f` returns.
+    pub fn with_next_payload<R>(
+        &mut self,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, CodecError> {
+        let Some(frame) = self.next_frame()? else {
+            return Ok(None);
+        };
+        let r = f(&self.buf[frame.clone()]);
+        self.consume(frame.end);
+        Ok(Some(r))
+    }
+
+    /// The next complete message, decoded where it lies (no copy of the payload). A frame that
+    /// does not decode is consumed all the same, as with [`FrameDecoder::next_payload`].
     pub fn next_message<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
-        match self.next_payload()? {
-            Some(p) => from_payload(&p).map(Some),
-            None => Ok(None),
-        }
+        let Some(frame) = self.next_frame()? else {
+            return Ok(None);
+        };
+        let decoded = from_payload(&self.buf[frame.clone()]);
+        self.consume(frame.end);
+        decoded.map(Some)
     }
 
     /// Call at end of stream: an error if a partial frame is buffered.

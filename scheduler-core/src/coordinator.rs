@@ -166,6 +166,9 @@ pub struct CoordinatorState {
     /// Issuer prefixes of the joined nodes' current sessions.
     live_issuers: HashSet<u32>,
     round: AggregateRound,
+    /// Bumped whenever the round's top-k may have changed (recomputed or patched), so a caller
+    /// can encode the list once and share it until it changes ([`CoordinatorState::top_k_generation`]).
+    top_k_generation: u64,
     /// Nodes declared lost (their containers reported `lost`) that have not re-joined and
     /// reported without those containers since. Persisted by the caller
     /// ([`CoordinatorState::take_lost_nodes_if_changed`]) so a restart does not forget them.
@@ -223,6 +226,7 @@ impl CoordinatorState {
             outbox: HashMap::new(),
             live_issuers: HashSet::new(),
             round: AggregateRound::default(),
+            top_k_generation: 0,
             lost_nodes: BTreeSet::new(),
             lost_nodes_changed: false,
             token_master: None,
@@ -352,8 +356,16 @@ impl CoordinatorState {
                 outstanding_totals,
                 at: Some(now),
             };
+            self.top_k_generation += 1;
         }
         &self.round
+    }
+
+    /// Changes whenever the round's top-k may have (a new round, or a join or removal patching
+    /// it): the live coordinator encodes the list once per generation and shares the bytes among
+    /// the round's heartbeat answers (issue 17).
+    pub fn top_k_generation(&self) -> u64 {
+        self.top_k_generation
     }
 
     /// The aggregate last computed by [`CoordinatorState::round`] (call that first in each
@@ -632,6 +644,7 @@ impl CoordinatorState {
         if self.round.at.is_none() {
             return;
         }
+        self.top_k_generation += 1;
         let top_k = &mut self.round.top_k;
         top_k.retain(|l| &l.node_id != node);
         if joined && !self.draining.contains(node) && self.config.top_k > 0 {
@@ -1197,6 +1210,50 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(c.node(&NodeId::from("b")).unwrap().app_endpoint, "b:1");
+    }
+
+    /// The live coordinator encodes the top-k once per generation and shares the bytes: every
+    /// change of the list (a new round, a join or a removal patching it, a drain) must move the
+    /// generation, and a heartbeat within the round must not.
+    #[test]
+    fn the_top_k_generation_moves_whenever_the_list_may_change() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let mut rng = StdRng::seed_from_u64(5);
+        let second = Duration::from_secs(1);
+        c.join(Time::ZERO, dir("a"));
+        c.round(Time::ZERO, second, &mut rng);
+        let mut seen = vec![(c.top_k_generation(), c.aggregate_round().top_k.clone())];
+        let mut check = |c: &CoordinatorState, moved: bool| {
+            let (last, list) = seen.last().cloned().expect("one seen");
+            let now = (c.top_k_generation(), c.aggregate_round().top_k.clone());
+            if moved {
+                assert_ne!(now.0, last, "the generation moves");
+            } else {
+                assert_eq!(now.0, last, "the generation stays");
+                assert_eq!(now.1, list, "so does the list");
+            }
+            seen.push(now);
+        };
+        c.heartbeat(
+            Time::from_millis(10),
+            &NodeId::from("a"),
+            QueueDelay::default(),
+            vec![],
+        );
+        c.round(Time::from_millis(10), second, &mut rng);
+        check(&c, false);
+        c.join(Time::from_millis(20), dir("b"));
+        check(&c, true);
+        c.round(Time::from_millis(30), second, &mut rng);
+        check(&c, false);
+        c.remove_node(&NodeId::from("a"));
+        check(&c, true);
+        c.round(Time::from_millis(1000), second, &mut rng);
+        check(&c, true);
+        c.set_draining(&NodeId::from("b"), true);
+        c.round(Time::from_millis(1001), second, &mut rng);
+        check(&c, true);
+        assert!(c.aggregate_round().top_k.is_empty(), "b is draining");
     }
 
     fn status(id: ContainerId) -> ContainerStatus {

@@ -29,6 +29,10 @@ pub enum ReleaseRoute {
     Unknown,
 }
 
+/// Above this many containers in a report, [`HostedContainers::report`] hashes the report's
+/// ids to find the ones gone, instead of scanning it for each.
+const SCAN_LIMIT: usize = 32;
+
 /// The containers each node last reported, with an index from container to host.
 #[derive(Clone, Debug, Default)]
 pub struct HostedContainers {
@@ -39,11 +43,31 @@ pub struct HostedContainers {
 impl HostedContainers {
     /// `node` holds `containers` now (its join or latest heartbeat): O(its containers).
     pub fn report(&mut self, node: &NodeId, containers: Vec<ContainerStatus>) {
-        self.forget_node(node);
+        // Called for every heartbeat: only what changed since the node's last report touches
+        // the index (a heartbeat mostly repeats it), so no node id is cloned per container.
         for c in &containers {
-            self.host.insert(c.id, node.clone());
+            if self.host.get(&c.id) != Some(node) {
+                self.host.insert(c.id, node.clone());
+            }
         }
-        self.by_node.insert(node.clone(), containers);
+        let Some(before) = self.by_node.get_mut(node) else {
+            self.by_node.insert(node.clone(), containers);
+            return;
+        };
+        let old = std::mem::replace(before, containers);
+        let now = &*before;
+        // A few containers per node: a scan beats hashing them.
+        let index: Option<std::collections::HashSet<ContainerId>> =
+            (now.len() > SCAN_LIMIT).then(|| now.iter().map(|c| c.id).collect());
+        let still_here = |id: ContainerId| match &index {
+            Some(ids) => ids.contains(&id),
+            None => now.iter().any(|c| c.id == id),
+        };
+        for c in &old {
+            if !still_here(c.id) && self.host.get(&c.id) == Some(node) {
+                self.host.remove(&c.id);
+            }
+        }
     }
 
     /// `node` left (lost or replaced): its containers are no longer anywhere.
@@ -212,5 +236,36 @@ mod tests {
         h.check_invariants().unwrap();
         assert_eq!(h.host_of(q).unwrap().0, &b);
         assert_eq!(h.len(), 1);
+    }
+
+    /// Reports that keep some containers, drop some and add some (as heartbeats do), small and
+    /// over the scan limit: the index follows each exactly.
+    #[test]
+    fn successive_reports_keep_the_index_exact() {
+        for size in [4u64, 3 * SCAN_LIMIT as u64] {
+            let mut h = HostedContainers::default();
+            let (a, b) = (NodeId::from("a"), NodeId::from("b"));
+            let report = |from: u64| -> Vec<ContainerStatus> {
+                (from..from + size)
+                    .map(|i| status(ContainerId::new(3, i), "demo", ContainerType::Queueable))
+                    .collect()
+            };
+            h.report(&b, report(1000));
+            for round in 0..5 {
+                // Each round drops the lowest two ids and adds two new ones.
+                h.report(&a, report(round * 2));
+                h.check_invariants().unwrap();
+                assert_eq!(h.len(), 2 * size as usize);
+                for i in 0..round * 2 {
+                    assert!(h.host_of(ContainerId::new(3, i)).is_none(), "{i} gone");
+                }
+                for i in round * 2..round * 2 + size {
+                    assert_eq!(h.host_of(ContainerId::new(3, i)).unwrap().0, &a);
+                }
+            }
+            h.report(&a, Vec::new());
+            h.check_invariants().unwrap();
+            assert_eq!(h.len(), size as usize, "b's containers stay");
+        }
     }
 }

@@ -21,10 +21,12 @@ use crate::local::{LocalArgs, LocalCluster};
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::{RngExt, SeedableRng};
+use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame_into};
 use scheduler_core::node::{ContainerStatus, Placement};
 use scheduler_core::protocol::app::Allocate;
 use scheduler_core::protocol::cluster::{
-    AllocateGuaranteed, CoordinatorToWorker, Heartbeat, ReleaseContainer, WorkerToCoordinator,
+    AllocateGuaranteed, GuaranteedAllocated, Heartbeat, ReleaseContainer, RequestFailed,
+    WorkerToCoordinator,
 };
 use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
@@ -36,7 +38,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use worker::link::{Identity, JoinError, JoinedSession, join_cluster, read_frame, write_frame};
+use worker::link::{Identity, JoinError, JoinedSession, join_cluster, write_frame};
 
 /// Options of `testbed fleet`.
 #[derive(Debug, Clone, clap::Args)]
@@ -134,6 +136,9 @@ pub struct FleetReport {
     /// entries, over the run.
     pub delta_answers: u64,
     pub delta_entries: u64,
+    /// QUIC traffic per heartbeat answered in the window, as the nodes' connections counted it
+    /// (what the nodes received is what the coordinator sent).
+    pub quic: QuicPerHeartbeat,
     pub allocate: AllocateFigures,
     pub lost: LostFigures,
     /// The coordinator's own counters at the end (`GET /metrics`).
@@ -150,6 +155,17 @@ pub struct ProcessCost {
     pub core_fraction: f64,
     /// CPU per heartbeat answered in the window.
     pub cpu_us_per_heartbeat: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QuicPerHeartbeat {
+    pub coordinator_datagrams_sent: f64,
+    pub coordinator_bytes_sent: f64,
+    pub coordinator_datagrams_received: f64,
+    pub coordinator_bytes_received: f64,
+    /// ACK frames the nodes sent (each in a datagram of its own unless a heartbeat or a request
+    /// carried it).
+    pub node_ack_frames_sent: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -190,11 +206,41 @@ struct FleetShared {
     lost_seen_us: AtomicU64,
     lost_seen: AtomicBool,
     fatal: Mutex<Option<String>>,
+    quic: [QuicTotals; 2],
 }
 
 enum Command {
-    Allocate { correlation_id: u64 },
+    Allocate {
+        correlation_id: u64,
+    },
+    /// Add the connection's QUIC counters to `FleetShared::quic[i]` (0: window start, 1: end).
+    AddQuicStats(usize),
     Stop,
+}
+
+/// The nodes' QUIC counters summed over their connections at one moment.
+#[derive(Default)]
+struct QuicTotals {
+    reported: AtomicU64,
+    datagrams_rx: AtomicU64,
+    bytes_rx: AtomicU64,
+    datagrams_tx: AtomicU64,
+    bytes_tx: AtomicU64,
+    ack_frames_tx: AtomicU64,
+}
+
+impl QuicTotals {
+    fn add(&self, s: &quinn::ConnectionStats) {
+        self.datagrams_rx
+            .fetch_add(s.udp_rx.datagrams, Ordering::Relaxed);
+        self.bytes_rx.fetch_add(s.udp_rx.bytes, Ordering::Relaxed);
+        self.datagrams_tx
+            .fetch_add(s.udp_tx.datagrams, Ordering::Relaxed);
+        self.bytes_tx.fetch_add(s.udp_tx.bytes, Ordering::Relaxed);
+        self.ack_frames_tx
+            .fetch_add(s.frame_tx.acks, Ordering::Relaxed);
+        self.reported.fetch_add(1, Ordering::Release);
+    }
 }
 
 struct SessionPlan {
@@ -205,6 +251,9 @@ struct SessionPlan {
     start_at: tokio::time::Instant,
     epoch: Instant,
 }
+
+/// How often a fleet that is still joining says how far it got.
+const PROGRESS_PERIOD: Duration = Duration::from_secs(10);
 
 /// Run `testbed fleet` and print its report.
 pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
@@ -246,6 +295,14 @@ fn print_report(r: &FleetReport) {
         r.allocate.p50_us,
         r.allocate.p99_us,
         r.allocate.max_us
+    );
+    println!(
+        "QUIC per heartbeat: coordinator sent {:.1} datagrams ({:.0} bytes), received {:.1} ({:.0} bytes); nodes sent {:.2} ACK frames",
+        r.quic.coordinator_datagrams_sent,
+        r.quic.coordinator_bytes_sent,
+        r.quic.coordinator_datagrams_received,
+        r.quic.coordinator_bytes_received,
+        r.quic.node_ack_frames_sent
     );
     println!(
         "lost: {} stopped, detected after {:?} ms (node timeout {} ms)",
@@ -372,13 +429,28 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
                 .unwrap_or_default()
         )
     };
+    // Progress on stderr, so a run that does not finish shows which phase it is in.
+    let mut progress_at = Instant::now() + PROGRESS_PERIOD;
     while shared.joined.load(Ordering::Relaxed) < args.nodes as u64 {
         if Instant::now() > deadline {
             return Err(fail("the fleet did not join"));
         }
+        if Instant::now() > progress_at {
+            progress_at += PROGRESS_PERIOD;
+            eprintln!(
+                "fleet: {} of {} nodes joined after {:.0} s",
+                shared.joined.load(Ordering::Relaxed),
+                args.nodes,
+                start.elapsed().as_secs_f64()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let join_s = start.elapsed().as_secs_f64();
+    eprintln!(
+        "fleet: all {} nodes joined in {join_s:.1} s; waiting for the directory to settle",
+        args.nodes
+    );
     // Settled: a whole heartbeat period (plus slack) without a directory answer.
     let hb = Duration::from_millis(args.heartbeat_ms);
     let quiet = hb + hb / 2;
@@ -393,8 +465,13 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let settle_s = start.elapsed().as_secs_f64() - join_s;
+    eprintln!(
+        "fleet: settled after {settle_s:.1} s; measuring for {} s",
+        args.duration_s
+    );
 
     // The window: every node heartbeats; GUARANTEED asks from random live nodes.
+    quic_snapshot(&commands, &shared, 0).await;
     let acks0 = shared.acks.load(Ordering::Relaxed);
     let coord0 = process_cpu_s(pid)?;
     let fleet0 = process_cpu_s(std::process::id())?;
@@ -423,6 +500,27 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     let fleet1 = process_cpu_s(std::process::id())?;
     let acks = shared.acks.load(Ordering::Relaxed) - acks0;
     let rss = rss_mib(pid)?;
+    quic_snapshot(&commands, &shared, 1).await;
+    let quic = {
+        let [a, b] = &shared.quic;
+        let per = |x: &AtomicU64, y: &AtomicU64| {
+            let d = y
+                .load(Ordering::Relaxed)
+                .saturating_sub(x.load(Ordering::Relaxed));
+            if acks == 0 {
+                0.0
+            } else {
+                d as f64 / acks as f64
+            }
+        };
+        QuicPerHeartbeat {
+            coordinator_datagrams_sent: per(&a.datagrams_rx, &b.datagrams_rx),
+            coordinator_bytes_sent: per(&a.bytes_rx, &b.bytes_rx),
+            coordinator_datagrams_received: per(&a.datagrams_tx, &b.datagrams_tx),
+            coordinator_bytes_received: per(&a.bytes_tx, &b.bytes_tx),
+            node_ack_frames_sent: per(&a.ack_frames_tx, &b.ack_frames_tx),
+        }
+    };
     // Wait for the answers still on their way (bounded: a lost answer is reported as missing).
     let answers_by = Instant::now() + Duration::from_secs(10);
     while shared.granted.load(Ordering::Relaxed) + shared.failed.load(Ordering::Relaxed) < asked
@@ -451,6 +549,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         let stopped: HashSet<NodeId> = (args.nodes - args.lose..args.nodes)
             .map(|i| NodeId::new(format!("fleet-{i:05}")))
             .collect();
+        eprintln!("fleet: window done; stopping {} nodes", args.lose);
         let at = Instant::now();
         *shared.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, stopped));
         for c in &commands[args.nodes - args.lose..] {
@@ -473,8 +572,14 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     for c in &commands {
         let _ = c.send(Command::Stop);
     }
+    // One grace period for all sessions, then the rest are aborted (a session in the middle of
+    // a write or a join sees the stop only afterwards).
+    let grace = tokio::time::Instant::now() + Duration::from_secs(5);
     for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        let abort = t.abort_handle();
+        if tokio::time::timeout_at(grace, t).await.is_err() {
+            abort.abort();
+        }
     }
     let hist = shared
         .latencies
@@ -499,6 +604,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         directory_entries: shared.directory_entries.load(Ordering::Relaxed),
         delta_answers: shared.delta_answers.load(Ordering::Relaxed),
         delta_entries: shared.delta_entries.load(Ordering::Relaxed),
+        quic,
         allocate: AllocateFigures {
             asked,
             granted: shared.granted.load(Ordering::Relaxed),
@@ -512,6 +618,23 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         coordinator_nodes_lost: metric(&metrics, "coordinator_nodes_lost_total"),
         coordinator_heartbeats: metric(&metrics, "coordinator_heartbeats_total"),
     })
+}
+
+/// Every live session adds its connection's QUIC counters to `shared.quic[i]`; waits (at most
+/// 5 s) until all have.
+async fn quic_snapshot(
+    commands: &[mpsc::UnboundedSender<Command>],
+    shared: &FleetShared,
+    i: usize,
+) {
+    let asked = commands
+        .iter()
+        .filter(|c| c.send(Command::AddQuicStats(i)).is_ok())
+        .count() as u64;
+    let by = Instant::now() + Duration::from_secs(5);
+    while shared.quic[i].reported.load(Ordering::Acquire) < asked && Instant::now() < by {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
@@ -548,7 +671,7 @@ async fn session(
         }
     };
     let JoinedSession {
-        connection: _connection,
+        connection,
         mut send,
         mut recv,
         mut decoder,
@@ -557,6 +680,9 @@ async fn session(
     shared.joined.fetch_add(1, Ordering::Relaxed);
     let issuer = accepted.issuer;
     let mut known_version = accepted.view.directory_version;
+    // The join answer holds the whole directory and a key per node: kept for the session's
+    // life it made the fleet's memory O(nodes²) (3.8 GB at 4,000 of 5,000 nodes).
+    drop(accepted);
     let mut seq = 0u64;
     let mut containers: Vec<ContainerStatus> = (0..plan.containers_per_node)
         .map(|_| {
@@ -571,6 +697,8 @@ async fn session(
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut round = 0u64;
+    // The heartbeat's encoding, reused.
+    let mut out = Vec::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -600,14 +728,17 @@ async fn session(
                     finished,
                     issued: Vec::new(),
                 });
-                if write_frame(&mut send, &hb).await.is_err() {
+                out.clear();
+                if encode_frame_into(&hb, CLUSTER_MAX_FRAME, &mut out).is_err()
+                    || send.write_all(&out).await.is_err()
+                {
                     return;
                 }
             }
-            frame = read_frame(&mut recv, &mut decoder) => {
+            frame = read_fleet_frame(&mut recv, &mut decoder) => {
                 let Ok(frame) = frame else { return };
                 match frame {
-                    CoordinatorToWorker::HeartbeatAck(ack) => {
+                    FleetFrame::HeartbeatAck(ack) => {
                         shared.acks.fetch_add(1, Ordering::Relaxed);
                         let view = &ack.view;
                         // As the worker's scheduler does (`DistributedScheduler::update_view`): a
@@ -653,7 +784,7 @@ async fn session(
                             }
                         }
                     }
-                    CoordinatorToWorker::GuaranteedAllocated(a) => {
+                    FleetFrame::GuaranteedAllocated(a) => {
                         if a.remaining == 0 && let Some(sent) = pending.remove(&a.correlation_id) {
                             let us = sent.elapsed().as_micros() as u64;
                             if let Some(h) = shared.latencies.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
@@ -674,7 +805,7 @@ async fn session(
                             }
                         }
                     }
-                    CoordinatorToWorker::RequestFailed(f) if pending.remove(&f.correlation_id).is_some() => {
+                    FleetFrame::RequestFailed(f) if pending.remove(&f.correlation_id).is_some() => {
                         shared.failed.fetch_add(1, Ordering::Relaxed);
                         let mut fatal = shared.fatal.lock().unwrap_or_else(|e| e.into_inner());
                         if fatal.is_none() {
@@ -703,8 +834,111 @@ async fn session(
                         return;
                     }
                 }
+                Some(Command::AddQuicStats(i)) => shared.quic[i].add(&connection.stats()),
                 Some(Command::Stop) | None => return,
             },
+        }
+    }
+}
+
+/// The coordinator's frames as a fleet node reads them: the parts of a heartbeat answer it
+/// counts (membership: versions, the whole directory's node ids, a delta's sizes and left ids),
+/// grants and failures; anything else is skipped. A real worker decodes the whole answer,
+/// including the round's top-k list (most of its bytes); a fleet node does not use the list, and
+/// decoding it per answer was a large share of the driver's CPU, which shares the machine's
+/// cores with the coordinator being measured (issue 17). The bytes received, and so the QUIC and
+/// TLS work on both sides, are the same.
+enum FleetFrame {
+    HeartbeatAck(AckSeen),
+    GuaranteedAllocated(GuaranteedAllocated),
+    RequestFailed(RequestFailed),
+    Other,
+}
+
+/// What a fleet node reads of a `heartbeat_ack` (the fields not named here are skipped).
+#[derive(serde::Deserialize)]
+struct AckSeen {
+    view: ViewSeen,
+}
+
+#[derive(serde::Deserialize)]
+struct ViewSeen {
+    directory_version: u64,
+    directory: Vec<EntrySeen>,
+    #[serde(default)]
+    delta: Option<DeltaSeen>,
+}
+
+#[derive(serde::Deserialize)]
+struct EntrySeen {
+    node_id: NodeId,
+}
+
+#[derive(serde::Deserialize)]
+struct DeltaSeen {
+    from_version: u64,
+    joined: Vec<serde::de::IgnoredAny>,
+    left: Vec<NodeId>,
+}
+
+impl<'de> serde::Deserialize<'de> for FleetFrame {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FleetFrame, D::Error> {
+        d.deserialize_map(FleetFrameVisitor)
+    }
+}
+
+/// The coordinator writes a frame's `type` tag first (serde's internally tagged encoding), so
+/// the variant is known before its fields and they are decoded straight into it, without the
+/// buffering serde's derive does for a tag that may come anywhere.
+struct FleetFrameVisitor;
+
+impl<'de> serde::de::Visitor<'de> for FleetFrameVisitor {
+    type Value = FleetFrame;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a coordinator frame: a map whose first key is `type`")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FleetFrame, A::Error> {
+        use serde::Deserialize;
+        use serde::de::value::MapAccessDeserializer;
+        let key: Option<String> = map.next_key()?;
+        if key.as_deref() != Some("type") {
+            return Err(serde::de::Error::custom(
+                "the frame's first key is not `type`",
+            ));
+        }
+        let kind: String = map.next_value()?;
+        let rest = MapAccessDeserializer::new(map);
+        Ok(match kind.as_str() {
+            "heartbeat_ack" => FleetFrame::HeartbeatAck(AckSeen::deserialize(rest)?),
+            "guaranteed_allocated" => {
+                FleetFrame::GuaranteedAllocated(GuaranteedAllocated::deserialize(rest)?)
+            }
+            "request_failed" => FleetFrame::RequestFailed(RequestFailed::deserialize(rest)?),
+            _ => {
+                serde::de::IgnoredAny::deserialize(rest)?;
+                FleetFrame::Other
+            }
+        })
+    }
+}
+
+/// The next coordinator frame of a fleet node's session.
+async fn read_fleet_frame(
+    recv: &mut quinn::RecvStream,
+    decoder: &mut FrameDecoder,
+) -> Result<FleetFrame, String> {
+    loop {
+        match decoder.next_message::<FleetFrame>() {
+            Ok(Some(f)) => return Ok(f),
+            Ok(None) => {}
+            Err(e) => return Err(format!("bad frame from the coordinator: {e}")),
+        }
+        match recv.read_chunk(64 * 1024, true).await {
+            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
+            Ok(None) => return Err("the coordinator closed the stream".into()),
+            Err(e) => return Err(format!("reading from the coordinator: {e}")),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! [`crate::codec::CLUSTER_MAX_FRAME`]). The first frame from the worker is [`Join`] with the
 //! protocol version; the coordinator answers [`JoinAccepted`] or [`JoinRejected`] and closes.
 
+use crate::codec::{CodecError, LENGTH_PREFIX};
 use crate::coordinator::ContainerNotice;
 use crate::distributed::ClusterView;
 use crate::node::ContainerStatus;
@@ -380,4 +381,216 @@ pub struct ResizeContainer {
     pub container_id: ContainerId,
     /// The shaped allocation: between the container's current use and its request.
     pub resources: Resources,
+}
+
+/// A round's top-k list encoded once, as [`ClusterView::top_k`] is on the wire (a msgpack array
+/// of named-field maps), to be shared by every heartbeat answer of the round (issue 17: the list
+/// is the same for all nodes until the next round, and at `view_size(50)` = 200 entries it is
+/// most of an answer's bytes; encoding it per heartbeat was most of the coordinator's encoding
+/// work).
+#[derive(Clone, Debug)]
+pub struct EncodedTopK {
+    bytes: std::sync::Arc<[u8]>,
+}
+
+impl EncodedTopK {
+    pub fn encode(top_k: &[crate::distributed::NodeLoad]) -> Result<EncodedTopK, CodecError> {
+        Ok(EncodedTopK {
+            bytes: crate::codec::to_payload(&top_k)?.into(),
+        })
+    }
+
+    /// The encoded list.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Append `CoordinatorToWorker::HeartbeatAck(ack)` as one length-prefixed frame to `out`, with
+/// the shared `top_k` in place of `ack.view.top_k` (which is not read): the same bytes as
+/// [`crate::codec::encode_frame_into`] of that frame with the list in the view (unit test
+/// `a_heartbeat_ack_with_a_shared_top_k_is_the_derived_encoding`). Refuses a frame over
+/// `limit`; on an error `out` is left as it was.
+pub fn encode_heartbeat_ack_frame_into(
+    ack: &HeartbeatAck,
+    top_k: &EncodedTopK,
+    limit: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    let at = out.len();
+    out.extend_from_slice(&[0; LENGTH_PREFIX]);
+    if let Err(e) = write_heartbeat_ack(ack, top_k, out) {
+        out.truncate(at);
+        return Err(CodecError::Encode(e.to_string()));
+    }
+    let size = out.len() - at - LENGTH_PREFIX;
+    if size > limit {
+        out.truncate(at);
+        return Err(CodecError::Oversized { size, limit });
+    }
+    out[at..at + LENGTH_PREFIX].copy_from_slice(&(size as u32).to_be_bytes());
+    Ok(())
+}
+
+/// What serde's derive writes for the internally tagged `CoordinatorToWorker::HeartbeatAck`
+/// (a map: the `type` tag first, then the fields in declaration order, `skip_serializing_if`
+/// fields left out of the map and its length), field by field through the same serializer,
+/// except that the view's `top_k` value is the shared bytes. The destructuring names every
+/// field, so a field added to either struct does not compile until it is written here too.
+fn write_heartbeat_ack(
+    ack: &HeartbeatAck,
+    shared_top_k: &EncodedTopK,
+    out: &mut Vec<u8>,
+) -> Result<(), rmp_serde::encode::Error> {
+    let HeartbeatAck {
+        view,
+        shedding_threshold_ms,
+        queueable_limit,
+        notices,
+        issuer_keys,
+        guaranteed_keys,
+        apps,
+        top_k,
+        outstanding_elsewhere,
+    } = ack;
+    let ClusterView {
+        directory_version,
+        directory,
+        delta,
+        top_k: _,
+    } = view;
+    // fixmap headers: at most 15 entries each (10 and 4 here).
+    let ack_fields = 9 + u8::from(top_k.is_some());
+    let view_fields = 3 + u8::from(delta.is_some());
+    let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
+    ser.get_mut().push(0x80 | ack_fields);
+    "type".serialize(&mut ser)?;
+    "heartbeat_ack".serialize(&mut ser)?;
+    "view".serialize(&mut ser)?;
+    ser.get_mut().push(0x80 | view_fields);
+    "directory_version".serialize(&mut ser)?;
+    directory_version.serialize(&mut ser)?;
+    "directory".serialize(&mut ser)?;
+    directory.serialize(&mut ser)?;
+    if let Some(delta) = delta {
+        "delta".serialize(&mut ser)?;
+        delta.serialize(&mut ser)?;
+    }
+    "top_k".serialize(&mut ser)?;
+    ser.get_mut().extend_from_slice(shared_top_k.bytes());
+    "shedding_threshold_ms".serialize(&mut ser)?;
+    shedding_threshold_ms.serialize(&mut ser)?;
+    "queueable_limit".serialize(&mut ser)?;
+    queueable_limit.serialize(&mut ser)?;
+    "notices".serialize(&mut ser)?;
+    notices.serialize(&mut ser)?;
+    "issuer_keys".serialize(&mut ser)?;
+    issuer_keys.serialize(&mut ser)?;
+    "guaranteed_keys".serialize(&mut ser)?;
+    guaranteed_keys.serialize(&mut ser)?;
+    "apps".serialize(&mut ser)?;
+    apps.serialize(&mut ser)?;
+    if let Some(k) = top_k {
+        "top_k".serialize(&mut ser)?;
+        k.serialize(&mut ser)?;
+    }
+    "outstanding_elsewhere".serialize(&mut ser)?;
+    outstanding_elsewhere.serialize(&mut ser)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod shared_top_k_tests {
+    use super::*;
+    use crate::codec::{CLUSTER_MAX_FRAME, encode_frame, from_payload};
+    use crate::coordinator::NoticeKind;
+    use crate::distributed::{DirectoryDelta, NodeDirectoryEntry, NodeLoad};
+    use crate::quota::AppOutstanding;
+
+    fn top_k(n: usize) -> Vec<NodeLoad> {
+        (0..n)
+            .map(|i| NodeLoad {
+                node_id: NodeId::new(format!("node-{i:05}")),
+                queue_delay_ms: i as f64 * 1.5,
+            })
+            .collect()
+    }
+
+    fn entry(i: usize) -> NodeDirectoryEntry {
+        NodeDirectoryEntry {
+            node_id: NodeId::new(format!("node-{i:05}")),
+            rack: format!("rack-{}", i % 3),
+            capacity: Resources::new(4000, 4096),
+            app_endpoint: format!("127.0.0.1:{}", 20000 + i),
+        }
+    }
+
+    /// Answers with every optional part absent and present, each encoded with a shared list and
+    /// by the derive: byte for byte the same frame, which decodes to the ack with the list.
+    #[test]
+    fn a_heartbeat_ack_with_a_shared_top_k_is_the_derived_encoding() {
+        let bare = HeartbeatAck {
+            view: ClusterView {
+                directory_version: 7,
+                directory: Vec::new(),
+                delta: None,
+                top_k: Vec::new(),
+            },
+            shedding_threshold_ms: None,
+            queueable_limit: Resources::new(1000, 512),
+            notices: Vec::new(),
+            issuer_keys: None,
+            guaranteed_keys: None,
+            apps: None,
+            top_k: None,
+            outstanding_elsewhere: Vec::new(),
+        };
+        let mut full = bare.clone();
+        full.view.directory = vec![entry(1), entry(2)];
+        full.view.delta = Some(DirectoryDelta {
+            from_version: 5,
+            joined: vec![entry(3)],
+            left: vec![NodeId::new("gone")],
+        });
+        full.shedding_threshold_ms = Some(12.5);
+        full.notices = vec![ContainerNotice {
+            container_id: ContainerId::new(3, 9),
+            node_id: NodeId::new("node-00003"),
+            kind: NoticeKind::Finished,
+        }];
+        full.issuer_keys = Some(Vec::new());
+        full.apps = Some(vec![AppRecord {
+            app_id: "app".into(),
+            secret_sha256: "ab".repeat(32),
+            quota: QueueableQuota::default(),
+        }]);
+        full.top_k = Some(7);
+        full.outstanding_elsewhere = vec![AppOutstanding {
+            app_id: crate::AppId::new("app"),
+            queueable: 3,
+            guaranteed: 1,
+        }];
+        for (ack, n) in [(&bare, 0), (&bare, 200), (&full, 0), (&full, 3)] {
+            let list = top_k(n);
+            let shared = EncodedTopK::encode(&list).unwrap();
+            let mut with_list = ack.clone();
+            with_list.view.top_k = list;
+            let frame = CoordinatorToWorker::HeartbeatAck(with_list);
+            let derived = encode_frame(&frame, CLUSTER_MAX_FRAME).unwrap();
+            let mut out = b"before".to_vec();
+            encode_heartbeat_ack_frame_into(ack, &shared, CLUSTER_MAX_FRAME, &mut out).unwrap();
+            assert_eq!(&out[..6], b"before");
+            assert_eq!(&out[6..], &derived[..], "{n} entries");
+            let decoded: CoordinatorToWorker = from_payload(&out[6 + LENGTH_PREFIX..]).unwrap();
+            assert_eq!(decoded, frame);
+        }
+        // Over the limit: refused, and the buffer is as it was.
+        let shared = EncodedTopK::encode(&top_k(200)).unwrap();
+        let mut out = b"kept".to_vec();
+        assert!(matches!(
+            encode_heartbeat_ack_frame_into(&bare, &shared, 100, &mut out),
+            Err(CodecError::Oversized { limit: 100, .. })
+        ));
+        assert_eq!(out, b"kept");
+    }
 }
