@@ -193,10 +193,22 @@ pub fn encode_frame_into<T: Serialize>(
     limit: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
+    encode_frame_with(limit, out, |out| {
+        msg.serialize(&mut rmp_serde::Serializer::new(out).with_struct_map())
+    })
+}
+
+/// Append one length-prefixed frame to `out` whose payload `write` appends, refusing to produce
+/// one over `limit`; on an error `out` is left as it was. For hand-assembled payloads (e.g. a
+/// heartbeat answer with a shared, pre-encoded part).
+pub fn encode_frame_with<E: std::fmt::Display>(
+    limit: usize,
+    out: &mut Vec<u8>,
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<(), CodecError> {
     let at = out.len();
     out.extend_from_slice(&[0; LENGTH_PREFIX]);
-    let encoded = msg.serialize(&mut rmp_serde::Serializer::new(&mut *out).with_struct_map());
-    if let Err(e) = encoded {
+    if let Err(e) = write(out) {
         out.truncate(at);
         return Err(CodecError::Encode(e.to_string()));
     }

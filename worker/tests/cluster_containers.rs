@@ -350,20 +350,26 @@ async fn a_waiting_guaranteed_ask_is_cancelled_when_its_connection_closes() {
     c.stop().await;
 }
 
-/// A finished GUARANTEED container's capacity is granted again without waiting for a heartbeat
-/// (issue 17): with heartbeats an hour apart, a second ask that needs the node's whole capacity
-/// is granted as soon as the first container exits, because the worker tells the coordinator at
-/// once.
-#[actix_rt::test]
-async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_heartbeat() {
-    let c = Cluster::start_with_heartbeat(
+/// One node of 1,000 millicores and 1 GiB whose heartbeats are an hour apart: within a test,
+/// only what the worker sends at once (not a periodic report) can move anything.
+async fn one_node_with_hourly_heartbeats() -> Cluster {
+    Cluster::start_with_heartbeat(
         &["demo"],
         &[node("node-a", 1000, 1024)],
         |_| {},
         None,
         std::time::Duration::from_secs(3600),
     )
-    .await;
+    .await
+}
+
+/// A finished GUARANTEED container's capacity is granted again without waiting for a heartbeat
+/// (issue 17): with heartbeats an hour apart, a second ask that needs the node's whole capacity
+/// is granted as soon as the first container exits, because the worker tells the coordinator at
+/// once.
+#[actix_rt::test]
+async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_heartbeat() {
+    let c = one_node_with_hourly_heartbeats().await;
     let mut app = c.client("node-a").await;
     app.subscribe().await;
     let first = app.grant(ask(ContainerType::Guaranteed, 1000, 1024)).await;
@@ -395,14 +401,7 @@ async fn a_finished_guaranteed_container_frees_its_capacity_before_the_next_hear
 /// connection) can deliver them within the test's patience.
 #[actix_rt::test]
 async fn an_exit_is_delivered_and_the_next_queued_container_starts_without_a_heartbeat() {
-    let c = Cluster::start_with_heartbeat(
-        &["demo"],
-        &[node("node-a", 1000, 1024)],
-        |_| {},
-        None,
-        std::time::Duration::from_secs(3600),
-    )
-    .await;
+    let c = one_node_with_hourly_heartbeats().await;
     let mut app = c.client("node-a").await;
     app.subscribe().await;
     // The first container holds the node until the test lets it end (a file appears), so the

@@ -3,7 +3,7 @@
 //! [`crate::codec::CLUSTER_MAX_FRAME`]). The first frame from the worker is [`Join`] with the
 //! protocol version; the coordinator answers [`JoinAccepted`] or [`JoinRejected`] and closes.
 
-use crate::codec::{CodecError, LENGTH_PREFIX};
+use crate::codec::CodecError;
 use crate::coordinator::ContainerNotice;
 use crate::distributed::ClusterView;
 use crate::node::ContainerStatus;
@@ -417,19 +417,7 @@ pub fn encode_heartbeat_ack_frame_into(
     limit: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
-    let at = out.len();
-    out.extend_from_slice(&[0; LENGTH_PREFIX]);
-    if let Err(e) = write_heartbeat_ack(ack, top_k, out) {
-        out.truncate(at);
-        return Err(CodecError::Encode(e.to_string()));
-    }
-    let size = out.len() - at - LENGTH_PREFIX;
-    if size > limit {
-        out.truncate(at);
-        return Err(CodecError::Oversized { size, limit });
-    }
-    out[at..at + LENGTH_PREFIX].copy_from_slice(&(size as u32).to_be_bytes());
-    Ok(())
+    crate::codec::encode_frame_with(limit, out, |out| write_heartbeat_ack(ack, top_k, out))
 }
 
 /// What serde's derive writes for the internally tagged `CoordinatorToWorker::HeartbeatAck`
@@ -502,7 +490,7 @@ fn write_heartbeat_ack(
 #[cfg(test)]
 mod shared_top_k_tests {
     use super::*;
-    use crate::codec::{CLUSTER_MAX_FRAME, encode_frame, from_payload};
+    use crate::codec::{CLUSTER_MAX_FRAME, LENGTH_PREFIX, encode_frame, from_payload};
     use crate::coordinator::NoticeKind;
     use crate::distributed::{DirectoryDelta, NodeDirectoryEntry, NodeLoad};
     use crate::quota::AppOutstanding;
