@@ -429,6 +429,8 @@ fn sorted_median(values: &[f64]) -> f64 {
 /// so a history without any cluster gets its median's neighbourhood, not its shortest run.
 fn densest_window_centre(values: &[f64]) -> f64 {
     let median = sorted_median(values);
+    // Ascending: no zero runtime in the window, so every centre and the median are positive.
+    let all_positive = values.first().is_some_and(|&v| v > 0.0);
     let (mut best_count, mut best_centre, mut best_distance) = (0, median, f64::INFINITY);
     let mut end = 0;
     for start in 0..values.len() {
@@ -441,7 +443,12 @@ fn densest_window_centre(values: &[f64]) -> f64 {
             continue;
         }
         let centre = (values[start] * values[end - 1]).sqrt();
-        let distance = if centre > 0.0 && median > 0.0 {
+        let distance = if all_positive {
+            // |ln(centre / median)| orders as max(r, 1/r) with r = centre / median: the same
+            // comparison without a logarithm per window (this runs for every prediction).
+            let ratio = centre / median;
+            ratio.max(ratio.recip())
+        } else if centre > 0.0 && median > 0.0 {
             (centre / median).ln().abs()
         } else {
             (centre - median).abs()
@@ -766,7 +773,7 @@ impl RuntimePredictor {
         &self,
         features: &JobFeatures,
     ) -> (Vec<ExpertCandidate>, SubmittedEstimates) {
-        let mut candidates = Vec::new();
+        let mut candidates = Vec::with_capacity(features.features.len() * ESTIMATORS);
         let mut submitted = Vec::with_capacity(features.features.len());
         let mut observations = Vec::with_capacity(features.features.len());
         for (feature_index, feature) in features.features.iter().enumerate() {
@@ -1249,6 +1256,50 @@ mod tests {
         let (none, empty) = RuntimePredictor::default().predict_with_submitted(&features);
         assert!(none.is_none());
         assert_eq!(empty.estimates, vec![[None; ESTIMATORS]; 4]);
+    }
+
+    #[test]
+    fn the_recent_mode_ranks_windows_by_log_distance_from_the_median() {
+        // The definition: among the fullest windows, the least |ln(centre / median)|; the code
+        // compares max(r, 1/r) instead (no logarithm per window) when every value is positive.
+        fn by_logarithm(values: &[f64]) -> f64 {
+            let median = sorted_median(values);
+            let (mut best_count, mut best_centre, mut best_distance) = (0, median, f64::INFINITY);
+            let mut end = 0;
+            for start in 0..values.len() {
+                end = end.max(start + 1);
+                while end < values.len() && values[end] <= 4.0 * values[start] {
+                    end += 1;
+                }
+                let count = end - start;
+                let centre = (values[start] * values[end - 1]).sqrt();
+                let distance = (centre / median).ln().abs();
+                if count > best_count || (count == best_count && distance < best_distance) {
+                    (best_count, best_centre, best_distance) = (count, centre, distance);
+                }
+            }
+            best_centre
+        }
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..20_000 {
+            let len = 1 + (next() % 20) as usize;
+            // Runtimes over six orders of magnitude, some repeated, as recent windows hold.
+            let mut values: Vec<f64> = (0..len)
+                .map(|_| (1 + next() % 1000) as f64 * 10f64.powi((next() % 4) as i32))
+                .collect();
+            values.sort_unstable_by(f64::total_cmp);
+            assert_eq!(
+                densest_window_centre(&values),
+                by_logarithm(&values),
+                "round {round}: {values:?}"
+            );
+        }
     }
 
     #[test]
