@@ -993,8 +993,16 @@ impl Guarantor {
                     }
                 }
         });
+        // The index's keys follow every booking change (NodeMut, insert); checked again here
+        // because a grant trusts this choice: a stale key must cost a scan, never over-commit.
+        let fits = |node: &NodeId| {
+            nodes
+                .get(node)
+                .is_some_and(|n| ask.resources.fits_in(&n.free()))
+        };
         match (chosen, rule) {
-            (Some(node), _) => Some(Some(node)),
+            (Some(node), _) if fits(&node) => Some(Some(node)),
+            (Some(_), _) => None,
             (None, BestFitRule::AnyCandidate) => Some(None),
             (None, BestFitRule::NoQueueableCost) => None,
         }
