@@ -166,6 +166,23 @@ pub enum BestFitRule {
     NoQueueableCost,
 }
 
+impl BestFitRule {
+    /// Whether the rule takes `node` (where `ask` fits) outright.
+    fn accepts(
+        self,
+        placer: &dyn GuaranteedPlacer,
+        ask: &GuaranteedAsk,
+        node: &GuarantorNode,
+    ) -> bool {
+        match self {
+            BestFitRule::AnyCandidate => true,
+            BestFitRule::NoQueueableCost => {
+                node.queueable.queued_count == 0 && placer.placement_cost(ask, node) <= 0.0
+            }
+        }
+    }
+}
+
 /// Best fit: the node left with the least free dominant share after placement. Packs GUARANTEED
 /// work tightly, leaving whole nodes free for large asks and for opportunistic work.
 #[derive(Clone, Copy, Debug, Default)]
@@ -977,21 +994,11 @@ impl Guarantor {
         ask: &GuaranteedAsk,
     ) -> Option<Option<NodeId>> {
         let rule = placer.best_fit_rule()?;
-        if ask
-            .locality
-            .as_ref()
-            .is_some_and(|l| !l.nodes.is_empty() || !l.racks.is_empty())
-        {
+        if Self::names_nodes_or_racks(ask) {
             return None;
         }
         let chosen = nodes.best_fit(&ask.resources, |n| {
-            !draining.contains(&n.node_id)
-                && match rule {
-                    BestFitRule::AnyCandidate => true,
-                    BestFitRule::NoQueueableCost => {
-                        n.queueable.queued_count == 0 && placer.placement_cost(ask, n) <= 0.0
-                    }
-                }
+            !draining.contains(&n.node_id) && rule.accepts(placer, ask, n)
         });
         // The index's keys follow every booking change (NodeMut, insert); checked again here
         // because a grant trusts this choice: a stale key must cost a scan, never over-commit.
@@ -1199,22 +1206,22 @@ impl Guarantor {
         ask: &GuaranteedAsk,
         here: &NodeId,
     ) -> bool {
-        if placer.best_fit_rule() != Some(BestFitRule::NoQueueableCost)
-            || ask
-                .locality
-                .as_ref()
-                .is_some_and(|l| !l.nodes.is_empty() || !l.racks.is_empty())
-        {
+        let rule = BestFitRule::NoQueueableCost;
+        if placer.best_fit_rule() != Some(rule) || Self::names_nodes_or_racks(ask) {
             return false;
         }
         nodes
             .best_fit(&ask.resources, |n| {
-                &n.node_id != here
-                    && !draining.contains(&n.node_id)
-                    && n.queueable.queued_count == 0
-                    && placer.placement_cost(ask, n) <= 0.0
+                &n.node_id != here && !draining.contains(&n.node_id) && rule.accepts(placer, ask, n)
             })
             .is_some()
+    }
+
+    /// The ask prefers particular nodes or racks (the fit index does not order by locality).
+    fn names_nodes_or_racks(ask: &GuaranteedAsk) -> bool {
+        ask.locality
+            .as_ref()
+            .is_some_and(|l| !l.nodes.is_empty() || !l.racks.is_empty())
     }
 
     /// Advance the guarantor's clock to `now_ms` and end DRA stretches whose time is up.
