@@ -26,30 +26,51 @@ fn run(config: SimConfig, generator: Generator) -> SimReport {
     sim::run(config, &generator.name(), stream).expect("valid configuration")
 }
 
-fn without_wall_time(mut r: SimReport) -> SimReport {
-    r.wall_s = 0.0;
-    r.events_per_s = 0.0;
-    r
-}
-
 #[test]
 fn same_seed_gives_an_identical_report_and_another_seed_does_not() {
     let policy: HybridGq = "<10sec-70%-Q".parse().unwrap();
     let mut config = small(7, policy);
     config.shedding = SheddingPolicy::MeanPlusSigma { n: 1.0 };
     config.reorder_by_job_submit_time = true;
-    let a = without_wall_time(run(config.clone(), Generator::SyntheticHybrid));
-    let b = without_wall_time(run(config.clone(), Generator::SyntheticHybrid));
+    let a = SimReport::without_timings(run(config.clone(), Generator::SyntheticHybrid));
+    let b = SimReport::without_timings(run(config.clone(), Generator::SyntheticHybrid));
     assert_eq!(
         serde_json::to_string(&a).unwrap(),
         serde_json::to_string(&b).unwrap()
     );
     assert!(a.tasks_completed > 0 && a.guaranteed_containers > 0 && a.queueable_containers > 0);
     config.seed = 8;
-    let c = without_wall_time(run(config, Generator::SyntheticHybrid));
+    let c = SimReport::without_timings(run(config, Generator::SyntheticHybrid));
     assert_ne!(a.tasks_completed, c.tasks_completed);
     assert_eq!(a.seed, 7);
     assert_eq!(a.config.policy_label, "<10sec-70%-Q");
+}
+
+#[test]
+fn the_coordinators_share_of_heartbeats_is_counted_and_sampled() {
+    let policy: HybridGq = "<10sec-70%-Q".parse().unwrap();
+    let config = small(3, policy);
+    let (nodes, interval_ms) = (config.nodes as u64, config.heartbeat_interval_ms);
+    let duration_ms = config.duration_ms.unwrap();
+    let cost = run(config, Generator::SyntheticHybrid).coordinator_cost;
+    // Every node heartbeats once per interval (idle heartbeats are not elided here), and the
+    // coordinator computes one round per interval.
+    let intervals = duration_ms / interval_ms;
+    assert!(
+        cost.heartbeats >= nodes * (intervals - 1) && cost.heartbeats <= nodes * (intervals + 1),
+        "{} heartbeats from {nodes} nodes over {intervals} intervals",
+        cost.heartbeats
+    );
+    assert!(cost.rounds >= intervals - 1 && cost.rounds <= intervals + 1);
+    assert_eq!(
+        cost.heartbeats_timed,
+        cost.heartbeats / sim::CoordinatorCost::SAMPLE_EVERY
+    );
+    assert!(cost.heartbeat_ns > 0.0 && cost.round_ns > 0.0);
+    assert!(cost.ns_per_heartbeat > cost.heartbeat_ns);
+    let zeroed = SimReport::without_timings(run(small(3, policy), Generator::SyntheticHybrid));
+    assert_eq!(zeroed.coordinator_cost.heartbeats, cost.heartbeats);
+    assert_eq!(zeroed.coordinator_cost.ns_per_heartbeat, 0.0);
 }
 
 #[test]
@@ -178,8 +199,8 @@ fn predicted_estimates_learn_recurring_jobs_and_steer_the_hybrid_policy() {
     assert!(predicted.guaranteed_containers > 0 && predicted.queueable_containers > 0);
     let again = run(config.clone(), Generator::SyntheticHybrid);
     assert_eq!(
-        serde_json::to_string(&without_wall_time(predicted.clone())).unwrap(),
-        serde_json::to_string(&without_wall_time(again)).unwrap()
+        serde_json::to_string(&SimReport::without_timings(predicted.clone())).unwrap(),
+        serde_json::to_string(&SimReport::without_timings(again)).unwrap()
     );
 
     config.estimate = EstimateModel::Exact;

@@ -201,7 +201,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{}: {} under {} on {} nodes: {:.1} tasks/s, {:.2} jobs/min, job latency mean {:.1} s (p50 {:.1}, p95 {:.1}, p99 {:.1}); {} tasks, {} jobs; Q killed {}, shed {}; {} events in {:.2} s ({:.2} M events/s)",
+            "{}: {} under {} on {} nodes: {:.1} tasks/s, {:.2} jobs/min, job latency mean {:.1} s (p50 {:.1}, p95 {:.1}, p99 {:.1}); {} tasks, {} jobs; Q killed {}, shed {}; {} events in {:.2} s ({:.2} M events/s); coordinator core {:.2} µs per heartbeat",
             report.workload,
             report.simulated_s,
             report.config.policy_label,
@@ -218,7 +218,8 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             report.queueable_shed,
             report.events,
             report.wall_s,
-            report.events_per_s / 1e6
+            report.events_per_s / 1e6,
+            report.coordinator_cost.ns_per_heartbeat / 1e3
         );
     }
     Ok(())

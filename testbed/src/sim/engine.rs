@@ -4,8 +4,8 @@ use super::diagnose::{ClusterSample, Diagnostics, NodeSample, quantile};
 use super::events::EventQueue;
 use super::wakes::LazyHeartbeats;
 use super::{
-    EstimateAccuracy, EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind, LatencySummary,
-    SimConfig, SimReport,
+    CoordinatorCost, EstimateAccuracy, EstimateModel, GuaranteedAllocation, GuaranteedPlacerKind,
+    LatencySummary, SimConfig, SimReport,
 };
 use crate::workload::{JobSpec, JobStream};
 use inference::predictor::{JobFeatures, PredictorConfig, RuntimePredictor, SubmittedEstimates};
@@ -266,6 +266,8 @@ pub struct Simulation {
     stats: Stats,
     events: u64,
     wall: Duration,
+    /// The coordinator's share of heartbeats and rounds, timed (see [`CoordinatorCost`]).
+    coordinator_timing: CoordinatorTiming,
     /// Issue-15 diagnostics (opt-in, see [`Simulation::enable_diagnostics`]).
     diag: Option<Box<DiagState>>,
 }
@@ -445,6 +447,7 @@ impl Simulation {
             stats: Stats::default(),
             events: 0,
             wall: Duration::ZERO,
+            coordinator_timing: CoordinatorTiming::default(),
             diag: None,
             config,
         };
@@ -1405,6 +1408,12 @@ impl Simulation {
             return;
         };
         let id = &self.nodes[node as usize].id;
+        let timing = &mut self.coordinator_timing;
+        timing.heartbeats += 1;
+        let started = timing
+            .heartbeats
+            .is_multiple_of(CoordinatorCost::SAMPLE_EVERY)
+            .then(Instant::now);
         // Node loss is not simulated, so the container list (used only to report a lost
         // node's containers) is not sent.
         self.coordinator.heartbeat(self.now, id, load, Vec::new());
@@ -1412,6 +1421,10 @@ impl Simulation {
             self.guarantor.on_finished(cid);
         }
         self.guarantor.report_queueable_load(id, queueable);
+        if let Some(started) = started {
+            timing.heartbeats_timed += 1;
+            timing.heartbeat_time += started.elapsed();
+        }
         if self.config.guaranteed_allocation == GuaranteedAllocation::OnHeartbeat {
             let placements = self.guarantor.schedule_on_node(self.now.as_millis(), id);
             self.deliver_grants(placements);
@@ -1460,10 +1473,13 @@ impl Simulation {
     }
 
     fn coordinator_round(&mut self) {
+        let started = Instant::now();
         let top = self.coordinator.top_k(&mut self.coordinator_rng);
         self.round += 1;
         self.rounds[self.round as usize % ROUND_RING] = top;
         self.shedding = self.coordinator.shedding_round();
+        self.coordinator_timing.rounds += 1;
+        self.coordinator_timing.round_time += started.elapsed();
         let now_ms = self.now.as_millis();
         for s in &mut self.schedulers {
             s.scheduler.quotas_mut().expire(now_ms);
@@ -1526,6 +1542,38 @@ impl Simulation {
             } else {
                 0.0
             },
+            coordinator_cost: self.coordinator_timing.cost(),
+        }
+    }
+}
+
+/// Accumulated coordinator time of a run (see [`CoordinatorCost`]).
+#[derive(Default)]
+struct CoordinatorTiming {
+    heartbeats: u64,
+    heartbeats_timed: u64,
+    heartbeat_time: Duration,
+    rounds: u64,
+    round_time: Duration,
+}
+
+impl CoordinatorTiming {
+    fn cost(&self) -> CoordinatorCost {
+        let mean_ns = |total: Duration, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                total.as_nanos() as f64 / n as f64
+            }
+        };
+        let heartbeat_ns = mean_ns(self.heartbeat_time, self.heartbeats_timed);
+        CoordinatorCost {
+            heartbeats: self.heartbeats,
+            heartbeats_timed: self.heartbeats_timed,
+            heartbeat_ns,
+            rounds: self.rounds,
+            round_ns: mean_ns(self.round_time, self.rounds),
+            ns_per_heartbeat: heartbeat_ns + mean_ns(self.round_time, self.heartbeats),
         }
     }
 }
@@ -1741,10 +1789,7 @@ mod tests {
             Generator::ProductionLike.stream(config.seed, Arrivals::Poisson { jobs_per_s: 0.03 });
         let mut sim = Simulation::build(config, stream, !eager).unwrap();
         sim.run();
-        let mut r = sim.report("light");
-        r.wall_s = 0.0;
-        r.events_per_s = 0.0;
-        r
+        sim.report("light").without_timings()
     }
 
     /// Heartbeats are held outside the event queue, and idle nodes woken for every GUARANTEED
@@ -1816,9 +1861,7 @@ mod tests {
         let mut sim = Simulation::build(config, stream, true).unwrap();
         sim.enable_diagnostics(&[0, 7]);
         sim.run();
-        let mut diagnosed = sim.report("light");
-        diagnosed.wall_s = 0.0;
-        diagnosed.events_per_s = 0.0;
+        let diagnosed = sim.report("light").without_timings();
         assert_eq!(plain, diagnosed);
         let d = sim.diagnostics().expect("enabled");
         let i = &d.idle;

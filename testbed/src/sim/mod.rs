@@ -320,6 +320,56 @@ pub struct SimReport {
     pub events: u64,
     pub wall_s: f64,
     pub events_per_s: f64,
+    /// What the coordinator's per-heartbeat work cost this process (wall time, so it varies
+    /// with the machine like `wall_s`): comparable with `testbed fleet`'s coordinator CPU per
+    /// heartbeat and the `coordinator_heartbeat` bench (docs/benchmarks.md §9).
+    #[serde(default)]
+    pub coordinator_cost: CoordinatorCost,
+}
+
+impl SimReport {
+    /// The report with every figure that depends on the machine's speed zeroed, for comparing
+    /// two runs' outcomes.
+    pub fn without_timings(mut self) -> SimReport {
+        self.wall_s = 0.0;
+        self.events_per_s = 0.0;
+        self.coordinator_cost = CoordinatorCost {
+            heartbeats: self.coordinator_cost.heartbeats,
+            rounds: self.coordinator_cost.rounds,
+            ..CoordinatorCost::default()
+        };
+        self
+    }
+}
+
+/// Time the simulation spent in the coordinator's share of heartbeats: what the live
+/// coordinator process runs per heartbeat outside I/O (the same `scheduler-core` calls), so
+/// the simulator and `testbed fleet` can be compared. One heartbeat in
+/// [`CoordinatorCost::SAMPLE_EVERY`] is timed (a clock read costs about as much as the cheap
+/// calls it would time), every round is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatorCost {
+    /// Heartbeats the coordinator handled.
+    pub heartbeats: u64,
+    /// Of them, timed.
+    pub heartbeats_timed: u64,
+    /// Mean time of a timed heartbeat: `CoordinatorState::heartbeat` and the guarantor's
+    /// heartbeat-side bookkeeping (finished GUARANTEED containers, QUEUEABLE load), as the live
+    /// coordinator and guarantor actors do on each heartbeat. Heartbeat-driven allocation
+    /// (`schedule_on_node`, the YARN-like baseline) is placement, not heartbeat work, and is
+    /// not counted.
+    pub heartbeat_ns: f64,
+    /// Rounds (top-k and shedding threshold, once per heartbeat interval).
+    pub rounds: u64,
+    /// Mean time of a round.
+    pub round_ns: f64,
+    /// `heartbeat_ns` plus the rounds' time spread over the heartbeats: the coordinator core's
+    /// cost per heartbeat.
+    pub ns_per_heartbeat: f64,
+}
+
+impl CoordinatorCost {
+    pub const SAMPLE_EVERY: u64 = 64;
 }
 
 /// Accuracy of predicted runtime estimates over the admitted jobs.
