@@ -164,6 +164,11 @@ pub struct QueueableAsk {
     pub runtime_estimate_ms: Option<u64>,
     pub job_id: JobId,
     pub job_submit_time_ms: u64,
+    /// Of `count`, how many re-place containers that nodes shed or returned (the app named
+    /// them in `allocate.replaces_shed`): the first this many placed are marked
+    /// [`TokenBody::re_placed`].
+    #[serde(default)]
+    pub replacements: u32,
 }
 
 /// One placed container, with the token body to sign.
@@ -500,7 +505,7 @@ impl DistributedScheduler {
         let job_submit_time_ms =
             crate::time::clamp_job_submit_time_ms(ask.job_submit_time_ms, now_ms);
         let mut drawn = std::mem::take(&mut self.drawn);
-        for _ in 0..admissible {
+        for placed_so_far in 0..admissible {
             let Some((node_index, off_locality)) =
                 self.choose_node(ask, &used_off_locality, &mut drawn, rng)
             else {
@@ -538,6 +543,7 @@ impl DistributedScheduler {
                     key_id: 0,
                     node_epoch: 0,
                     booking: None,
+                    re_placed: placed_so_far < ask.replacements,
                 },
             });
         }

@@ -209,6 +209,7 @@ impl<R: Clone> Promotions<R> {
             key_id: 0,
             node_epoch: host_epoch(&p.host),
             booking: None,
+            re_placed: false,
         };
         vec![PromotionAction::Apply {
             promotion_id,

@@ -68,6 +68,15 @@ pub struct TokenBody {
     /// the signed bytes of every other token are those of a body without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub booking: Option<GrantBooking>,
+    /// For QUEUEABLE grants: the grant re-places a container a node shed or returned (the
+    /// application named it in `allocate.replaces_shed`). Its node does not return it again
+    /// for GUARANTEED work holding it ([`crate::node::NodeRuntime::shed_held_by_guaranteed`]),
+    /// so returned work cannot bounce between nodes. The scheduler takes the application's word
+    /// for it: the mark only keeps that application's own containers queued where they land.
+    /// Left out of the encoding when false, so the signed bytes of every other token are those
+    /// of a body without it.
+    #[serde(default, skip_serializing_if = "<&bool as std::ops::Not>::not")]
+    pub re_placed: bool,
 }
 
 /// How the guarantor booked a GUARANTEED grant, carried in its signed token so that it can be
@@ -816,6 +825,7 @@ mod tests {
             key_id: 0,
             node_epoch: 0,
             booking: None,
+            re_placed: false,
         }
     }
 
@@ -1240,6 +1250,7 @@ mod tests {
             key_id: 0,
             node_epoch: 1,
             booking: None,
+            re_placed: false,
         }
     }
 }

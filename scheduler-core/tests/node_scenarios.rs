@@ -51,6 +51,7 @@ impl Scenario {
             resources: Resources::new(cpu, cpu),
             runtime_estimate_ms: Some(10_000),
             version: 0,
+            re_placed: false,
         }
     }
 

@@ -81,6 +81,7 @@ impl Cluster {
             runtime_estimate_ms: Some(estimate_ms),
             job_id: JobId::from("j"),
             job_submit_time_ms: 0,
+            replacements: 0,
         };
         let out = self
             .scheduler
@@ -255,6 +256,7 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
         runtime_estimate_ms: Some(2_000),
         job_id: JobId::from("j"),
         job_submit_time_ms: 0,
+        replacements: 0,
     };
     let out = c
         .scheduler
@@ -280,6 +282,7 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
                 resources: Resources::new(1000, 1024),
                 runtime_estimate_ms: Some(60_000),
                 version: 0,
+                re_placed: false,
             },
         )
         .expect("GUARANTEED container accepted");

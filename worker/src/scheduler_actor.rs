@@ -197,6 +197,9 @@ impl SchedulerActor {
             runtime_estimate_ms: req.runtime_estimate_ms,
             job_id: JobId::new(req.job_id.as_str()),
             job_submit_time_ms: req.job_submit_time_ms,
+            // Taken as the app says: the mark only keeps the app's own re-placed containers
+            // queued where they land (Mercury as published) instead of returned again.
+            replacements: (req.replaces_shed.len() as u32).min(req.count),
         };
         // A re-ask of shed containers: their nodes wait until the next view, as in the simulator.
         let avoided = self

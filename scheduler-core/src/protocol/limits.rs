@@ -700,6 +700,7 @@ mod tests {
             key_id: u32::MAX,
             node_epoch: u32::MAX,
             booking: None,
+            re_placed: false,
         }
     }
 

@@ -129,6 +129,8 @@ struct ContainerRecord {
     started_at: Option<Time>,
     /// When the job manager got the grant (diagnostics: time lost to sheds and kills).
     placed_at: Time,
+    /// Its token marks it as re-placing a shed or returned container.
+    re_placed: bool,
 }
 
 struct Ack {
@@ -806,6 +808,9 @@ impl Simulation {
             runtime_estimate_ms: t.estimate_ms,
             job_id: state.id.clone(),
             job_submit_time_ms: state.submit_ms,
+            // A task a node shed or returned is re-asked naming that container, as a live job
+            // manager does (`allocate.replaces_shed`).
+            replacements: u32::from(t.sheds > 0),
         };
         let node_round = self.nodes[host as usize].view_round;
         let Some(s) = self.nodes[host as usize].scheduler else {
@@ -847,6 +852,7 @@ impl Simulation {
                 submit_ms: placed.token_body.job_submit_time_ms,
                 started_at: None,
                 placed_at: self.now,
+                re_placed: placed.token_body.re_placed,
             },
         );
         let at = self
@@ -957,6 +963,7 @@ impl Simulation {
                     submit_ms: p.token_body.job_submit_time_ms,
                     started_at: None,
                     placed_at: self.now,
+                    re_placed: false,
                 },
             );
             let at = self.after_ms(
@@ -1044,6 +1051,7 @@ impl Simulation {
             resources: state.tasks[rec.task as usize].resources,
             runtime_estimate_ms: rec.estimate_ms,
             version: 0,
+            re_placed: rec.re_placed,
         };
         let node = rec.node;
         let (job, task, container_type) = (rec.job, rec.task, rec.container_type);
