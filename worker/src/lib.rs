@@ -11,7 +11,8 @@
 //!   blocking parts run on that thread's blocking pool.
 //!
 //! They share [`shared::Shared`] (atomics and short-held mutexes) and talk only by messages;
-//! the queues between them are bounded (docs/design.md, "The worker's two threads").
+//! docs/design.md ("The worker's two threads") lists the queues between them and their bounds
+//! (the app side's are count- or byte-bounded; the link's, on both sides, only by time so far).
 
 pub mod app_endpoint;
 pub mod config;
