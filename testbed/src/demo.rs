@@ -159,6 +159,8 @@ async fn demo_workload(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Resul
         allocate_only: false,
         task_program: None,
         json: false,
+        measure_floor: false,
+        floor_round_trips: 0,
     };
     let report = run_load(&load).await?;
     print_report(&report);

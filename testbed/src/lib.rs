@@ -10,6 +10,7 @@ pub mod demo_3sigma;
 pub mod demo_shaping;
 pub mod experiment;
 pub mod fleet;
+pub mod floor;
 pub mod fuzz;
 pub mod load;
 pub mod local;

@@ -88,6 +88,16 @@ pub struct LoadArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also measure the loopback floor in this run (module `floor`): 1-byte `TCP_NODELAY`
+    /// round trips between two threads on 127.0.0.1, back to back just before and just after
+    /// the load, and one every 5 ms while it runs; the report's `floor` gives them and the
+    /// allocate p50/p99 of each type divided by the floor (the mean of the before and after
+    /// p50s).
+    #[arg(long)]
+    pub measure_floor: bool,
+    /// Back-to-back round trips of each idle floor measurement (`--measure-floor`).
+    #[arg(long, default_value_t = 5000)]
+    pub floor_round_trips: usize,
 }
 
 /// Latency percentiles in microseconds.
@@ -145,6 +155,10 @@ pub struct LoadReport {
     pub granted_by_node: BTreeMap<String, u64>,
     pub wall_time_s: f64,
     pub completed_per_second: f64,
+    /// The loopback floor of this run and the allocate latencies as multiples of it
+    /// (`--measure-floor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub floor: Option<crate::floor::FloorReport>,
 }
 
 #[derive(Default)]
@@ -216,8 +230,46 @@ fn credentials(args: &LoadArgs) -> anyhow::Result<(String, String)> {
     }
 }
 
-/// Run the load and return the report.
+/// Pace of the floor probe while the load runs, and its bound (an hour's worth at that pace).
+const FLOOR_PACE: Duration = Duration::from_millis(5);
+const FLOOR_PACED_MAX: usize = 720_000;
+
+/// Run the load and return the report; with `--measure-floor`, the loopback floor around and
+/// during it.
 pub async fn run_load(args: &LoadArgs) -> anyhow::Result<LoadReport> {
+    if !args.measure_floor {
+        return run_load_only(args).await;
+    }
+    let round_trips = args.floor_round_trips.max(1);
+    let idle_floor = move || async move {
+        tokio::task::spawn_blocking(move || crate::floor::ping_pong(round_trips))
+            .await
+            .context("the floor measurement panicked")?
+            .context("measuring the loopback floor")
+    };
+    let before = idle_floor().await?;
+    let probe = crate::floor::PacedProbe::start(FLOOR_PACE, FLOOR_PACED_MAX)
+        .context("starting the paced floor probe")?;
+    let report = run_load_only(args).await;
+    let during = tokio::task::spawn_blocking(move || probe.finish())
+        .await
+        .context("the floor probe panicked")?
+        .context("the paced floor probe")?;
+    let mut report = report?;
+    let after = idle_floor().await?;
+    let of = |l: &Latency| (l.count > 0).then_some((l.p50_us, l.p99_us));
+    report.floor = Some(crate::floor::FloorReport::new(
+        before,
+        after,
+        during,
+        FLOOR_PACE,
+        of(&report.allocate_queueable),
+        of(&report.allocate_guaranteed),
+    ));
+    Ok(report)
+}
+
+async fn run_load_only(args: &LoadArgs) -> anyhow::Result<LoadReport> {
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }
@@ -637,6 +689,20 @@ pub fn print_report(r: &LoadReport) {
         r.start_guaranteed.p50_us,
         r.start_guaranteed.p99_us
     );
+    if let Some(f) = &r.floor {
+        println!(
+            "loopback floor    p50 {:.1} us (before {} us, after {} us; during the load p50 {} us p99 {} us)   allocate / floor: QUEUEABLE p50 {:.2}x p99 {:.2}x   GUARANTEED p50 {:.2}x p99 {:.2}x",
+            f.floor_p50_us,
+            f.before.p50_us,
+            f.after.p50_us,
+            f.during.p50_us,
+            f.during.p99_us,
+            f.queueable_p50_ratio,
+            f.queueable_p99_ratio,
+            f.guaranteed_p50_ratio,
+            f.guaranteed_p99_ratio
+        );
+    }
     println!("granted by node   {:?}", r.granted_by_node);
     println!(
         "wall time {:.2} s, {:.1} completed containers/s",

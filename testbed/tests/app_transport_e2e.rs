@@ -47,6 +47,8 @@ fn load_args(c: &LocalCluster, containers: usize) -> LoadArgs {
         allocate_only: false,
         task_program: Some(PathBuf::from(env!("CARGO_BIN_EXE_testbed"))),
         json: false,
+        measure_floor: false,
+        floor_round_trips: 0,
     }
 }
 

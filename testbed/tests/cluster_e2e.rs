@@ -56,6 +56,8 @@ fn load_args(c: &LocalCluster, load_type: LoadType, containers: usize) -> LoadAr
         allocate_only: false,
         task_program: Some(task_program()),
         json: false,
+        measure_floor: false,
+        floor_round_trips: 0,
     }
 }
 

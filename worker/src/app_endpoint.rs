@@ -47,7 +47,7 @@ struct TypeTag {
 #[derive(Clone)]
 pub struct Endpoint {
     pub node_id: NodeId,
-    pub shared: Rc<Shared>,
+    pub shared: Arc<Shared>,
     pub scheduler: Addr<SchedulerActor>,
     pub node: Addr<NodeActor>,
     pub limits: AppLimits,
@@ -705,6 +705,7 @@ impl Session<'_> {
                     req,
                     reply: self.tx.clone(),
                     in_flight: InFlight::new(&self.state, answer_bytes),
+                    received_at: std::time::Instant::now(),
                 });
             }
             AppRequest::Promote(req) => {

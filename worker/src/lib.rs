@@ -1,6 +1,18 @@
 //! The worker: one per node. Runs the distributed-scheduler actor and the node-runtime actor
-//! (Mercury §3–§4) on one actix arbiter, the application endpoint (Unix socket, TLS or
-//! plaintext TCP), and the QUIC link to the coordinator. All policy lives in `scheduler-core`.
+//! (Mercury §3–§4), the application endpoint (Unix socket, TLS or plaintext TCP), and the QUIC
+//! link to the coordinator. All policy lives in `scheduler-core`.
+//!
+//! Two threads, so that an allocation never waits for process work (issue 17):
+//! - the **allocation thread** (the caller's arbiter): the app endpoint's connection tasks, the
+//!   distributed-scheduler actor (a QUEUEABLE `allocate` is answered here in one actor turn) and
+//!   the cluster link;
+//! - the **node thread** (an arbiter of its own, [`NodeThread`]): the node-runtime actor, its
+//!   heartbeats, and every container's process task (launch, exit, clean-up, logs, usage), whose
+//!   blocking parts run on that thread's blocking pool.
+//!
+//! They share [`shared::Shared`] (atomics and short-held mutexes) and talk only by messages;
+//! docs/design.md ("The worker's two threads") lists the queues between them and their bounds
+//! (the app side's are count- or byte-bounded; the link's, on both sides, only by time so far).
 
 pub mod app_endpoint;
 pub mod config;
@@ -23,6 +35,29 @@ use std::rc::Rc;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+/// The node thread: an actix arbiter running the node-runtime actor and its process tasks,
+/// stopped (its actor and tasks dropped) when this is dropped.
+pub struct NodeThread(actix::Arbiter);
+
+impl NodeThread {
+    /// Must run inside an actix System (the thread registers with it, and stops with it).
+    fn spawn() -> std::io::Result<NodeThread> {
+        actix::Arbiter::try_with_tokio_rt(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .thread_name("worker-node-blocking")
+                .build()
+        })
+        .map(NodeThread)
+    }
+}
+
+impl Drop for NodeThread {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
 /// A running worker (inside an actix System).
 pub struct WorkerHandle {
     pub node_id: NodeId,
@@ -35,13 +70,15 @@ pub struct WorkerHandle {
     pub node: Addr<node_actor::NodeActor>,
     pub scheduler: Addr<scheduler_actor::SchedulerActor>,
     /// State shared by the actors and connection tasks (tests, diagnostics).
-    pub shared: std::rc::Rc<shared::Shared>,
+    pub shared: Arc<shared::Shared>,
     /// Bound address of `GET /metrics`, when `metrics_listen` is set.
     pub metrics_addr: Option<SocketAddr>,
     /// Running containers taken back from the previous image (in-place upgrade), if any.
     pub adopted: usize,
     /// What an in-place upgrade hands on besides the containers.
     upgrade: UpgradeContext,
+    /// Runs the node-runtime actor; dropping the handle stops it.
+    _node_thread: NodeThread,
 }
 
 /// The listeners (close-on-exec duplicates, kept open for the hand-over), the state dir and
@@ -305,7 +342,7 @@ pub async fn start_adopting(
         executor_config.cgroup_name = h.cgroup_name.clone();
     }
     let cgroup_name = executor_config.cgroup_name.clone();
-    let executor = Rc::new(exec::Executor::detect(executor_config));
+    let executor = exec::Executor::detect(executor_config);
     tracing::info!(
         enforcement = executor.enforcement().name(),
         "container executor ready"
@@ -337,7 +374,7 @@ pub async fn start_adopting(
             .map(|l| dup_listener(l.as_fd()))
             .transpose()?,
     };
-    let shared = Rc::new(Shared::with_clock(clock));
+    let shared = Arc::new(Shared::with_clock(clock));
     let metrics_addr = match metrics_listener {
         Some(listener) => {
             let addr = listener.local_addr().ok();
@@ -347,14 +384,19 @@ pub async fn start_adopting(
         None => None,
     };
     let (link_tx, link_rx) = mpsc::unbounded_channel();
-    let node = node_actor::NodeActor::new(
-        node_id.clone(),
-        NodeRuntime::new(node_config, shared.clock.now()),
-        executor,
-        shared.clone(),
-        link_tx.clone(),
-    )
-    .start();
+    let node_thread = NodeThread::spawn().context("starting the node thread")?;
+    let node = {
+        let (node_id, shared, link_tx) = (node_id.clone(), shared.clone(), link_tx.clone());
+        node_actor::NodeActor::start_in_arbiter(&node_thread.0.handle(), move |_| {
+            node_actor::NodeActor::new(
+                node_id,
+                NodeRuntime::new(node_config, shared.clock.now()),
+                Rc::new(executor),
+                shared,
+                link_tx,
+            )
+        })
+    };
     let scheduler = scheduler_actor::SchedulerActor::new(shared.clone(), link_tx, seed).start();
     // Before the join, so the join reports the adopted containers running.
     let adopted = match handover {
@@ -424,6 +466,7 @@ pub async fn start_adopting(
         shared,
         adopted,
         upgrade: upgrade_context,
+        _node_thread: node_thread,
     })
 }
 

@@ -26,7 +26,6 @@ use scheduler_core::protocol::cluster::{
 };
 use scheduler_core::{AppId, NodeId, Resources, Time};
 use std::path::Path;
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::lookup_host;
@@ -92,7 +91,7 @@ const LIVENESS_CHECK_PERIOD: Duration = Duration::from_millis(100);
 pub struct Link {
     pub identity: Identity,
     pub client: quinn::ClientConfig,
-    pub shared: Rc<Shared>,
+    pub shared: Arc<Shared>,
     pub scheduler: Addr<SchedulerActor>,
     pub node: Addr<NodeActor>,
     pub outbox: mpsc::UnboundedReceiver<WorkerToCoordinator>,

@@ -113,7 +113,7 @@ impl Default for WorkerMetrics {
         );
         r.register(
             "worker_allocation_latency_seconds",
-            "Time from an allocate request to its first answer with containers, by type",
+            "Time from an allocate request (decoded by its connection) to its first answer with containers, by type",
             allocation_latency.clone(),
         );
         // Every label value exists from the start, at 0, so rate() and absence alerts work.

@@ -22,6 +22,7 @@ use scheduler_core::token::{NodeSessionSecret, PublicKeyRing, TokenVerifier};
 use scheduler_core::{AppId, ContainerId, ContainerType, KillReason, NodeId, Resources, Time};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -40,7 +41,7 @@ pub struct NodeActor {
     node: NodeRuntime,
     verifier: TokenVerifier,
     executor: Rc<Executor>,
-    shared: Rc<Shared>,
+    shared: Arc<Shared>,
     link: mpsc::UnboundedSender<WorkerToCoordinator>,
     /// Launch specs of accepted containers that have not started yet.
     launch_specs: HashMap<ContainerId, exec::LaunchSpec>,
@@ -71,7 +72,7 @@ impl NodeActor {
         node_id: NodeId,
         node: NodeRuntime,
         executor: Rc<Executor>,
-        shared: Rc<Shared>,
+        shared: Arc<Shared>,
         link: mpsc::UnboundedSender<WorkerToCoordinator>,
     ) -> NodeActor {
         NodeActor {
@@ -224,7 +225,7 @@ impl NodeActor {
             containers: self.with_usage(self.node.statuses()),
             started,
             finished,
-            issued: self.shared.issued_counts.borrow().clone(),
+            issued: self.shared.issued_counts(),
         };
         self.shared.metrics.node_state(
             &hb.containers,

@@ -29,6 +29,7 @@ use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, NodeI
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -84,7 +85,7 @@ pub struct SchedulerActor {
     ds: DistributedScheduler,
     /// Signs this scheduler's QUEUEABLE grants with its per-node keys (none before a join).
     signer: Option<QueueableSigner>,
-    shared: Rc<Shared>,
+    shared: Arc<Shared>,
     rng: StdRng,
     link: mpsc::UnboundedSender<WorkerToCoordinator>,
     next_correlation: u64,
@@ -98,7 +99,7 @@ pub struct SchedulerActor {
 
 impl SchedulerActor {
     pub fn new(
-        shared: Rc<Shared>,
+        shared: Arc<Shared>,
         link: mpsc::UnboundedSender<WorkerToCoordinator>,
         seed: u64,
     ) -> SchedulerActor {
@@ -260,7 +261,7 @@ impl SchedulerActor {
     fn publish_counts(&self) {
         let mut counts = self.ds.quotas().outstanding_by_app();
         counts.truncate(scheduler_core::protocol::limits::MAX_ISSUED_APPS_PER_HEARTBEAT);
-        *self.shared.issued_counts.borrow_mut() = counts;
+        self.shared.set_issued_counts(counts);
     }
 
     /// Carry out what the issued-container rules decided.
@@ -311,14 +312,20 @@ pub struct AllocateMsg {
     pub reply: ConnTx,
     /// Counts in the connection's requests in flight until handled.
     pub in_flight: InFlight,
+    /// When the connection decoded the request: the allocation latency metric counts from here,
+    /// so it includes the wait in this actor's mailbox.
+    pub received_at: std::time::Instant,
 }
 
 impl Handler<AllocateMsg> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: AllocateMsg, _: &mut Context<Self>) {
-        let asked_at = std::time::Instant::now();
         let AllocateMsg {
-            app, req, reply, ..
+            app,
+            req,
+            reply,
+            received_at: asked_at,
+            ..
         } = msg;
         match req.container_type {
             ContainerType::Queueable => {

@@ -1,6 +1,8 @@
-//! State shared by the worker's actors and connection tasks, all on one actix arbiter thread
-//! (so `Rc`/`RefCell`, never borrowed across an `.await`): the app registry and the event
-//! subscriptions of application connections.
+//! State shared by the worker's actors and connection tasks: the app registry and the event
+//! subscriptions of application connections. Two threads use it (see `crate::start_adopting`):
+//! the allocation thread (app endpoint, distributed-scheduler actor, cluster link) and the node
+//! thread (node-runtime actor and its process tasks), so it is `Sync`: atomics for single
+//! values, and `std` mutexes held only inside one method call here, never across an `.await`.
 
 use scheduler_core::codec::APP_MAX_FRAME;
 use scheduler_core::protocol::app::{AppResponse, ContainerEvent};
@@ -8,10 +10,9 @@ use scheduler_core::protocol::cluster::AppRecord;
 use scheduler_core::quota::QueueableQuota;
 use scheduler_core::{AppId, Time};
 use sha2::{Digest, Sha256};
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
 
 /// Bounds on what one application connection may hold in the worker (see `AppLimits`).
@@ -203,7 +204,9 @@ impl ConnTx {
     }
 
     /// Queue one frame. A connection whose queue would exceed `max_queued_bytes` is closed
-    /// (with one log line) instead: its client has not read its answers for long.
+    /// (with one log line) instead: its client has not read its answers for long. (Both worker
+    /// threads may queue to one connection at once; the check and the count are not one atomic
+    /// step, so the queue may pass the limit by at most one frame per thread.)
     pub fn send(&self, msg: AppResponse) -> Result<(), Disconnected> {
         if self.state.is_closing() {
             return Err(Disconnected);
@@ -264,27 +267,72 @@ pub fn wall_now() -> Time {
 /// Most container events held for apps that have not re-subscribed after an upgrade.
 pub const MAX_HELD_EVENTS: usize = 10_000;
 
+/// A flag read and written whole from either worker thread (`Cell`'s `get`/`set` on an atomic).
+#[derive(Debug, Default)]
+pub struct SyncFlag(AtomicBool);
+
+impl SyncFlag {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+    pub fn set(&self, value: bool) {
+        self.0.store(value, Ordering::Release)
+    }
+}
+
+/// A number read and written whole from either worker thread.
+#[derive(Debug, Default)]
+pub struct SyncU64(AtomicU64);
+
+impl SyncU64 {
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+    pub fn set(&self, value: u64) {
+        self.0.store(value, Ordering::Release)
+    }
+}
+
+/// A number read and written whole from either worker thread.
+#[derive(Debug, Default)]
+pub struct SyncU32(AtomicU32);
+
+impl SyncU32 {
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+    pub fn set(&self, value: u32) {
+        self.0.store(value, Ordering::Release)
+    }
+}
+
+/// Lock a mutex of [`Shared`]. Nothing here panics while holding one, and every update under
+/// one is a single insert, remove or replace, so a poisoned lock still holds consistent data.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[derive(Default)]
 pub struct Shared {
     /// The time source of this worker's actors.
     pub clock: WorkerClock,
-    apps: RefCell<HashMap<String, AppRecord>>,
-    subscribers: RefCell<HashMap<AppId, Vec<(u64, ConnTx)>>>,
+    apps: Mutex<HashMap<String, AppRecord>>,
+    subscribers: Mutex<HashMap<AppId, Vec<(u64, ConnTx)>>>,
     /// Membership version of this worker's cluster view (sent in heartbeats).
-    pub directory_version: Cell<u64>,
+    pub directory_version: SyncU64,
     /// Whether the cluster link is joined right now.
-    pub connected: Cell<bool>,
+    pub connected: SyncFlag,
     /// Events of adopted containers held for apps with no subscription yet ([`Shared::notify_or_hold`]).
-    held_events: RefCell<HashMap<AppId, Vec<ContainerEvent>>>,
+    held_events: Mutex<HashMap<AppId, Vec<ContainerEvent>>>,
     /// The node's session (its issuer number at the last join; 0 before the first), for
     /// diagnostics and tests.
-    pub session: Cell<u32>,
-    next_conn: Cell<u64>,
+    pub session: SyncU32,
+    next_conn: AtomicU64,
     /// Open application connections.
-    connections: RefCell<HashMap<u64, Arc<ConnState>>>,
+    connections: Mutex<HashMap<u64, Arc<ConnState>>>,
     /// What this worker's scheduler has outstanding per app, published by the scheduler actor
     /// and reported with every heartbeat (quotas hold cluster-wide).
-    pub issued_counts: RefCell<Vec<scheduler_core::quota::AppOutstanding>>,
+    issued_counts: Mutex<Vec<scheduler_core::quota::AppOutstanding>>,
     /// Counters and gauges exported at `/metrics` (atomics: the HTTP task only reads them).
     pub metrics: Arc<crate::metrics::WorkerMetrics>,
 }
@@ -311,28 +359,32 @@ impl Shared {
     }
 
     pub fn set_apps(&self, apps: Vec<AppRecord>) {
-        *self.apps.borrow_mut() = apps.into_iter().map(|a| (a.app_id.clone(), a)).collect();
+        let apps = apps.into_iter().map(|a| (a.app_id.clone(), a)).collect();
+        *lock(&self.apps) = apps;
     }
 
     pub fn has_registry(&self) -> bool {
-        !self.apps.borrow().is_empty()
+        !lock(&self.apps).is_empty()
     }
 
     /// Check an app's credentials against the registry (sha256 of the secret).
     pub fn authenticate(&self, app_id: &str, secret: &str) -> Result<(), AuthError> {
-        let apps = self.apps.borrow();
-        if apps.is_empty() {
-            return Err(AuthError::NotJoined);
-        }
-        let Some(record) = apps.get(app_id) else {
-            return Err(AuthError::BadCredentials);
+        let expected = {
+            let apps = lock(&self.apps);
+            if apps.is_empty() {
+                return Err(AuthError::NotJoined);
+            }
+            let Some(record) = apps.get(app_id) else {
+                return Err(AuthError::BadCredentials);
+            };
+            record.secret_sha256.clone()
         };
         let given = hex::encode(Sha256::digest(secret.as_bytes()));
         // Compare without an early exit.
-        let same = given.len() == record.secret_sha256.len()
+        let same = given.len() == expected.len()
             && given
                 .bytes()
-                .zip(record.secret_sha256.bytes())
+                .zip(expected.bytes())
                 .fold(0u8, |acc, (a, b)| acc | (a ^ b))
                 == 0;
         if same {
@@ -343,32 +395,37 @@ impl Shared {
     }
 
     pub fn quota(&self, app_id: &AppId) -> QueueableQuota {
-        self.apps
-            .borrow()
+        lock(&self.apps)
             .get(app_id.as_str())
             .map(|a| a.quota)
             .unwrap_or_default()
     }
 
+    /// Publish the scheduler's per-app outstanding counts (read by the next heartbeat).
+    pub fn set_issued_counts(&self, counts: Vec<scheduler_core::quota::AppOutstanding>) {
+        *lock(&self.issued_counts) = counts;
+    }
+
+    /// The counts last published by [`Shared::set_issued_counts`].
+    pub fn issued_counts(&self) -> Vec<scheduler_core::quota::AppOutstanding> {
+        lock(&self.issued_counts).clone()
+    }
+
     pub fn new_connection_id(&self) -> u64 {
-        let id = self.next_conn.get() + 1;
-        self.next_conn.set(id);
-        id
+        self.next_conn.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     pub fn register_connection(&self, state: Arc<ConnState>) {
-        self.connections.borrow_mut().insert(state.conn, state);
+        lock(&self.connections).insert(state.conn, state);
     }
 
     pub fn unregister_connection(&self, conn: u64) {
-        self.connections.borrow_mut().remove(&conn);
+        lock(&self.connections).remove(&conn);
     }
 
     /// Every open application connection's counters, by connection id.
     pub fn connection_stats(&self) -> Vec<ConnStats> {
-        let mut all: Vec<ConnStats> = self
-            .connections
-            .borrow()
+        let mut all: Vec<ConnStats> = lock(&self.connections)
             .values()
             .map(|c| c.stats())
             .collect();
@@ -377,12 +434,15 @@ impl Shared {
     }
 
     pub fn subscribe(&self, app: AppId, conn: u64, tx: ConnTx) {
+        // The subscriptions' lock is taken first and held while the held events are queued, so
+        // an event the node thread pushes meanwhile either finds this subscription (after the
+        // held ones) or is held and queued here: none is lost or reordered.
+        let mut subs = lock(&self.subscribers);
         // Events of containers adopted across an upgrade that no connection heard yet.
-        let held = self.held_events.borrow_mut().remove(&app);
+        let held = lock(&self.held_events).remove(&app);
         for event in held.into_iter().flatten() {
             let _ = tx.send(AppResponse::Event(event));
         }
-        let mut subs = self.subscribers.borrow_mut();
         let list = subs.entry(app).or_default();
         if !list.iter().any(|(c, _)| *c == conn) {
             list.push((conn, tx));
@@ -393,18 +453,20 @@ impl Shared {
     /// when the worker upgraded in place), keep it for the app's next `subscribe` on this
     /// worker, up to [`MAX_HELD_EVENTS`] in all.
     pub fn notify_or_hold(&self, app: &AppId, event: ContainerEvent) {
-        if self.subscribers.borrow().contains_key(app) {
-            self.notify(app, event);
+        let mut subs = lock(&self.subscribers);
+        if subs.contains_key(app) {
+            Self::push(&mut subs, app, AppResponse::Event(event));
             return;
         }
-        let mut held = self.held_events.borrow_mut();
+        // Under the subscriptions' lock (taken in the same order as `subscribe`).
+        let mut held = lock(&self.held_events);
         if held.values().map(Vec::len).sum::<usize>() < MAX_HELD_EVENTS {
             held.entry(app.clone()).or_default().push(event);
         }
     }
 
     pub fn unsubscribe_connection(&self, conn: u64) {
-        let mut subs = self.subscribers.borrow_mut();
+        let mut subs = lock(&self.subscribers);
         for list in subs.values_mut() {
             list.retain(|(c, _)| *c != conn);
         }
@@ -419,7 +481,10 @@ impl Shared {
     /// Push a pushed frame (an `event`, a reservation event) to every subscribed connection of
     /// `app` on this worker.
     pub fn notify_frame(&self, app: &AppId, frame: AppResponse) {
-        let mut subs = self.subscribers.borrow_mut();
+        Self::push(&mut lock(&self.subscribers), app, frame);
+    }
+
+    fn push(subs: &mut HashMap<AppId, Vec<(u64, ConnTx)>>, app: &AppId, frame: AppResponse) {
         if let Some(list) = subs.get_mut(app) {
             // A connection that is gone, or closed for not reading, loses its subscription.
             list.retain(|(_, tx)| tx.send(frame.clone()).is_ok());
@@ -476,7 +541,7 @@ mod tests {
         assert!(!state.has_room());
         assert!(tx.send(event(0)).is_err(), "nothing more is queued");
         assert!(
-            shared.subscribers.borrow().is_empty(),
+            lock(&shared.subscribers).is_empty(),
             "the subscription of the closed connection is dropped"
         );
     }

@@ -32,8 +32,9 @@ async fn connection_and_container_spans_name_node_app_container_and_job() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    // The actix test runtime runs every task on this thread: a thread-local default sees them.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    // Container process tasks run on the worker's node thread, so the subscriber must be the
+    // global default (this test binary holds this one test).
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
 
     let c = Cluster::start(&["demo"], &[node("node-a", 1000, 1024)]).await;
     let mut app = c.client("node-a").await;

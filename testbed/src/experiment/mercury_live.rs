@@ -176,6 +176,8 @@ pub fn run(options: &LiveOptions, progress: bool) -> anyhow::Result<LiveReport> 
                     allocate_only: false,
                     task_program: None,
                     json: false,
+                    measure_floor: false,
+                    floor_round_trips: 0,
                 };
                 let report = runtime.block_on(run_load(&args))?;
                 if let Some((name, why)) = cluster.exited_child() {
