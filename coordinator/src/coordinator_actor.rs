@@ -100,7 +100,16 @@ pub struct CoordinatorActor {
     /// The round's top-k as encoded for the heartbeat answers, with the
     /// [`CoordinatorState::top_k_generation`] it was encoded at.
     encoded_top_k: Option<(u64, EncodedTopK)>,
+    /// The stored issuer counter: every issuer handed out is below it, and a restarted
+    /// coordinator starts there ([`ISSUER_RESERVATION_BLOCK`]).
+    issuer_reserved: u32,
 }
+
+/// Issuer prefixes reserved per store write: a join writes the store (a synced redb commit,
+/// milliseconds on a disk) only once per this many joins, and a restart skips at most this many
+/// issuers (u32: 4 billion). Issue 17: a store commit per join on the actor thread held every
+/// heartbeat behind a 10,000-node join storm (docs/benchmarks.md §9).
+pub const ISSUER_RESERVATION_BLOCK: u32 = 1024;
 
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +126,7 @@ impl CoordinatorActor {
         clock: Clock,
         seed: u64,
     ) -> Result<CoordinatorActor, crate::store::StoreError> {
+        let issuer_reserved = store.next_issuer()?;
         let mut state = CoordinatorState::new(
             CoordinatorConfig {
                 // Views carry more candidates than k: the workers' schedulers choose among the
@@ -126,7 +136,7 @@ impl CoordinatorActor {
                 min_shedding_threshold_ms: settings.min_shedding_threshold_ms,
                 node_timeout: settings.node_timeout,
             },
-            store.next_issuer()?,
+            issuer_reserved,
         )
         .with_lost_nodes(store.lost_nodes()?);
         // An operator's drain outlives a restart: the node stays out of top-k when it re-joins.
@@ -173,6 +183,7 @@ impl CoordinatorActor {
             promotions,
             metrics: Arc::default(),
             dashboard: None,
+            issuer_reserved,
             encoded_top_k: None,
         })
     }
@@ -263,7 +274,7 @@ impl CoordinatorActor {
         } else {
             Vec::new()
         };
-        if let Err(e) = self.store.set_next_issuer(self.state.next_issuer()) {
+        if let Err(e) = self.reserve_issuers() {
             error!("cannot persist the issuer counter: {e}");
             self.state.remove_node(&node_id);
             return reject(format!("coordinator store failure: {e}"));
@@ -322,6 +333,19 @@ impl CoordinatorActor {
         );
         self.session_nodes.insert(msg.session_id, node_id.clone());
         JoinOutcome::Accepted { node_id, issuer }
+    }
+
+    /// Keep the stored issuer counter above every issuer handed out: written once per
+    /// [`ISSUER_RESERVATION_BLOCK`] joins, not at every join.
+    fn reserve_issuers(&mut self) -> Result<(), crate::store::StoreError> {
+        let next = self.state.next_issuer();
+        if next <= self.issuer_reserved {
+            return Ok(());
+        }
+        let reserved = next.saturating_add(ISSUER_RESERVATION_BLOCK);
+        self.store.set_next_issuer(reserved)?;
+        self.issuer_reserved = reserved;
+        Ok(())
     }
 
     fn heartbeat(&mut self, node_id: &NodeId, mut hb: Heartbeat) {

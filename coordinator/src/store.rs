@@ -831,7 +831,8 @@ impl Store {
         self.put_meta(K_KEYS, &encode(keys))
     }
 
-    /// The issuer prefix the next worker join gets.
+    /// Where a (re)started coordinator's issuer prefixes start: every issuer handed out before
+    /// is below it (the coordinator reserves them in blocks, `ISSUER_RESERVATION_BLOCK`).
     pub fn next_issuer(&self) -> Result<u32, StoreError> {
         Ok(u32::from_be_bytes(self.fixed::<4>(K_NEXT_ISSUER)?))
     }

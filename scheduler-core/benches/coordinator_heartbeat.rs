@@ -19,8 +19,9 @@
 //! `cargo bench --workspace --bench coordinator_heartbeat`; prints, per cluster size, the median
 //! of 5 rounds of 3 heartbeat intervals (every node heartbeats once per interval) of ns per
 //! heartbeat and per part, the answer's size, the cost of one whole-directory answer (all
-//! entries and issuer keys: what a node is sent at its join, or when its version is older than
-//! the change log), and of one delta answer after 1% of the nodes re-joined in a round (what
+//! entries and the top-k's issuer keys: what a node is sent at its join, or when its version is
+//! older than the change log; and, for comparison, deriving a key for every node as protocol 5
+//! did), and of one delta answer after 1% of the nodes re-joined in a round (what
 //! every node is sent once per round with membership changes, issue 17).
 
 use rand::SeedableRng;
@@ -234,6 +235,13 @@ fn main() {
         let view = c.node_view(&ids[0], 0, Vec::new());
         let directory_us = start.elapsed().as_secs_f64() * 1e6;
         black_box(&view);
+        // What protocol 5 added to it: a key for every node, not only the top-k's.
+        let issuer = c.issuer_of(&ids[0]).expect("joined");
+        let start = Instant::now();
+        for id in &ids {
+            black_box(c.issuer_key_for(issuer, id));
+        }
+        let all_keys_us = start.elapsed().as_secs_f64() * 1e6;
         // 1% of the nodes re-join in one round: one new version, one delta per node.
         let before = c.directory_version();
         let rejoining = nodes / 100;
@@ -265,10 +273,11 @@ fn main() {
             median_round.answer_bytes,
         );
         println!(
-            "{nodes:>6} nodes: one whole-directory answer ({} entries, {} issuer keys) {:.0} µs; one delta answer ({} entries, {} keys) {:.0} µs",
+            "{nodes:>6} nodes: one whole-directory answer ({} entries, {} issuer keys) {:.0} µs (protocol 5's key per node: +{:.0} µs); one delta answer ({} entries, {} keys) {:.0} µs",
             view.view.directory.len(),
             view.issuer_keys.as_ref().map_or(0, Vec::len),
             directory_us,
+            all_keys_us,
             delta_entries,
             delta.issuer_keys.as_ref().map_or(0, Vec::len),
             delta_us,

@@ -111,10 +111,23 @@ struct NodeEntry {
     killing_lost: HashSet<ContainerId>,
     /// The session's secret for QUEUEABLE tokens (`None` without a token master key).
     secret: Option<NodeSessionSecret>,
-    /// The same secret keyed once for deriving issuers' keys (every node is sent one for this
-    /// session in its next delta, and one with every whole directory).
+    /// The same secret keyed once for deriving issuers' keys (a node's scheduler is sent one
+    /// for this session when this node enters the top-k it is sent, see
+    /// [`CoordinatorState::node_view`]).
     issuer_keys: Option<IssuerKeyDeriver>,
+    /// The node sessions (issuers) whose QUEUEABLE key this node's scheduler has been sent in
+    /// this session and still holds: a subset of what it holds (entries may be forgotten, a
+    /// key is then sent again), at most [`KEYS_HELD_PER_TOP_K`] × the view's length.
+    keys_held: HashSet<u32>,
+    /// The [`CoordinatorState::top_k_generation`] this node's scheduler was last sent the keys
+    /// of every top-k node at: until the list changes, nothing is checked again.
+    keys_at_generation: Option<u64>,
 }
+
+/// How many node sessions' keys, per top-k entry, the coordinator remembers having sent to one
+/// scheduler before it forgets those outside the current top-k (they are sent again if their
+/// nodes come back into it): bounds the coordinator's memory per node by O(k), not O(nodes).
+pub const KEYS_HELD_PER_TOP_K: usize = 4;
 
 /// What the coordinator aggregates once per round (Mercury §4.2: the top-k list, §4.3: the
 /// shedding threshold) from the nodes' latest estimates, and sends with every heartbeat answer
@@ -139,6 +152,9 @@ pub struct AggregateRound {
     /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
+    /// The session (issuer) of each `top_k` entry's node, in the same order: which keys a
+    /// scheduler needs for this list, without a directory lookup per entry.
+    top_k_sessions: Vec<u32>,
     /// When it was computed.
     at: Option<Time>,
 }
@@ -182,14 +198,21 @@ pub struct CoordinatorState {
     draining: BTreeSet<NodeId>,
 }
 
-/// A view for one node's scheduler, with the keys that go with its directory.
+/// A view for one node's scheduler, with the QUEUEABLE keys it needs for the view's top-k.
+///
+/// A scheduler places QUEUEABLE containers only on nodes of the top-k it is sent (Mercury §4.2),
+/// so it needs keys for those nodes only (cluster protocol 6, issue 17): each answer carries the
+/// keys of the top-k nodes whose current session's key the scheduler was not sent yet, so a key
+/// arrives with (or before) the first list naming its node. Before, every node got a key for
+/// every node (O(nodes) HMACs per join, and one per joined node in every delta), which made a
+/// join storm O(nodes²) keys.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeView {
     pub view: ClusterView,
-    /// When membership is sent: with the whole directory, the scheduler's QUEUEABLE keys for
-    /// every node in it (they replace its old ones, so a node that left or re-joined loses its
-    /// old key); with a delta, its keys for the delta's joined nodes (a re-joined node's replaces
-    /// the old session's; the left nodes' keys are dropped by the scheduler).
+    /// With the whole directory: the scheduler's keys for the round's top-k nodes, replacing
+    /// its old ones. With a delta: keys to add or replace (a re-joined node's new session
+    /// replaces the old key), while the delta's left nodes' keys are dropped by the scheduler.
+    /// Without membership: keys to add or replace, `None` when there are none.
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
 }
 
@@ -349,11 +372,17 @@ impl CoordinatorState {
                 t.1 = t.1.saturating_add(a.guaranteed);
             }
             let shedding = self.shedding_round();
+            let top_k = self.top_k(rng);
+            let top_k_sessions = top_k
+                .iter()
+                .map(|l| self.nodes.get(&l.node_id).map_or(0, |n| n.issuer))
+                .collect();
             self.round = AggregateRound {
-                top_k: self.top_k(rng),
+                top_k,
                 shedding_threshold_ms: shedding.threshold_ms,
                 shedding_targets: shedding.targets,
                 outstanding_totals,
+                top_k_sessions,
                 at: Some(now),
             };
             self.top_k_generation += 1;
@@ -430,30 +459,22 @@ impl CoordinatorState {
     /// not yet published may show early; the next version's delta lists them again (see
     /// [`DirectoryDelta`]: a delta applies to any version between its ends).
     pub fn view_with(&self, known_version: u64, top_k: Vec<NodeLoad>) -> ClusterView {
-        self.view_and_keys(known_version, top_k, None).0
+        self.view_and_membership(known_version, top_k).0
     }
 
-    fn view_and_keys(
-        &self,
-        known_version: u64,
-        top_k: Vec<NodeLoad>,
-        issuer: Option<u32>,
-    ) -> (ClusterView, Option<Vec<IssuerNodeKey>>) {
-        // Issuer I's key for node N's session: HMAC(K_N, I).
-        let key = |n: &NodeEntry| -> Option<IssuerNodeKey> {
-            Some(n.issuer_keys.as_ref()?.issuer_key(issuer?))
-        };
+    /// The view, and whether it carries the whole directory.
+    fn view_and_membership(&self, known_version: u64, top_k: Vec<NodeLoad>) -> (ClusterView, bool) {
         let mut view = ClusterView {
             directory_version: self.directory_version,
             directory: Vec::new(),
             delta: None,
             top_k,
         };
-        let keys = match self.directory_since(known_version) {
-            DirectorySince::Current => None,
+        let whole = match self.directory_since(known_version) {
+            DirectorySince::Current => false,
             DirectorySince::Whole => {
                 view.directory = self.nodes.values().map(|n| n.dir.clone()).collect();
-                issuer.map(|_| self.nodes.values().filter_map(key).collect())
+                true
             }
             DirectorySince::Changed(changed) => {
                 let mut delta = DirectoryDelta {
@@ -461,35 +482,89 @@ impl CoordinatorState {
                     joined: Vec::new(),
                     left: Vec::new(),
                 };
-                let mut keys = Vec::new();
                 for node in changed {
                     match self.nodes.get(node) {
-                        Some(n) => {
-                            delta.joined.push(n.dir.clone());
-                            keys.extend(key(n));
-                        }
+                        Some(n) => delta.joined.push(n.dir.clone()),
                         None => delta.left.push(node.clone()),
                     }
                 }
                 view.delta = Some(delta);
-                issuer.map(|_| keys)
+                false
             }
         };
-        (view, keys)
+        (view, whole)
     }
 
-    /// [`CoordinatorState::view_with`] for `node`'s scheduler, with its QUEUEABLE keys whenever
-    /// membership is sent (issuer `I` = `node`'s session; one key per directory node, or per
-    /// joined node of a delta, `N`: `HMAC(K_N, I)`). Without a token master key, or for a node
-    /// that is not joined, no keys are sent.
-    pub fn node_view(&self, node: &NodeId, known_version: u64, top_k: Vec<NodeLoad>) -> NodeView {
-        let issuer = self
-            .nodes
-            .get(node)
-            .filter(|_| self.token_master.is_some())
-            .map(|me| me.issuer);
-        let (view, issuer_keys) = self.view_and_keys(known_version, top_k, issuer);
+    /// [`CoordinatorState::view_with`] for `node`'s scheduler, with the QUEUEABLE keys it lacks
+    /// for the round's top-k (see [`NodeView`]; issuer `I` = `node`'s session, for each top-k
+    /// node `N` whose current session's key it was not sent: `HMAC(K_N, I)`). O(k) when the
+    /// top-k changed since the node's last answer, O(1) otherwise, plus one HMAC per key sent.
+    /// Without a token master key, or for a node that is not joined, no keys are sent. Every
+    /// answer computed must reach the scheduler in order (one stream per session; a re-join
+    /// starts over), since the coordinator counts the keys it sent as held.
+    pub fn node_view(
+        &mut self,
+        node: &NodeId,
+        known_version: u64,
+        top_k: Vec<NodeLoad>,
+    ) -> NodeView {
+        let (view, whole) = self.view_and_membership(known_version, top_k);
+        let membership = whole || view.delta.is_some();
+        let Some(me) = self.nodes.get(node).filter(|_| self.token_master.is_some()) else {
+            return NodeView {
+                view,
+                issuer_keys: None,
+            };
+        };
+        let generation = self.top_k_generation;
+        let check = whole || me.keys_at_generation != Some(generation);
+        let mut keys = Vec::new();
+        let mut sent = Vec::new();
+        if check {
+            for (l, &session) in self.round.top_k.iter().zip(&self.round.top_k_sessions) {
+                if !whole && me.keys_held.contains(&session) {
+                    continue;
+                }
+                let Some(deriver) = self
+                    .nodes
+                    .get(&l.node_id)
+                    .and_then(|n| n.issuer_keys.as_ref())
+                else {
+                    continue;
+                };
+                keys.push(deriver.issuer_key(me.issuer));
+                sent.push(session);
+            }
+        }
+        let limit = KEYS_HELD_PER_TOP_K * self.config.top_k.max(1);
+        let round = &self.round;
+        let me = self.nodes.get_mut(node).expect("looked up above");
+        if whole {
+            me.keys_held.clear();
+        }
+        me.keys_held.extend(sent);
+        me.keys_at_generation = Some(generation);
+        if me.keys_held.len() > limit {
+            // Forgetting a key it holds only costs sending it again.
+            let current: HashSet<u32> = round.top_k_sessions.iter().copied().collect();
+            me.keys_held.retain(|s| current.contains(s));
+        }
+        let issuer_keys = (membership || !keys.is_empty()).then_some(keys);
         NodeView { view, issuer_keys }
+    }
+
+    /// The QUEUEABLE key `issuer`'s scheduler uses for `node`'s current session (what
+    /// [`CoordinatorState::node_view`] sends; tests and tools). `None` without a token master
+    /// key or for a node that is not joined.
+    pub fn issuer_key_for(&self, issuer: u32, node: &NodeId) -> Option<IssuerNodeKey> {
+        self.token_master.as_ref()?;
+        Some(
+            self.nodes
+                .get(node)?
+                .issuer_keys
+                .as_ref()?
+                .issuer_key(issuer),
+        )
     }
 
     /// What `node`'s scheduler has issued per app, as it reports with its heartbeats (the
@@ -626,6 +701,8 @@ impl CoordinatorState {
                 killing_lost: HashSet::new(),
                 secret,
                 issuer_keys,
+                keys_held: HashSet::new(),
+                keys_at_generation: None,
             },
         );
         if let Some(prev) = previous {
@@ -634,28 +711,36 @@ impl CoordinatorState {
         }
         self.live_issuers.insert(issuer);
         self.directory_pending.insert(node_id.clone());
-        self.patch_round_top_k(&node_id, true);
+        self.patch_round_top_k(&node_id, Some(issuer));
         issuer
     }
 
     /// Keep the cached round's top-k consistent with membership in O(k): `node` taken out, and
-    /// put first when it `joined` (no queue yet) unless it is draining.
-    fn patch_round_top_k(&mut self, node: &NodeId, joined: bool) {
+    /// put first when it joined (`Some` of its new session: no queue yet) unless it is draining.
+    fn patch_round_top_k(&mut self, node: &NodeId, joined: Option<u32>) {
         if self.round.at.is_none() {
             return;
         }
         self.top_k_generation += 1;
-        let top_k = &mut self.round.top_k;
-        top_k.retain(|l| &l.node_id != node);
-        if joined && !self.draining.contains(node) && self.config.top_k > 0 {
-            top_k.insert(
+        let round = &mut self.round;
+        if let Some(i) = round.top_k.iter().position(|l| &l.node_id == node) {
+            round.top_k.remove(i);
+            round.top_k_sessions.remove(i);
+        }
+        if let Some(session) = joined
+            && !self.draining.contains(node)
+            && self.config.top_k > 0
+        {
+            round.top_k.insert(
                 0,
                 NodeLoad {
                     node_id: node.clone(),
                     queue_delay_ms: 0.0,
                 },
             );
-            top_k.truncate(self.config.top_k);
+            round.top_k_sessions.insert(0, session);
+            round.top_k.truncate(self.config.top_k);
+            round.top_k_sessions.truncate(self.config.top_k);
         }
     }
 
@@ -712,7 +797,7 @@ impl CoordinatorState {
         self.outbox.remove(&entry.issuer);
         self.live_issuers.remove(&entry.issuer);
         self.directory_pending.insert(node.clone());
-        self.patch_round_top_k(node, false);
+        self.patch_round_top_k(node, None);
         for &id in &entry.containers {
             self.route_notice(ContainerNotice {
                 container_id: id,

@@ -68,8 +68,63 @@ pub struct ClusterView {
     /// The changes since the version the worker reported, when those are sent instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<DirectoryDelta>,
-    /// Nodes of least queue delay, ascending (at most the coordinator's k).
+    /// Nodes of least queue delay, ascending (at most the coordinator's k). On the wire as
+    /// two columns ([`top_k_columns`], cluster protocol 6).
+    #[serde(with = "top_k_columns")]
     pub top_k: Vec<NodeLoad>,
+}
+
+/// The top-k list on the wire as two columns, `{node_ids: [..], queue_delays_ms: [..]}`, instead
+/// of one `{node_id, queue_delay_ms}` map per entry (cluster protocol 6, issue 17): the list is
+/// sent with every heartbeat answer and was 94 % of its bytes, about 45 bytes per entry with the
+/// field names repeated; as columns it is the id and the 9-byte float. Columns of different
+/// lengths are refused.
+pub mod top_k_columns {
+    use super::NodeLoad;
+    use crate::NodeId;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize)]
+    struct ColumnsRef<'a> {
+        node_ids: Vec<&'a NodeId>,
+        queue_delays_ms: Vec<f64>,
+    }
+
+    #[derive(Deserialize)]
+    struct Columns {
+        node_ids: Vec<NodeId>,
+        queue_delays_ms: Vec<f64>,
+    }
+
+    pub fn serialize<S: Serializer>(top_k: &[NodeLoad], s: S) -> Result<S::Ok, S::Error> {
+        ColumnsRef {
+            node_ids: top_k.iter().map(|l| &l.node_id).collect(),
+            queue_delays_ms: top_k.iter().map(|l| l.queue_delay_ms).collect(),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<NodeLoad>, D::Error> {
+        let Columns {
+            node_ids,
+            queue_delays_ms,
+        } = Columns::deserialize(d)?;
+        if node_ids.len() != queue_delays_ms.len() {
+            return Err(serde::de::Error::custom(format!(
+                "top_k has {} node ids but {} queue delays",
+                node_ids.len(),
+                queue_delays_ms.len()
+            )));
+        }
+        Ok(node_ids
+            .into_iter()
+            .zip(queue_delays_ms)
+            .map(|(node_id, queue_delay_ms)| NodeLoad {
+                node_id,
+                queue_delay_ms,
+            })
+            .collect())
+    }
 }
 
 /// The membership changes from `from_version` to the view's `directory_version`, as the final

@@ -1,8 +1,9 @@
 //! Directory deltas (issue 17): the coordinator sends a worker's scheduler only the membership
 //! changes since the version it reports, publishes at most one version per round, keeps a
 //! bounded log of changes, and sends the whole directory only to a worker whose version it does
-//! not know or no longer has the changes of. The keys that go with the directory (one per
-//! (issuer, node session)) follow the same deltas.
+//! not know or no longer has the changes of. A scheduler's QUEUEABLE keys (one per (issuer,
+//! node session)) are sent only for the nodes of the top-k it is sent (cluster protocol 6): each
+//! answer brings the keys of top-k nodes it lacks, so it can sign for every node it may place on.
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -10,6 +11,7 @@ use scheduler_core::coordinator::{CoordinatorConfig, CoordinatorState, DIRECTORY
 use scheduler_core::distributed::{
     DirectoryUpdate, DistributedScheduler, DistributedSchedulerConfig, NodeDirectoryEntry,
 };
+use scheduler_core::queue_delay::QueueDelay;
 use scheduler_core::token::{QueueableSigner, TokenBody, TokenKey};
 use scheduler_core::{ContainerId, ContainerType, NodeId, Resources, Time};
 use std::time::Duration;
@@ -27,7 +29,15 @@ fn entry(i: usize, generation: u64) -> NodeDirectoryEntry {
 }
 
 fn coordinator() -> CoordinatorState {
-    let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+    coordinator_with_top_k(CoordinatorConfig::default().top_k)
+}
+
+fn coordinator_with_top_k(top_k: usize) -> CoordinatorState {
+    let config = CoordinatorConfig {
+        top_k,
+        ..CoordinatorConfig::default()
+    };
+    let mut c = CoordinatorState::new(config, 1);
     c.set_token_master(TokenKey::from_bytes(1, [9; 32]))
         .expect("a 32-byte master key");
     c
@@ -90,39 +100,51 @@ impl Worker {
                 .as_ref()
                 .map_or(0, |d| d.joined.len() + d.left.len());
         let keys = answer.issuer_keys;
-        match self.scheduler.update_view(answer.view) {
-            DirectoryUpdate::Replaced => self
-                .signer
-                .replace_keys(&keys.expect("keys with the directory"))
-                .unwrap(),
-            DirectoryUpdate::Patched { left } => self
-                .signer
-                .patch_keys(&keys.expect("keys with a delta"), &left)
-                .unwrap(),
-            DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => {}
+        let update = self.scheduler.update_view(answer.view);
+        if matches!(
+            update,
+            DirectoryUpdate::Replaced | DirectoryUpdate::Patched { .. }
+        ) {
+            assert!(keys.is_some(), "keys go with membership");
+        }
+        // As the worker's scheduler actor applies them.
+        if let Some(keys) = keys {
+            match update {
+                DirectoryUpdate::Replaced => self.signer.replace_keys(&keys).unwrap(),
+                DirectoryUpdate::Patched { left } => self.signer.patch_keys(&keys, &left).unwrap(),
+                DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => {
+                    self.signer.patch_keys(&keys, &[]).unwrap()
+                }
+            }
         }
         carried
     }
 
-    /// The worker's directory and keys are exactly the coordinator's: same entries in the same
-    /// order, one key per node, each the key of the node's current session (a signature made
-    /// with it equals one made with the key the coordinator would send in a whole directory).
+    /// The worker's directory is exactly the coordinator's (same entries in the same order),
+    /// and it holds the key of the current session of every node of the round's top-k, the
+    /// nodes it may place QUEUEABLE work on (a signature made with it equals one made with the
+    /// key the coordinator derives for that session), and no more keys than directory nodes.
     fn assert_matches(&self, c: &CoordinatorState) {
         let expected: Vec<NodeDirectoryEntry> = c.nodes().cloned().collect();
         assert_eq!(self.scheduler.view().directory, expected);
-        let whole = c.node_view(&self.node, 0, Vec::new());
-        let reference =
-            QueueableSigner::new(self.signer.issuer(), &whole.issuer_keys.unwrap()).unwrap();
-        assert_eq!(self.signer.nodes(), expected.len());
-        for n in &expected {
-            assert_eq!(self.signer.node_epoch(&n.node_id), c.issuer_of(&n.node_id));
-            let b = body(self.signer.issuer(), &n.node_id);
+        let issuer = self.signer.issuer();
+        for l in &c.aggregate_round().top_k {
+            let n = &l.node_id;
+            assert_eq!(self.signer.node_epoch(n), c.issuer_of(n), "session of {n}");
+            let reference =
+                QueueableSigner::new(issuer, &[c.issuer_key_for(issuer, n).unwrap()]).unwrap();
+            let b = body(issuer, n);
             assert_eq!(
                 self.signer.sign(b.clone()).unwrap().signature,
                 reference.sign(b).unwrap().signature,
-                "key for {}",
-                n.node_id
+                "key for {n}"
             );
+        }
+        assert!(self.signer.nodes() <= expected.len());
+        for n in &expected {
+            if let Some(epoch) = self.signer.node_epoch(&n.node_id) {
+                assert!(epoch <= c.issuer_of(&n.node_id).unwrap());
+            }
         }
     }
 }
@@ -215,7 +237,12 @@ fn membership_changes_of_one_round_are_one_version_sent_as_one_delta() {
     assert_eq!(c.directory_changes_pending(), 200);
     let quiet = c.node_view(&w.node, v, Vec::new());
     assert!(quiet.view.directory.is_empty() && quiet.view.delta.is_none());
-    assert!(quiet.issuer_keys.is_none());
+    // The joined nodes went to the head of the round's top-k: their keys come now, with the
+    // list that names them, one per top-k node at most (not one per joined node).
+    let top_k = c.aggregate_round().top_k.len();
+    assert_eq!(top_k, CoordinatorConfig::default().top_k);
+    assert_eq!(quiet.issuer_keys.as_ref().map(Vec::len), Some(top_k));
+    w.apply(quiet);
     // The next round publishes all of it as one version and one delta.
     c.round(Time::from_millis(1000), ROUND, &mut rng);
     assert_eq!(c.directory_version(), v + 1);
@@ -225,7 +252,10 @@ fn membership_changes_of_one_round_are_one_version_sent_as_one_delta() {
     assert_eq!(delta.from_version, v);
     assert_eq!(delta.joined.len(), 199);
     assert_eq!(delta.left, vec![NodeId::new("n007".to_string())]);
-    assert_eq!(answer.issuer_keys.as_ref().map(Vec::len), Some(199));
+    // Keys only for the new round's top-k nodes the worker was not sent yet: 199 joined, at
+    // most k keys.
+    let keys = answer.issuer_keys.as_ref().map_or(0, Vec::len);
+    assert!(keys <= top_k, "{keys} keys for a top-{top_k}");
     w.apply(answer);
     w.assert_matches(&c);
     // A later round without changes publishes nothing.
@@ -254,7 +284,7 @@ fn the_change_log_is_bounded_and_an_older_version_gets_the_whole_directory() {
     assert_eq!(delta.joined.len(), DIRECTORY_LOG_VERSIONS);
     assert!(recent.view.directory.is_empty());
     // Older than the log, unknown (0) or ahead of the coordinator (another incarnation's):
-    // the whole directory, with a key for every node.
+    // the whole directory, with a key for every node of the top-k (here all of them).
     for known in [oldest_covered - 1, 0, current + 1] {
         let whole = c.node_view(&w.node, known, Vec::new());
         assert!(whole.view.delta.is_none(), "version {known}");
@@ -263,7 +293,11 @@ fn the_change_log_is_bounded_and_an_older_version_gets_the_whole_directory() {
             c.node_count(),
             "version {known}"
         );
-        assert_eq!(whole.issuer_keys.map(|k| k.len()), Some(c.node_count()));
+        assert_eq!(
+            whole.issuer_keys.map(|k| k.len()),
+            Some(c.aggregate_round().top_k.len())
+        );
+        assert_eq!(c.aggregate_round().top_k.len(), c.node_count());
     }
     // The worker, still at its join version (older than the log), catches up with it.
     assert!(w.version() < oldest_covered);
@@ -273,7 +307,8 @@ fn the_change_log_is_bounded_and_an_older_version_gets_the_whole_directory() {
 }
 
 #[test]
-fn a_delta_that_does_not_start_at_or_before_the_schedulers_version_is_ignored_with_its_keys() {
+fn a_delta_that_does_not_start_at_or_before_the_schedulers_version_is_ignored_but_its_keys_are_kept()
+ {
     let mut rng = StdRng::seed_from_u64(3);
     let mut c = coordinator();
     let mut w = Worker::join(&mut c, Time::ZERO, entry(0, 0));
@@ -286,13 +321,84 @@ fn a_delta_that_does_not_start_at_or_before_the_schedulers_version_is_ignored_wi
     let ahead = c.node_view(&w.node, v1, Vec::new());
     assert!(w.version() < v1);
     let before = w.scheduler.view().directory.clone();
-    assert_eq!(
-        w.scheduler.update_view(ahead.view),
-        DirectoryUpdate::Ignored
-    );
+    let version = w.version();
+    // The directory is left as it was; the answer's keys (current sessions' keys for the
+    // top-k, protocol 6) are kept all the same, as the worker's scheduler actor does, since
+    // the coordinator counts them as sent.
+    w.apply(ahead);
     assert_eq!(w.scheduler.view().directory, before);
+    assert_eq!(w.version(), version);
     // Its own version's answer brings it up to date.
     let known = w.version();
     w.apply(c.node_view(&w.node, known, Vec::new()));
     w.assert_matches(&c);
+}
+
+fn delay(ms: f64) -> QueueDelay {
+    QueueDelay {
+        tq_ms: ms,
+        tr_ms: 0.0,
+        tl_ms: 0.0,
+    }
+}
+
+/// Issue 17: in a cluster much larger than the top-k, a join answer carries keys for the top-k's
+/// nodes only (not one per node: O(nodes) HMACs per join made a join storm O(nodes²)), a join
+/// storm's delta carries none for joined nodes outside the top-k, and a node entering the
+/// top-k later (by its queue delay, or re-joined under a new session) brings its key with the
+/// first answer that names it, so the scheduler can always sign for every node it may place on.
+#[test]
+fn keys_go_only_to_the_nodes_of_the_top_k_and_come_with_the_list_that_names_them() {
+    const K: usize = 8;
+    let mut rng = StdRng::seed_from_u64(4);
+    let mut c = coordinator_with_top_k(K);
+    let mut now = Time::ZERO;
+    for i in 0..100 {
+        c.join(now, entry(i, 0));
+    }
+    c.round(now, ROUND, &mut rng);
+    let mut w = Worker::join(&mut c, now, entry(100, 0));
+    assert_eq!(c.node_count(), 101);
+    assert_eq!(w.signer.nodes(), K, "one key per top-k node at the join");
+    w.assert_matches(&c);
+    // Nothing changed: no keys.
+    let known = w.version();
+    assert!(
+        c.node_view(&w.node, known, Vec::new())
+            .issuer_keys
+            .is_none()
+    );
+    let mut generation = vec![0u64; 500];
+    for round in 1..=30u64 {
+        now = Time::from_secs(round);
+        // Every node reports; the quietest K change from round to round.
+        for i in 0..100usize {
+            let node = NodeId::new(format!("n{i:03}"));
+            let ms = ((i as u64 * 7919 + round * 104_729) % 1000) as f64;
+            c.heartbeat(now, &node, delay(ms), Vec::new());
+        }
+        // A join storm of 50 nodes every fifth round, and a re-join of a top-k node.
+        if round % 5 == 0 {
+            for i in 0..50 {
+                let i = 100 + (round as usize / 5) * 50 + i;
+                c.join(now, entry(i, 0));
+            }
+        }
+        if round % 3 == 0 {
+            let rejoin = c.aggregate_round().top_k[K - 1].node_id.clone();
+            let i: usize = rejoin.as_str()[1..].parse().unwrap();
+            generation[i] += 1;
+            let before = c.issuer_of(&rejoin);
+            c.join(now, entry(i, generation[i]));
+            assert_ne!(c.issuer_of(&rejoin), before);
+        }
+        c.round(now, ROUND, &mut rng);
+        let known = w.version();
+        let answer = c.node_view(&w.node, known, Vec::new());
+        let keys = answer.issuer_keys.as_ref().map_or(0, Vec::len);
+        assert!(keys <= K, "round {round}: {keys} keys for a top-{K}");
+        w.apply(answer);
+        w.assert_matches(&c);
+    }
+    assert!(c.node_count() > 300);
 }

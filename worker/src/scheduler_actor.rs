@@ -561,7 +561,8 @@ impl Handler<SchedulerJoined> for SchedulerActor {
 pub struct ViewUpdate {
     pub view: ClusterView,
     pub notices: Vec<ContainerNotice>,
-    /// With a whole directory: the keys for its nodes; with a delta: for its joined nodes.
+    /// With a whole directory: the keys for the top-k's nodes, replacing the old ones;
+    /// otherwise keys to add or replace (those of top-k nodes new to this scheduler).
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     pub apps: Option<Vec<AppRecord>>,
     /// A new k of top-k (an operator's change).
@@ -599,7 +600,10 @@ impl Handler<ViewUpdate> for SchedulerActor {
             && let Err(e) = match &update {
                 DirectoryUpdate::Replaced => signer.replace_keys(&keys),
                 DirectoryUpdate::Patched { left } => signer.patch_keys(&keys, left),
-                DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => Ok(()),
+                // Keys for top-k nodes new to this scheduler come with any answer (protocol 6).
+                DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => {
+                    signer.patch_keys(&keys, &[])
+                }
             }
         {
             tracing::error!(

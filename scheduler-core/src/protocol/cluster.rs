@@ -20,8 +20,10 @@ use crate::{ContainerId, NodeId, Resources};
 use serde::{Deserialize, Serialize};
 
 /// Version of the cluster protocol; sent in the first frame. 5: membership as deltas
-/// (`ClusterView::delta`, issue 17).
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 5;
+/// (`ClusterView::delta`, issue 17). 6 (issue 17): QUEUEABLE issuer keys only for the top-k's
+/// nodes, sent with any answer whose top-k names a node the scheduler has no key for
+/// (`coordinator::NodeView`), and the top-k as two columns (`distributed::top_k_columns`).
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 6;
 
 /// Frames a worker sends to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -231,7 +233,9 @@ pub struct JoinAccepted {
     pub issuer: u32,
     /// This node session's secret: the node checks QUEUEABLE tokens addressed to it with it.
     pub node_secret: NodeSessionSecret,
-    /// This worker's scheduler's keys for QUEUEABLE tokens, one per node of `view.directory`.
+    /// This worker's scheduler's keys for QUEUEABLE tokens, one per node of `view.top_k`
+    /// (protocol 6; before, one per node of `view.directory`). Nodes entering the top-k later
+    /// get theirs in `HeartbeatAck::issuer_keys`.
     pub issuer_keys: Vec<IssuerNodeKey>,
     /// Public keys for GUARANTEED tokens (only the coordinator holds the private ones).
     pub guaranteed_keys: PublicKeyRing,
@@ -262,10 +266,11 @@ pub struct HeartbeatAck {
     pub queueable_limit: Resources,
     /// Notices about containers this worker's scheduler issued.
     pub notices: Vec<ContainerNotice>,
-    /// Sent whenever membership is: with a whole directory (`view.directory`), this worker's
-    /// scheduler's keys for QUEUEABLE tokens, one per directory node, replacing the old ones;
-    /// with a delta (`view.delta`), one per joined node (replacing a re-joined node's old key;
-    /// the left nodes' keys are dropped).
+    /// This worker's scheduler's keys for QUEUEABLE tokens for the top-k's nodes (protocol 6,
+    /// `coordinator::NodeView`): with a whole directory (`view.directory`), one per top-k node,
+    /// replacing the old ones; otherwise one per top-k node whose current session's key the
+    /// scheduler was not sent yet (added, or replacing a re-joined node's old key; a delta's
+    /// left nodes' keys are dropped), `None` when there are none and no membership is sent.
     #[serde(default)]
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     /// New GUARANTEED public keys after a rotation.
@@ -395,8 +400,12 @@ pub struct EncodedTopK {
 
 impl EncodedTopK {
     pub fn encode(top_k: &[crate::distributed::NodeLoad]) -> Result<EncodedTopK, CodecError> {
+        let mut bytes = Vec::new();
+        let mut ser = rmp_serde::Serializer::new(&mut bytes).with_struct_map();
+        crate::distributed::top_k_columns::serialize(top_k, &mut ser)
+            .map_err(|e| CodecError::Encode(e.to_string()))?;
         Ok(EncodedTopK {
-            bytes: crate::codec::to_payload(&top_k)?.into(),
+            bytes: bytes.into(),
         })
     }
 
@@ -580,5 +589,54 @@ mod shared_top_k_tests {
             Err(CodecError::Oversized { limit: 100, .. })
         ));
         assert_eq!(out, b"kept");
+    }
+
+    /// Protocol 6: the top-k goes as two columns, decodes back to the same list, takes under
+    /// half the bytes of one named map per entry, and columns of unequal length are refused.
+    #[test]
+    fn the_top_k_goes_as_two_columns_and_unequal_columns_are_refused() {
+        let list = top_k(200);
+        let view = ClusterView {
+            directory_version: 3,
+            directory: Vec::new(),
+            delta: None,
+            top_k: list.clone(),
+        };
+        let bytes = crate::codec::to_payload(&view).unwrap();
+        let back: ClusterView = from_payload(&bytes).unwrap();
+        assert_eq!(back, view);
+        let columns = EncodedTopK::encode(&list).unwrap();
+        let per_entry = crate::codec::to_payload(&list).unwrap();
+        assert!(
+            columns.bytes().len() * 2 < per_entry.len(),
+            "{} bytes as columns, {} as maps",
+            columns.bytes().len(),
+            per_entry.len()
+        );
+        #[derive(Serialize)]
+        struct Lopsided {
+            directory_version: u64,
+            directory: Vec<NodeDirectoryEntry>,
+            top_k: Columns,
+        }
+        #[derive(Serialize)]
+        struct Columns {
+            node_ids: Vec<NodeId>,
+            queue_delays_ms: Vec<f64>,
+        }
+        let lopsided = Lopsided {
+            directory_version: 3,
+            directory: Vec::new(),
+            top_k: Columns {
+                node_ids: vec![NodeId::new("a"), NodeId::new("b")],
+                queue_delays_ms: vec![1.0],
+            },
+        };
+        let err =
+            from_payload::<ClusterView>(&crate::codec::to_payload(&lopsided).unwrap()).unwrap_err();
+        assert!(
+            err.to_string().contains("2 node ids but 1 queue delays"),
+            "{err}"
+        );
     }
 }
