@@ -259,6 +259,10 @@ pub struct NodeRuntime {
     /// Σ over queued and waiting containers of estimate × dominant share, as an exact integer
     /// (see [`NodeRuntime::work_weight`]), so Tq is O(1) however long the queue is.
     waiting_work: u128,
+    /// Queued containers not yet re-placed once (the ones
+    /// [`NodeRuntime::shed_held_by_guaranteed`] may return), so a node whose queue holds only
+    /// re-placed work skips that replay without walking its queue.
+    queued_returnable: usize,
     allocated: Resources,
     queueable_allocated: Resources,
     next_seq: u64,
@@ -280,6 +284,7 @@ impl NodeRuntime {
             queue_keys: HashMap::new(),
             waiting_guaranteed: VecDeque::new(),
             waiting_work: 0,
+            queued_returnable: 0,
             allocated: Resources::ZERO,
             queueable_allocated: Resources::ZERO,
             next_seq: 0,
@@ -475,6 +480,7 @@ impl NodeRuntime {
         self.next_seq += 1;
         self.queue_keys.insert(spec.id, key.clone());
         self.waiting_work += self.work_weight(&spec);
+        self.queued_returnable += usize::from(!spec.re_placed);
         self.queue.insert(key, spec);
     }
 
@@ -620,6 +626,7 @@ impl NodeRuntime {
             let spec = self.queue.remove(&k).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             self.waiting_work -= self.work_weight(&spec);
+            self.queued_returnable -= usize::from(!spec.re_placed);
             self.launch(now, spec);
         }
     }
@@ -722,6 +729,7 @@ impl NodeRuntime {
             if let Some(k) = self.queue_keys.remove(&id) {
                 if let Some(spec) = self.queue.remove(&k) {
                     self.waiting_work -= self.work_weight(&spec);
+                    self.queued_returnable -= usize::from(!spec.re_placed);
                 }
             } else if let Some(spec) = self
                 .waiting_guaranteed
@@ -811,6 +819,7 @@ impl NodeRuntime {
         }
         let key = self.queue_keys.remove(&id).ok_or(NodeError::Unknown(id))?;
         let mut spec = self.queue.remove(&key).ok_or(NodeError::Unknown(id))?;
+        self.queued_returnable -= usize::from(!spec.re_placed);
         spec.container_type = ContainerType::Guaranteed;
         spec.version = new_version;
         self.events.push(NodeEvent::Promoted {
@@ -851,6 +860,7 @@ impl NodeRuntime {
             let key = key.clone();
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
+            self.queued_returnable -= usize::from(!spec.re_placed);
             let weight = self.work_weight(&spec);
             self.waiting_work -= weight;
             estimate_ms -= weight as f64 / denominator;
@@ -896,7 +906,9 @@ impl NodeRuntime {
     /// and §7.4.2 seed 1), it returned twice as many containers and lowered task throughput by
     /// 1–5 %, the returned work bouncing between nodes the stale view still ranks first.
     pub fn shed_held_by_guaranteed(&mut self, now: Time, bound_ms: f64) -> Vec<ContainerId> {
-        if self.queue.is_empty() || !(bound_ms.is_finite() && bound_ms >= 0.0) {
+        // Only containers not yet re-placed can go back: a queue of re-placed work alone is left
+        // as it is without replaying it (most of the simulator's cost on long runs otherwise).
+        if self.queued_returnable == 0 || !(bound_ms.is_finite() && bound_ms >= 0.0) {
             return Vec::new();
         }
         let bound = Duration::from_secs_f64(bound_ms / 1000.0);
@@ -950,26 +962,31 @@ impl NodeRuntime {
             )));
         }
         let mut waiting: Vec<(&QueueKey, &ContainerSpec)> = self.queue.iter().collect();
+        // Those of `waiting` that could go back; once none is left the answer is known.
+        let mut returnable = self.queued_returnable;
         let mut at = Duration::ZERO;
-        while at <= bound && !waiting.is_empty() {
+        while at <= bound && returnable > 0 {
             let mut headroom = free.min(&self.queueable_limit.saturating_sub(&queueable_allocated));
-            let mut still_waiting = Vec::with_capacity(waiting.len());
-            for (key, spec) in waiting {
-                if !headroom.is_zero() && spec.resources.fits_in(&headroom) {
+            // A pass in queue order, starting what fits (in place: the queue can be long, and
+            // with no headroom nothing starts, so the pass is skipped).
+            if !headroom.is_zero() {
+                waiting.retain(|(_, spec)| {
+                    if headroom.is_zero() || !spec.resources.fits_in(&headroom) {
+                        return true;
+                    }
                     headroom = headroom.saturating_sub(&spec.resources);
                     free = free.saturating_sub(&spec.resources);
                     queueable_allocated = queueable_allocated.saturating_add(&spec.resources);
+                    returnable -= usize::from(!spec.re_placed);
                     ends.push(std::cmp::Reverse((
                         at + Duration::from_secs_f64(self.estimate_ms(spec) / 1000.0),
                         spec.resources.cpu_millis,
                         spec.resources.memory_mib,
                         true,
                     )));
-                } else {
-                    still_waiting.push((key, spec));
-                }
+                    false
+                });
             }
-            waiting = still_waiting;
             // Advance to the next end (and every end at the same instant).
             let Some(std::cmp::Reverse((next, ..))) = ends.peek().copied() else {
                 // Nothing left to end: what still waits never fits (policing); not ours to move.
@@ -1005,6 +1022,7 @@ impl NodeRuntime {
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             self.waiting_work -= self.work_weight(&spec);
+            self.queued_returnable -= usize::from(!spec.re_placed);
             self.events.push(NodeEvent::Killed {
                 id: spec.id,
                 reason: KillReason::Shed,
@@ -1163,6 +1181,13 @@ impl NodeRuntime {
         }
         if self.queue.len() != self.queue_keys.len() {
             return Err("queue index out of sync".into());
+        }
+        let returnable = self.queue.values().filter(|c| !c.re_placed).count();
+        if returnable != self.queued_returnable {
+            return Err(format!(
+                "{} queued containers counted as not re-placed, {returnable} in the queue",
+                self.queued_returnable
+            ));
         }
         for (id, k) in &self.queue_keys {
             match self.queue.get(k) {

@@ -283,6 +283,45 @@ fn queued_work_held_back_by_long_guaranteed_work_past_the_bound_goes_back() {
     assert_eq!(s.node.placement(e), Some(Placement::Queued));
 }
 
+/// Work already re-placed once never goes back a second time, yet still takes its place in the
+/// replay (what starts after it is judged with it started); a queue holding only such work is
+/// left alone (the node counts returnable work, checked by `check_invariants` at every step).
+#[test]
+fn re_placed_work_stays_but_still_counts_in_the_replay() {
+    let mut s = Scenario::new(2000, 2000);
+    s.at(0);
+    submit_lasting(&mut s, ContainerType::Guaranteed, 1000, 0, 60);
+    submit_lasting(&mut s, ContainerType::Queueable, 1000, 1, 10);
+    let submit_re_placed = |s: &mut Scenario, job: u64| {
+        let mut spec = s.container(ContainerType::Queueable, 1000, job);
+        spec.re_placed = true;
+        let id = spec.id;
+        s.node.submit(s.now, spec).expect("submit accepted");
+        s.check();
+        id
+    };
+    // Queue: b (re-placed, starts at 10 s), c (starts at 20 s), d (re-placed, 30 s), e (40 s).
+    let b = submit_re_placed(&mut s, 2);
+    let c = submit_lasting(&mut s, ContainerType::Queueable, 1000, 3, 10);
+    let d = submit_re_placed(&mut s, 4);
+    let e = submit_lasting(&mut s, ContainerType::Queueable, 1000, 5, 10);
+    // Within a 15-s bound only b would start; of the rest, c and e go back, d stays.
+    let shed = s.node.shed_held_by_guaranteed(s.now, 15_000.0);
+    let ev = s.check();
+    assert_eq!(shed, vec![e, c], "newest first, re-placed work kept");
+    assert_eq!(killed(&ev, KillReason::Shed), shed);
+    assert_eq!(s.node.placement(b), Some(Placement::Queued));
+    assert_eq!(s.node.placement(d), Some(Placement::Queued));
+    // Only re-placed work is queued now: nothing goes, at any bound.
+    assert!(s.node.shed_held_by_guaranteed(s.now, 0.0).is_empty());
+    s.check();
+    // A new container queued behind b and d starts at 30 s: past a 25-s bound, it goes back
+    // (b and d, though kept, hold the node in the replay).
+    let f = submit_lasting(&mut s, ContainerType::Queueable, 1000, 6, 10);
+    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 25_000.0), vec![f]);
+    s.check();
+}
+
 /// Without GUARANTEED work holding the node past the bound, nothing goes back however long the
 /// queue: a queue of QUEUEABLE work is R's and §4.3's shedding's business (only-Q runs are
 /// unchanged), and short GUARANTEED work frees the node soon enough.
