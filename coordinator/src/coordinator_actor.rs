@@ -103,6 +103,10 @@ pub struct CoordinatorActor {
     /// The stored issuer counter: every issuer handed out is below it, and a restarted
     /// coordinator starts there ([`ISSUER_RESERVATION_BLOCK`]).
     issuer_reserved: u32,
+    /// A heartbeat wrote the lost-node set since the last tick (a node came back whole): further
+    /// removals wait for the tick's write, so a re-join storm costs one synced commit per tick,
+    /// not one per node ([`CoordinatorActor::persist_lost_node_removals`]).
+    lost_nodes_written_since_tick: bool,
 }
 
 /// Issuer prefixes reserved per store write: a join writes the store (a synced redb commit,
@@ -185,6 +189,7 @@ impl CoordinatorActor {
             dashboard: None,
             issuer_reserved,
             encoded_top_k: None,
+            lost_nodes_written_since_tick: false,
         })
     }
 
@@ -352,7 +357,7 @@ impl CoordinatorActor {
         let now = self.clock.now();
         self.state
             .screen_report(node_id, &mut hb.containers, &mut hb.started);
-        self.persist_lost_nodes();
+        self.persist_lost_node_removals();
         let ids = hb.containers.iter().map(|c| c.id).collect();
         if !self.state.heartbeat(now, node_id, hb.queue_delay, ids) {
             return;
@@ -696,13 +701,38 @@ impl CoordinatorActor {
         }
     }
 
-    /// A node is lost: notices to the issuers, bookings dropped, session closed.
-    fn lose_node(&mut self, node_id: &NodeId, why: &str) {
-        let lost = self.state.declare_lost(node_id);
-        warn!(node = %node_id, containers = lost.len(), "node lost: {why}");
+    /// Nodes are lost: each is declared lost in the state (its containers' `lost` notices are
+    /// queued for their issuers, to leave with the issuers' next heartbeat answers), then the
+    /// lost-node set is written to the store ONCE for the whole batch, and only then does
+    /// anything about the losses leave this actor (the guarantor drops the bookings, the
+    /// sessions are closed, promotions refused). Issue 17: one synced commit per lost node on
+    /// this thread made a storm of 1,000 losses in one tick cost 1,000 fsyncs. Nothing of a loss
+    /// reaches an app or the node itself before the loss is stored ("lost means gone",
+    /// docs/reliability.md): notices go out only with later heartbeat answers, and a closed
+    /// session's re-join is a later message.
+    fn lose_nodes(&mut self, nodes: Vec<NodeId>, why: &str) {
+        if nodes.is_empty() {
+            return;
+        }
+        let declared: Vec<(NodeId, usize)> = nodes
+            .into_iter()
+            .map(|node_id| {
+                let lost = self.state.declare_lost(&node_id);
+                (node_id, lost.len())
+            })
+            .collect();
+        self.persist_lost_nodes();
+        for (node_id, containers) in declared {
+            warn!(node = %node_id, containers, "node lost: {why}");
+            self.after_loss(&node_id, why);
+        }
+    }
+
+    /// What follows a node's loss once it is stored: bookings dropped, session closed, its
+    /// promotions refused.
+    fn after_loss(&mut self, node_id: &NodeId, why: &str) {
         self.metrics.nodes_lost.inc();
         self.metrics.forget_node(node_id);
-        self.persist_lost_nodes();
         self.hosted.forget_node(node_id);
         self.queueable_limits.remove(node_id);
         self.guarantor().do_send(RemoveNode {
@@ -721,16 +751,36 @@ impl CoordinatorActor {
         self.run_promotion(refused);
     }
 
-    /// Persist the lost-node set if it changed.
+    /// Persist the lost-node set if it changed (one synced store commit).
     fn persist_lost_nodes(&mut self) {
         let Some(lost) = self.state.take_lost_nodes_if_changed() else {
             return;
         };
+        self.metrics.lost_node_writes.inc();
         if let Err(e) = self.store.set_lost_nodes(lost) {
             // Kept in memory (this incarnation still kills a lost node's containers on re-join)
-            // and saved again at the next heartbeat or loss, so a restart does not forget it.
+            // and saved again at the next tick, so a restart does not forget it.
             error!("cannot persist the lost nodes: {e}");
             self.state.lost_nodes_not_saved();
+        }
+    }
+
+    /// After a heartbeat: a node that came back whole after being declared lost leaves the
+    /// stored set at once if no heartbeat has written it since the last tick; otherwise at the
+    /// next tick (with every other node back whole by then). Only nodes back whole leave the
+    /// set here (losses are written by the tick that declares them, before anything about them
+    /// leaves this actor), and a stale entry errs on the safe side: a restarted coordinator
+    /// would have the node kill, at its next re-join, what it started since (reason `lost`,
+    /// told to the apps). So outside storms a removal is stored as soon as before (at the
+    /// first heartbeat without the killed containers), and in a storm of re-joins the entries
+    /// leave the store within one tick interval, in one commit per tick instead of one per node.
+    fn persist_lost_node_removals(&mut self) {
+        if self.lost_nodes_written_since_tick {
+            return;
+        }
+        if self.state.lost_nodes_changed() {
+            self.persist_lost_nodes();
+            self.lost_nodes_written_since_tick = true;
         }
     }
 
@@ -762,15 +812,16 @@ impl CoordinatorActor {
     fn tick(&mut self) {
         let now = self.clock.now();
         self.publish_dashboard(now);
-        for node in self.state.silent_nodes(now) {
-            self.lose_node(
-                &node,
-                &format!(
-                    "silent for more than {} ms",
-                    self.settings.node_timeout.as_millis()
-                ),
-            );
-        }
+        let silent = self.state.silent_nodes(now);
+        let why = format!(
+            "silent for more than {} ms",
+            self.settings.node_timeout.as_millis()
+        );
+        // Every node lost in this tick, and every node back whole whose removal a heartbeat
+        // left for the tick (or a write that failed), in one store commit.
+        self.lose_nodes(silent, &why);
+        self.persist_lost_nodes();
+        self.lost_nodes_written_since_tick = false;
         let now_ms = now.as_millis();
         if self.rotation.due(now_ms)
             && let Err(e) = self.rotate_keys(now_ms)

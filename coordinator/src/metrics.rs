@@ -51,6 +51,10 @@ pub struct CoordinatorMetrics {
     agenda: std::sync::Mutex<String>,
     pub nodes_joined: Counter,
     pub nodes_lost: Counter,
+    /// Writes of the lost-node set to the store (synced commits on the coordinator actor's
+    /// thread): at most one per tick for a batch of losses, and one at a heartbeat per tick
+    /// for nodes that came back whole (the rest wait for the tick).
+    pub lost_node_writes: Counter,
     pub heartbeats: Counter,
     pub promotions: Counter,
     /// Resource shaping (Pace): passes run, allocations changed, containers preempted by the
@@ -93,6 +97,7 @@ impl Default for CoordinatorMetrics {
         let mut m = CoordinatorMetrics {
             nodes_joined: Counter::default(),
             nodes_lost: Counter::default(),
+            lost_node_writes: Counter::default(),
             heartbeats: Counter::default(),
             promotions: Counter::default(),
             shaping_passes: Counter::default(),
@@ -134,6 +139,11 @@ impl Default for CoordinatorMetrics {
             "coordinator_nodes_lost",
             "Nodes declared lost (timeout or closed session)",
             m.nodes_lost.clone(),
+        );
+        r.register(
+            "coordinator_lost_node_writes",
+            "Writes of the lost-node set to the store (one per batch of losses, not one per node)",
+            m.lost_node_writes.clone(),
         );
         r.register(
             "coordinator_heartbeats",

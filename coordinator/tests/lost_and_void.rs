@@ -262,3 +262,154 @@ async fn a_reported_guaranteed_container_the_books_do_not_hold_is_booked() {
     a.expect_ack().await;
     assert_eq!(booked(&h, "node-a").await, Resources::ZERO);
 }
+
+/// Joins `count` nodes `storm-N` straight into the coordinator actor (no QUIC: the storm is
+/// about the actor's store writes), each reporting one running QUEUEABLE container; returns the
+/// sessions' queues (kept open) and each node's container.
+async fn join_storm(
+    h: &Harness,
+    count: u32,
+) -> (
+    Vec<tokio::sync::mpsc::Receiver<coordinator::session::ToWorker>>,
+    Vec<ContainerId>,
+) {
+    use coordinator::coordinator_actor::{JoinOutcome, WorkerJoined};
+    let (mut queues, mut containers) = (Vec::new(), Vec::new());
+    for i in 0..count {
+        let id = ContainerId::new(7, u64::from(i) + 1);
+        let WorkerToCoordinator::Join(join) = rejoin_msg(
+            h,
+            &format!("storm-{i}"),
+            vec![running(id, ContainerType::Queueable, 100, 100)],
+        ) else {
+            unreachable!()
+        };
+        let (tx, rx) = coordinator::session::WorkerTx::bounded(64, None);
+        let outcome = h
+            .server
+            .coordinator
+            .send(WorkerJoined {
+                session_id: 1_000_000 + u64::from(i),
+                join,
+                tx,
+                connection: None,
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, JoinOutcome::Accepted { .. }),
+            "{outcome:?}"
+        );
+        queues.push(rx);
+        containers.push(id);
+    }
+    (queues, containers)
+}
+
+/// Issue 17: 1,000 nodes lost in one tick are stored as lost in ONE store write (before, one
+/// synced commit each on the coordinator's thread), and the write happens before anything of
+/// the losses leaves the actor, so a restarted coordinator still has every one of them kill
+/// what it re-joins with.
+#[test]
+fn a_storm_of_losses_in_one_tick_is_stored_in_one_write() {
+    const NODES: u32 = 1000;
+    let dir = initialised_data_dir();
+    let (dir, containers) = actix_rt::System::new().block_on(async {
+        let h = Harness::start_in(dir).await;
+        let (_queues, containers) = join_storm(&h, NODES).await;
+        let writes = h.server.metrics.lost_node_writes.get();
+        h.clock.advance(Duration::from_secs(11));
+        h.server.coordinator.send(Tick).await.unwrap();
+        assert_eq!(h.server.metrics.nodes_lost.get(), u64::from(NODES));
+        assert_eq!(
+            h.server.metrics.lost_node_writes.get() - writes,
+            1,
+            "one store write for the whole batch of losses"
+        );
+        // Nothing changed since: the next tick writes nothing.
+        h.server.coordinator.send(Tick).await.unwrap();
+        assert_eq!(h.server.metrics.lost_node_writes.get() - writes, 1);
+        h.server.shutdown();
+        (h.dir, containers)
+    });
+    actix_rt::System::new().block_on(async {
+        let h = Harness::start_in(dir).await;
+        for i in [0, NODES / 2, NODES - 1] {
+            let id = containers[i as usize];
+            let (_w, accepted) = rejoin(
+                &h,
+                &format!("storm-{i}"),
+                vec![running(id, ContainerType::Queueable, 100, 100)],
+            )
+            .await;
+            assert_eq!(accepted.lost_containers, vec![id], "storm-{i}");
+        }
+        h.server.shutdown();
+    });
+}
+
+/// Issue 17: nodes that come back whole after being declared lost leave the stored lost set in
+/// one write per tick, not one per node: the first at once (as before: an isolated re-join is
+/// stored at its first heartbeat without the killed containers), the others at the next tick;
+/// after it, a restarted coordinator re-adopts what they run (no stale entry).
+#[test]
+fn a_storm_of_rejoins_leaves_the_lost_set_in_one_write_per_tick() {
+    use coordinator::coordinator_actor::FromWorker;
+    const NODES: u32 = 200;
+    let dir = initialised_data_dir();
+    let dir = actix_rt::System::new().block_on(async {
+        let h = Harness::start_in(dir).await;
+        let (_lost_queues, containers) = join_storm(&h, NODES).await;
+        h.clock.advance(Duration::from_secs(11));
+        h.server.coordinator.send(Tick).await.unwrap();
+        assert_eq!(h.server.metrics.nodes_lost.get(), u64::from(NODES));
+        // They re-join with their containers (told to kill them), then report without them.
+        let (_queues, _) = join_storm(&h, NODES).await;
+        let writes = h.server.metrics.lost_node_writes.get();
+        let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(NODES as usize));
+        for i in 0..NODES {
+            h.server
+                .coordinator
+                .send(FromWorker {
+                    session_id: 1_000_000 + u64::from(i),
+                    msg: heartbeat(
+                        &format!("storm-{i}"),
+                        0,
+                        0.0,
+                        vec![],
+                        vec![],
+                        vec![containers[i as usize]],
+                    ),
+                    in_flight: permits.clone().try_acquire_owned().unwrap(),
+                })
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            h.server.metrics.lost_node_writes.get() - writes,
+            1,
+            "the first node back whole is stored at once, the others wait for the tick"
+        );
+        h.server.coordinator.send(Tick).await.unwrap();
+        assert_eq!(h.server.metrics.lost_node_writes.get() - writes, 2);
+        h.server.shutdown();
+        h.dir
+    });
+    actix_rt::System::new().block_on(async {
+        let h = Harness::start_in(dir).await;
+        for i in [0, NODES / 2, NODES - 1] {
+            let started_since = ContainerId::new(9, u64::from(i) + 1);
+            let (_w, accepted) = rejoin(
+                &h,
+                &format!("storm-{i}"),
+                vec![running(started_since, ContainerType::Queueable, 100, 100)],
+            )
+            .await;
+            assert!(
+                accepted.lost_containers.is_empty(),
+                "storm-{i}: {accepted:?}"
+            );
+        }
+        h.server.shutdown();
+    });
+}

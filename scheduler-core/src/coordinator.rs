@@ -282,6 +282,11 @@ impl CoordinatorState {
         std::mem::take(&mut self.lost_nodes_changed).then_some(&self.lost_nodes)
     }
 
+    /// Whether the lost-node set changed since it was last taken (the caller has a write due).
+    pub fn lost_nodes_changed(&self) -> bool {
+        self.lost_nodes_changed
+    }
+
     /// The caller could not save the set taken last: it is offered again at the next call.
     pub fn lost_nodes_not_saved(&mut self) {
         self.lost_nodes_changed = true;

@@ -12,12 +12,13 @@
 //!
 //! They share [`shared::Shared`] (atomics and short-held mutexes) and talk only by messages;
 //! docs/design.md ("The worker's two threads") lists the queues between them and their bounds
-//! (the app side's are count- or byte-bounded; the link's, on both sides, only by time so far).
+//! (every one is count- or byte-bounded; the link's two are in [`link_queues`]).
 
 pub mod app_endpoint;
 pub mod config;
 pub mod exec;
 pub mod link;
+pub mod link_queues;
 pub mod metrics;
 pub mod node_actor;
 pub mod scheduler_actor;
@@ -33,7 +34,6 @@ use shared::Shared;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// The node thread: an actix arbiter running the node-runtime actor and its process tasks,
 /// stopped (its actor and tasks dropped) when this is dropped.
@@ -383,10 +383,21 @@ pub async fn start_adopting(
         }
         None => None,
     };
-    let (link_tx, link_rx) = mpsc::unbounded_channel();
+    let (outbox, link_tx) = link_queues::Outbox::new(
+        link_queues::OUTBOX_FRAMES,
+        link_queues::OUTBOX_REQUEST_FRAMES,
+        shared.metrics.clone(),
+    );
+    let inbox =
+        link_queues::NodeInbox::new(link_queues::NODE_INBOX_COMMANDS, shared.metrics.clone());
     let node_thread = NodeThread::spawn().context("starting the node thread")?;
     let node = {
-        let (node_id, shared, link_tx) = (node_id.clone(), shared.clone(), link_tx.clone());
+        let (node_id, shared, link_tx, inbox) = (
+            node_id.clone(),
+            shared.clone(),
+            link_tx.clone(),
+            inbox.clone(),
+        );
         node_actor::NodeActor::start_in_arbiter(&node_thread.0.handle(), move |_| {
             node_actor::NodeActor::new(
                 node_id,
@@ -394,6 +405,7 @@ pub async fn start_adopting(
                 Rc::new(executor),
                 shared,
                 link_tx,
+                inbox,
             )
         })
     };
@@ -446,7 +458,8 @@ pub async fn start_adopting(
         shared: shared.clone(),
         scheduler: scheduler.clone(),
         node: node.clone(),
-        outbox: link_rx,
+        outbox,
+        inbox,
         placement_settings: link::PlacementSettings::default(),
     };
     actix_rt::spawn(link.run(Some(joined_tx)));

@@ -4,8 +4,10 @@
 //! writes what the actors queue, and re-joins with backoff when the coordinator goes away
 //! (containers keep running meanwhile).
 
+use crate::link_queues::{NodeInbox, Outbox, Outgoing};
 use crate::node_actor::{
-    ApplyPromotionMsg, NodeActor, NodeHints, NodeJoined, ResizeMsg, Statuses, StopOnBehalf,
+    ApplyPromotionMsg, CoordinatorCommand, FromCoordinator, HintsReady, NodeActor, NodeHints,
+    NodeJoined, ResizeMsg, Statuses, StopOnBehalf,
 };
 use crate::scheduler_actor::{
     CoordinatorAnswer, LinkDown, SchedulerActor, SchedulerJoined, ViewUpdate,
@@ -29,7 +31,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::lookup_host;
-use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 /// The DNS name in the coordinator's certificate; always used as the TLS server name.
@@ -94,7 +95,11 @@ pub struct Link {
     pub shared: Arc<Shared>,
     pub scheduler: Addr<SchedulerActor>,
     pub node: Addr<NodeActor>,
-    pub outbox: mpsc::UnboundedReceiver<WorkerToCoordinator>,
+    /// Frames the actors queued for the coordinator ([`crate::link_queues`]).
+    pub outbox: Arc<Outbox>,
+    /// The coordinator's hints and commands on their way to the node thread
+    /// ([`crate::link_queues`]): at its bound the session stops reading the coordinator.
+    pub inbox: Arc<NodeInbox>,
     /// The k this worker's scheduler places among and the coordinator's round interval, as of
     /// the session's join and the answers since: what the node's re-placement bound is made of
     /// ([`scheduler_core::distributed::replacement_wait_bound_ms`]).
@@ -163,8 +168,9 @@ impl Link {
         endpoint: &quinn::Endpoint,
         on_first_join: &mut Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
     ) -> SessionEnd {
-        // Anything queued while disconnected is stale (old heartbeats; forwarded requests were failed).
-        while self.outbox.try_recv().is_ok() {}
+        // Anything queued while disconnected is stale (old heartbeats; forwarded requests were
+        // failed), and so is what an overflowed outbox held: the join's report replaces it.
+        self.outbox.clear();
         let containers = self.node.send(Statuses).await.unwrap_or_default();
         let joined_session = match join_cluster(endpoint, &self.identity, containers).await {
             Ok(s) => s,
@@ -193,27 +199,28 @@ impl Link {
         }
         let mut liveness_tick = tokio::time::interval(LIVENESS_CHECK_PERIOD);
         liveness_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let inbox = self.inbox.clone();
         loop {
-            // Frames already buffered first.
-            loop {
-                let frame = match decoder.next_message::<CoordinatorToWorker>() {
-                    Ok(Some(f)) => f,
-                    Ok(None) => break,
-                    Err(e) => {
-                        return SessionEnd::Lost(format!("bad frame from the coordinator: {e}"));
-                    }
-                };
+            // Frames already buffered first, while the node thread has room for commands.
+            let dispatched = dispatch_buffered(&mut decoder, &inbox, |frame| {
                 liveness.heard(mono());
                 self.dispatch(frame);
+            });
+            if let Err(e) = dispatched {
+                return SessionEnd::Lost(e);
             }
+            // At the bound, nothing more is read (QUIC flow control then holds the
+            // coordinator) until the node thread has handled a command.
+            let reading = inbox.has_room();
             tokio::select! {
-                read = recv.read_chunk(READ_CHUNK_BYTES, true) => match read {
+                read = recv.read_chunk(READ_CHUNK_BYTES, true), if reading => match read {
                     Ok(Some(chunk)) => decoder.push(&chunk.bytes),
                     Ok(None) => return SessionEnd::Lost("the coordinator closed the stream".into()),
                     Err(e) => return SessionEnd::Lost(format!("reading from the coordinator: {e}")),
                 },
-                out = self.outbox.recv() => match out {
-                    Some(msg) => {
+                _ = inbox.wait_for_room(), if !reading => {}
+                out = self.outbox.next() => match out {
+                    Outgoing::Frame(msg) => {
                         // A paused coordinator stops granting flow-control credit: bound the
                         // write by the same silence limit instead of blocking the session.
                         match tokio::time::timeout(liveness.timeout(), write_frame(&mut send, &msg)).await {
@@ -227,10 +234,22 @@ impl Link {
                             }
                         }
                     }
-                    None => return SessionEnd::Lost("worker shutting down".into()),
+                    Outgoing::Overflowed => {
+                        return SessionEnd::Lost(format!(
+                            "the outbox to the coordinator overflowed ({} frames): re-joining so the coordinator re-learns this node from the join",
+                            crate::link_queues::OUTBOX_FRAMES
+                        ));
+                    }
+                    Outgoing::Closed => return SessionEnd::Lost("worker shutting down".into()),
                 },
                 _ = liveness_tick.tick() => {
                     if let Err(dead) = liveness.check(mono()) {
+                        if !inbox.has_room() {
+                            return SessionEnd::Lost(format!(
+                                "{dead}, while the link held back for the node thread ({} commands from the coordinator not handled)",
+                                inbox.pending()
+                            ));
+                        }
                         return SessionEnd::Lost(dead.to_string());
                     }
                 }
@@ -278,12 +297,15 @@ impl Link {
                     self.placement_settings.top_k,
                     self.placement_settings.round_interval_ms,
                 );
-                self.node.do_send(NodeHints {
+                // Coalesced: only the newest hints matter, at most one wake-up is queued.
+                if self.inbox.put_hints(NodeHints {
                     shedding_threshold_ms: ack.shedding_threshold_ms,
                     replacement_bound_ms,
                     queueable_limit: ack.queueable_limit,
                     guaranteed_keys: ack.guaranteed_keys,
-                });
+                }) {
+                    self.node.do_send(HintsReady);
+                }
                 self.scheduler.do_send(ViewUpdate {
                     view: ack.view,
                     notices: ack.notices,
@@ -293,14 +315,20 @@ impl Link {
                     outstanding_elsewhere: ack.outstanding_elsewhere,
                 });
             }
-            CoordinatorToWorker::ApplyPromotion(p) => self.node.do_send(ApplyPromotionMsg(p)),
-            CoordinatorToWorker::StopContainer(s) => self.node.do_send(StopOnBehalf {
-                app: AppId::new(s.app_id),
-                container_id: s.container_id,
-                revoke_until_ms: s.revoke_until_ms,
-                shaped_preemption: s.shaped_preemption,
-            }),
-            CoordinatorToWorker::ResizeContainer(r) => self.node.do_send(ResizeMsg(r)),
+            CoordinatorToWorker::ApplyPromotion(p) => {
+                self.command(CoordinatorCommand::Promote(ApplyPromotionMsg(p)))
+            }
+            CoordinatorToWorker::StopContainer(s) => {
+                self.command(CoordinatorCommand::Stop(StopOnBehalf {
+                    app: AppId::new(s.app_id),
+                    container_id: s.container_id,
+                    revoke_until_ms: s.revoke_until_ms,
+                    shaped_preemption: s.shaped_preemption,
+                }))
+            }
+            CoordinatorToWorker::ResizeContainer(r) => {
+                self.command(CoordinatorCommand::Resize(ResizeMsg(r)))
+            }
             other @ (CoordinatorToWorker::GuaranteedAllocated(_)
             | CoordinatorToWorker::PromoteResult(_)
             | CoordinatorToWorker::Released(_)
@@ -314,6 +342,35 @@ impl Link {
             }
         }
     }
+
+    /// Hand a command to the node thread, counted in the inbox until handled.
+    fn command(&mut self, command: CoordinatorCommand) {
+        self.node.do_send(FromCoordinator {
+            command,
+            queued: Some(self.inbox.admit()),
+        });
+    }
+}
+
+/// Dispatch the frames already buffered in `decoder`, in order, while `inbox` has room for
+/// commands to the node thread; the rest stay buffered. Returns how many were dispatched.
+pub fn dispatch_buffered(
+    decoder: &mut FrameDecoder,
+    inbox: &NodeInbox,
+    mut dispatch: impl FnMut(CoordinatorToWorker),
+) -> Result<usize, String> {
+    let mut dispatched = 0;
+    while inbox.has_room() {
+        match decoder.next_message::<CoordinatorToWorker>() {
+            Ok(Some(frame)) => {
+                dispatch(frame);
+                dispatched += 1;
+            }
+            Ok(None) => break,
+            Err(e) => return Err(format!("bad frame from the coordinator: {e}")),
+        }
+    }
+    Ok(dispatched)
 }
 
 /// A session that has joined: the QUIC connection, its one bidirectional stream, the frames
@@ -449,4 +506,78 @@ pub async fn write_frame(
     send.write_all(&frame)
         .await
         .map_err(|e| format!("writing to the coordinator: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link_queues::NODE_INBOX_COMMANDS;
+    use scheduler_core::ContainerId;
+    use scheduler_core::protocol::cluster::StopContainerOnNode;
+
+    fn stop(i: u64) -> Vec<u8> {
+        encode_frame(
+            &CoordinatorToWorker::StopContainer(StopContainerOnNode {
+                container_id: ContainerId(i),
+                app_id: "demo".into(),
+                revoke_until_ms: None,
+                shaped_preemption: None,
+            }),
+            CLUSTER_MAX_FRAME,
+        )
+        .unwrap()
+    }
+
+    /// Issue 17: the link hands the node thread at most `NODE_INBOX_COMMANDS` coordinator
+    /// commands it has not handled; the frames past that stay buffered (and the session reads
+    /// no more) until the node thread handles some, and none is dropped or reordered.
+    #[test]
+    fn commands_past_the_node_inbox_bound_wait_in_order_and_none_is_dropped() {
+        let metrics = Arc::new(crate::metrics::WorkerMetrics::default());
+        let inbox = NodeInbox::new(NODE_INBOX_COMMANDS, metrics.clone());
+        let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
+        let total = 3 * NODE_INBOX_COMMANDS as u64;
+        for i in 0..total {
+            decoder.push(&stop(i));
+        }
+        // The node thread handles nothing: each dispatched command keeps its permit.
+        let mut at_node = Vec::new();
+        let mut seen = Vec::new();
+        let step = |decoder: &mut FrameDecoder, at_node: &mut Vec<_>, seen: &mut Vec<u64>| {
+            dispatch_buffered(decoder, &inbox, |frame| {
+                let CoordinatorToWorker::StopContainer(s) = frame else {
+                    panic!("{frame:?}")
+                };
+                seen.push(s.container_id.0);
+                at_node.push(inbox.admit());
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            step(&mut decoder, &mut at_node, &mut seen),
+            NODE_INBOX_COMMANDS
+        );
+        assert!(!inbox.has_room());
+        assert_eq!(metrics.link_queue_event_count("node_backpressure"), 1);
+        // Still held back: nothing more is dispatched.
+        assert_eq!(step(&mut decoder, &mut at_node, &mut seen), 0);
+        // The node thread handles 10: 10 more go.
+        at_node.drain(..10);
+        assert_eq!(step(&mut decoder, &mut at_node, &mut seen), 10);
+        // It catches up: everything goes, in order.
+        let mut rounds = 0;
+        while seen.len() < total as usize {
+            at_node.clear();
+            step(&mut decoder, &mut at_node, &mut seen);
+            rounds += 1;
+            assert!(rounds < 10);
+        }
+        assert_eq!(seen, (0..total).collect::<Vec<_>>());
+        assert!(
+            decoder
+                .next_message::<CoordinatorToWorker>()
+                .unwrap()
+                .is_none()
+        );
+    }
 }

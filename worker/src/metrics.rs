@@ -45,7 +45,29 @@ pub struct WorkerMetrics {
     pub allocations: Family<Labels, Counter>,
     /// From an `allocate` to its (first) answer with containers, by `type`.
     pub allocation_latency: HistogramFamily,
+    /// What the count bounds of the queues between the cluster link and the actors did, by
+    /// `event` ([`LINK_QUEUE_EVENTS`]; docs/design.md, "The worker's two threads").
+    pub link_queue_events: Family<Labels, Counter>,
 }
+
+/// Every value of the `event` label of `worker_link_queue_events_total`:
+/// - `hints_coalesced`: a heartbeat answer's hints replaced hints the node thread had not taken
+///   yet (only the newest matter; GUARANTEED keys are carried over);
+/// - `node_backpressure`: the link stopped reading the coordinator's stream because the node
+///   thread had the bound of coordinator commands (stops, resizes, promotions) not yet handled;
+/// - `heartbeat_coalesced`: a heartbeat replaced one the link had not written yet (its started
+///   and finished reports go with the newer one);
+/// - `request_refused`: an app request was answered `coordinator_unavailable` because the
+///   outbox held its request bound;
+/// - `outbox_overflow`: the outbox reached its bound, so the session was dropped and the worker
+///   re-joins (the coordinator re-learns the node from the join's report).
+pub const LINK_QUEUE_EVENTS: [&str; 5] = [
+    "hints_coalesced",
+    "node_backpressure",
+    "heartbeat_coalesced",
+    "request_refused",
+    "outbox_overflow",
+];
 
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~52 s.
@@ -65,6 +87,7 @@ impl Default for WorkerMetrics {
         let allocations = Family::<Labels, Counter>::default();
         let allocation_latency: HistogramFamily =
             Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        let link_queue_events = Family::<Labels, Counter>::default();
         let mut r = Registry::default();
         r.register(
             "worker_containers",
@@ -116,7 +139,15 @@ impl Default for WorkerMetrics {
             "Time from an allocate request (decoded by its connection) to its first answer with containers, by type",
             allocation_latency.clone(),
         );
+        r.register(
+            "worker_link_queue_events",
+            "What the count bounds of the queues between the cluster link and the node and scheduler did, by event",
+            link_queue_events.clone(),
+        );
         // Every label value exists from the start, at 0, so rate() and absence alerts work.
+        for event in LINK_QUEUE_EVENTS {
+            let _ = link_queue_events.get_or_create(&vec![("event", event)]);
+        }
         for t in ["guaranteed", "queueable"] {
             let _ = allocations.get_or_create(&vec![("type", t)]);
             let _ = allocation_latency.get_or_create(&vec![("type", t)]);
@@ -146,6 +177,7 @@ impl Default for WorkerMetrics {
             quota_refusals,
             allocations,
             allocation_latency,
+            link_queue_events,
         }
     }
 }
@@ -203,6 +235,20 @@ pub fn token_label(e: &TokenError) -> &'static str {
 }
 
 impl WorkerMetrics {
+    /// A link queue's bound acted (`event` is one of [`LINK_QUEUE_EVENTS`]).
+    pub fn link_queue_event(&self, event: &'static str) {
+        self.link_queue_events
+            .get_or_create(&vec![("event", event)])
+            .inc();
+    }
+
+    /// How often `event` happened (tests, diagnostics).
+    pub fn link_queue_event_count(&self, event: &'static str) -> u64 {
+        self.link_queue_events
+            .get_or_create(&vec![("event", event)])
+            .get()
+    }
+
     /// A container was killed.
     pub fn killed(&self, reason: KillReason) {
         self.kills

@@ -4,6 +4,7 @@
 //! process tree, tell subscribed applications).
 
 use crate::exec::{self, ContainerLimits, ContainerProcess, Executor, ExitOutcome};
+use crate::link_queues::{InboxPermit, NodeInbox, OutboxTx};
 use crate::shared::{ConnTx, InFlight, Settle, Shared};
 use actix::prelude::*;
 use scheduler_core::node::{ContainerSpec, NodeError, NodeEvent, NodeRuntime, Placement};
@@ -42,7 +43,10 @@ pub struct NodeActor {
     verifier: TokenVerifier,
     executor: Rc<Executor>,
     shared: Arc<Shared>,
-    link: mpsc::UnboundedSender<WorkerToCoordinator>,
+    /// Frames to the coordinator (count-bounded; at most one heartbeat pending).
+    link: OutboxTx,
+    /// Where the link leaves the coordinator's newest hints ([`HintsReady`]).
+    inbox: Arc<NodeInbox>,
     /// Launch specs of accepted containers that have not started yet.
     launch_specs: HashMap<ContainerId, exec::LaunchSpec>,
     /// App of every container on the node (for events after the core forgot it).
@@ -73,7 +77,8 @@ impl NodeActor {
         node: NodeRuntime,
         executor: Rc<Executor>,
         shared: Arc<Shared>,
-        link: mpsc::UnboundedSender<WorkerToCoordinator>,
+        link: OutboxTx,
+        inbox: Arc<NodeInbox>,
     ) -> NodeActor {
         NodeActor {
             verifier: TokenVerifier::new(node_id.clone()),
@@ -82,6 +87,7 @@ impl NodeActor {
             executor,
             shared,
             link,
+            inbox,
             launch_specs: HashMap::new(),
             owners: HashMap::new(),
             processes: HashMap::new(),
@@ -162,7 +168,7 @@ impl NodeActor {
             }
         }
         if !guaranteed_finished.is_empty() && self.shared.connected.get() {
-            let _ = self.link.send(WorkerToCoordinator::GuaranteedFinished(
+            let _ = self.link.push(WorkerToCoordinator::GuaranteedFinished(
                 GuaranteedFinished {
                     finished: guaranteed_finished,
                 },
@@ -202,6 +208,11 @@ impl NodeActor {
         if !self.shared.connected.get() {
             return;
         }
+        // A heartbeat the link has not written yet is replaced by this one (at most one is
+        // ever queued): its reports go back first, so this one carries them.
+        if let Some(unsent) = self.link.withdraw_heartbeat() {
+            self.reports.give_back(unsent.started, unsent.finished);
+        }
         let now = self.shared.clock.now();
         let usage = if self.usage.is_empty() {
             None
@@ -232,7 +243,7 @@ impl NodeActor {
             self.node.queued_count(),
             hb.queue_delay.total_ms(),
         );
-        let _ = self.link.send(WorkerToCoordinator::Heartbeat(hb));
+        self.link.push_heartbeat(hb);
     }
 
     /// Each running container's last sampled use (the resource shaper's input).
@@ -258,7 +269,7 @@ impl NodeActor {
             .unwrap_or_default();
         let _ = self
             .link
-            .send(WorkerToCoordinator::ContainerResized(ContainerResized {
+            .push(WorkerToCoordinator::ContainerResized(ContainerResized {
                 container_id,
                 resources,
                 enforced_by: enforced_by.to_string(),
@@ -749,8 +760,9 @@ impl Handler<NodeJoined> for NodeActor {
     }
 }
 
-/// The coordinator's hints from a heartbeat ack (Mercury §4.3 shedding and policing).
-#[derive(Message)]
+/// The coordinator's hints from a heartbeat ack (Mercury §4.3 shedding and policing). The link
+/// leaves the newest in the [`NodeInbox`] and wakes the actor with [`HintsReady`].
+#[derive(Message, Debug)]
 #[rtype(result = "()")]
 pub struct NodeHints {
     pub shedding_threshold_ms: Option<f64>,
@@ -797,6 +809,50 @@ impl Handler<NodeHints> for NodeActor {
     }
 }
 
+/// The link left hints in the [`NodeInbox`] (coalesced there: only the newest matter).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HintsReady;
+
+impl Handler<HintsReady> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, _: HintsReady, ctx: &mut Context<Self>) {
+        if let Some(hints) = self.inbox.take_hints() {
+            <Self as Handler<NodeHints>>::handle(self, hints, ctx);
+        }
+    }
+}
+
+/// A command of the coordinator to this node, counted in the link → node queue
+/// ([`NodeInbox`]) until it has been handled.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct FromCoordinator {
+    pub command: CoordinatorCommand,
+    /// Dropped once the command is handled (or with the mailbox).
+    pub queued: Option<InboxPermit>,
+}
+
+pub enum CoordinatorCommand {
+    Stop(StopOnBehalf),
+    Resize(ResizeMsg),
+    Promote(ApplyPromotionMsg),
+}
+
+impl Handler<FromCoordinator> for NodeActor {
+    type Result = ();
+    fn handle(&mut self, msg: FromCoordinator, ctx: &mut Context<Self>) {
+        match msg.command {
+            CoordinatorCommand::Stop(m) => <Self as Handler<StopOnBehalf>>::handle(self, m, ctx),
+            CoordinatorCommand::Resize(m) => <Self as Handler<ResizeMsg>>::handle(self, m, ctx),
+            CoordinatorCommand::Promote(m) => {
+                <Self as Handler<ApplyPromotionMsg>>::handle(self, m, ctx)
+            }
+        }
+        drop(msg.queued);
+    }
+}
+
 /// The coordinator validated a promotion of a container on this node.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -835,7 +891,7 @@ impl Handler<ApplyPromotionMsg> for NodeActor {
         self.flush(ctx);
         let _ = self
             .link
-            .send(WorkerToCoordinator::PromotionApplied(PromotionApplied {
+            .push(WorkerToCoordinator::PromotionApplied(PromotionApplied {
                 correlation_id,
                 error: result.err(),
             }));
@@ -1112,7 +1168,7 @@ impl Handler<Restore> for NodeActor {
                 warn!(container = %id, "{message}");
                 self.reports.finished(id);
                 if id.issuer() == 0 && self.shared.connected.get() {
-                    let _ = self.link.send(WorkerToCoordinator::GuaranteedFinished(
+                    let _ = self.link.push(WorkerToCoordinator::GuaranteedFinished(
                         GuaranteedFinished { finished: vec![id] },
                     ));
                 }

@@ -3,6 +3,7 @@
 //! remote releases to the coordinator and routes the answers back to the waiting connection;
 //! keeps quota counts from the coordinator's notices and tells apps about lost containers.
 
+use crate::link_queues::{OutboxFull, OutboxTx};
 use crate::node_actor::error;
 use crate::shared::{ConnTx, InFlight, Settle, Shared};
 use actix::prelude::*;
@@ -30,7 +31,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 /// A request forwarded to the coordinator, waiting for its answer.
@@ -87,7 +87,9 @@ pub struct SchedulerActor {
     signer: Option<QueueableSigner>,
     shared: Arc<Shared>,
     rng: StdRng,
-    link: mpsc::UnboundedSender<WorkerToCoordinator>,
+    /// Frames to the coordinator (count-bounded: app requests are refused past
+    /// [`crate::link_queues::OUTBOX_REQUEST_FRAMES`]).
+    link: OutboxTx,
     next_correlation: u64,
     pending: HashMap<u64, Pending>,
     /// Containers this worker granted (QUEUEABLE) or obtained for an app (GUARANTEED), and the
@@ -98,11 +100,7 @@ pub struct SchedulerActor {
 }
 
 impl SchedulerActor {
-    pub fn new(
-        shared: Arc<Shared>,
-        link: mpsc::UnboundedSender<WorkerToCoordinator>,
-        seed: u64,
-    ) -> SchedulerActor {
+    pub fn new(shared: Arc<Shared>, link: OutboxTx, seed: u64) -> SchedulerActor {
         SchedulerActor {
             ds: DistributedScheduler::new(Default::default(), 0),
             signer: None,
@@ -141,7 +139,7 @@ impl SchedulerActor {
         self.next_correlation += 1;
         let _ = self
             .link
-            .send(WorkerToCoordinator::Release(ReleaseContainer {
+            .push(WorkerToCoordinator::Release(ReleaseContainer {
                 correlation_id,
                 app_id,
                 container_id,
@@ -178,7 +176,23 @@ impl SchedulerActor {
                 asked_at: None,
             },
         );
-        let _ = self.link.send(make(correlation_id));
+        if let Err(full) = self.link.push_request(make(correlation_id))
+            && let Some(p) = self.pending.remove(&correlation_id)
+        {
+            let message = match full {
+                OutboxFull::Busy => {
+                    "this worker's link to the coordinator has too many requests queued; retry shortly"
+                }
+                OutboxFull::Overflowed => {
+                    "this worker is re-joining the coordinator right now; retry shortly"
+                }
+            };
+            let _ = p.reply.send(error(
+                request_id,
+                ErrorCode::CoordinatorUnavailable,
+                message,
+            ));
+        }
     }
 
     fn allocate_queueable(&mut self, app: AppId, req: &Allocate) -> AppResponse {
@@ -773,7 +787,7 @@ impl Handler<ConnectionClosed> for SchedulerActor {
             );
             let _ = self
                 .link
-                .send(WorkerToCoordinator::CancelAllocate(CancelAllocate {
+                .push(WorkerToCoordinator::CancelAllocate(CancelAllocate {
                     correlation_id,
                 }));
         }

@@ -486,6 +486,23 @@ impl ReportLog {
         }
         (started, finished)
     }
+
+    /// Put back a batch taken by [`ReportLog::take_batch`] that was never sent (the worker's
+    /// link had not written its heartbeat when a newer one replaced it): its events go first
+    /// again, starts before ends, so the next batch reports them and a prefix still never
+    /// reports a container's end before its start.
+    pub fn give_back(
+        &mut self,
+        started: Vec<crate::ContainerId>,
+        finished: Vec<crate::ContainerId>,
+    ) {
+        for id in finished.into_iter().rev() {
+            self.events.push_front((false, id));
+        }
+        for id in started.into_iter().rev() {
+            self.events.push_front((true, id));
+        }
+    }
 }
 
 /// Bytes of a cluster frame the coordinator buffers from a connection that has not proved it
@@ -1040,6 +1057,37 @@ mod tests {
         }
         assert_eq!(batches, 3);
         assert_eq!(seen_started.len(), 5);
+    }
+
+    /// A batch whose heartbeat was replaced before it was sent goes back first: the next batch
+    /// reports it with what happened since, nothing lost, no end before its start.
+    #[test]
+    fn a_batch_given_back_is_reported_first_by_the_next_batch() {
+        let mut log = ReportLog::default();
+        log.started(ContainerId(1));
+        log.started(ContainerId(2));
+        log.finished(ContainerId(1));
+        let (started, finished) = log.take_batch(10);
+        assert_eq!(started, vec![ContainerId(1), ContainerId(2)]);
+        assert_eq!(finished, vec![ContainerId(1)]);
+        log.finished(ContainerId(2));
+        log.started(ContainerId(3));
+        log.give_back(started, finished);
+        assert_eq!(log.len(), 5);
+        // In batches of 2: the given-back events first, in order, then the newer ones.
+        let mut seen = Vec::new();
+        while !log.is_empty() {
+            let (s, f) = log.take_batch(2);
+            seen.push((s, f));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (vec![ContainerId(1), ContainerId(2)], vec![]),
+                (vec![], vec![ContainerId(1), ContainerId(2)]),
+                (vec![ContainerId(3)], vec![]),
+            ]
+        );
     }
 
     #[test]
