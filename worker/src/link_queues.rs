@@ -6,18 +6,19 @@
 //!   resizes, promotions), which must not be lost, are counted until the node actor has handled
 //!   them: at [`NODE_INBOX_COMMANDS`] the link stops reading the coordinator's stream (QUIC flow
 //!   control then holds the coordinator, whose own per-worker queue is bounded) until the node
-//!   thread catches up. Nothing read is dropped.
+//!   thread catches up. Frames already read wait in the link's decoder meanwhile; if the
+//!   session ends they are lost with it, as with any dropped connection.
 //! - [`Outbox`], node thread and scheduler → link: at most one heartbeat is pending (a newer
-//!   one replaces it and carries its started/finished reports), app requests are refused
-//!   (`coordinator_unavailable`, retryable) past [`OUTBOX_REQUEST_FRAMES`], and anything else
-//!   (`guaranteed_finished`, resize and promotion results, cancels) past [`OUTBOX_FRAMES`]
-//!   overflows: the frame is not queued, and the link drops the session and re-joins, so the
-//!   coordinator re-learns the node from the join's report (the containers it runs; a finished
-//!   GUARANTEED container is not in it and its booking is freed; an unanswered promotion is
-//!   refused at the coordinator's promotion timeout) as after any lost connection. The outbox fills only while a write to the
-//!   coordinator is blocked (flow control), and a write blocked past the link's silence limit
-//!   ends the session anyway: the bound keeps the queue from growing meanwhile, and the link
-//!   ends the session at its next turn if the write completes after all.
+//!   one takes its place in the queue and carries its started/finished reports), app requests
+//!   and what apps cause in bulk (cancels of a closed connection's asks, releases of orphaned
+//!   grants) are refused (`coordinator_unavailable`, retryable; best effort for the latter)
+//!   past [`OUTBOX_REQUEST_FRAMES`], and anything else (`guaranteed_finished`, resize and
+//!   promotion results) past [`OUTBOX_FRAMES`] overflows: the frame is not queued, and the link
+//!   drops the session and re-joins, so the coordinator re-learns the node from the join's
+//!   report (the containers it runs; a finished GUARANTEED container is not in it and its
+//!   booking is freed) as after any lost connection. The outbox fills while writes to the
+//!   coordinator are blocked (flow control; a write blocked past the link's silence limit ends
+//!   the session anyway) or slower than what is queued.
 //!
 //! Every time a bound acts it is counted in `worker_link_queue_events_total`; the back-pressure
 //! and the overflow are also logged, once per episode.
@@ -183,7 +184,9 @@ enum Item {
 
 #[derive(Debug, Default)]
 struct OutboxState {
-    /// In order; at most one [`Item::Heartbeat`], present exactly when `heartbeat` is.
+    /// In order; at most one [`Item::Heartbeat`], the pending heartbeat's place: present
+    /// whenever `heartbeat` is, and also while a withdrawn heartbeat's replacement is being built
+    /// (the replacement takes the same place; a place with no heartbeat is skipped).
     items: VecDeque<Item>,
     heartbeat: Option<Heartbeat>,
     /// Frames (not the heartbeat) in `items`.
@@ -300,35 +303,28 @@ impl Outbox {
     /// Take back the heartbeat the link has not written yet, if any (the node thread puts its
     /// started/finished reports back before it builds the next one,
     /// [`scheduler_core::protocol::limits::ReportLog::give_back`]).
+    ///
+    /// The heartbeat's place in the queue is kept for the next [`Outbox::push_heartbeat`]: were
+    /// the newer heartbeat queued behind frames queued since, a steady stream of frames could
+    /// keep every heartbeat from being written and the coordinator would declare a working
+    /// node lost.
     pub fn withdraw_heartbeat(&self) -> Option<Heartbeat> {
         let mut state = lock(&self.state);
         let hb = state.heartbeat.take()?;
-        if let Some(at) = state
-            .items
-            .iter()
-            .position(|i| matches!(i, Item::Heartbeat))
-        {
-            state.items.remove(at);
-        }
         drop(state);
         self.metrics.link_queue_event("heartbeat_coalesced");
         Some(hb)
     }
 
-    /// Queue a heartbeat after everything queued so far, replacing one still pending (whose
-    /// content is dropped: withdraw it first to keep its reports).
+    /// Queue a heartbeat: in the place of one still pending or just withdrawn (replacing its
+    /// content: withdraw it first to keep its reports), else after everything queued so far.
     pub fn push_heartbeat(&self, hb: Heartbeat) {
         let mut state = lock(&self.state);
-        if state.heartbeat.is_some()
-            && let Some(at) = state
-                .items
-                .iter()
-                .position(|i| matches!(i, Item::Heartbeat))
-        {
-            state.items.remove(at);
+        let has_place = state.items.iter().any(|i| matches!(i, Item::Heartbeat));
+        if !has_place {
+            state.items.push_back(Item::Heartbeat);
         }
         state.heartbeat = Some(hb);
-        state.items.push_back(Item::Heartbeat);
         drop(state);
         self.ready.notify_one();
     }
@@ -339,17 +335,27 @@ impl Outbox {
         if state.overflowed {
             return Some(Outgoing::Overflowed);
         }
-        match state.items.pop_front() {
-            Some(Item::Frame(f)) => {
-                state.frames -= 1;
-                Some(Outgoing::Frame(f))
+        loop {
+            match state.items.pop_front() {
+                Some(Item::Frame(f)) => {
+                    state.frames -= 1;
+                    return Some(Outgoing::Frame(f));
+                }
+                Some(Item::Heartbeat) => match state.heartbeat.take() {
+                    Some(hb) => {
+                        return Some(Outgoing::Frame(Box::new(WorkerToCoordinator::Heartbeat(
+                            hb,
+                        ))));
+                    }
+                    // A withdrawn heartbeat's place reached before its replacement was queued:
+                    // the replacement goes at the back.
+                    None => continue,
+                },
+                None if self.producers.load(Ordering::Acquire) == 0 => {
+                    return Some(Outgoing::Closed);
+                }
+                None => return None,
             }
-            Some(Item::Heartbeat) => state
-                .heartbeat
-                .take()
-                .map(|hb| Outgoing::Frame(Box::new(WorkerToCoordinator::Heartbeat(hb)))),
-            None if self.producers.load(Ordering::Acquire) == 0 => Some(Outgoing::Closed),
-            None => None,
         }
     }
 
@@ -425,10 +431,12 @@ mod tests {
     }
 
     /// Heartbeats the link has not written are replaced, so at most one is ever queued (past
-    /// any number of intervals), the newest goes after every frame queued before it was built,
-    /// and the replaced one is handed back (its reports go with the newer one).
+    /// any number of intervals); the newest takes the place of the first one still unwritten,
+    /// so frames queued after it cannot keep heartbeats from being written (a steady stream of
+    /// frames would otherwise starve them and the coordinator would declare the node lost), and
+    /// the replaced one is handed back (its reports go with the newer one).
     #[test]
-    fn at_most_one_heartbeat_is_pending_and_the_newest_keeps_the_order() {
+    fn at_most_one_heartbeat_is_pending_and_the_newest_keeps_its_place() {
         let m = metrics();
         let (outbox, tx) = Outbox::new(8, 4, m.clone());
         tx.push(finished(1)).unwrap();
@@ -452,12 +460,9 @@ mod tests {
         assert!(
             matches!(&out[0], WorkerToCoordinator::GuaranteedFinished(g) if g.finished == vec![ContainerId(1)])
         );
-        assert!(
-            matches!(&out[1], WorkerToCoordinator::GuaranteedFinished(g) if g.finished == vec![ContainerId(2)])
-        );
-        match &out[2] {
+        match &out[1] {
             WorkerToCoordinator::Heartbeat(hb) => {
-                assert_eq!(hb.running, 999, "the newest");
+                assert_eq!(hb.running, 999, "the newest, in the first one's place");
                 assert_eq!(
                     hb.finished,
                     vec![ContainerId(10)],
@@ -466,6 +471,9 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+        assert!(
+            matches!(&out[2], WorkerToCoordinator::GuaranteedFinished(g) if g.finished == vec![ContainerId(2)])
+        );
         assert!(!outbox.heartbeat_pending());
         assert!(
             tx.withdraw_heartbeat().is_none(),
@@ -473,9 +481,62 @@ mod tests {
         );
     }
 
-    /// Frames that must not be lost are never dropped silently: past the bound the outbox
-    /// overflows (logged, counted), refuses everything, and the link is told to drop the
-    /// session; a new session starts empty.
+    /// Producers keep the outbox at its request bound (20 frames) while the link writes two
+    /// frames per heartbeat interval: a heartbeat is still written every ten intervals or so
+    /// (the backlog over the write rate, as in a plain queue). Queued behind the backlog anew at
+    /// every interval, none would ever be written.
+    #[test]
+    fn a_steady_stream_of_frames_does_not_starve_heartbeats() {
+        let (outbox, tx) = Outbox::new(40, 20, metrics());
+        let mut heartbeats_written = 0;
+        let mut frame = 0;
+        for interval in 0..200u32 {
+            for _ in 0..3 {
+                frame += 1;
+                let _ = tx.push_request(finished(frame));
+            }
+            if let Some(old) = tx.withdraw_heartbeat() {
+                assert!(old.finished.is_empty());
+            }
+            tx.push_heartbeat(heartbeat(interval, vec![]));
+            for _ in 0..2 {
+                if let Some(Outgoing::Frame(f)) = outbox.try_next()
+                    && matches!(*f, WorkerToCoordinator::Heartbeat(_))
+                {
+                    heartbeats_written += 1;
+                }
+            }
+        }
+        assert!(
+            heartbeats_written >= 15,
+            "only {heartbeats_written} heartbeats written in 200 intervals"
+        );
+    }
+
+    /// The link can reach a withdrawn heartbeat's place before its replacement is queued: the
+    /// place is skipped (the next frame is written) and the replacement goes at the back.
+    #[test]
+    fn a_withdrawn_heartbeats_place_reached_early_is_skipped() {
+        let (outbox, tx) = Outbox::new(8, 4, metrics());
+        tx.push_heartbeat(heartbeat(1, vec![]));
+        tx.push(finished(1)).unwrap();
+        let old = tx.withdraw_heartbeat().unwrap();
+        assert!(matches!(
+            outbox.try_next(),
+            Some(Outgoing::Frame(f)) if matches!(*f, WorkerToCoordinator::GuaranteedFinished(_))
+        ));
+        tx.push(finished(2)).unwrap();
+        tx.push_heartbeat(heartbeat(2, old.finished));
+        let out = drain(&outbox);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(matches!(
+            &out[0],
+            WorkerToCoordinator::GuaranteedFinished(_)
+        ));
+        assert!(matches!(&out[1], WorkerToCoordinator::Heartbeat(hb) if hb.running == 2));
+        assert!(outbox.try_next().is_none());
+    }
+
     #[test]
     fn a_full_outbox_overflows_and_the_link_drops_the_session() {
         let m = metrics();

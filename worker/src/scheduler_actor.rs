@@ -137,9 +137,12 @@ impl SchedulerActor {
     fn release_unanswered(&mut self, app_id: String, container_id: ContainerId) {
         let correlation_id = self.next_correlation;
         self.next_correlation += 1;
+        // Best effort, bounded like an app's request (apps can cause these by the thousand,
+        // and past the outbox's bound the session would drop): a grant nobody receives is
+        // freed anyway when its token expires.
         let _ = self
             .link
-            .push(WorkerToCoordinator::Release(ReleaseContainer {
+            .push_request(WorkerToCoordinator::Release(ReleaseContainer {
                 correlation_id,
                 app_id,
                 container_id,
@@ -785,9 +788,12 @@ impl Handler<ConnectionClosed> for SchedulerActor {
                 correlation = correlation_id,
                 "cancelling the waiting GUARANTEED ask of a closed connection"
             );
+            // Best effort, bounded like an app's request (a closed connection can leave a
+            // thousand waiting asks): an ask whose cancel is not sent is granted to nobody
+            // later, and that grant is released as an orphan or freed when its token expires.
             let _ = self
                 .link
-                .push(WorkerToCoordinator::CancelAllocate(CancelAllocate {
+                .push_request(WorkerToCoordinator::CancelAllocate(CancelAllocate {
                     correlation_id,
                 }));
         }
