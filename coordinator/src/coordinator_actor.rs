@@ -337,6 +337,11 @@ impl CoordinatorActor {
             },
         );
         self.session_nodes.insert(msg.session_id, node_id.clone());
+        // Promotions sent in the node's previous session are settled from this report (their
+        // answers went with that session; docs/reliability.md "A promotion gives its booking
+        // back"). A node that had been lost has none left: its loss refused them.
+        let settled = self.promotions.host_rejoined(&node_id, &j.containers);
+        self.run_promotion(settled);
         JoinOutcome::Accepted { node_id, issuer }
     }
 

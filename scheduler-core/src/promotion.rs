@@ -305,6 +305,53 @@ impl<R: Clone> Promotions<R> {
             .collect()
     }
 
+    /// The hosting node joined again, a new session, reporting `reported` (the containers it
+    /// runs). A promotion already sent to it belonged to the old session, whose frames are gone:
+    /// its `promotion_applied` may have been lost after the node applied it, and an
+    /// `apply_promotion` not yet read will never be. So it is settled from the report instead of
+    /// waiting for the timeout (which would give back the booking of a container the node runs
+    /// as GUARANTEED): reported GUARANTEED at the promotion's token version means applied
+    /// (answered as such, the booking kept); anything else means not applied (refused, the
+    /// booking given back). Promotions not sent yet go to the new session as usual.
+    pub fn host_rejoined(
+        &mut self,
+        node: &NodeId,
+        reported: &[ContainerStatus],
+    ) -> Vec<PromotionAction<R>> {
+        let mut sent: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| &p.host == node && p.token.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        sent.sort_unstable();
+        let mut out = Vec::new();
+        for id in sent {
+            let p = &self.pending[&id];
+            let version = p.token.as_ref().map(|t| t.body.version);
+            let applied = reported.iter().any(|c| {
+                c.id == p.container.id
+                    && c.container_type == ContainerType::Guaranteed
+                    && Some(c.version) == version
+            });
+            if applied {
+                let p = self.pending.remove(&id).expect("listed above");
+                out.push(PromotionAction::Succeed {
+                    requester: p.requester,
+                    token: p.token.expect("sent"),
+                });
+            } else {
+                out.extend(self.refuse(
+                    id,
+                    format!(
+                        "hosting node {node} re-joined without having applied the promotion; ask again"
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
     fn refuse(&mut self, promotion_id: u64, message: String) -> Vec<PromotionAction<R>> {
         let Some(p) = self.pending.remove(&promotion_id) else {
             return vec![];
@@ -367,6 +414,77 @@ mod tests {
                 .iter()
                 .filter(|a| matches!(a, PromotionAction::Undo { .. }))
                 .count() as i32
+    }
+
+    /// A host that re-joins (a new session) settles the promotions sent to it in the old one
+    /// from its join report, not at the timeout: applied (GUARANTEED at the token's version)
+    /// keeps the booking and answers success (a timeout would have given back the booking of a
+    /// container the node runs as GUARANTEED); not applied gives the booking back and refuses;
+    /// one not sent yet is left for the new session.
+    #[test]
+    fn a_rejoining_host_settles_the_promotions_sent_to_it_from_its_report() {
+        let mut p = Promotions::new(Duration::from_secs(10), 600_000);
+        let book_and_apply = |p: &mut Promotions<u32>, requester: u32, c: &ContainerStatus| {
+            let book = p.request(
+                Time::ZERO,
+                requester,
+                "app",
+                c.id,
+                Some((host(), c.clone())),
+            );
+            let PromotionAction::Book { promotion_id, .. } = book[0] else {
+                panic!("{book:?}")
+            };
+            let PromotionAction::Apply { body, .. } =
+                p.booked(0, promotion_id, c.id, Ok(()), |_| 1)[0].clone()
+            else {
+                unreachable!()
+            };
+            (promotion_id, body)
+        };
+        let (applied_id, applied_body) = book_and_apply(&mut p, 1, &queueable(1));
+        p.sent(applied_id, Ok(sign(applied_body.clone())));
+        let (lost_id, lost_body) = book_and_apply(&mut p, 2, &queueable(2));
+        p.sent(lost_id, Ok(sign(lost_body)));
+        let (unsent_id, _) = book_and_apply(&mut p, 3, &queueable(3));
+        // The host applied the first (its answer lost with the session), not the second.
+        let mut promoted = queueable(1);
+        promoted.container_type = ContainerType::Guaranteed;
+        promoted.version = applied_body.version;
+        let report = vec![promoted, queueable(2), queueable(3)];
+        // Another node's re-join settles nothing of this host's.
+        assert!(p.host_rejoined(&NodeId::from("other"), &report).is_empty());
+        let settled = p.host_rejoined(&host(), &report);
+        assert_eq!(settled.len(), 3, "{settled:?}");
+        assert!(
+            matches!(&settled[0], PromotionAction::Succeed { requester: 1, token } if token.body.version == applied_body.version)
+        );
+        assert_eq!(
+            settled[1],
+            PromotionAction::Undo {
+                container_id: queueable(2).id
+            }
+        );
+        assert!(matches!(
+            settled[2],
+            PromotionAction::Fail {
+                requester: 2,
+                code: ErrorCode::PromotionRefused,
+                ..
+            }
+        ));
+        // Two bookings made, one given back: the applied promotion keeps its booking; a
+        // timeout now touches only the unsent one, and late answers are ignored.
+        assert_eq!(balance(2, &settled), 1);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.applied(&host(), applied_id, None), Ok(vec![]));
+        let expired = p.expire(Time::from_secs(11));
+        assert_eq!(balance(1, &expired), 0, "{expired:?}");
+        assert!(matches!(
+            expired.last(),
+            Some(PromotionAction::Fail { requester: 3, .. })
+        ));
+        let _ = unsent_id;
     }
 
     #[test]
