@@ -20,7 +20,8 @@ use actix::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use scheduler_core::coordinator::{
-    ContainerNotice, CoordinatorConfig, CoordinatorState, Joined, NodeView, NoticeKind,
+    ContainerNotice, CoordinatorConfig, CoordinatorState, Joined, MembershipSent, NodeView,
+    NoticeKind,
 };
 use scheduler_core::distributed::NodeDirectoryEntry;
 use scheduler_core::guarantor::{GuaranteedAsk, GuarantorError, QueueableLoad};
@@ -31,9 +32,9 @@ use scheduler_core::protocol::app::ErrorCode;
 use scheduler_core::protocol::cluster::ReservationCall;
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, ApplyPromotion, CLUSTER_PROTOCOL_VERSION, ClusterSettings,
-    CoordinatorToWorker, EncodedTopK, Heartbeat, HeartbeatAck, Join, JoinAccepted, JoinRejected,
-    PromoteContainer, PromoteResult, PromotionApplied, ReleaseContainer, Released, RequestFailed,
-    StopContainerOnNode, WorkerToCoordinator,
+    CoordinatorToWorker, EncodedMembership, EncodedTopK, Heartbeat, HeartbeatAck, Join,
+    JoinAccepted, JoinRejected, PromoteContainer, PromoteResult, PromotionApplied,
+    ReleaseContainer, Released, RequestFailed, StopContainerOnNode, WorkerToCoordinator,
 };
 use scheduler_core::token::{GuaranteedSigner, RotationSchedule};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
@@ -100,6 +101,11 @@ pub struct CoordinatorActor {
     /// The round's top-k as encoded for the heartbeat answers, with the
     /// [`CoordinatorState::top_k_generation`] it was encoded at.
     encoded_top_k: Option<(u64, EncodedTopK)>,
+    /// The membership parts answers carry, encoded once per membership (published version and
+    /// changes since, [`CoordinatorState::membership_identity`]) and what the worker is sent,
+    /// and shared: at most one whole directory and one delta per version the change log keeps,
+    /// dropped at the next membership change.
+    encoded_membership: ((u64, u64), HashMap<MembershipSent, EncodedMembership>),
     /// The stored issuer counter: every issuer handed out is below it, and a restarted
     /// coordinator starts there ([`ISSUER_RESERVATION_BLOCK`]).
     issuer_reserved: u32,
@@ -189,6 +195,7 @@ impl CoordinatorActor {
             dashboard: None,
             issuer_reserved,
             encoded_top_k: None,
+            encoded_membership: ((0, 0), HashMap::new()),
             lost_nodes_written_since_tick: false,
         })
     }
@@ -473,9 +480,16 @@ impl CoordinatorActor {
                 }
             },
         };
-        let NodeView { view, issuer_keys } =
+        let (NodeView { view, issuer_keys }, sent) =
             self.state
-                .node_view(node_id, hb.directory_version, Vec::new());
+                .node_view_parts(node_id, hb.directory_version, Vec::new());
+        let membership = match self.shared_membership(sent) {
+            Ok(m) => m,
+            Err(e) => {
+                error!("cannot encode the directory for an answer: {e}");
+                return;
+            }
+        };
         let notices = self.state.take_notices_for(node_id);
         let limit = self
             .queueable_limits
@@ -504,7 +518,33 @@ impl CoordinatorActor {
             top_k: top_k_setting,
             outstanding_elsewhere,
         };
-        let _ = session.tx.send_heartbeat_ack(ack, top_k);
+        let _ = session.tx.send_heartbeat_ack(ack, top_k, membership);
+    }
+
+    /// The membership part of an answer, built and encoded once per membership and what is
+    /// sent, and shared by every answer that sends the same (issue 17: in a join storm every
+    /// answer carries the round's joins; built per answer that was O(nodes²) copies). Exactly
+    /// what [`CoordinatorState::view_with`] gives at the time of the answer.
+    fn shared_membership(
+        &mut self,
+        sent: MembershipSent,
+    ) -> Result<Option<EncodedMembership>, scheduler_core::codec::CodecError> {
+        let from_version = match sent {
+            MembershipSent::Nothing => return Ok(None),
+            MembershipSent::Whole => 0,
+            MembershipSent::DeltaFrom(v) => v,
+        };
+        let identity = self.state.membership_identity();
+        if self.encoded_membership.0 != identity {
+            self.encoded_membership = (identity, HashMap::new());
+        }
+        if let Some(m) = self.encoded_membership.1.get(&sent) {
+            return Ok(Some(m.clone()));
+        }
+        let view = self.state.view_with(from_version, Vec::new());
+        let encoded = EncodedMembership::encode(&view)?;
+        self.encoded_membership.1.insert(sent, encoded.clone());
+        Ok(Some(encoded))
     }
 
     fn fail(tx: &WorkerTx, correlation_id: u64, code: ErrorCode, message: String) {

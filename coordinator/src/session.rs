@@ -13,8 +13,8 @@ use scheduler_core::codec::{
 };
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::cluster::{
-    CoordinatorToWorker, EncodedTopK, HeartbeatAck, JoinRejected, WorkerToCoordinator,
-    encode_heartbeat_ack_frame_into,
+    CoordinatorToWorker, EncodedMembership, EncodedTopK, HeartbeatAck, JoinRejected,
+    WorkerToCoordinator, encode_heartbeat_ack_frame_into,
 };
 use scheduler_core::protocol::limits::{JOIN_PREFIX_BYTES, join_token_in_prefix};
 use std::collections::HashMap;
@@ -58,9 +58,12 @@ pub enum ToWorker {
     /// A heartbeat answer whose view's top-k is the round's list, encoded once and shared by
     /// every answer of the round ([`encode_heartbeat_ack_frame_into`]; `ack.view.top_k` is
     /// left empty and not read).
+    /// With `membership`, the view's directory and delta are likewise shared bytes, the same for
+    /// every answer that brings a worker from the same version to the current one.
     HeartbeatAck {
         ack: HeartbeatAck,
         top_k: EncodedTopK,
+        membership: Option<EncodedMembership>,
     },
 }
 
@@ -95,8 +98,13 @@ impl WorkerTx {
         &self,
         ack: HeartbeatAck,
         top_k: EncodedTopK,
+        membership: Option<EncodedMembership>,
     ) -> Result<(), WorkerGone> {
-        self.queue(ToWorker::HeartbeatAck { ack, top_k })
+        self.queue(ToWorker::HeartbeatAck {
+            ack,
+            top_k,
+            membership,
+        })
     }
 
     fn queue(&self, msg: ToWorker) -> Result<(), WorkerGone> {
@@ -514,9 +522,17 @@ async fn write_frames(
         while let Some(msg) = next {
             let encoded = match &msg {
                 ToWorker::Frame(frame) => encode_frame_into(frame, CLUSTER_MAX_FRAME, &mut out),
-                ToWorker::HeartbeatAck { ack, top_k } => {
-                    encode_heartbeat_ack_frame_into(ack, top_k, CLUSTER_MAX_FRAME, &mut out)
-                }
+                ToWorker::HeartbeatAck {
+                    ack,
+                    top_k,
+                    membership,
+                } => encode_heartbeat_ack_frame_into(
+                    ack,
+                    top_k,
+                    membership.as_ref(),
+                    CLUSTER_MAX_FRAME,
+                    &mut out,
+                ),
             };
             if let Err(e) = encoded {
                 warn!(%peer, "frame to worker dropped: {e}");

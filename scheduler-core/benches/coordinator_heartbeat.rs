@@ -188,7 +188,7 @@ fn main() {
                     }
                     let (_, top_k) = shared.as_ref().expect("set above");
                     out.clear();
-                    encode_heartbeat_ack_frame_into(&ack, top_k, CLUSTER_MAX_FRAME, &mut out)
+                    encode_heartbeat_ack_frame_into(&ack, top_k, None, CLUSTER_MAX_FRAME, &mut out)
                         .expect("an answer encodes");
                     black_box(&out);
                     let t3 = Instant::now();

@@ -170,6 +170,9 @@ pub struct CoordinatorState {
     directory_version: u64,
     /// Nodes that joined, re-joined or left since the last published version.
     directory_pending: BTreeSet<NodeId>,
+    /// Bumped at every membership change, published or not: the membership an answer carries
+    /// (made of the nodes' current entries) is the same for equal (version, changes).
+    membership_changes: u64,
     /// The nodes changed in each of the last [`DIRECTORY_LOG_VERSIONS`] published versions,
     /// oldest first: what a delta since a recent version is made of.
     directory_log: VecDeque<(u64, Vec<NodeId>)>,
@@ -216,6 +219,18 @@ pub struct NodeView {
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
 }
 
+/// What membership a scheduler at some directory version is sent
+/// ([`CoordinatorState::node_view_parts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MembershipSent {
+    /// None: its directory is current.
+    Nothing,
+    /// The whole directory.
+    Whole,
+    /// The changes since `from_version`.
+    DeltaFrom(u64),
+}
+
 /// What a scheduler at some directory version needs to reach the published one.
 enum DirectorySince<'a> {
     Current,
@@ -244,6 +259,7 @@ impl CoordinatorState {
             nodes: BTreeMap::new(),
             directory_version: 1,
             directory_pending: BTreeSet::new(),
+            membership_changes: 0,
             directory_log: VecDeque::new(),
             next_issuer: first_issuer.max(1),
             outbox: HashMap::new(),
@@ -464,22 +480,16 @@ impl CoordinatorState {
     /// not yet published may show early; the next version's delta lists them again (see
     /// [`DirectoryDelta`]: a delta applies to any version between its ends).
     pub fn view_with(&self, known_version: u64, top_k: Vec<NodeLoad>) -> ClusterView {
-        self.view_and_membership(known_version, top_k).0
-    }
-
-    /// The view, and whether it carries the whole directory.
-    fn view_and_membership(&self, known_version: u64, top_k: Vec<NodeLoad>) -> (ClusterView, bool) {
         let mut view = ClusterView {
             directory_version: self.directory_version,
             directory: Vec::new(),
             delta: None,
             top_k,
         };
-        let whole = match self.directory_since(known_version) {
-            DirectorySince::Current => false,
+        match self.directory_since(known_version) {
+            DirectorySince::Current => {}
             DirectorySince::Whole => {
                 view.directory = self.nodes.values().map(|n| n.dir.clone()).collect();
-                true
             }
             DirectorySince::Changed(changed) => {
                 let mut delta = DirectoryDelta {
@@ -494,10 +504,9 @@ impl CoordinatorState {
                     }
                 }
                 view.delta = Some(delta);
-                false
             }
-        };
-        (view, whole)
+        }
+        view
     }
 
     /// [`CoordinatorState::view_with`] for `node`'s scheduler, with the QUEUEABLE keys it lacks
@@ -513,8 +522,55 @@ impl CoordinatorState {
         known_version: u64,
         top_k: Vec<NodeLoad>,
     ) -> NodeView {
-        let (view, whole) = self.view_and_membership(known_version, top_k);
-        let membership = whole || view.delta.is_some();
+        let (mut parts, sent) = self.node_view_parts(node, known_version, top_k);
+        if sent != MembershipSent::Nothing {
+            let with_membership = self.view_with(known_version, Vec::new());
+            parts.view.directory = with_membership.directory;
+            parts.view.delta = with_membership.delta;
+        }
+        parts
+    }
+
+    /// What membership a scheduler whose directory is at `known_version` is sent (the same
+    /// for every scheduler at that version until the next published version, so the caller can
+    /// build and encode it once: [`crate::protocol::cluster::EncodedMembership`]).
+    pub fn membership_sent(&self, known_version: u64) -> MembershipSent {
+        match self.directory_since(known_version) {
+            DirectorySince::Current => MembershipSent::Nothing,
+            DirectorySince::Whole => MembershipSent::Whole,
+            DirectorySince::Changed(_) => MembershipSent::DeltaFrom(known_version),
+        }
+    }
+
+    /// [`CoordinatorState::node_view`] without the membership itself: the view's directory
+    /// and delta are left empty, and what they would hold is returned instead (the caller takes
+    /// it from [`CoordinatorState::view_with`], or shares one encoding of it among the answers
+    /// at the same version). The keys are as `node_view` sends them.
+    pub fn node_view_parts(
+        &mut self,
+        node: &NodeId,
+        known_version: u64,
+        top_k: Vec<NodeLoad>,
+    ) -> (NodeView, MembershipSent) {
+        let sent = self.membership_sent(known_version);
+        let whole = sent == MembershipSent::Whole;
+        let membership = sent != MembershipSent::Nothing;
+        let view = ClusterView {
+            directory_version: self.directory_version,
+            directory: Vec::new(),
+            delta: None,
+            top_k,
+        };
+        (self.node_view_keys(node, view, whole, membership), sent)
+    }
+
+    fn node_view_keys(
+        &mut self,
+        node: &NodeId,
+        view: ClusterView,
+        whole: bool,
+        membership: bool,
+    ) -> NodeView {
         let Some(me) = self.nodes.get(node).filter(|_| self.token_master.is_some()) else {
             return NodeView {
                 view,
@@ -676,6 +732,13 @@ impl CoordinatorState {
         self.directory_version
     }
 
+    /// The membership's identity: answers computed while it is unchanged carry the same
+    /// directory or delta for the same reported version (what [`CoordinatorState::view_with`]
+    /// builds depends on nothing else), so the caller may encode it once and share it.
+    pub fn membership_identity(&self) -> (u64, u64) {
+        (self.directory_version, self.membership_changes)
+    }
+
     pub fn issuer_of(&self, node: &NodeId) -> Option<u32> {
         self.nodes.get(node).map(|n| n.issuer)
     }
@@ -716,6 +779,7 @@ impl CoordinatorState {
         }
         self.live_issuers.insert(issuer);
         self.directory_pending.insert(node_id.clone());
+        self.membership_changes += 1;
         self.patch_round_top_k(&node_id, Some(issuer));
         issuer
     }
@@ -802,6 +866,7 @@ impl CoordinatorState {
         self.outbox.remove(&entry.issuer);
         self.live_issuers.remove(&entry.issuer);
         self.directory_pending.insert(node.clone());
+        self.membership_changes += 1;
         self.patch_round_top_k(node, None);
         for &id in &entry.containers {
             self.route_notice(ContainerNotice {

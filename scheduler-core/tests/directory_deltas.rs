@@ -402,3 +402,58 @@ fn keys_go_only_to_the_nodes_of_the_top_k_and_come_with_the_list_that_names_them
     }
     assert!(c.node_count() > 300);
 }
+
+/// The coordinator encodes the membership part of its answers once per
+/// `membership_identity` and reported version, and shares it (issue 17: a join storm built it
+/// per answer): that is exact only if equal identities always give equal membership. Through
+/// random joins, re-joins, removals, losses and rounds, every view is compared with the one
+/// computed when the identity was first seen.
+#[test]
+fn equal_membership_identities_give_equal_membership() {
+    for seed in 0..4u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut c = coordinator();
+        let mut now = Time::ZERO;
+        let mut generation = vec![0u64; 40];
+        let mut seen: std::collections::HashMap<
+            ((u64, u64), u64),
+            scheduler_core::distributed::ClusterView,
+        > = std::collections::HashMap::new();
+        let mut identities = std::collections::HashSet::new();
+        for step in 0..600u64 {
+            match rng.random_range(0..10u32) {
+                0..=3 => {
+                    let i = rng.random_range(0..40usize);
+                    generation[i] += 1;
+                    c.join(now, entry(i, generation[i]));
+                }
+                4 | 5 => {
+                    let node = NodeId::new(format!("n{:03}", rng.random_range(0..40usize)));
+                    c.remove_node(&node);
+                }
+                6 => {
+                    let node = NodeId::new(format!("n{:03}", rng.random_range(0..40usize)));
+                    c.declare_lost(&node);
+                }
+                _ => {
+                    now = Time::from_millis(step * 250);
+                    c.round(now, ROUND, &mut rng);
+                }
+            }
+            let identity = c.membership_identity();
+            identities.insert(identity);
+            for known in 0..=c.directory_version() + 1 {
+                let view = c.view_with(known, Vec::new());
+                let first = seen
+                    .entry((identity, known))
+                    .or_insert_with(|| view.clone());
+                assert_eq!(
+                    (&first.directory, &first.delta),
+                    (&view.directory, &view.delta),
+                    "seed {seed}, step {step}, known {known}"
+                );
+            }
+        }
+        assert!(identities.len() > 100, "{} identities", identities.len());
+    }
+}

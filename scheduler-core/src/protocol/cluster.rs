@@ -415,18 +415,62 @@ impl EncodedTopK {
     }
 }
 
+/// A view's membership part ([`ClusterView::directory`] and [`ClusterView::delta`]) encoded
+/// once, to be shared by every heartbeat answer that brings a worker from the same directory
+/// version to the current one (issue 17: in a join storm every answer carries the round's joins,
+/// and building and encoding them per answer made a 5,000-node storm O(nodes²) in copies and
+/// queued memory; docs/benchmarks.md §9).
+#[derive(Clone, Debug)]
+pub struct EncodedMembership {
+    directory: std::sync::Arc<[u8]>,
+    delta: Option<std::sync::Arc<[u8]>>,
+}
+
+impl EncodedMembership {
+    /// The membership part of `view` (its top-k is not read).
+    pub fn encode(view: &ClusterView) -> Result<EncodedMembership, CodecError> {
+        Ok(EncodedMembership {
+            directory: encode_value(&view.directory)?,
+            delta: view.delta.as_ref().map(encode_value).transpose()?,
+        })
+    }
+
+    /// Encoded bytes held (for accounting).
+    pub fn len(&self) -> usize {
+        self.directory.len() + self.delta.as_ref().map_or(0, |d| d.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One value as msgpack with named fields, as the frames' derive writes it.
+fn encode_value<T: Serialize>(value: &T) -> Result<std::sync::Arc<[u8]>, CodecError> {
+    let mut bytes = Vec::new();
+    let mut ser = rmp_serde::Serializer::new(&mut bytes).with_struct_map();
+    value
+        .serialize(&mut ser)
+        .map_err(|e| CodecError::Encode(e.to_string()))?;
+    Ok(bytes.into())
+}
+
 /// Append `CoordinatorToWorker::HeartbeatAck(ack)` as one length-prefixed frame to `out`, with
-/// the shared `top_k` in place of `ack.view.top_k` (which is not read): the same bytes as
-/// [`crate::codec::encode_frame_into`] of that frame with the list in the view (unit test
-/// `a_heartbeat_ack_with_a_shared_top_k_is_the_derived_encoding`). Refuses a frame over
-/// `limit`; on an error `out` is left as it was.
+/// the shared `top_k` in place of `ack.view.top_k` and, when given, the shared `membership` in
+/// place of `ack.view.directory` and `ack.view.delta` (which are then not read): the same bytes
+/// as [`crate::codec::encode_frame_into`] of that frame with the list and the membership in the
+/// view (unit test `a_heartbeat_ack_with_a_shared_top_k_is_the_derived_encoding`). Refuses a
+/// frame over `limit`; on an error `out` is left as it was.
 pub fn encode_heartbeat_ack_frame_into(
     ack: &HeartbeatAck,
     top_k: &EncodedTopK,
+    membership: Option<&EncodedMembership>,
     limit: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
-    crate::codec::encode_frame_with(limit, out, |out| write_heartbeat_ack(ack, top_k, out))
+    crate::codec::encode_frame_with(limit, out, |out| {
+        write_heartbeat_ack(ack, top_k, membership, out)
+    })
 }
 
 /// What serde's derive writes for the internally tagged `CoordinatorToWorker::HeartbeatAck`
@@ -437,6 +481,7 @@ pub fn encode_heartbeat_ack_frame_into(
 fn write_heartbeat_ack(
     ack: &HeartbeatAck,
     shared_top_k: &EncodedTopK,
+    shared_membership: Option<&EncodedMembership>,
     out: &mut Vec<u8>,
 ) -> Result<(), rmp_serde::encode::Error> {
     let HeartbeatAck {
@@ -458,7 +503,11 @@ fn write_heartbeat_ack(
     } = view;
     // fixmap headers: at most 15 entries each (10 and 4 here).
     let ack_fields = 9 + u8::from(top_k.is_some());
-    let view_fields = 3 + u8::from(delta.is_some());
+    let has_delta = match shared_membership {
+        Some(m) => m.delta.is_some(),
+        None => delta.is_some(),
+    };
+    let view_fields = 3 + u8::from(has_delta);
     let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
     ser.get_mut().push(0x80 | ack_fields);
     "type".serialize(&mut ser)?;
@@ -467,11 +516,23 @@ fn write_heartbeat_ack(
     ser.get_mut().push(0x80 | view_fields);
     "directory_version".serialize(&mut ser)?;
     directory_version.serialize(&mut ser)?;
-    "directory".serialize(&mut ser)?;
-    directory.serialize(&mut ser)?;
-    if let Some(delta) = delta {
-        "delta".serialize(&mut ser)?;
-        delta.serialize(&mut ser)?;
+    match shared_membership {
+        Some(m) => {
+            "directory".serialize(&mut ser)?;
+            ser.get_mut().extend_from_slice(&m.directory);
+            if let Some(delta) = &m.delta {
+                "delta".serialize(&mut ser)?;
+                ser.get_mut().extend_from_slice(delta);
+            }
+        }
+        None => {
+            "directory".serialize(&mut ser)?;
+            directory.serialize(&mut ser)?;
+            if let Some(delta) = delta {
+                "delta".serialize(&mut ser)?;
+                delta.serialize(&mut ser)?;
+            }
+        }
     }
     "top_k".serialize(&mut ser)?;
     ser.get_mut().extend_from_slice(shared_top_k.bytes());
@@ -567,7 +628,18 @@ mod shared_top_k_tests {
             queueable: 3,
             guaranteed: 1,
         }];
-        for (ack, n) in [(&bare, 0), (&bare, 200), (&full, 0), (&full, 3)] {
+        let mut whole = full.clone();
+        whole.view.delta = None;
+        let mut delta_only = full.clone();
+        delta_only.view.directory = Vec::new();
+        for (ack, n) in [
+            (&bare, 0),
+            (&bare, 200),
+            (&full, 0),
+            (&full, 3),
+            (&whole, 5),
+            (&delta_only, 5),
+        ] {
             let list = top_k(n);
             let shared = EncodedTopK::encode(&list).unwrap();
             let mut with_list = ack.clone();
@@ -575,17 +647,33 @@ mod shared_top_k_tests {
             let frame = CoordinatorToWorker::HeartbeatAck(with_list);
             let derived = encode_frame(&frame, CLUSTER_MAX_FRAME).unwrap();
             let mut out = b"before".to_vec();
-            encode_heartbeat_ack_frame_into(ack, &shared, CLUSTER_MAX_FRAME, &mut out).unwrap();
+            encode_heartbeat_ack_frame_into(ack, &shared, None, CLUSTER_MAX_FRAME, &mut out)
+                .unwrap();
             assert_eq!(&out[..6], b"before");
             assert_eq!(&out[6..], &derived[..], "{n} entries");
             let decoded: CoordinatorToWorker = from_payload(&out[6 + LENGTH_PREFIX..]).unwrap();
             assert_eq!(decoded, frame);
+            // The membership shared too: the answer's own directory and delta are not read.
+            let membership = EncodedMembership::encode(&ack.view).unwrap();
+            let mut without_membership = ack.clone();
+            without_membership.view.directory = Vec::new();
+            without_membership.view.delta = None;
+            let mut out = Vec::new();
+            encode_heartbeat_ack_frame_into(
+                &without_membership,
+                &shared,
+                Some(&membership),
+                CLUSTER_MAX_FRAME,
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(&out[..], &derived[..], "{n} entries, shared membership");
         }
         // Over the limit: refused, and the buffer is as it was.
         let shared = EncodedTopK::encode(&top_k(200)).unwrap();
         let mut out = b"kept".to_vec();
         assert!(matches!(
-            encode_heartbeat_ack_frame_into(&bare, &shared, 100, &mut out),
+            encode_heartbeat_ack_frame_into(&bare, &shared, None, 100, &mut out),
             Err(CodecError::Oversized { limit: 100, .. })
         ));
         assert_eq!(out, b"kept");
