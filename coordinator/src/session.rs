@@ -58,6 +58,7 @@ pub enum ToWorker {
     /// A heartbeat answer whose view's top-k is the round's list, encoded once and shared by
     /// every answer of the round ([`encode_heartbeat_ack_frame_into`]; `ack.view.top_k` is
     /// left empty and not read).
+    ///
     /// With `membership`, the view's directory and delta are likewise shared bytes, the same for
     /// every answer that brings a worker from the same version to the current one.
     HeartbeatAck {

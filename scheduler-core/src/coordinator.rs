@@ -453,15 +453,10 @@ impl CoordinatorState {
     }
 
     fn directory_since(&self, known_version: u64) -> DirectorySince<'_> {
-        if known_version == self.directory_version {
-            return DirectorySince::Current;
-        }
-        let covered = self
-            .directory_log
-            .front()
-            .is_some_and(|(oldest, _)| known_version + 1 >= *oldest);
-        if known_version == 0 || known_version > self.directory_version || !covered {
-            return DirectorySince::Whole;
+        match self.membership_sent(known_version) {
+            MembershipSent::Nothing => return DirectorySince::Current,
+            MembershipSent::Whole => return DirectorySince::Whole,
+            MembershipSent::DeltaFrom(_) => {}
         }
         let mut changed: Vec<&NodeId> = self
             .directory_log
@@ -531,14 +526,23 @@ impl CoordinatorState {
         parts
     }
 
-    /// What membership a scheduler whose directory is at `known_version` is sent (the same
-    /// for every scheduler at that version until the next published version, so the caller can
-    /// build and encode it once: [`crate::protocol::cluster::EncodedMembership`]).
+    /// What membership a scheduler whose directory is at `known_version` is sent: nothing when
+    /// it is current, the changes since when the version is among the kept ones, else the whole
+    /// directory. O(1): what is sent is the same for every scheduler at that version while
+    /// [`CoordinatorState::membership_identity`] is unchanged, so the caller can build and
+    /// encode it once ([`crate::protocol::cluster::EncodedMembership`]).
     pub fn membership_sent(&self, known_version: u64) -> MembershipSent {
-        match self.directory_since(known_version) {
-            DirectorySince::Current => MembershipSent::Nothing,
-            DirectorySince::Whole => MembershipSent::Whole,
-            DirectorySince::Changed(_) => MembershipSent::DeltaFrom(known_version),
+        if known_version == self.directory_version {
+            return MembershipSent::Nothing;
+        }
+        let covered = self
+            .directory_log
+            .front()
+            .is_some_and(|(oldest, _)| known_version + 1 >= *oldest);
+        if known_version == 0 || known_version > self.directory_version || !covered {
+            MembershipSent::Whole
+        } else {
+            MembershipSent::DeltaFrom(known_version)
         }
     }
 
@@ -553,24 +557,22 @@ impl CoordinatorState {
         top_k: Vec<NodeLoad>,
     ) -> (NodeView, MembershipSent) {
         let sent = self.membership_sent(known_version);
-        let whole = sent == MembershipSent::Whole;
-        let membership = sent != MembershipSent::Nothing;
         let view = ClusterView {
             directory_version: self.directory_version,
             directory: Vec::new(),
             delta: None,
             top_k,
         };
-        (self.node_view_keys(node, view, whole, membership), sent)
+        (self.node_view_keys(node, view, sent), sent)
     }
 
     fn node_view_keys(
         &mut self,
         node: &NodeId,
         view: ClusterView,
-        whole: bool,
-        membership: bool,
+        sent: MembershipSent,
     ) -> NodeView {
+        let whole = sent == MembershipSent::Whole;
         let Some(me) = self.nodes.get(node).filter(|_| self.token_master.is_some()) else {
             return NodeView {
                 view,
@@ -580,7 +582,7 @@ impl CoordinatorState {
         let generation = self.top_k_generation;
         let check = whole || me.keys_at_generation != Some(generation);
         let mut keys = Vec::new();
-        let mut sent = Vec::new();
+        let mut sessions_sent = Vec::new();
         if check {
             for (l, &session) in self.round.top_k.iter().zip(&self.round.top_k_sessions) {
                 if !whole && me.keys_held.contains(&session) {
@@ -594,7 +596,7 @@ impl CoordinatorState {
                     continue;
                 };
                 keys.push(deriver.issuer_key(me.issuer));
-                sent.push(session);
+                sessions_sent.push(session);
             }
         }
         let limit = KEYS_HELD_PER_TOP_K * self.config.top_k.max(1);
@@ -603,14 +605,14 @@ impl CoordinatorState {
         if whole {
             me.keys_held.clear();
         }
-        me.keys_held.extend(sent);
+        me.keys_held.extend(sessions_sent);
         me.keys_at_generation = Some(generation);
         if me.keys_held.len() > limit {
             // Forgetting a key it holds only costs sending it again.
             let current: HashSet<u32> = round.top_k_sessions.iter().copied().collect();
             me.keys_held.retain(|s| current.contains(s));
         }
-        let issuer_keys = (membership || !keys.is_empty()).then_some(keys);
+        let issuer_keys = (sent != MembershipSent::Nothing || !keys.is_empty()).then_some(keys);
         NodeView { view, issuer_keys }
     }
 

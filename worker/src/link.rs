@@ -347,7 +347,7 @@ impl Link {
     fn command(&mut self, command: CoordinatorCommand) {
         self.node.do_send(FromCoordinator {
             command,
-            queued: Some(self.inbox.admit()),
+            queued: self.inbox.admit(),
         });
     }
 }

@@ -830,7 +830,7 @@ impl Handler<HintsReady> for NodeActor {
 pub struct FromCoordinator {
     pub command: CoordinatorCommand,
     /// Dropped once the command is handled (or with the mailbox).
-    pub queued: Option<InboxPermit>,
+    pub queued: InboxPermit,
 }
 
 pub enum CoordinatorCommand {

@@ -417,7 +417,7 @@ impl EncodedTopK {
 
 /// A view's membership part ([`ClusterView::directory`] and [`ClusterView::delta`]) encoded
 /// once, to be shared by every heartbeat answer that brings a worker from the same directory
-/// version to the current one (issue 17: in a join storm every answer carries the round's joins,
+/// version to the current membership (issue 17: in a join storm every answer carries the round's joins,
 /// and building and encoding them per answer made a 5,000-node storm O(nodes²) in copies and
 /// queued memory; docs/benchmarks.md §9).
 #[derive(Clone, Debug)]
@@ -433,15 +433,6 @@ impl EncodedMembership {
             directory: encode_value(&view.directory)?,
             delta: view.delta.as_ref().map(encode_value).transpose()?,
         })
-    }
-
-    /// Encoded bytes held (for accounting).
-    pub fn len(&self) -> usize {
-        self.directory.len() + self.delta.as_ref().map_or(0, |d| d.len())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
