@@ -131,12 +131,13 @@ async fn a_restarted_worker_kills_the_containers_its_crashed_predecessor_left_ru
     let leaked = marked_processes(&marker);
     let cgroups = worker_cgroups(leaked[0]);
     eprintln!("container processes {leaked:?}, cgroups {cgroups:?}");
+    // `Running` is told when the launch begins; the record is written right after the spawn,
+    // on the blocking pool, so the processes can be seen a moment before it.
     let records = state_dir.join("containers");
-    assert_eq!(
-        std::fs::read_dir(&records).expect("records dir").count(),
-        1,
-        "the running container is recorded"
-    );
+    poll("the running container is recorded", || {
+        std::fs::read_dir(&records).expect("records dir").count() == 1
+    })
+    .await;
 
     // The worker crashes: its container outlives it.
     first.kill().await.expect("SIGKILL the first worker");
