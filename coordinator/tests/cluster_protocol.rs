@@ -722,7 +722,7 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
         key_id: 0,
         node_epoch: 0,
         booking: None,
-        re_placed: false,
+        times_returned: 0,
     };
     let mut node_b = TokenVerifier::new(NodeId::from("node-b"));
     node_b.set_node_session(&b_accepted.node_secret).unwrap();

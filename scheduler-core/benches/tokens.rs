@@ -32,7 +32,7 @@ fn body(t: ContainerType, seq: u64) -> TokenBody {
         key_id: 0,
         node_epoch: 27, // worker-17's session in the directory below,
         booking: None,
-        re_placed: false,
+        times_returned: 0,
     }
 }
 

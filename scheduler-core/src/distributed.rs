@@ -219,11 +219,12 @@ pub struct QueueableAsk {
     pub runtime_estimate_ms: Option<u64>,
     pub job_id: JobId,
     pub job_submit_time_ms: u64,
-    /// Of `count`, how many re-place containers that nodes shed or returned (the app named
-    /// them in `allocate.replaces_shed`): the first this many placed are marked
-    /// [`TokenBody::re_placed`].
+    /// The containers of `count` that re-place containers nodes shed or returned (the app
+    /// named them in `allocate.replaces_shed`), each as the number of times its work has now
+    /// been returned (at least 1): the first this many placed carry it in
+    /// [`TokenBody::times_returned`].
     #[serde(default)]
-    pub replacements: u32,
+    pub replacements: Vec<u8>,
 }
 
 /// One placed container, with the token body to sign.
@@ -598,7 +599,11 @@ impl DistributedScheduler {
                     key_id: 0,
                     node_epoch: 0,
                     booking: None,
-                    re_placed: placed_so_far < ask.replacements,
+                    times_returned: ask
+                        .replacements
+                        .get(placed_so_far as usize)
+                        .copied()
+                        .unwrap_or(0),
                 },
             });
         }

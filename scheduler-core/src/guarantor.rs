@@ -1508,7 +1508,7 @@ impl Guarantor {
                 key_id: 0,
                 node_epoch: epoch,
                 booking,
-                re_placed: false,
+                times_returned: 0,
             },
         }
     }

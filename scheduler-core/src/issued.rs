@@ -46,12 +46,54 @@ pub struct IssuedContainers {
     by_node: HashMap<NodeId, HashSet<ContainerId>>,
     /// Released before any node reported them: app and token expiry (ms).
     released_unstarted: HashMap<ContainerId, (AppId, u64)>,
+    /// Of the containers in `by_node`, those that re-place returned work: how many times it has
+    /// been returned ([`crate::token::TokenBody::times_returned`]), so that a re-ask naming one
+    /// counts on from it.
+    times_returned: HashMap<ContainerId, u8>,
 }
 
 impl IssuedContainers {
-    /// A container was granted on `node` (its quota entry is the caller's `on_granted`).
-    pub fn issued(&mut self, node: &NodeId, id: ContainerId) {
+    /// A container was granted on `node` (its quota entry is the caller's `on_granted`);
+    /// `times_returned` as in its token.
+    pub fn issued(&mut self, node: &NodeId, id: ContainerId, times_returned: u8) {
         self.by_node.entry(node.clone()).or_default().insert(id);
+        if times_returned > 0 {
+            self.times_returned.insert(id, times_returned);
+        }
+    }
+
+    /// For an ask of `count` containers by `app` naming `shed` as the containers it asks for
+    /// again: how many times each one's work has now been returned, for
+    /// [`crate::distributed::QueueableAsk::replacements`]. A container this scheduler granted to
+    /// `app` and still tracks counts on from its own token's count; any other (granted
+    /// elsewhere, or its end already heard of) counts as returned once, so an application
+    /// cannot lower the count of work this scheduler knows of.
+    pub fn replacement_counts(
+        &self,
+        quotas: &QuotaTracker,
+        app: &AppId,
+        shed: &[ShedContainer],
+        count: u32,
+    ) -> Vec<u8> {
+        shed.iter()
+            .take(count as usize)
+            .map(|s| {
+                let ours = self
+                    .by_node
+                    .get(&s.node_id)
+                    .is_some_and(|set| set.contains(&s.container_id))
+                    && quotas.owner(s.container_id) == Some(app);
+                let before = if ours {
+                    self.times_returned
+                        .get(&s.container_id)
+                        .copied()
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                before.saturating_add(1)
+            })
+            .collect()
     }
 
     /// How many containers are tracked (bounded: each leaves when it finishes, its node goes,
@@ -183,6 +225,9 @@ impl IssuedContainers {
                     set.remove(id);
                 }
             }
+            for id in &expired {
+                self.times_returned.remove(id);
+            }
             self.by_node.retain(|_, set| !set.is_empty());
         }
     }
@@ -199,6 +244,7 @@ impl IssuedContainers {
                 self.by_node.remove(node);
             }
         }
+        self.times_returned.remove(&id);
         quotas.on_finished(id).map(|(app, _)| app)
     }
 
@@ -244,7 +290,7 @@ mod tests {
             ContainerType::Queueable,
             expires_at_ms,
         );
-        issued.issued(&NodeId::from(node), id);
+        issued.issued(&NodeId::from(node), id, 0);
         id
     }
 
@@ -322,5 +368,64 @@ mod tests {
         assert!(issued.is_empty(), "{issued:?}");
         assert_eq!(quotas.owner(unstarted), None);
         quotas.check_invariants().unwrap();
+    }
+
+    /// A re-ask counts the returns on from the granting scheduler's own record; containers it
+    /// does not hold for that app (another app's, unknown, already finished) count as returned
+    /// once, and the record of a count goes with its container.
+    #[test]
+    fn a_re_ask_counts_returns_on_from_the_record_of_the_named_container() {
+        let (mut issued, mut quotas) = (IssuedContainers::default(), QuotaTracker::new());
+        let app = AppId::from("app");
+        let named = |id: ContainerId, node: &str| ShedContainer {
+            container_id: id,
+            node_id: NodeId::from(node),
+        };
+        let first = grant(&mut issued, &mut quotas, "a", 1, 10_000);
+        assert_eq!(
+            issued.replacement_counts(&quotas, &app, &[named(first, "a")], 1),
+            vec![1]
+        );
+        // Its re-placement, granted on b with that count, is named in turn.
+        let second = ContainerId::new(3, 2);
+        quotas.on_granted(second, &app, ContainerType::Queueable, 10_000);
+        issued.issued(&NodeId::from("b"), second, 1);
+        let unknown = ContainerId::new(9, 9);
+        assert_eq!(
+            issued.replacement_counts(
+                &quotas,
+                &app,
+                &[named(second, "b"), named(second, "a"), named(unknown, "b")],
+                3
+            ),
+            vec![2, 1, 1],
+            "counted on only for the node the record holds it on"
+        );
+        assert_eq!(
+            issued.replacement_counts(&quotas, &AppId::from("other"), &[named(second, "b")], 1),
+            vec![1],
+            "another app's container counts once"
+        );
+        assert_eq!(
+            issued
+                .replacement_counts(&quotas, &app, &[named(second, "b"), named(first, "a")], 1)
+                .len(),
+            1,
+            "no more counts than containers asked for"
+        );
+        issued.on_notice(&mut quotas, &notice(second, "b", NoticeKind::Finished));
+        assert_eq!(
+            issued.replacement_counts(&quotas, &app, &[named(second, "b")], 1),
+            vec![1]
+        );
+        assert!(issued.times_returned.is_empty(), "{issued:?}");
+        // Saturates rather than wraps.
+        let worn = ContainerId::new(3, 3);
+        quotas.on_granted(worn, &app, ContainerType::Queueable, 10_000);
+        issued.issued(&NodeId::from("b"), worn, u8::MAX);
+        assert_eq!(
+            issued.replacement_counts(&quotas, &app, &[named(worn, "b")], 1),
+            vec![u8::MAX]
+        );
     }
 }

@@ -69,11 +69,12 @@ pub struct ContainerSpec {
     pub runtime_estimate_ms: Option<u64>,
     /// Token version it was started with.
     pub version: u32,
-    /// It re-places a container a node shed or returned (its token says so, see
-    /// [`crate::token::TokenBody::re_placed`]): [`NodeRuntime::shed_held_by_guaranteed`] does
-    /// not return it again, so returned work cannot bounce between nodes for ever.
+    /// How many times nodes shed or returned the container this one re-places (its token says
+    /// so, see [`crate::token::TokenBody::times_returned`]): [`NodeRuntime::shed_held_by_guaranteed`]
+    /// returns it again only past a bound doubled per return, and never after [`MAX_RETURNS`],
+    /// so returned work cannot bounce between nodes for ever.
     #[serde(default)]
-    pub re_placed: bool,
+    pub times_returned: u8,
 }
 
 impl ContainerSpec {
@@ -90,9 +91,33 @@ impl ContainerSpec {
             resources: body.resources,
             runtime_estimate_ms: body.runtime_estimate_ms,
             version: body.version,
-            re_placed: body.re_placed,
+            times_returned: body.times_returned,
         }
     }
+}
+
+impl ContainerSpec {
+    /// It has returns left ([`MAX_RETURNS`]); QUEUEABLE or not, only queued QUEUEABLE work is
+    /// ever queued.
+    pub fn may_be_returned(&self) -> bool {
+        self.times_returned < MAX_RETURNS
+    }
+}
+
+/// A queued QUEUEABLE container is returned at most this many times in all (sheds of either
+/// kind count): the attempt limit of Ethernet's truncated binary exponential backoff (IEEE
+/// 802.3 §4.4.2, attemptLimit = 16). See docs/experiments/mercury/parameters.md.
+pub const MAX_RETURNS: u8 = 16;
+
+/// The backoff's exponent stops growing here (IEEE 802.3 §4.2.3.2.5: k = min(n, 10)).
+pub const RETURN_BACKOFF_MAX_EXPONENT: u8 = 10;
+
+/// The wait past which a queued container already returned `times_returned` times goes back
+/// again: `bound` × 2^min(times_returned, 10) (truncated binary exponential backoff), or `None`
+/// once it has been returned [`MAX_RETURNS`] times.
+pub fn return_bound(bound: Duration, times_returned: u8) -> Option<Duration> {
+    (times_returned < MAX_RETURNS)
+        .then(|| bound.saturating_mul(1 << times_returned.min(RETURN_BACKOFF_MAX_EXPONENT)))
 }
 
 /// What the caller must do / report.
@@ -480,7 +505,7 @@ impl NodeRuntime {
         self.next_seq += 1;
         self.queue_keys.insert(spec.id, key.clone());
         self.waiting_work += self.work_weight(&spec);
-        self.queued_returnable += usize::from(!spec.re_placed);
+        self.queued_returnable += usize::from(spec.may_be_returned());
         self.queue.insert(key, spec);
     }
 
@@ -626,7 +651,7 @@ impl NodeRuntime {
             let spec = self.queue.remove(&k).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             self.waiting_work -= self.work_weight(&spec);
-            self.queued_returnable -= usize::from(!spec.re_placed);
+            self.queued_returnable -= usize::from(spec.may_be_returned());
             self.launch(now, spec);
         }
     }
@@ -729,7 +754,7 @@ impl NodeRuntime {
             if let Some(k) = self.queue_keys.remove(&id) {
                 if let Some(spec) = self.queue.remove(&k) {
                     self.waiting_work -= self.work_weight(&spec);
-                    self.queued_returnable -= usize::from(!spec.re_placed);
+                    self.queued_returnable -= usize::from(spec.may_be_returned());
                 }
             } else if let Some(spec) = self
                 .waiting_guaranteed
@@ -819,7 +844,7 @@ impl NodeRuntime {
         }
         let key = self.queue_keys.remove(&id).ok_or(NodeError::Unknown(id))?;
         let mut spec = self.queue.remove(&key).ok_or(NodeError::Unknown(id))?;
-        self.queued_returnable -= usize::from(!spec.re_placed);
+        self.queued_returnable -= usize::from(spec.may_be_returned());
         spec.container_type = ContainerType::Guaranteed;
         spec.version = new_version;
         self.events.push(NodeEvent::Promoted {
@@ -860,7 +885,7 @@ impl NodeRuntime {
             let key = key.clone();
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
-            self.queued_returnable -= usize::from(!spec.re_placed);
+            self.queued_returnable -= usize::from(spec.may_be_returned());
             let weight = self.work_weight(&spec);
             self.waiting_work -= weight;
             estimate_ms -= weight as f64 / denominator;
@@ -897,17 +922,23 @@ impl NodeRuntime {
     ///
     /// A queued container goes back when its expected start (the node replayed forward: running
     /// containers end at their estimates, as in Tr, and queued ones start in queue order where
-    /// they fit, as `start_what_fits` starts them) is more than `bound_ms` away, and only while
+    /// they fit, as `start_what_fits` starts them) is more than its bound away, and only while
     /// a GUARANTEED container holds the node past that bound: without GUARANTEED work the queue
     /// is QUEUEABLE work that R and §4.3's shedding already account for (only-Q runs are
-    /// unchanged by this).
+    /// unchanged by this). Its bound is `bound_ms` doubled for each time the container was
+    /// already returned, and a container returned [`MAX_RETURNS`] times stays
+    /// ([`return_bound`]): returned work raises the R of the nodes it goes to, and so the bound
+    /// of the next round, so returning without backoff livelocks when GUARANTEED work holds the
+    /// whole cluster (measured: 16 million returns in one simulated hour of the 256-node
+    /// production-like run), while returning once only gave back most of what returning won
+    /// (docs/experiments/mercury/diagnosis.md).
     ///
     /// Evaluated at heartbeat answers only: applied to each arrival as well (measured, §7.4.1
     /// and §7.4.2 seed 1), it returned twice as many containers and lowered task throughput by
     /// 1–5 %, the returned work bouncing between nodes the stale view still ranks first.
     pub fn shed_held_by_guaranteed(&mut self, now: Time, bound_ms: f64) -> Vec<ContainerId> {
-        // Only containers not yet re-placed can go back: a queue of re-placed work alone is left
-        // as it is without replaying it (most of the simulator's cost on long runs otherwise).
+        // Only containers with returns left can go back: a queue of other work alone is left as
+        // it is without replaying it (most of the simulator's cost on long runs otherwise).
         if self.queued_returnable == 0 || !(bound_ms.is_finite() && bound_ms >= 0.0) {
             return Vec::new();
         }
@@ -922,18 +953,29 @@ impl NodeRuntime {
             };
             Duration::from_secs_f64(ms.max(0.0) / 1000.0)
         };
-        let guaranteed_holds_past_bound = self
+        // How long GUARANTEED work holds the node: its longest remaining (or, waiting, whole)
+        // expected run.
+        let guaranteed_hold = self
             .running
             .values()
             .filter(|r| r.spec.container_type != ContainerType::Queueable)
-            .any(|r| remaining(r.started_at, self.estimate_ms(&r.spec)) > bound)
-            || self
-                .waiting_guaranteed
-                .iter()
-                .any(|g| Duration::from_secs_f64(self.estimate_ms(g) / 1000.0) > bound);
-        if !guaranteed_holds_past_bound {
+            .map(|r| remaining(r.started_at, self.estimate_ms(&r.spec)))
+            .chain(
+                self.waiting_guaranteed
+                    .iter()
+                    .map(|g| Duration::from_secs_f64(self.estimate_ms(g) / 1000.0)),
+            )
+            .max()
+            .unwrap_or(Duration::ZERO);
+        if guaranteed_hold <= bound {
             return Vec::new();
         }
+        // A queued container can go back when it has returns left and GUARANTEED work holds the
+        // node past its own bound.
+        let eligible = |spec: &ContainerSpec| -> Option<Duration> {
+            let own = return_bound(bound, spec.times_returned)?;
+            (guaranteed_hold > own).then_some(own)
+        };
 
         // Replay the node forward from now: (offset of the end, resources, QUEUEABLE?).
         let mut ends: std::collections::BinaryHeap<std::cmp::Reverse<(Duration, u64, u64, bool)>> =
@@ -961,31 +1003,67 @@ impl NodeRuntime {
                 false,
             )));
         }
-        let mut waiting: Vec<(&QueueKey, &ContainerSpec)> = self.queue.iter().collect();
-        // Those of `waiting` that could go back; once none is left the answer is known.
-        let mut returnable = self.queued_returnable;
+        // Each queued container with the exponent of the bound it goes back past (None: it
+        // stays wherever it starts); `None` entries once started in the replay. Eligible
+        // containers still waiting are counted per exponent: the replay can stop once it is past
+        // the largest bound among them, since what still waits then goes back anyway.
+        let own_bound = |exponent: u8| bound.saturating_mul(1 << exponent);
+        let mut waiting_per_exponent = [0usize; RETURN_BACKOFF_MAX_EXPONENT as usize + 1];
+        let mut waiting: Vec<Option<(&QueueKey, &ContainerSpec, Option<u8>)>> = self
+            .queue
+            .iter()
+            .map(|(key, spec)| {
+                let exponent =
+                    eligible(spec).map(|_| spec.times_returned.min(RETURN_BACKOFF_MAX_EXPONENT));
+                if let Some(e) = exponent {
+                    waiting_per_exponent[e as usize] += 1;
+                }
+                Some((key, spec, exponent))
+            })
+            .collect();
+        let horizon = |per_exponent: &[usize]| {
+            per_exponent
+                .iter()
+                .rposition(|&n| n > 0)
+                .map(|e| own_bound(e as u8))
+        };
+        // The first entry not yet started (passes scan from it).
+        let mut first = 0;
+        let mut victims: Vec<&QueueKey> = Vec::new();
         let mut at = Duration::ZERO;
-        while at <= bound && returnable > 0 {
+        while horizon(&waiting_per_exponent).is_some_and(|h| at <= h) {
             let mut headroom = free.min(&self.queueable_limit.saturating_sub(&queueable_allocated));
-            // A pass in queue order, starting what fits (in place: the queue can be long, and
-            // with no headroom nothing starts, so the pass is skipped).
-            if !headroom.is_zero() {
-                waiting.retain(|(_, spec)| {
-                    if headroom.is_zero() || !spec.resources.fits_in(&headroom) {
-                        return true;
+            // A pass in queue order, starting what fits, until nothing more fits (the queue can
+            // be long; with no headroom nothing starts, so the pass is skipped).
+            for slot in waiting[first..].iter_mut() {
+                if headroom.is_zero() {
+                    break;
+                }
+                let Some((key, spec, exponent)) = *slot else {
+                    continue;
+                };
+                if !spec.resources.fits_in(&headroom) {
+                    continue;
+                }
+                headroom = headroom.saturating_sub(&spec.resources);
+                free = free.saturating_sub(&spec.resources);
+                queueable_allocated = queueable_allocated.saturating_add(&spec.resources);
+                if let Some(e) = exponent {
+                    waiting_per_exponent[e as usize] -= 1;
+                    if at > own_bound(e) {
+                        victims.push(key);
                     }
-                    headroom = headroom.saturating_sub(&spec.resources);
-                    free = free.saturating_sub(&spec.resources);
-                    queueable_allocated = queueable_allocated.saturating_add(&spec.resources);
-                    returnable -= usize::from(!spec.re_placed);
-                    ends.push(std::cmp::Reverse((
-                        at + Duration::from_secs_f64(self.estimate_ms(spec) / 1000.0),
-                        spec.resources.cpu_millis,
-                        spec.resources.memory_mib,
-                        true,
-                    )));
-                    false
-                });
+                }
+                ends.push(std::cmp::Reverse((
+                    at + Duration::from_secs_f64(self.estimate_ms(spec) / 1000.0),
+                    spec.resources.cpu_millis,
+                    spec.resources.memory_mib,
+                    true,
+                )));
+                *slot = None;
+            }
+            while waiting.get(first).is_some_and(Option::is_none) {
+                first += 1;
             }
             // Advance to the next end (and every end at the same instant).
             let Some(std::cmp::Reverse((next, ..))) = ends.peek().copied() else {
@@ -1007,29 +1085,35 @@ impl NodeRuntime {
                 }
             }
         }
-        // `waiting` now holds exactly the containers that would start after the bound; those
-        // already re-placed once stay (else returned work can bounce between nodes at every
-        // round while GUARANTEED work holds the cluster: measured, 16 million returns in one
-        // simulated hour of the 256-node production-like run).
-        let victims: Vec<QueueKey> = waiting
-            .into_iter()
-            .rev()
-            .filter(|(_, spec)| !spec.re_placed)
-            .map(|(k, _)| k.clone())
-            .collect();
+        // What still waits starts after `at`, past its own bound when the replay stopped for
+        // having passed the largest one.
+        victims.extend(
+            waiting
+                .iter()
+                .flatten()
+                .filter(|(_, _, exponent)| exponent.is_some_and(|e| at > own_bound(e)))
+                .map(|(key, ..)| *key),
+        );
+        // Newest in queue order first.
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        let victims: Vec<QueueKey> = victims.into_iter().cloned().collect();
         let mut shed = Vec::with_capacity(victims.len());
         for key in victims {
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             self.waiting_work -= self.work_weight(&spec);
-            self.queued_returnable -= usize::from(!spec.re_placed);
+            self.queued_returnable -= usize::from(spec.may_be_returned());
+            let own_bound_ms = return_bound(bound, spec.times_returned)
+                .unwrap_or(bound)
+                .as_secs_f64()
+                * 1000.0;
             self.events.push(NodeEvent::Killed {
                 id: spec.id,
                 reason: KillReason::Shed,
                 was_running: false,
                 message: format!(
                     "shed: GUARANTEED work holds this node for longer than a placement elsewhere \
-                     would wait ({bound_ms:.0} ms); ask again elsewhere"
+                     would wait ({own_bound_ms:.0} ms); ask again elsewhere"
                 ),
             });
             shed.push(spec.id);
@@ -1182,10 +1266,10 @@ impl NodeRuntime {
         if self.queue.len() != self.queue_keys.len() {
             return Err("queue index out of sync".into());
         }
-        let returnable = self.queue.values().filter(|c| !c.re_placed).count();
+        let returnable = self.queue.values().filter(|c| c.may_be_returned()).count();
         if returnable != self.queued_returnable {
             return Err(format!(
-                "{} queued containers counted as not re-placed, {returnable} in the queue",
+                "{} queued containers counted as returnable, {returnable} in the queue",
                 self.queued_returnable
             ));
         }

@@ -209,7 +209,7 @@ impl<R: Clone> Promotions<R> {
             key_id: 0,
             node_epoch: host_epoch(&p.host),
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         };
         vec![PromotionAction::Apply {
             promotion_id,

@@ -68,15 +68,20 @@ pub struct TokenBody {
     /// the signed bytes of every other token are those of a body without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub booking: Option<GrantBooking>,
-    /// For QUEUEABLE grants: the grant re-places a container a node shed or returned (the
-    /// application named it in `allocate.replaces_shed`). Its node does not return it again
-    /// for GUARANTEED work holding it ([`crate::node::NodeRuntime::shed_held_by_guaranteed`]),
-    /// so returned work cannot bounce between nodes. The scheduler takes the application's word
-    /// for it: the mark only keeps that application's own containers queued where they land.
-    /// Left out of the encoding when false, so the signed bytes of every other token are those
-    /// of a body without it.
-    #[serde(default, skip_serializing_if = "<&bool as std::ops::Not>::not")]
-    pub re_placed: bool,
+    /// For QUEUEABLE grants: how many times a node has shed or returned the container this
+    /// grant re-places (the application named it in `allocate.replaces_shed`; the granting
+    /// scheduler counts from its own record of that container). A node returns a queued
+    /// container held back by GUARANTEED work only while the count is below
+    /// [`crate::node::MAX_RETURNS`] and only past a bound doubled per return
+    /// ([`crate::node::NodeRuntime::shed_held_by_guaranteed`]), so returned work cannot bounce
+    /// between nodes for ever. Left out of the encoding when zero, so the signed bytes of every
+    /// other token are those of a body without it.
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub times_returned: u8,
+}
+
+fn is_zero_u8(value: &u8) -> bool {
+    *value == 0
 }
 
 /// How the guarantor booked a GUARANTEED grant, carried in its signed token so that it can be
@@ -825,7 +830,7 @@ mod tests {
             key_id: 0,
             node_epoch: 0,
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         }
     }
 
@@ -1250,7 +1255,7 @@ mod tests {
             key_id: 0,
             node_epoch: 1,
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         }
     }
 }

@@ -59,7 +59,7 @@ fn body(issuer: u32, node: &NodeId) -> TokenBody {
         key_id: 0,
         node_epoch: 0,
         booking: None,
-        re_placed: false,
+        times_returned: 0,
     }
 }
 

@@ -2,9 +2,10 @@
 //! every invariant checked after every step.
 
 use scheduler_core::node::{
-    ContainerSpec, NodeError, NodeEvent, NodeRuntime, NodeRuntimeConfig, Placement,
+    self, ContainerSpec, NodeError, NodeEvent, NodeRuntime, NodeRuntimeConfig, Placement,
 };
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, KillReason, Resources, Time};
+use std::time::Duration;
 
 /// A node plus a clock; every step checks invariants and returns the events it produced.
 struct Scenario {
@@ -51,7 +52,7 @@ impl Scenario {
             resources: Resources::new(cpu, cpu),
             runtime_estimate_ms: Some(10_000),
             version: 0,
-            re_placed: false,
+            times_returned: 0,
         }
     }
 
@@ -283,42 +284,82 @@ fn queued_work_held_back_by_long_guaranteed_work_past_the_bound_goes_back() {
     assert_eq!(s.node.placement(e), Some(Placement::Queued));
 }
 
-/// Work already re-placed once never goes back a second time, yet still takes its place in the
-/// replay (what starts after it is judged with it started); a queue holding only such work is
-/// left alone (the node counts returnable work, checked by `check_invariants` at every step).
+/// Submits a QUEUEABLE container of 10 s whose work was returned `times_returned` times.
+fn submit_returned(s: &mut Scenario, job: u64, times_returned: u8) -> ContainerId {
+    let mut spec = s.container(ContainerType::Queueable, 1000, job);
+    spec.times_returned = times_returned;
+    let id = spec.id;
+    s.node.submit(s.now, spec).expect("submit accepted");
+    s.check();
+    id
+}
+
+/// Returned work goes back again only past the bound doubled per return (truncated binary
+/// exponential backoff, docs/experiments/mercury/parameters.md), yet takes its place in the
+/// replay (what starts after it is judged with it started).
 #[test]
-fn re_placed_work_stays_but_still_counts_in_the_replay() {
+fn returned_work_goes_back_again_only_past_a_bound_doubled_per_return() {
     let mut s = Scenario::new(2000, 2000);
     s.at(0);
     submit_lasting(&mut s, ContainerType::Guaranteed, 1000, 0, 60);
     submit_lasting(&mut s, ContainerType::Queueable, 1000, 1, 10);
-    let submit_re_placed = |s: &mut Scenario, job: u64| {
-        let mut spec = s.container(ContainerType::Queueable, 1000, job);
-        spec.re_placed = true;
-        let id = spec.id;
-        s.node.submit(s.now, spec).expect("submit accepted");
-        s.check();
-        id
-    };
-    // Queue: b (re-placed, starts at 10 s), c (starts at 20 s), d (re-placed, 30 s), e (40 s).
-    let b = submit_re_placed(&mut s, 2);
+    // Queue: b (returned once, starts at 10 s), c (starts at 20 s), d (returned once, 30 s),
+    // e (40 s).
+    let b = submit_returned(&mut s, 2, 1);
     let c = submit_lasting(&mut s, ContainerType::Queueable, 1000, 3, 10);
-    let d = submit_re_placed(&mut s, 4);
+    let d = submit_returned(&mut s, 4, 1);
     let e = submit_lasting(&mut s, ContainerType::Queueable, 1000, 5, 10);
-    // Within a 15-s bound only b would start; of the rest, c and e go back, d stays.
+    // Bound 15 s: c and e go; b and d, returned once, go only past 30 s (d starts at 30 s).
     let shed = s.node.shed_held_by_guaranteed(s.now, 15_000.0);
     let ev = s.check();
-    assert_eq!(shed, vec![e, c], "newest first, re-placed work kept");
+    assert_eq!(
+        shed,
+        vec![e, c],
+        "newest first; returned work judged by its own bound"
+    );
     assert_eq!(killed(&ev, KillReason::Shed), shed);
     assert_eq!(s.node.placement(b), Some(Placement::Queued));
     assert_eq!(s.node.placement(d), Some(Placement::Queued));
-    // Only re-placed work is queued now: nothing goes, at any bound.
-    assert!(s.node.shed_held_by_guaranteed(s.now, 0.0).is_empty());
+    // d now starts at 20 s: within 2 × 12 s it stays, past 2 × 8 s it goes; b (10 s) stays.
+    assert!(s.node.shed_held_by_guaranteed(s.now, 12_000.0).is_empty());
+    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 8_000.0), vec![d]);
     s.check();
-    // A new container queued behind b and d starts at 30 s: past a 25-s bound, it goes back
-    // (b and d, though kept, hold the node in the replay).
+    // A new container queued behind b starts at 20 s: past a 15-s bound it goes back (b, kept,
+    // holds the node in the replay).
     let f = submit_lasting(&mut s, ContainerType::Queueable, 1000, 6, 10);
-    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 25_000.0), vec![f]);
+    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 15_000.0), vec![f]);
+    s.check();
+}
+
+/// The backoff stops doubling at 2^10 and a container returned 16 times stays (IEEE 802.3's
+/// truncation and attempt limit); a queue holding only such work is left alone (the node counts
+/// returnable work, checked by `check_invariants` at every step). A container whose own bound
+/// is past what GUARANTEED work holds stays too, however late it starts.
+#[test]
+fn work_returned_sixteen_times_stays_and_the_backoff_is_truncated() {
+    assert_eq!(
+        node::return_bound(Duration::from_millis(10), 15),
+        Some(Duration::from_millis(10_240))
+    );
+    assert_eq!(node::return_bound(Duration::from_millis(10), 16), None);
+    let mut s = Scenario::new(2000, 2000);
+    s.at(0);
+    submit_lasting(&mut s, ContainerType::Guaranteed, 1000, 0, 60);
+    submit_lasting(&mut s, ContainerType::Queueable, 1000, 1, 10);
+    // f (16 returns) starts at 10 s, g (15 returns) at 20 s, h (3 returns) at 30 s.
+    let f = submit_returned(&mut s, 2, 16);
+    let g = submit_returned(&mut s, 3, 15);
+    let h = submit_returned(&mut s, 4, 3);
+    // Bound 10 ms: g's own bound is 10.24 s (truncated), h's 80 ms: both go, f stays.
+    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 10.0), vec![h, g]);
+    s.check();
+    assert_eq!(s.node.placement(f), Some(Placement::Queued));
+    assert!(s.node.shed_held_by_guaranteed(s.now, 0.0).is_empty());
+    // h again, now behind f (starts at 20 s): with a 10-s bound its own is 80 s, past the
+    // GUARANTEED container's 60 s: it stays although it starts after 10 s.
+    let h = submit_returned(&mut s, 4, 3);
+    assert!(s.node.shed_held_by_guaranteed(s.now, 10_000.0).is_empty());
+    assert_eq!(s.node.placement(h), Some(Placement::Queued));
     s.check();
 }
 

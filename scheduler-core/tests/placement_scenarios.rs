@@ -70,7 +70,7 @@ fn ask(count: u32, locality: Option<Locality>) -> QueueableAsk {
         runtime_estimate_ms: Some(2000),
         job_id: JobId::from("j"),
         job_submit_time_ms: 5,
-        replacements: 0,
+        replacements: Vec::new(),
     }
 }
 

@@ -81,7 +81,7 @@ impl Cluster {
             runtime_estimate_ms: Some(estimate_ms),
             job_id: JobId::from("j"),
             job_submit_time_ms: 0,
-            replacements: 0,
+            replacements: Vec::new(),
         };
         let out = self
             .scheduler
@@ -256,14 +256,14 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
         runtime_estimate_ms: Some(2_000),
         job_id: JobId::from("j"),
         job_submit_time_ms: 0,
-        replacements: 0,
+        replacements: Vec::new(),
     };
     let out = c
         .scheduler
         .place(0, &ask, &QueueableQuota::default(), &mut c.rng)
         .expect("placement");
     let placed = out.placed[0].clone();
-    issued.issued(&placed.node_id, placed.container_id);
+    issued.issued(&placed.node_id, placed.container_id, 0);
 
     // On its node, GUARANTEED work fills every core for 60 s before the grant arrives: the 2-s
     // container would wait 60 s where any other node of the view starts it at once.
@@ -282,7 +282,7 @@ fn a_re_ask_naming_a_returned_container_avoids_its_node_until_the_next_view() {
                 resources: Resources::new(1000, 1024),
                 runtime_estimate_ms: Some(60_000),
                 version: 0,
-                re_placed: false,
+                times_returned: 0,
             },
         )
         .expect("GUARANTEED container accepted");

@@ -142,7 +142,7 @@ fn token(id: ContainerId, node: &str) -> ContainerToken {
             key_id: 0,
             node_epoch: 0,
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         })
         .unwrap()
 }

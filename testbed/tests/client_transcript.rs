@@ -66,7 +66,7 @@ fn token() -> scheduler_core::token::ContainerToken {
             key_id: 0,
             node_epoch: 5,
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         })
         .unwrap()
 }

@@ -215,9 +215,14 @@ impl SchedulerActor {
             runtime_estimate_ms: req.runtime_estimate_ms,
             job_id: JobId::new(req.job_id.as_str()),
             job_submit_time_ms: req.job_submit_time_ms,
-            // Taken as the app says: the mark only keeps the app's own re-placed containers
-            // queued where they land (Mercury as published) instead of returned again.
-            replacements: (req.replaces_shed.len() as u32).min(req.count),
+            // Counted on from this scheduler's record of the named containers (once for any it
+            // does not know): nodes return re-placed work only past a bound doubled per return.
+            replacements: self.issued.replacement_counts(
+                self.ds.quotas(),
+                &app,
+                &req.replaces_shed,
+                req.count,
+            ),
         };
         // A re-ask of shed containers: their nodes wait until the next view, as in the simulator.
         let avoided = self
@@ -232,7 +237,8 @@ impl SchedulerActor {
             Ok(outcome) => {
                 let mut containers = Vec::with_capacity(outcome.placed.len());
                 for p in outcome.placed {
-                    self.issued.issued(&p.node_id, p.container_id);
+                    self.issued
+                        .issued(&p.node_id, p.container_id, p.token_body.times_returned);
                     match signer.sign(p.token_body) {
                         Ok(token) => containers.push(GrantedContainer {
                             container_id: p.container_id,
@@ -676,7 +682,7 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                     );
                 }
                 for c in &g.containers {
-                    self.issued.issued(&c.node_id, c.container_id);
+                    self.issued.issued(&c.node_id, c.container_id, 0);
                     self.ds.quotas_mut().on_granted(
                         c.container_id,
                         &p.app,

@@ -384,7 +384,7 @@ mod tests {
             resources: Resources::new(500, 256),
             runtime_estimate_ms: Some(1000),
             version: 0,
-            re_placed: false,
+            times_returned: 0,
         }
     }
 

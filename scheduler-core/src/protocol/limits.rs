@@ -717,7 +717,7 @@ mod tests {
             key_id: u32::MAX,
             node_epoch: u32::MAX,
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         }
     }
 

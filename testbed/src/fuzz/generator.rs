@@ -428,7 +428,7 @@ fn token(rng: &mut Rng) -> ContainerToken {
             key_id: rng.below(3) as u32,
             node_epoch: rng.below(3) as u32,
             booking: None,
-            re_placed: false,
+            times_returned: 0,
         },
         signature: {
             let n = if rng.chance(1, 2) { 32 } else { 64 };

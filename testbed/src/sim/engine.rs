@@ -129,8 +129,8 @@ struct ContainerRecord {
     started_at: Option<Time>,
     /// When the job manager got the grant (diagnostics: time lost to sheds and kills).
     placed_at: Time,
-    /// Its token marks it as re-placing a shed or returned container.
-    re_placed: bool,
+    /// Its token's count of the times its task's work was shed or returned before.
+    times_returned: u8,
 }
 
 struct Ack {
@@ -809,8 +809,13 @@ impl Simulation {
             job_id: state.id.clone(),
             job_submit_time_ms: state.submit_ms,
             // A task a node shed or returned is re-asked naming that container, as a live job
-            // manager does (`allocate.replaces_shed`).
-            replacements: u32::from(t.sheds > 0),
+            // manager does (`allocate.replaces_shed`); the granting scheduler counts the returns
+            // on from its record, as the live one does.
+            replacements: if t.sheds > 0 {
+                vec![u8::try_from(t.sheds).unwrap_or(u8::MAX)]
+            } else {
+                Vec::new()
+            },
         };
         let node_round = self.nodes[host as usize].view_round;
         let Some(s) = self.nodes[host as usize].scheduler else {
@@ -852,7 +857,7 @@ impl Simulation {
                 submit_ms: placed.token_body.job_submit_time_ms,
                 started_at: None,
                 placed_at: self.now,
-                re_placed: placed.token_body.re_placed,
+                times_returned: placed.token_body.times_returned,
             },
         );
         let at = self
@@ -963,7 +968,7 @@ impl Simulation {
                     submit_ms: p.token_body.job_submit_time_ms,
                     started_at: None,
                     placed_at: self.now,
-                    re_placed: false,
+                    times_returned: 0,
                 },
             );
             let at = self.after_ms(
@@ -1051,7 +1056,7 @@ impl Simulation {
             resources: state.tasks[rec.task as usize].resources,
             runtime_estimate_ms: rec.estimate_ms,
             version: 0,
-            re_placed: rec.re_placed,
+            times_returned: rec.times_returned,
         };
         let node = rec.node;
         let (job, task, container_type) = (rec.job, rec.task, rec.container_type);

@@ -430,7 +430,7 @@ pub fn token_body(
         key_id: 0,
         node_epoch: 0,
         booking: None,
-        re_placed: false,
+        times_returned: 0,
     }
 }
 
