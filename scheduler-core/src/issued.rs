@@ -216,9 +216,17 @@ impl IssuedContainers {
     /// Drop what expired: remembered releases past their token's expiry, and unstarted grants
     /// whose token expired (the quota tracker decides which).
     pub fn expire(&mut self, quotas: &mut QuotaTracker, now_ms: u64) {
-        self.released_unstarted
-            .retain(|_, (_, expires_at_ms)| *expires_at_ms > now_ms);
-        let expired = quotas.expire(now_ms);
+        // A release remembered past its token's expiry is forgotten with the grant's entries:
+        // no node can start it any more (its quota entry went with the release).
+        let mut expired = Vec::new();
+        self.released_unstarted.retain(|id, (_, expires_at_ms)| {
+            let keep = *expires_at_ms > now_ms;
+            if !keep {
+                expired.push(*id);
+            }
+            keep
+        });
+        expired.extend(quotas.expire(now_ms));
         if !expired.is_empty() {
             for set in self.by_node.values_mut() {
                 for id in &expired {
@@ -354,6 +362,8 @@ mod tests {
             issued.on_notice(&mut quotas, &notice(late, "b", NoticeKind::Started)),
             None
         );
+        // The expired release left nothing behind: only the started one is still tracked.
+        assert_eq!(issued.len(), 1, "{issued:?}");
         quotas.check_invariants().unwrap();
     }
 

@@ -102,6 +102,12 @@ impl ContainerSpec {
     pub fn may_be_returned(&self) -> bool {
         self.times_returned < MAX_RETURNS
     }
+
+    /// The exponent of its return bound ([`return_bound`]), if it has returns left.
+    fn backoff_exponent(&self) -> Option<u8> {
+        self.may_be_returned()
+            .then(|| self.times_returned.min(RETURN_BACKOFF_MAX_EXPONENT))
+    }
 }
 
 /// A queued QUEUEABLE container is returned at most this many times in all (sheds of either
@@ -284,10 +290,11 @@ pub struct NodeRuntime {
     /// Σ over queued and waiting containers of estimate × dominant share, as an exact integer
     /// (see [`NodeRuntime::work_weight`]), so Tq is O(1) however long the queue is.
     waiting_work: u128,
-    /// Queued containers not yet re-placed once (the ones
-    /// [`NodeRuntime::shed_held_by_guaranteed`] may return), so a node whose queue holds only
-    /// re-placed work skips that replay without walking its queue.
-    queued_returnable: usize,
+    /// Queued containers with returns left (the ones [`NodeRuntime::shed_held_by_guaranteed`]
+    /// may return), by backoff exponent (`min(times_returned, 10)`), so a node none of whose
+    /// queued work could go back now (none left, or every bound past what GUARANTEED work holds)
+    /// skips that replay without walking its queue.
+    queued_by_backoff: [usize; RETURN_BACKOFF_MAX_EXPONENT as usize + 1],
     allocated: Resources,
     queueable_allocated: Resources,
     next_seq: u64,
@@ -309,7 +316,7 @@ impl NodeRuntime {
             queue_keys: HashMap::new(),
             waiting_guaranteed: VecDeque::new(),
             waiting_work: 0,
-            queued_returnable: 0,
+            queued_by_backoff: Default::default(),
             allocated: Resources::ZERO,
             queueable_allocated: Resources::ZERO,
             next_seq: 0,
@@ -505,8 +512,17 @@ impl NodeRuntime {
         self.next_seq += 1;
         self.queue_keys.insert(spec.id, key.clone());
         self.waiting_work += self.work_weight(&spec);
-        self.queued_returnable += usize::from(spec.may_be_returned());
+        if let Some(e) = spec.backoff_exponent() {
+            self.queued_by_backoff[e as usize] += 1;
+        }
         self.queue.insert(key, spec);
+    }
+
+    /// A queued container left the queue: it no longer counts in `queued_by_backoff`.
+    fn uncount_queued(&mut self, spec: &ContainerSpec) {
+        if let Some(e) = spec.backoff_exponent() {
+            self.queued_by_backoff[e as usize] -= 1;
+        }
     }
 
     fn free(&self) -> Resources {
@@ -651,7 +667,7 @@ impl NodeRuntime {
             let spec = self.queue.remove(&k).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             self.waiting_work -= self.work_weight(&spec);
-            self.queued_returnable -= usize::from(spec.may_be_returned());
+            self.uncount_queued(&spec);
             self.launch(now, spec);
         }
     }
@@ -754,7 +770,7 @@ impl NodeRuntime {
             if let Some(k) = self.queue_keys.remove(&id) {
                 if let Some(spec) = self.queue.remove(&k) {
                     self.waiting_work -= self.work_weight(&spec);
-                    self.queued_returnable -= usize::from(spec.may_be_returned());
+                    self.uncount_queued(&spec);
                 }
             } else if let Some(spec) = self
                 .waiting_guaranteed
@@ -844,7 +860,7 @@ impl NodeRuntime {
         }
         let key = self.queue_keys.remove(&id).ok_or(NodeError::Unknown(id))?;
         let mut spec = self.queue.remove(&key).ok_or(NodeError::Unknown(id))?;
-        self.queued_returnable -= usize::from(spec.may_be_returned());
+        self.uncount_queued(&spec);
         spec.container_type = ContainerType::Guaranteed;
         spec.version = new_version;
         self.events.push(NodeEvent::Promoted {
@@ -885,7 +901,7 @@ impl NodeRuntime {
             let key = key.clone();
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
-            self.queued_returnable -= usize::from(spec.may_be_returned());
+            self.uncount_queued(&spec);
             let weight = self.work_weight(&spec);
             self.waiting_work -= weight;
             estimate_ms -= weight as f64 / denominator;
@@ -939,7 +955,9 @@ impl NodeRuntime {
     pub fn shed_held_by_guaranteed(&mut self, now: Time, bound_ms: f64) -> Vec<ContainerId> {
         // Only containers with returns left can go back: a queue of other work alone is left as
         // it is without replaying it (most of the simulator's cost on long runs otherwise).
-        if self.queued_returnable == 0 || !(bound_ms.is_finite() && bound_ms >= 0.0) {
+        if self.queued_by_backoff.iter().all(|&n| n == 0)
+            || !(bound_ms.is_finite() && bound_ms >= 0.0)
+        {
             return Vec::new();
         }
         let bound = Duration::from_secs_f64(bound_ms / 1000.0);
@@ -967,7 +985,13 @@ impl NodeRuntime {
             )
             .max()
             .unwrap_or(Duration::ZERO);
-        if guaranteed_hold <= bound {
+        // Nothing queued could go back: every class with work has its bound past the hold.
+        let could_go_back = self
+            .queued_by_backoff
+            .iter()
+            .enumerate()
+            .any(|(e, &n)| n > 0 && guaranteed_hold > bound.saturating_mul(1 << e));
+        if !could_go_back {
             return Vec::new();
         }
         // A queued container can go back when it has returns left and GUARANTEED work holds the
@@ -1102,7 +1126,7 @@ impl NodeRuntime {
             let spec = self.queue.remove(&key).expect("key from queue");
             self.queue_keys.remove(&spec.id);
             self.waiting_work -= self.work_weight(&spec);
-            self.queued_returnable -= usize::from(spec.may_be_returned());
+            self.uncount_queued(&spec);
             let own_bound_ms = return_bound(bound, spec.times_returned)
                 .unwrap_or(bound)
                 .as_secs_f64()
@@ -1266,11 +1290,19 @@ impl NodeRuntime {
         if self.queue.len() != self.queue_keys.len() {
             return Err("queue index out of sync".into());
         }
-        let returnable = self.queue.values().filter(|c| c.may_be_returned()).count();
-        if returnable != self.queued_returnable {
+        let mut by_backoff = [0usize; RETURN_BACKOFF_MAX_EXPONENT as usize + 1];
+        for e in self
+            .queue
+            .values()
+            .filter_map(ContainerSpec::backoff_exponent)
+        {
+            by_backoff[e as usize] += 1;
+        }
+        if by_backoff != self.queued_by_backoff {
             return Err(format!(
-                "{} queued containers counted as returnable, {returnable} in the queue",
-                self.queued_returnable
+                "queued containers with returns left by backoff exponent: counted {:?}, in the \
+                 queue {by_backoff:?}",
+                self.queued_by_backoff
             ));
         }
         for (id, k) in &self.queue_keys {

@@ -64,8 +64,9 @@ pub struct TokenBody {
     /// For GUARANTEED grants booked other than as plain, unshaped core work: how the guarantor
     /// booked it (its reservation, its Pace role and shaping permission, its request). Signed
     /// with the rest, so a worker or an application cannot change how a re-adopted container is
-    /// booked after a coordinator restart. Left out of the encoding when absent (last field), so
-    /// the signed bytes of every other token are those of a body without it.
+    /// booked after a coordinator restart. Left out of the encoding when absent (a trailing field,
+    /// as `times_returned` after it), so the signed bytes of every other token are those of a
+    /// body without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub booking: Option<GrantBooking>,
     /// For QUEUEABLE grants: how many times a node has shed or returned the container this
@@ -927,6 +928,33 @@ mod tests {
             Err(TokenError::Replayed { .. })
         ));
     }
+
+    /// A re-placement's count of returns is signed: an application cannot raise it (to keep its
+    /// work queued where it lands) or clear it; a token without it encodes as before the field
+    /// existed, and it survives the app protocol's named encoding.
+    #[test]
+    fn the_count_of_returns_is_signed_and_absent_when_zero() {
+        let s = signer(ISSUER, &[("n1", EPOCH)]);
+        let app = AppId::from("app");
+        let mut v = verifier("n1", EPOCH);
+        assert_eq!(body_bytes(&body("n1")).unwrap()[0], 0x90 | 13);
+        let mut returned = body("n1");
+        returned.times_returned = 2;
+        assert_eq!(body_bytes(&returned).unwrap()[0], 0x90 | 14);
+        let token = s.sign(returned).unwrap();
+        v.check(&token, &app, 1).unwrap();
+        let named = rmp_serde::to_vec_named(&token).unwrap();
+        let back: ContainerToken = rmp_serde::from_slice(&named).unwrap();
+        assert_eq!(back.body.times_returned, 2);
+        v.check(&back, &app, 1).unwrap();
+        for forged_count in [0, 3, MAX_RETURNS_FOR_TEST] {
+            let mut tampered = token.clone();
+            tampered.body.times_returned = forged_count;
+            assert_eq!(v.check(&tampered, &app, 1), Err(TokenError::Forged));
+        }
+    }
+
+    const MAX_RETURNS_FOR_TEST: u8 = crate::node::MAX_RETURNS;
 
     #[test]
     fn forged_wrong_node_and_wrong_app_are_refused() {

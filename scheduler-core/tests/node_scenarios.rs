@@ -355,11 +355,31 @@ fn work_returned_sixteen_times_stays_and_the_backoff_is_truncated() {
     s.check();
     assert_eq!(s.node.placement(f), Some(Placement::Queued));
     assert!(s.node.shed_held_by_guaranteed(s.now, 0.0).is_empty());
-    // h again, now behind f (starts at 20 s): with a 10-s bound its own is 80 s, past the
-    // GUARANTEED container's 60 s: it stays although it starts after 10 s.
-    let h = submit_returned(&mut s, 4, 3);
-    assert!(s.node.shed_held_by_guaranteed(s.now, 10_000.0).is_empty());
+}
+
+/// A container whose own bound is not below what GUARANTEED work holds stays however late it
+/// starts: past the hold, what delays it is QUEUEABLE work, R's and §4.3's business.
+#[test]
+fn work_whose_bound_reaches_the_guaranteed_hold_stays_however_late_it_starts() {
+    let mut s = Scenario::new(2000, 2000);
+    s.at(0);
+    submit_lasting(&mut s, ContainerType::Guaranteed, 1000, 0, 60);
+    submit_lasting(&mut s, ContainerType::Queueable, 1000, 1, 10);
+    // j (never returned) first, then eleven containers of 10 s that stay (16 returns), then h
+    // (3 returns). One core until the GUARANTEED container ends at 60 s, two after: j starts at
+    // 10 s, h at 90 s.
+    let j = submit_returned(&mut s, 2, 0);
+    for job in 3..14 {
+        submit_returned(&mut s, job, 16);
+    }
+    let h = submit_returned(&mut s, 14, 3);
+    // Bound 7.5 s: j's own is 7.5 s (it goes: it starts at 10 s); h's is 60 s, exactly what the
+    // GUARANTEED container holds, so h stays although it starts at 90 s.
+    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 7_500.0), vec![j]);
+    s.check();
     assert_eq!(s.node.placement(h), Some(Placement::Queued));
+    // A bound a little shorter puts h's below the hold: it goes.
+    assert_eq!(s.node.shed_held_by_guaranteed(s.now, 7_000.0), vec![h]);
     s.check();
 }
 
