@@ -94,11 +94,8 @@ impl ContainerSpec {
             times_returned: body.times_returned,
         }
     }
-}
 
-impl ContainerSpec {
-    /// It has returns left ([`MAX_RETURNS`]); QUEUEABLE or not, only queued QUEUEABLE work is
-    /// ever queued.
+    /// It has returns left ([`MAX_RETURNS`]) should it wait queued behind GUARANTEED work.
     pub fn may_be_returned(&self) -> bool {
         self.times_returned < MAX_RETURNS
     }
@@ -123,7 +120,12 @@ pub const RETURN_BACKOFF_MAX_EXPONENT: u8 = 10;
 /// once it has been returned [`MAX_RETURNS`] times.
 pub fn return_bound(bound: Duration, times_returned: u8) -> Option<Duration> {
     (times_returned < MAX_RETURNS)
-        .then(|| bound.saturating_mul(1 << times_returned.min(RETURN_BACKOFF_MAX_EXPONENT)))
+        .then(|| backoff_bound(bound, times_returned.min(RETURN_BACKOFF_MAX_EXPONENT)))
+}
+
+/// `bound` × 2^`exponent` (`exponent` at most [`RETURN_BACKOFF_MAX_EXPONENT`]).
+fn backoff_bound(bound: Duration, exponent: u8) -> Duration {
+    bound.saturating_mul(1 << exponent)
 }
 
 /// What the caller must do / report.
@@ -990,17 +992,10 @@ impl NodeRuntime {
             .queued_by_backoff
             .iter()
             .enumerate()
-            .any(|(e, &n)| n > 0 && guaranteed_hold > bound.saturating_mul(1 << e));
+            .any(|(e, &n)| n > 0 && guaranteed_hold > backoff_bound(bound, e as u8));
         if !could_go_back {
             return Vec::new();
         }
-        // A queued container can go back when it has returns left and GUARANTEED work holds the
-        // node past its own bound.
-        let eligible = |spec: &ContainerSpec| -> Option<Duration> {
-            let own = return_bound(bound, spec.times_returned)?;
-            (guaranteed_hold > own).then_some(own)
-        };
-
         // Replay the node forward from now: (offset of the end, resources, QUEUEABLE?).
         let mut ends: std::collections::BinaryHeap<std::cmp::Reverse<(Duration, u64, u64, bool)>> =
             self.running
@@ -1031,14 +1026,17 @@ impl NodeRuntime {
         // stays wherever it starts); `None` entries once started in the replay. Eligible
         // containers still waiting are counted per exponent: the replay can stop once it is past
         // the largest bound among them, since what still waits then goes back anyway.
-        let own_bound = |exponent: u8| bound.saturating_mul(1 << exponent);
+        let own_bound = |exponent: u8| backoff_bound(bound, exponent);
         let mut waiting_per_exponent = [0usize; RETURN_BACKOFF_MAX_EXPONENT as usize + 1];
         let mut waiting: Vec<Option<(&QueueKey, &ContainerSpec, Option<u8>)>> = self
             .queue
             .iter()
             .map(|(key, spec)| {
-                let exponent =
-                    eligible(spec).map(|_| spec.times_returned.min(RETURN_BACKOFF_MAX_EXPONENT));
+                // It can go back when it has returns left and GUARANTEED work holds the node
+                // past its own bound.
+                let exponent = spec
+                    .backoff_exponent()
+                    .filter(|&e| guaranteed_hold > own_bound(e));
                 if let Some(e) = exponent {
                     waiting_per_exponent[e as usize] += 1;
                 }
