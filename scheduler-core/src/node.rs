@@ -1148,7 +1148,11 @@ impl NodeRuntime {
 
     /// The node is being drained or its state is lost: everything is killed with `reason`.
     pub fn kill_all(&mut self, now: Time, reason: KillReason, message: &str) {
-        let ids: Vec<ContainerId> = self.statuses().into_iter().map(|s| s.id).collect();
+        // Work that has not started goes first: removing a running container lets the next
+        // queued one start, which the worker would launch only to kill it at once.
+        let mut statuses = self.statuses();
+        statuses.sort_by_key(|s| s.placement == Placement::Running);
+        let ids: Vec<ContainerId> = statuses.into_iter().map(|s| s.id).collect();
         for id in ids {
             self.remove(now, id, reason, message.to_string());
         }

@@ -586,6 +586,30 @@ fn release_and_kill_all_free_everything() {
     assert_eq!(s.node.allocated(), Resources::ZERO);
 }
 
+/// Killing everything (the worker stops, or the node is lost) starts nothing: before, the
+/// running containers went first and each removal let a queued container start, which a worker
+/// then launched only to kill it a moment later (the user's command ran after the stop began).
+#[test]
+fn kill_all_starts_none_of_the_work_it_kills() {
+    let mut s = Scenario::new(1000, 1000);
+    let (running, _) = s.at(0).submit(ContainerType::Guaranteed, 600, 0);
+    let (queued, _) = s.submit(ContainerType::Queueable, 600, 1);
+    let (also_queued, _) = s.submit(ContainerType::Queueable, 300, 2);
+    assert_eq!(s.node.placement(running), Some(Placement::Running));
+    assert_eq!(s.node.placement(queued), Some(Placement::Queued));
+    assert_eq!(s.node.placement(also_queued), Some(Placement::Running));
+    s.node
+        .kill_all(s.now, KillReason::Lost, "the worker is shutting down");
+    let ev = s.check();
+    assert_eq!(started(&ev), Vec::<ContainerId>::new(), "{ev:?}");
+    let mut all_killed = killed(&ev, KillReason::Lost);
+    all_killed.sort();
+    let mut expected = vec![running, queued, also_queued];
+    expected.sort();
+    assert_eq!(all_killed, expected);
+    assert_eq!(s.node.allocated(), Resources::ZERO);
+}
+
 /// A long pseudo-random run: the invariants hold after every single step.
 #[test]
 fn random_walk_keeps_invariants() {

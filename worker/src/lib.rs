@@ -98,10 +98,37 @@ fn dup_listener(fd: std::os::fd::BorrowedFd<'_>) -> anyhow::Result<std::os::fd::
         .context("duplicating a listener for in-place upgrades")
 }
 
+/// How long an orderly stop waits for the killed containers to be reaped and their cgroups
+/// emptied: under `docker stop`'s default of 10 s before it sends SIGKILL.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
+
 impl WorkerHandle {
-    /// Kill every container (orderly shutdown).
+    /// Kill every container (orderly shutdown) and wait, at most [`SHUTDOWN_GRACE`], until
+    /// every one is reaped and its cgroup emptied; then remove the executor's cgroups. The
+    /// apps are told their containers are lost, so none may outlive the worker's exit (the
+    /// process exits right after this returns, and the node thread with it). What is still
+    /// running past the grace is logged; the next start on the same state dir kills it.
     pub async fn shutdown(&self) {
-        let _ = self.node.send(node_actor::KillAll).await;
+        let Ok(all_ended) = self.node.send(node_actor::KillAll).await else {
+            return; // the node thread is gone already
+        };
+        if tokio::time::timeout(SHUTDOWN_GRACE, all_ended)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace_ms = SHUTDOWN_GRACE.as_millis() as u64,
+                "some containers were still being killed when the stop's grace ran out; \
+                 the next start on this state dir kills what is left"
+            );
+            return;
+        }
+        match self.node.send(node_actor::RemoveCgroups).await {
+            Ok(left) if !left.is_empty() => {
+                tracing::warn!(roots = ?left, "cgroup roots could not be removed at stop");
+            }
+            _ => {}
+        }
     }
 
     /// Upgrade in place: hand the containers over, write the upgrade state (0600) into the

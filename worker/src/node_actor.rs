@@ -69,6 +69,10 @@ pub struct NodeActor {
     /// Containers taken back after an upgrade: their events are held for apps that have not
     /// re-subscribed yet (their connections dropped with the old image).
     adopted: std::collections::HashSet<ContainerId>,
+    /// Who waits for every process task to end ([`KillAll`]; one per stop request).
+    all_ended: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// Set by [`KillAll`]: the worker is stopping, so no container starts any more.
+    stopping: bool,
 }
 
 impl NodeActor {
@@ -98,6 +102,8 @@ impl NodeActor {
             ended: Rc::default(),
             upgrading: false,
             adopted: Default::default(),
+            all_ended: Vec::new(),
+            stopping: false,
         }
     }
 
@@ -283,6 +289,16 @@ impl NodeActor {
                 req.request_id,
                 ErrorCode::CoordinatorUnavailable,
                 "start_container refused: the worker is upgrading in place; retry in a moment",
+            );
+        }
+        if self.stopping {
+            // A container started now would outlive the worker, which waits only for the
+            // containers it killed when the stop began.
+            return error(
+                req.request_id,
+                ErrorCode::CoordinatorUnavailable,
+                "start_container refused: the worker is stopping and leaves the cluster; ask for \
+                 a grant on another node",
             );
         }
         let now = self.shared.clock.now();
@@ -510,6 +526,11 @@ impl NodeActor {
     fn process_ended(&mut self, ctx: &mut Context<Self>, id: ContainerId, end: ProcessEnd) {
         self.processes.remove(&id);
         self.usage.remove(&id);
+        if self.processes.is_empty() {
+            for waiter in self.all_ended.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
         if self.node.placement(id) != Some(Placement::Running) {
             return; // already killed by the runtime (preempted, released, shed, lost)
         }
@@ -940,22 +961,51 @@ impl Handler<StopOnBehalf> for NodeActor {
 }
 
 /// Kill every container (worker shutdown).
+/// Kill every container (the worker is stopping). The answer resolves once every container's
+/// process task has ended, i.e. its processes are killed and reaped and its cgroup emptied:
+/// the apps are told `lost`, so nothing may outlive the worker's exit.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "tokio::sync::oneshot::Receiver<()>")]
 pub struct KillAll;
 
 impl Handler<KillAll> for NodeActor {
-    type Result = ();
-    fn handle(&mut self, _: KillAll, ctx: &mut Context<Self>) {
+    type Result = MessageResult<KillAll>;
+    fn handle(&mut self, _: KillAll, ctx: &mut Context<Self>) -> Self::Result {
+        let (all_ended, answer) = tokio::sync::oneshot::channel();
         if self.upgrading {
-            return;
+            // The containers were handed over to the next image: not ours to kill or wait for.
+            let _ = all_ended.send(());
+            return MessageResult(answer);
         }
+        self.stopping = true;
         self.node.kill_all(
             self.shared.clock.now(),
             KillReason::Lost,
             "the worker is shutting down",
         );
         self.flush(ctx);
+        if self.processes.is_empty() {
+            let _ = all_ended.send(());
+        } else {
+            self.all_ended.push(all_ended);
+        }
+        MessageResult(answer)
+    }
+}
+
+/// Remove the executor's idle cgroups and its roots (the worker is stopping, every container
+/// has ended). Answers the roots that could not be removed.
+#[derive(Message)]
+#[rtype(result = "Vec<std::path::PathBuf>")]
+pub struct RemoveCgroups;
+
+impl Handler<RemoveCgroups> for NodeActor {
+    type Result = MessageResult<RemoveCgroups>;
+    fn handle(&mut self, _: RemoveCgroups, _: &mut Context<Self>) -> Self::Result {
+        if self.upgrading {
+            return MessageResult(Vec::new());
+        }
+        MessageResult(self.executor.remove_cgroups())
     }
 }
 

@@ -560,3 +560,52 @@ async fn a_re_ask_naming_a_returned_container_avoids_the_returning_node_until_th
     assert!(nodes.iter().all(|n| n == "node-b"), "{nodes:?}");
     c.stop().await;
 }
+
+/// An orderly stop returns only once every container it killed has ended, and no container
+/// starts after the stop began: a start then is refused (it would outlive the worker).
+#[actix_rt::test]
+async fn a_stopping_worker_waits_for_its_containers_and_starts_no_more() {
+    let c = Cluster::start(&["demo"], &[node("node-a", 2000, 2048)]).await;
+    let mut app = c.client("node-a").await;
+    app.subscribe().await;
+
+    let running = app.grant(ask(ContainerType::Queueable, 500, 64)).await;
+    let running = start_running(&mut app, &running, sh("exec sleep 1000")).await;
+    // Granted before the stop, started after it.
+    let late = app.grant(ask(ContainerType::Queueable, 500, 64)).await;
+
+    c.worker("node-a").shutdown().await;
+    let snap = c.inspect("node-a").await;
+    assert_eq!(
+        (snap.running, snap.processes),
+        (0, 0),
+        "the stop returned before its killed container had ended"
+    );
+    let lost = app
+        .event("the killed container's end", ended(running))
+        .await;
+    assert!(
+        matches!(
+            lost.event,
+            ContainerEventKind::Killed {
+                reason: KillReason::Lost,
+                ..
+            }
+        ),
+        "{lost:?}"
+    );
+
+    let refused = app
+        .start(&late, sh("exec sleep 1000"))
+        .await
+        .expect_err("a start on a stopping worker is refused");
+    assert_eq!(
+        refused.code,
+        ErrorCode::CoordinatorUnavailable,
+        "{refused:?}"
+    );
+    assert!(refused.message.contains("stopping"), "{refused:?}");
+    let snap = c.inspect("node-a").await;
+    assert_eq!((snap.running, snap.processes), (0, 0));
+    c.stop().await;
+}

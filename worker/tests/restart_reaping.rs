@@ -182,3 +182,67 @@ async fn a_restarted_worker_kills_the_containers_its_crashed_predecessor_left_ru
     second.kill().await.expect("stop the second worker");
     c.server.shutdown();
 }
+
+/// A worker stopped with SIGTERM tells its apps their containers are lost, so those containers
+/// must be gone by the time it exits: it kills them, waits (bounded) until every process task
+/// has reaped its container and emptied its cgroup, and removes its cgroup roots. Before, the
+/// process exited as soon as the kills were queued, leaving every container running and every
+/// cgroup in place.
+#[actix_rt::test]
+async fn a_worker_stopped_with_sigterm_kills_its_containers_and_removes_its_cgroups_before_it_exits()
+ {
+    let c = Cluster::start(&["demo"], &[]).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let state_dir = tmp.path().join("state");
+    let log = tmp.path().join("worker.log");
+    let (mut worker, endpoint) = start_worker_binary(&c, "stopped", &state_dir, &log, None).await;
+
+    let mut app = AppClient::login(endpoint.parse().expect("addr"), "demo", c.secret("demo")).await;
+    app.subscribe().await;
+    let token = app.grant(ask(ContainerType::Queueable, 500, 256)).await;
+    let id = token.body.container_id;
+    let marker = format!("STOP_TEST_MARKER={}-{}", std::process::id(), id.0);
+    let mut launch = sh("sleep 1000 & exec sleep 1000");
+    let (key, value) = marker.split_once('=').expect("k=v");
+    launch.env.insert(key.into(), value.into());
+    let accepted = app.start(&token, launch).await.expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Running);
+    poll("both container processes run", || {
+        marked_processes(&marker).len() == 2
+    })
+    .await;
+    let container = marked_processes(&marker);
+    let cgroups = worker_cgroups(container[0]);
+    // The executor's roots: the parents of the container's cgroups (cgroup hosts only).
+    let roots: Vec<PathBuf> = cgroups
+        .iter()
+        .filter_map(|dir| dir.parent().map(PathBuf::from))
+        .collect();
+    eprintln!("container processes {container:?}, cgroups {cgroups:?}, roots {roots:?}");
+
+    let pid = i32::try_from(worker.id().expect("worker pid")).expect("pid");
+    // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(FAILURE_TIMEOUT, worker.wait())
+        .await
+        .expect("the worker exits after SIGTERM")
+        .expect("wait for the worker");
+    eprintln!("worker exited: {status}");
+
+    // Checked at once, not polled: the worker's exit is the moment the promise must hold.
+    assert_eq!(
+        marked_processes(&marker),
+        Vec::<u32>::new(),
+        "a container outlived the worker that told its app it was lost; the worker's log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    for dir in cgroups.iter().chain(&roots) {
+        assert!(
+            !dir.exists(),
+            "cgroup {} outlived the worker that made it",
+            dir.display()
+        );
+    }
+    drop(app);
+    c.server.shutdown();
+}

@@ -241,6 +241,19 @@ impl Executor {
         self.roots.pool.close();
     }
 
+    /// When the worker stops, after every container has ended: removes the idle cgroups and
+    /// the roots (the process exits before this executor would be dropped, so its `Drop`
+    /// cannot be relied on for it). Keeps no more cgroups afterwards. Returns the roots that
+    /// could not be removed (a container cgroup below them is still populated).
+    pub fn remove_cgroups(&self) -> Vec<PathBuf> {
+        self.roots.pool.close();
+        cgroup::remove_root(&self.roots.enforcement);
+        self.cgroup_roots()
+            .into_iter()
+            .filter(|root| root.exists())
+            .collect()
+    }
+
     /// Empty container cgroups kept for reuse.
     pub fn idle_cgroups(&self) -> usize {
         self.roots.pool.idle_count()
