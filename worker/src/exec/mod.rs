@@ -630,7 +630,8 @@ struct LogCopier {
     task: JoinHandle<u64>,
 }
 
-/// How long [`ContainerProcess::wait`] waits for a container's log copies after it ended.
+/// How long [`ContainerProcess::wait`] waits for a container's log copies (both streams
+/// together) after it ended.
 const LOG_DRAIN_BOUND: Duration = Duration::from_secs(5);
 
 /// Default of [`ExecutorConfig::log_max_bytes`]: 64 MiB per stream.
@@ -1148,11 +1149,14 @@ impl ContainerProcess {
             self.tree.remove_cgroup().await;
             self.tree.forget();
         }
+        // One deadline for both streams (not one bound each), so a stopping worker's wait for
+        // its containers stays within its grace.
+        let logs_deadline = tokio::time::Instant::now() + LOG_DRAIN_BOUND;
         for copier in self.log_copiers.drain(..).map(|c| c.task) {
             // Every process of the container is gone, so its pipes are closed and the copy ends
             // with the last bytes written: the logs are whole when the end is reported. The bound
             // only guards against a pipe held open by a process that escaped the container.
-            match tokio::time::timeout(LOG_DRAIN_BOUND, copier).await {
+            match tokio::time::timeout_at(logs_deadline, copier).await {
                 Ok(Ok(discarded)) if discarded > 0 => tracing::info!(
                     container_id = self.tree.container_id,
                     discarded_bytes = discarded,
