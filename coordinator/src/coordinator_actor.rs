@@ -113,6 +113,13 @@ pub struct CoordinatorActor {
     /// removals wait for the tick's write, so a re-join storm costs one synced commit per tick,
     /// not one per node ([`CoordinatorActor::persist_lost_node_removals`]).
     lost_nodes_written_since_tick: bool,
+    /// Losses declared while the store refused the lost-node set: announced (notices, bookings
+    /// dropped, session closed) only once a write succeeds, [`CoordinatorActor::lose_nodes`].
+    /// Bounded by the nodes of the cluster.
+    losses_not_stored: Vec<(NodeId, String)>,
+    /// Their `lost` notices, taken back from the issuers' queues until then (one per container
+    /// of those nodes).
+    held_loss_notices: Vec<ContainerNotice>,
 }
 
 /// Issuer prefixes reserved per store write: a join writes the store (a synced redb commit,
@@ -197,6 +204,8 @@ impl CoordinatorActor {
             encoded_top_k: None,
             encoded_membership: ((0, 0), HashMap::new()),
             lost_nodes_written_since_tick: false,
+            losses_not_stored: Vec::new(),
+            held_loss_notices: Vec::new(),
         })
     }
 
@@ -766,10 +775,40 @@ impl CoordinatorActor {
                 (node_id, lost.len())
             })
             .collect();
-        self.persist_lost_nodes();
+        if !self.persist_lost_nodes() {
+            // Not stored: nothing of these losses may leave yet. Their `lost` notices and
+            // everything `after_loss` does wait for a write that succeeds (retried every tick);
+            // a crash before it forgets the losses, and nobody was told of them.
+            let names: std::collections::BTreeSet<NodeId> =
+                declared.iter().map(|(n, _)| n.clone()).collect();
+            self.held_loss_notices
+                .extend(self.state.take_loss_notices_of(&names));
+            for (node_id, containers) in declared {
+                warn!(node = %node_id, containers, "node lost: {why}; not announced until the loss is stored");
+                self.losses_not_stored.push((node_id, why.to_string()));
+            }
+            return;
+        }
         for (node_id, containers) in declared {
             warn!(node = %node_id, containers, "node lost: {why}");
             self.after_loss(&node_id, why);
+        }
+    }
+
+    /// The losses that could not be stored when declared are stored now: let out what was
+    /// held back (their `lost` notices, and the rest of [`CoordinatorActor::after_loss`]).
+    fn release_stored_losses(&mut self) {
+        for notice in std::mem::take(&mut self.held_loss_notices) {
+            self.state.route_notice(notice);
+        }
+        for (node_id, why) in std::mem::take(&mut self.losses_not_stored) {
+            if self.state.node(&node_id).is_some() {
+                // It re-joined meanwhile (and was told to kill what it ran): its new session,
+                // bookings and containers are not the lost ones.
+                continue;
+            }
+            warn!(node = %node_id, "node lost: {why}; the loss is stored now");
+            self.after_loss(&node_id, &why);
         }
     }
 
@@ -796,18 +835,22 @@ impl CoordinatorActor {
         self.run_promotion(refused);
     }
 
-    /// Persist the lost-node set if it changed (one synced store commit).
-    fn persist_lost_nodes(&mut self) {
+    /// Persist the lost-node set if it changed (one synced store commit). False when the write
+    /// failed: the set is kept in memory (this incarnation still kills a lost node's containers
+    /// on re-join) and written again at the next tick, and losses held back until stored stay
+    /// held.
+    fn persist_lost_nodes(&mut self) -> bool {
         let Some(lost) = self.state.take_lost_nodes_if_changed() else {
-            return;
+            return true;
         };
         self.metrics.lost_node_writes.inc();
         if let Err(e) = self.store.set_lost_nodes(lost) {
-            // Kept in memory (this incarnation still kills a lost node's containers on re-join)
-            // and saved again at the next tick, so a restart does not forget it.
             error!("cannot persist the lost nodes: {e}");
             self.state.lost_nodes_not_saved();
+            return false;
         }
+        self.release_stored_losses();
+        true
     }
 
     /// After a heartbeat: a node that came back whole after being declared lost leaves the

@@ -58,6 +58,8 @@ pub struct CoordinatorServer {
     pub metrics: Arc<CoordinatorMetrics>,
     /// The operator's admin socket (`DATA_DIR/admin.sock`, see [`crate::admin`]).
     pub admin_socket: std::path::PathBuf,
+    /// The store the actors write (tests inject write faults through it).
+    pub store: Arc<Store>,
     endpoint: quinn::Endpoint,
 }
 
@@ -122,7 +124,7 @@ pub async fn start(
     coordinator.dashboard = dashboard.clone();
     let coordinator = coordinator.start();
     let mut guarantor = GuarantorActor::new(
-        store,
+        store.clone(),
         signer,
         token_ttl_ms,
         clock,
@@ -229,6 +231,7 @@ pub async fn start(
         metrics_addr,
         metrics,
         admin_socket,
+        store,
         endpoint,
     })
 }

@@ -145,6 +145,8 @@ pub struct InitialRecords {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    /// Fault injection ([`Store::refuse_writes`]): while set, every write fails as an I/O error.
+    refusing_writes: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -396,6 +398,7 @@ impl Store {
         let store = Store {
             db,
             path: path.to_path_buf(),
+            refusing_writes: std::sync::atomic::AtomicBool::new(false),
         };
         let token_hash = join_token_hash(&init.join_token);
         store.write(|tx| {
@@ -437,6 +440,7 @@ impl Store {
         let store = Store {
             db,
             path: path.to_path_buf(),
+            refusing_writes: std::sync::atomic::AtomicBool::new(false),
         };
         // Records first, so damage inside a record is reported with its key; then redb's own
         // check of the whole file.
@@ -531,6 +535,7 @@ impl Store {
         let store = Store {
             db: in_memory_copy(path, &bytes)?,
             path: path.to_path_buf(),
+            refusing_writes: std::sync::atomic::AtomicBool::new(false),
         };
         let format = guard(path, "reading it", || store.format_version());
         let mut records = Vec::new();
@@ -740,10 +745,28 @@ impl Store {
         }
     }
 
+    /// Fault injection for tests of what the coordinator does when its disk fails: while
+    /// `refuse` holds, every write fails with an I/O error and changes nothing. Never set in
+    /// normal operation.
+    #[doc(hidden)]
+    pub fn refuse_writes(&self, refuse: bool) {
+        self.refusing_writes
+            .store(refuse, std::sync::atomic::Ordering::SeqCst);
+    }
+
     fn write(
         &self,
         f: impl FnOnce(&mut Tx<'_, '_>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
+        if self
+            .refusing_writes
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(StoreError::Io {
+                path: self.path.clone(),
+                message: "writes refused (fault injection)".to_string(),
+            });
+        }
         guard(&self.path, "writing to it", || {
             let txn = self.db.begin_write().map_err(|e| self.io(e))?;
             {

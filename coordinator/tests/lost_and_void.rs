@@ -413,3 +413,76 @@ fn a_storm_of_rejoins_leaves_the_lost_set_in_one_write_per_tick() {
         h.server.shutdown();
     });
 }
+
+/// "Lost means gone" needs the loss stored before anyone hears of it: a coordinator that told
+/// the apps and then restarted without the record would re-adopt what they were told is gone.
+/// While the store refuses the lost-node set, the loss is announced to nobody (no `lost` notice
+/// to the issuer, the node's session open, its bookings kept); the next tick's write that
+/// succeeds lets it all out. Before, a failed write was logged and the loss announced anyway.
+#[actix_rt::test]
+async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
+    use scheduler_core::coordinator::NoticeKind;
+    let h = Harness::start().await;
+    let (mut a, accepted_a) = h.join("node-a", 2000, 2048).await;
+    let (mut b, _) = h.join("node-b", 2000, 2048).await;
+    let from_a = ContainerId::new(accepted_a.issuer, 1);
+    b.send(&heartbeat(
+        "node-b",
+        0,
+        0.0,
+        vec![running(from_a, ContainerType::Queueable, 100, 100)],
+        vec![from_a],
+        vec![],
+    ))
+    .await;
+    b.expect_ack().await;
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ack = a.expect_ack().await;
+    assert!(
+        ack.notices.iter().all(|n| n.kind != NoticeKind::Lost),
+        "{ack:?}"
+    );
+
+    h.server.store.refuse_writes(true);
+    h.clock.advance(Duration::from_secs(11));
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(
+        h.server.metrics.nodes_lost.get(),
+        0,
+        "a loss that is not stored is not announced"
+    );
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ack = a.expect_ack().await;
+    assert!(
+        ack.notices.iter().all(|n| n.kind != NoticeKind::Lost),
+        "the issuer heard of a loss the store does not hold: {ack:?}"
+    );
+    // Still refused at the next tick: still held.
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(h.server.metrics.nodes_lost.get(), 0);
+
+    h.server.store.refuse_writes(false);
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(
+        h.server.metrics.nodes_lost.get(),
+        1,
+        "stored, then announced"
+    );
+    let closed = b.expect_closed().await;
+    assert!(closed.contains("code 4"), "{closed}");
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    let ack = a.expect_ack().await;
+    assert!(
+        ack.notices
+            .iter()
+            .any(|n| n.kind == NoticeKind::Lost && n.container_id == from_a),
+        "the issuer is told once the loss is stored: {ack:?}"
+    );
+    h.server.shutdown();
+}

@@ -846,6 +846,25 @@ impl CoordinatorState {
         true
     }
 
+    /// Take back the `lost` notices queued for the containers of `nodes` (the caller could not
+    /// store their loss yet, and nothing of a loss may leave before it is stored); the caller
+    /// routes them again ([`CoordinatorState::route_notice`]) once the loss is stored.
+    pub fn take_loss_notices_of(&mut self, nodes: &BTreeSet<NodeId>) -> Vec<ContainerNotice> {
+        let mut taken = Vec::new();
+        for queued in self.outbox.values_mut() {
+            queued.retain(|notice| {
+                let held = notice.kind == NoticeKind::Lost && nodes.contains(&notice.node_id);
+                if held {
+                    taken.push(notice.clone());
+                }
+                !held
+            });
+        }
+        self.outbox.retain(|_, queued| !queued.is_empty());
+        taken.sort_by_key(|notice| notice.container_id);
+        taken
+    }
+
     /// Notices queued for all issuers (observability and leak tests).
     pub fn pending_notices(&self) -> usize {
         self.outbox.values().map(Vec::len).sum()
