@@ -1258,6 +1258,61 @@ mod tests {
     }
 
     #[test]
+    fn loss_notices_taken_back_are_only_the_lost_nodes_and_route_again() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        c.join(Time::ZERO, dir("a"));
+        c.join(Time::ZERO, dir("b"));
+        c.join(Time::ZERO, dir("c"));
+        let a = c.issuer_of(&NodeId::from("a")).unwrap();
+        let on_b = ContainerId::new(a, 1);
+        let on_c = ContainerId::new(a, 2);
+        let finished = ContainerId::new(a, 3);
+        c.heartbeat(
+            Time::ZERO,
+            &NodeId::from("b"),
+            QueueDelay::default(),
+            vec![on_b],
+        );
+        c.heartbeat(
+            Time::ZERO,
+            &NodeId::from("c"),
+            QueueDelay::default(),
+            vec![on_c],
+        );
+        assert!(c.route_notice(ContainerNotice {
+            container_id: finished,
+            node_id: NodeId::from("b"),
+            kind: NoticeKind::Finished,
+        }));
+        c.declare_lost(&NodeId::from("b"));
+        c.declare_lost(&NodeId::from("c"));
+        let held = c.take_loss_notices_of(&BTreeSet::from([NodeId::from("b")]));
+        assert_eq!(
+            held.iter()
+                .map(|n| (n.container_id, n.kind.clone()))
+                .collect::<Vec<_>>(),
+            vec![(on_b, NoticeKind::Lost)],
+            "only the lost notices of the named node"
+        );
+        let left = c.take_notices_for(&NodeId::from("a"));
+        assert_eq!(
+            left.iter().map(|n| n.container_id).collect::<Vec<_>>(),
+            vec![finished, on_c],
+            "the rest stays queued, in order"
+        );
+        for notice in held {
+            assert!(c.route_notice(notice));
+        }
+        assert_eq!(
+            c.take_notices_for(&NodeId::from("a"))
+                .iter()
+                .map(|n| n.container_id)
+                .collect::<Vec<_>>(),
+            vec![on_b]
+        );
+    }
+
+    #[test]
     fn notices_for_issuers_that_are_gone_are_dropped_not_queued() {
         let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
         c.join(Time::ZERO, dir("a"));
