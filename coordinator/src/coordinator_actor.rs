@@ -262,6 +262,21 @@ impl CoordinatorActor {
         {
             return reject(reason);
         }
+        if self
+            .losses_not_stored
+            .iter()
+            .any(|(lost, _)| *lost == j.node_id)
+        {
+            // Declared lost, and the store has not recorded it yet: no re-join of a lost node
+            // is answered before its loss is stored. No `join_rejected` frame: the worker takes
+            // the closed connection as a lost link and joins again after its backoff.
+            return JoinOutcome::Rejected {
+                reason: format!(
+                    "node {} was declared lost and the loss is not stored yet; join again later",
+                    j.node_id
+                ),
+            };
+        }
         let now = self.clock.now();
         let node_id = j.node_id.clone();
         if let Some(old) = self.sessions.remove(&node_id) {
@@ -801,12 +816,8 @@ impl CoordinatorActor {
         for notice in std::mem::take(&mut self.held_loss_notices) {
             self.state.route_notice(notice);
         }
+        // None of them re-joined meanwhile: their joins are refused until now (`join`).
         for (node_id, why) in std::mem::take(&mut self.losses_not_stored) {
-            if self.state.node(&node_id).is_some() {
-                // It re-joined meanwhile (and was told to kill what it ran): its new session,
-                // bookings and containers are not the lost ones.
-                continue;
-            }
             warn!(node = %node_id, "node lost: {why}; the loss is stored now");
             self.after_loss(&node_id, &why);
         }

@@ -465,6 +465,17 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
     // Still refused at the next tick: still held.
     h.server.coordinator.send(Tick).await.unwrap();
     assert_eq!(h.server.metrics.nodes_lost.get(), 0);
+    // Nor is a re-join of the lost node answered before its loss is stored.
+    let mut early = h.connect().await;
+    early
+        .send(&rejoin_msg(
+            &h,
+            "node-b",
+            vec![running(from_a, ContainerType::Queueable, 100, 100)],
+        ))
+        .await;
+    let closed = early.expect_closed().await;
+    assert!(closed.contains("code 1"), "{closed}");
 
     h.server.store.refuse_writes(false);
     h.server.coordinator.send(Tick).await.unwrap();
@@ -484,5 +495,12 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
             .any(|n| n.kind == NoticeKind::Lost && n.container_id == from_a),
         "the issuer is told once the loss is stored: {ack:?}"
     );
+    let (_b, accepted) = rejoin(
+        &h,
+        "node-b",
+        vec![running(from_a, ContainerType::Queueable, 100, 100)],
+    )
+    .await;
+    assert_eq!(accepted.lost_containers, vec![from_a], "told to kill it");
     h.server.shutdown();
 }

@@ -960,7 +960,6 @@ impl Handler<StopOnBehalf> for NodeActor {
     }
 }
 
-/// Kill every container (worker shutdown).
 /// Kill every container (the worker is stopping). The answer resolves once every container's
 /// process task has ended, i.e. its processes are killed and reaped and its cgroup emptied:
 /// the apps are told `lost`, so nothing may outlive the worker's exit.
