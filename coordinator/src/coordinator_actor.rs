@@ -868,7 +868,8 @@ impl CoordinatorActor {
     /// stored set at once if no heartbeat has written it since the last tick; otherwise at the
     /// next tick (with every other node back whole by then). Only nodes back whole leave the
     /// set here (losses are written by the tick that declares them, before anything about them
-    /// leaves this actor), and a stale entry errs on the safe side: a restarted coordinator
+    /// leaves this actor; a loss whose write failed is held until a write, possibly this one,
+    /// succeeds), and a stale entry errs on the safe side: a restarted coordinator
     /// would have the node kill, at its next re-join, what it started since (reason `lost`,
     /// told to the apps). So outside storms a removal is stored as soon as before (at the
     /// first heartbeat without the killed containers), and in a storm of re-joins the entries

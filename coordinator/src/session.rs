@@ -135,7 +135,8 @@ impl WorkerTx {
 pub enum CloseCode {
     /// Orderly end (coordinator shutdown, stream finished).
     Normal = 0,
-    /// The join was rejected (the `join_rejected` frame says why).
+    /// The join was rejected (the `join_rejected` frame says why; no frame when the node's loss
+    /// is not stored yet, so the worker joins again later).
     JoinRejected = 1,
     /// Malformed, oversized or unexpected frame.
     ProtocolError = 2,

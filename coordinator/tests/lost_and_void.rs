@@ -474,7 +474,20 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
             vec![running(from_a, ContainerType::Queueable, 100, 100)],
         ))
         .await;
-    let closed = early.expect_closed().await;
+    let closed = loop {
+        match early.next().await {
+            // A `join_rejected` frame would end a restarted worker's start (its first join's
+            // rejection is final); a bare close makes it join again after its backoff.
+            Ok(CoordinatorToWorker::JoinRejected(r)) => {
+                panic!("a held loss must refuse the re-join without a join_rejected frame: {r:?}")
+            }
+            Ok(CoordinatorToWorker::JoinAccepted(a)) => {
+                panic!("a re-join was answered before the loss was stored: {a:?}")
+            }
+            Ok(_) => continue,
+            Err(closed) => break closed,
+        }
+    };
     assert!(closed.contains("code 1"), "{closed}");
 
     h.server.store.refuse_writes(false);

@@ -302,6 +302,8 @@ pub struct NodeRuntime {
     next_seq: u64,
     /// When a QUEUEABLE container last started (for Tl).
     last_queueable_start: Time,
+    /// Set while [`NodeRuntime::kill_all`] removes everything: nothing starts or preempts then.
+    killing_all: bool,
     /// Since when a new QUEUEABLE container could not start at once (for Tl).
     blocked_since: Option<Time>,
     events: Vec<NodeEvent>,
@@ -323,6 +325,7 @@ impl NodeRuntime {
             queueable_allocated: Resources::ZERO,
             next_seq: 0,
             last_queueable_start: now,
+            killing_all: false,
             blocked_since: None,
             events: Vec::new(),
         }
@@ -637,6 +640,9 @@ impl NodeRuntime {
     }
 
     fn start_what_fits(&mut self, now: Time) {
+        if self.killing_all {
+            return;
+        }
         while let Some(g) = self.waiting_guaranteed.front() {
             let need = g.resources;
             if !need.fits_in(&self.free()) && !self.preempt_queueable_for(now, need, g.id) {
@@ -1148,14 +1154,19 @@ impl NodeRuntime {
 
     /// The node is being drained or its state is lost: everything is killed with `reason`.
     pub fn kill_all(&mut self, now: Time, reason: KillReason, message: &str) {
-        // Work that has not started goes first: removing a running container lets the next
-        // queued one start, which the worker would launch only to kill it at once.
+        // Nothing starts (or preempts) while everything goes: each removal would otherwise let
+        // waiting or queued work start, which the worker would launch only to kill it at once
+        // (and a waiting GUARANTEED container could preempt running work, told `preempted`
+        // instead of `lost`). Work that has not started goes first, in the order it is told.
+        self.killing_all = true;
         let mut statuses = self.statuses();
         statuses.sort_by_key(|s| s.placement == Placement::Running);
         let ids: Vec<ContainerId> = statuses.into_iter().map(|s| s.id).collect();
         for id in ids {
             self.remove(now, id, reason, message.to_string());
         }
+        self.killing_all = false;
+        self.start_pending(now);
     }
 
     /// `capacity.cpu × capacity.memory`: a container's dominant share is
