@@ -802,6 +802,9 @@ impl CoordinatorActor {
                 warn!(node = %node_id, containers, "node lost: {why}; not announced until the loss is stored");
                 self.losses_not_stored.push((node_id, why.to_string()));
             }
+            self.metrics
+                .losses_not_stored
+                .set(self.losses_not_stored.len() as i64);
             return;
         }
         for (node_id, containers) in declared {
@@ -817,6 +820,7 @@ impl CoordinatorActor {
             self.state.route_notice(notice);
         }
         // None of them re-joined meanwhile: their joins are refused until now (`join`).
+        self.metrics.losses_not_stored.set(0);
         for (node_id, why) in std::mem::take(&mut self.losses_not_stored) {
             warn!(node = %node_id, "node lost: {why}; the loss is stored now");
             self.after_loss(&node_id, &why);

@@ -55,6 +55,9 @@ pub struct CoordinatorMetrics {
     /// thread): at most one per tick for a batch of losses, and one at a heartbeat per tick
     /// for nodes that came back whole (the rest wait for the tick).
     pub lost_node_writes: Counter,
+    /// Nodes declared lost whose loss the store has not recorded yet (a failed write): nothing
+    /// of their loss is announced until it is ([`crate::coordinator_actor`], "lose_nodes").
+    pub losses_not_stored: Gauge,
     pub heartbeats: Counter,
     pub promotions: Counter,
     /// Resource shaping (Pace): passes run, allocations changed, containers preempted by the
@@ -98,6 +101,7 @@ impl Default for CoordinatorMetrics {
             nodes_joined: Counter::default(),
             nodes_lost: Counter::default(),
             lost_node_writes: Counter::default(),
+            losses_not_stored: Gauge::default(),
             heartbeats: Counter::default(),
             promotions: Counter::default(),
             shaping_passes: Counter::default(),
@@ -144,6 +148,11 @@ impl Default for CoordinatorMetrics {
             "coordinator_lost_node_writes",
             "Writes of the lost-node set to the store (one per batch of losses, not one per node)",
             m.lost_node_writes.clone(),
+        );
+        r.register(
+            "coordinator_losses_not_stored",
+            "Nodes declared lost whose loss the store refused so far: not announced until stored",
+            m.losses_not_stored.clone(),
         );
         r.register(
             "coordinator_heartbeats",

@@ -455,6 +455,7 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
         0,
         "a loss that is not stored is not announced"
     );
+    assert_eq!(h.server.metrics.losses_not_stored.get(), 1);
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
     let ack = a.expect_ack().await;
@@ -497,6 +498,7 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
         1,
         "stored, then announced"
     );
+    assert_eq!(h.server.metrics.losses_not_stored.get(), 0);
     let closed = b.expect_closed().await;
     assert!(closed.contains("code 4"), "{closed}");
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
