@@ -302,8 +302,6 @@ pub struct NodeRuntime {
     next_seq: u64,
     /// When a QUEUEABLE container last started (for Tl).
     last_queueable_start: Time,
-    /// Set while [`NodeRuntime::kill_all`] removes everything: nothing starts or preempts then.
-    killing_all: bool,
     /// Since when a new QUEUEABLE container could not start at once (for Tl).
     blocked_since: Option<Time>,
     events: Vec<NodeEvent>,
@@ -325,7 +323,6 @@ impl NodeRuntime {
             queueable_allocated: Resources::ZERO,
             next_seq: 0,
             last_queueable_start: now,
-            killing_all: false,
             blocked_since: None,
             events: Vec::new(),
         }
@@ -640,9 +637,6 @@ impl NodeRuntime {
     }
 
     fn start_what_fits(&mut self, now: Time) {
-        if self.killing_all {
-            return;
-        }
         while let Some(g) = self.waiting_guaranteed.front() {
             let need = g.resources;
             if !need.fits_in(&self.free()) && !self.preempt_queueable_for(now, need, g.id) {
@@ -773,6 +767,12 @@ impl NodeRuntime {
     }
 
     fn remove(&mut self, now: Time, id: ContainerId, reason: KillReason, message: String) {
+        self.take_out(id, reason, message);
+        self.start_pending(now);
+    }
+
+    /// [`NodeRuntime::remove`] without starting what the removal makes room for.
+    fn take_out(&mut self, id: ContainerId, reason: KillReason, message: String) {
         let was_running = self.remove_running(id).is_some();
         if !was_running {
             if let Some(k) = self.queue_keys.remove(&id) {
@@ -795,7 +795,6 @@ impl NodeRuntime {
             was_running,
             message,
         });
-        self.start_pending(now);
     }
 
     /// Resize a running GUARANTEED container to its shaped allocation (Pace §3.2,
@@ -1154,18 +1153,13 @@ impl NodeRuntime {
 
     /// The node is being drained or its state is lost: everything is killed with `reason`.
     pub fn kill_all(&mut self, now: Time, reason: KillReason, message: &str) {
-        // Nothing starts (or preempts) while everything goes: each removal would otherwise let
-        // waiting or queued work start, which the worker would launch only to kill it at once
-        // (and a waiting GUARANTEED container could preempt running work, told `preempted`
-        // instead of `lost`). Work that has not started goes first, in the order it is told.
-        self.killing_all = true;
-        let mut statuses = self.statuses();
-        statuses.sort_by_key(|s| s.placement == Placement::Running);
-        let ids: Vec<ContainerId> = statuses.into_iter().map(|s| s.id).collect();
+        // Nothing starts (or preempts) while everything goes: a removal that started waiting or
+        // queued work would have the worker launch it only to kill it at once (and a waiting
+        // GUARANTEED container could preempt running work, told `preempted` instead of `lost`).
+        let ids: Vec<ContainerId> = self.statuses().into_iter().map(|s| s.id).collect();
         for id in ids {
-            self.remove(now, id, reason, message.to_string());
+            self.take_out(id, reason, message.to_string());
         }
-        self.killing_all = false;
         self.start_pending(now);
     }
 

@@ -9,8 +9,8 @@
 mod common;
 
 use common::*;
-use scheduler_core::ContainerType;
 use scheduler_core::protocol::app::{AcceptedState, ContainerEventKind};
+use scheduler_core::{ContainerId, ContainerType};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -84,6 +84,22 @@ fn worker_cgroups(pid: u32) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Subscribe, and start a QUEUEABLE container of two processes (`sleep 1000 & exec sleep
+/// 1000`) whose environment holds a marker naming it; returns its id and the `KEY=value` marker
+/// (see [`marked_processes`]).
+async fn start_marked_container(app: &mut AppClient, marker_key: &str) -> (ContainerId, String) {
+    app.subscribe().await;
+    let token = app.grant(ask(ContainerType::Queueable, 500, 256)).await;
+    let id = token.body.container_id;
+    let marker = format!("{marker_key}={}-{}", std::process::id(), id.0);
+    let mut launch = sh("sleep 1000 & exec sleep 1000");
+    let (key, value) = marker.split_once('=').expect("k=v");
+    launch.env.insert(key.into(), value.into());
+    let accepted = app.start(&token, launch).await.expect("start accepted");
+    assert_eq!(accepted.state, AcceptedState::Running);
+    (id, marker)
+}
+
 async fn poll(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
     let mut pace = tokio::time::interval(Duration::from_millis(20));
@@ -111,15 +127,7 @@ async fn a_restarted_worker_kills_the_containers_its_crashed_predecessor_left_ru
     .await;
 
     let mut app = AppClient::login(endpoint.parse().expect("addr"), "demo", c.secret("demo")).await;
-    app.subscribe().await;
-    let token = app.grant(ask(ContainerType::Queueable, 500, 256)).await;
-    let id = token.body.container_id;
-    let marker = format!("REAP_TEST_MARKER={}-{}", std::process::id(), id.0);
-    let mut launch = sh("sleep 1000 & exec sleep 1000");
-    let (key, value) = marker.split_once('=').expect("k=v");
-    launch.env.insert(key.into(), value.into());
-    let accepted = app.start(&token, launch).await.expect("start accepted");
-    assert_eq!(accepted.state, AcceptedState::Running);
+    let (id, marker) = start_marked_container(&mut app, "REAP_TEST_MARKER").await;
     app.event("running", |e| {
         e.container_id == id && e.event == ContainerEventKind::Running
     })
@@ -198,15 +206,7 @@ async fn a_worker_stopped_with_sigterm_kills_its_containers_and_removes_its_cgro
     let (mut worker, endpoint) = start_worker_binary(&c, "stopped", &state_dir, &log, None).await;
 
     let mut app = AppClient::login(endpoint.parse().expect("addr"), "demo", c.secret("demo")).await;
-    app.subscribe().await;
-    let token = app.grant(ask(ContainerType::Queueable, 500, 256)).await;
-    let id = token.body.container_id;
-    let marker = format!("STOP_TEST_MARKER={}-{}", std::process::id(), id.0);
-    let mut launch = sh("sleep 1000 & exec sleep 1000");
-    let (key, value) = marker.split_once('=').expect("k=v");
-    launch.env.insert(key.into(), value.into());
-    let accepted = app.start(&token, launch).await.expect("start accepted");
-    assert_eq!(accepted.state, AcceptedState::Running);
+    let (_, marker) = start_marked_container(&mut app, "STOP_TEST_MARKER").await;
     poll("both container processes run", || {
         marked_processes(&marker).len() == 2
     })
