@@ -101,11 +101,18 @@ pub struct CoordinatorActor {
     /// The round's top-k as encoded for the heartbeat answers, with the
     /// [`CoordinatorState::top_k_generation`] it was encoded at.
     encoded_top_k: Option<(u64, EncodedTopK)>,
-    /// The membership parts answers carry, encoded once per membership (published version and
-    /// changes since, [`CoordinatorState::membership_identity`]) and what the worker is sent,
-    /// and shared: at most one whole directory and one delta per version the change log keeps,
-    /// dropped at the next membership change.
-    encoded_membership: ((u64, u64), HashMap<MembershipSent, EncodedMembership>),
+    /// The membership parts answers carry, encoded once per published directory version and
+    /// what the worker is sent, and shared until the next version: at most one whole directory
+    /// and one delta per version the change log keeps. Built when first needed in a version,
+    /// so it may show changes made before that and not yet published, and not those made
+    /// after; the next version's delta lists every such node again with its state then, so a
+    /// worker applying it reaches the published membership all the same (test
+    /// `directory_deltas::membership_built_once_per_version_still_brings_every_worker_to_the_directory`).
+    /// Keyed by every change instead (as before), a join storm rebuilt the whole directory for
+    /// nearly every join and answer: 20 % of the coordinator's time at 5,000 nodes.
+    /// Each with the membership change it was built at, so a join answer appends the joining
+    /// node's own entry only when the shared directory does not hold it.
+    encoded_membership: (u64, HashMap<MembershipSent, (EncodedMembership, u64)>),
     /// The stored issuer counter: every issuer handed out is below it, and a restarted
     /// coordinator starts there ([`ISSUER_RESERVATION_BLOCK`]).
     issuer_reserved: u32,
@@ -202,7 +209,7 @@ impl CoordinatorActor {
             dashboard: None,
             issuer_reserved,
             encoded_top_k: None,
-            encoded_membership: ((0, 0), HashMap::new()),
+            encoded_membership: (0, HashMap::new()),
             lost_nodes_written_since_tick: false,
             losses_not_stored: Vec::new(),
             held_loss_notices: Vec::new(),
@@ -340,18 +347,33 @@ impl CoordinatorActor {
             self.state.remove_node(&node_id);
             return reject("coordinator key failure: no session secret".into());
         };
-        let NodeView { view, issuer_keys } = self.state.node_view(&node_id, 0, top_k);
-        let _ = msg.tx.send(CoordinatorToWorker::JoinAccepted(JoinAccepted {
-            protocol_version: CLUSTER_PROTOCOL_VERSION,
-            issuer,
-            node_secret,
-            issuer_keys: issuer_keys.unwrap_or_default(),
-            guaranteed_keys: self.signer.public_ring(),
-            apps: self.apps.clone(),
-            settings: self.cluster_settings(),
-            view,
-            lost_containers,
-        }));
+        // The whole directory, shared with the other joins and answers of this version (built
+        // before this join, perhaps: the node's own entry is appended so it can place on itself
+        // at once; other joins not yet published reach it with the next version's delta, as
+        // they reach every other worker).
+        let (NodeView { view, issuer_keys }, sent) = self.state.node_view_parts(&node_id, 0, top_k);
+        let membership = match self.shared_membership(&node_id, sent) {
+            Ok(Some(m)) => m,
+            Ok(None) | Err(_) => {
+                error!(node = %node_id, ?sent, "cannot encode the directory for a join answer");
+                self.state.remove_node(&node_id);
+                return reject("coordinator encoding failure: the directory".into());
+            }
+        };
+        let _ = msg.tx.send_join_accepted(
+            JoinAccepted {
+                protocol_version: CLUSTER_PROTOCOL_VERSION,
+                issuer,
+                node_secret,
+                issuer_keys: issuer_keys.unwrap_or_default(),
+                guaranteed_keys: self.signer.public_ring(),
+                apps: self.apps.clone(),
+                settings: self.cluster_settings(),
+                view,
+                lost_containers,
+            },
+            membership,
+        );
         self.metrics.nodes_joined.inc();
         info!(node = %node_id, issuer, rack = %j.rack, capacity = %j.capacity, containers = j.containers.len(), "worker joined");
         self.sessions.insert(
@@ -507,7 +529,7 @@ impl CoordinatorActor {
         let (NodeView { view, issuer_keys }, sent) =
             self.state
                 .node_view_parts(node_id, hb.directory_version, Vec::new());
-        let membership = match self.shared_membership(sent) {
+        let membership = match self.shared_membership(node_id, sent) {
             Ok(m) => m,
             Err(e) => {
                 error!("cannot encode the directory for an answer: {e}");
@@ -545,12 +567,18 @@ impl CoordinatorActor {
         let _ = session.tx.send_heartbeat_ack(ack, top_k, membership);
     }
 
-    /// The membership part of an answer, built and encoded once per membership and what is
-    /// sent, and shared by every answer that sends the same (issue 17: in a join storm every
-    /// answer carries the round's joins; built per answer that was O(nodes²) copies). Exactly
-    /// what [`CoordinatorState::view_with`] gives at the time of the answer.
+    /// The membership part of an answer (or of a join answer: `Whole`), built and encoded
+    /// once per published version and what is sent, and shared by every answer that sends the
+    /// same until the next version (issue 17: in a join storm every answer carries the round's
+    /// joins and every join answer the whole directory; built per answer that was O(nodes²)
+    /// copies). What [`CoordinatorState::view_with`] gave when it was first needed in this
+    /// version (see `encoded_membership`).
+    ///
+    /// A whole directory built before `node` joined gets `node`'s own entry appended
+    /// ([`EncodedMembership::with_own`]): its worker must find its own node in its directory.
     fn shared_membership(
         &mut self,
+        node: &NodeId,
         sent: MembershipSent,
     ) -> Result<Option<EncodedMembership>, scheduler_core::codec::CodecError> {
         let from_version = match sent {
@@ -558,16 +586,28 @@ impl CoordinatorActor {
             MembershipSent::Whole => 0,
             MembershipSent::DeltaFrom(v) => v,
         };
-        let identity = self.state.membership_identity();
-        if self.encoded_membership.0 != identity {
-            self.encoded_membership = (identity, HashMap::new());
+        let version = self.state.directory_version();
+        if self.encoded_membership.0 != version {
+            self.encoded_membership = (version, HashMap::new());
         }
-        if let Some(m) = self.encoded_membership.1.get(&sent) {
-            return Ok(Some(m.clone()));
+        let (encoded, built_at) = match self.encoded_membership.1.get(&sent) {
+            Some(m) => m.clone(),
+            None => {
+                let view = self.state.view_with(from_version, Vec::new());
+                let built = (
+                    EncodedMembership::encode(&view)?,
+                    self.state.membership_identity().1,
+                );
+                self.encoded_membership.1.insert(sent, built.clone());
+                built
+            }
+        };
+        if sent == MembershipSent::Whole
+            && self.state.joined_after_change(node, built_at)
+            && let Some(own) = self.state.node(node)
+        {
+            return Ok(Some(encoded.with_own(own)?));
         }
-        let view = self.state.view_with(from_version, Vec::new());
-        let encoded = EncodedMembership::encode(&view)?;
-        self.encoded_membership.1.insert(sent, encoded.clone());
         Ok(Some(encoded))
     }
 

@@ -13,8 +13,8 @@ use scheduler_core::codec::{
 };
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::cluster::{
-    CoordinatorToWorker, EncodedMembership, EncodedTopK, HeartbeatAck, JoinRejected,
-    WorkerToCoordinator, encode_heartbeat_ack_frame_into,
+    CoordinatorToWorker, EncodedMembership, EncodedTopK, HeartbeatAck, JoinAccepted, JoinRejected,
+    WorkerToCoordinator, encode_heartbeat_ack_frame_into, encode_join_accepted_frame_into,
 };
 use scheduler_core::protocol::limits::{JOIN_PREFIX_BYTES, join_token_in_prefix};
 use std::collections::HashMap;
@@ -66,6 +66,13 @@ pub enum ToWorker {
         top_k: EncodedTopK,
         membership: Option<EncodedMembership>,
     },
+    /// A join answer whose view's directory is the shared whole directory
+    /// ([`encode_join_accepted_frame_into`]; `accepted.view.directory` is left empty and not
+    /// read).
+    JoinAccepted {
+        accepted: Box<JoinAccepted>,
+        membership: EncodedMembership,
+    },
 }
 
 /// The worker's session has ended (or was closed for not reading): the frame was not queued.
@@ -104,6 +111,18 @@ impl WorkerTx {
         self.queue(ToWorker::HeartbeatAck {
             ack,
             top_k,
+            membership,
+        })
+    }
+
+    /// Queue a join answer whose view's directory is `membership`'s whole directory.
+    pub fn send_join_accepted(
+        &self,
+        accepted: JoinAccepted,
+        membership: EncodedMembership,
+    ) -> Result<(), WorkerGone> {
+        self.queue(ToWorker::JoinAccepted {
+            accepted: Box::new(accepted),
             membership,
         })
     }
@@ -539,6 +558,15 @@ async fn write_frames(
                     ack,
                     top_k,
                     membership.as_ref(),
+                    CLUSTER_MAX_FRAME,
+                    &mut out,
+                ),
+                ToWorker::JoinAccepted {
+                    accepted,
+                    membership,
+                } => encode_join_accepted_frame_into(
+                    accepted,
+                    membership,
                     CLUSTER_MAX_FRAME,
                     &mut out,
                 ),

@@ -122,7 +122,15 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     a.send(&heartbeat("node-a", 0, 1000.0, vec![], vec![], vec![]))
         .await;
     let first = a.expect_ack().await;
-    assert_eq!(first.view.directory.len(), 2, "stale directory is resent");
+    // A worker reporting no version gets the whole directory of the published version, shared
+    // by the answers of the version (issue 17): node-b's join is published with the next round.
+    let names: Vec<&str> = first
+        .view
+        .directory
+        .iter()
+        .map(|d| d.node_id.as_str())
+        .collect();
+    assert_eq!(names, vec!["node-a"], "stale directory is resent");
     assert!(
         first.guaranteed_keys.is_none() && first.apps.is_none(),
         "known at join"
@@ -165,6 +173,11 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     ))
     .await;
     let ack = a.expect_ack().await;
+    let delta = ack.view.delta.as_ref().expect("the next round's delta");
+    assert_eq!(delta.from_version, first.view.directory_version);
+    let joined: Vec<&str> = delta.joined.iter().map(|d| d.node_id.as_str()).collect();
+    assert_eq!(joined, vec!["node-b"]);
+    assert!(ack.view.directory.is_empty());
     let top: Vec<(&str, f64)> = ack
         .view
         .top_k
@@ -330,6 +343,8 @@ async fn silent_node_is_lost_and_its_containers_reported_to_their_issuer() {
         closed.contains("code 4: silent for more than 10000 ms"),
         "{closed}"
     );
+    // The loss is published with the next round.
+    h.clock.advance(Duration::from_secs(1));
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
     let ack = a.expect_ack().await;

@@ -122,6 +122,9 @@ struct NodeEntry {
     /// The [`CoordinatorState::top_k_generation`] this node's scheduler was last sent the keys
     /// of every top-k node at: until the list changes, nothing is checked again.
     keys_at_generation: Option<u64>,
+    /// The membership change this join was ([`CoordinatorState::membership_identity`]'s
+    /// second part right after it).
+    joined_at_change: u64,
 }
 
 /// How many node sessions' keys, per top-k entry, the coordinator remembers having sent to one
@@ -741,6 +744,15 @@ impl CoordinatorState {
         (self.directory_version, self.membership_changes)
     }
 
+    /// Whether `node` joined (this session) after the membership change `change`, i.e. a
+    /// directory built when [`CoordinatorState::membership_identity`] was `(_, change)` does
+    /// not hold its current entry. `false` for a node that is not joined.
+    pub fn joined_after_change(&self, node: &NodeId, change: u64) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|n| n.joined_at_change > change)
+    }
+
     pub fn issuer_of(&self, node: &NodeId) -> Option<u32> {
         self.nodes.get(node).map(|n| n.issuer)
     }
@@ -773,6 +785,7 @@ impl CoordinatorState {
                 issuer_keys,
                 keys_held: HashSet::new(),
                 keys_at_generation: None,
+                joined_at_change: self.membership_changes + 1,
             },
         );
         if let Some(prev) = previous {

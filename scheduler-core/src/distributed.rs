@@ -1,8 +1,9 @@
 //! The distributed scheduler that runs on every worker (Mercury §4.2 "Distributed placement of
 //! QUEUEABLE containers", §6.3): places QUEUEABLE asks without contacting the coordinator, by
 //! choosing pseudo-randomly among the top-k nodes of least estimated queue delay in the latest
-//! cluster view, honouring locality, never putting two off-locality containers of one ask on the
-//! same node in one round, and enforcing per-app quotas (§4.1).
+//! cluster view, honouring locality among the view's nodes (the nodes it holds QUEUEABLE keys
+//! for), never putting two off-locality containers of one ask on the same node in one round, and
+//! enforcing per-app quotas (§4.1).
 //!
 //! Between two views the scheduler accounts for its own placements, as YARN's opportunistic
 //! allocator tracks the queue lengths of the nodes it uses: each container it places adds its
@@ -375,7 +376,7 @@ impl DistributedScheduler {
                 }
             }
             None if directory_version != self.view.directory_version || !directory.is_empty() => {
-                self.view.directory = directory;
+                self.view.directory = Self::in_name_order_last_wins(directory);
                 self.view.directory_version = directory_version;
                 self.reindex_directory();
                 DirectoryUpdate::Replaced
@@ -384,6 +385,26 @@ impl DistributedScheduler {
         };
         self.update_top_k(top_k);
         update
+    }
+
+    /// A whole directory in name order, one entry per node: the last one sent (a join answer
+    /// appends the joining node's current entry to a directory shared by the version's joins,
+    /// which may hold an older entry of it).
+    fn in_name_order_last_wins(mut directory: Vec<NodeDirectoryEntry>) -> Vec<NodeDirectoryEntry> {
+        let sorted = directory.windows(2).all(|w| w[0].node_id < w[1].node_id);
+        if !sorted {
+            // Stable: of equal names, the last sent stays last, and is the one kept.
+            directory.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+            let mut kept: Vec<NodeDirectoryEntry> = Vec::with_capacity(directory.len());
+            for entry in directory {
+                match kept.last_mut() {
+                    Some(last) if last.node_id == entry.node_id => *last = entry,
+                    _ => kept.push(entry),
+                }
+            }
+            directory = kept;
+        }
+        directory
     }
 
     /// Joined entries replace or extend, left nodes go, and the directory stays in name order as
@@ -614,8 +635,15 @@ impl DistributedScheduler {
             out.unplaced_reason = Some(
                 if admissible < ask.count && out.placed.len() as u32 == admissible {
                     format!("QUEUEABLE quota allows {admissible} more containers now")
-                } else if ask.locality.as_ref().is_some_and(|l| !l.relax) {
-                    "no more preferred nodes or racks can take a container in this round (relax is false)".to_string()
+                } else if let Some(loc) = ask.locality.as_ref().filter(|l| !l.relax) {
+                    if self.locality_outside_view(loc) {
+                        format!(
+                            "none of the preferred nodes or racks is among the {} least-loaded nodes this scheduler may place QUEUEABLE work on this round (relax is false; a GUARANTEED ask may name any node)",
+                            self.view.top_k.len()
+                        )
+                    } else {
+                        "no more preferred nodes or racks can take a container in this round (relax is false)".to_string()
+                    }
                 } else {
                     "fewer eligible top-k nodes than containers in this round: at most one off-locality container of an ask per node per round".to_string()
                 },
@@ -694,6 +722,13 @@ impl DistributedScheduler {
     /// if relaxed or unconstrained, a random node among the k of least estimated R. The bool
     /// says whether the choice was off node-locality (and so must not repeat within the ask).
     /// Nodes are directory indices.
+    ///
+    /// Every pass chooses among the view's nodes only (Mercury §4.2: "choosing amongst the
+    /// top-k nodes … while respecting locality constraints"; YARN's distributed allocator
+    /// likewise tries node-local, rack-local and off-switch among the nodes the RM sent): those
+    /// are the nodes this scheduler holds QUEUEABLE keys for (cluster protocol 6), so a node
+    /// outside the view could be chosen but never signed for. A preferred node or rack outside
+    /// the view is unavailable this round.
     fn choose_node<R: Rng + ?Sized>(
         &self,
         ask: &QueueableAsk,
@@ -703,31 +738,25 @@ impl DistributedScheduler {
     ) -> Option<(usize, bool)> {
         let directory = &self.view.directory;
         let fits = |n: &NodeDirectoryEntry| ask.resources.fits_in(&n.capacity);
-        let load = |i: usize| {
-            self.top_k_index
-                .iter()
-                .position(|&index| index == Some(i))
-                .map_or(f64::INFINITY, |pos| self.estimated_ms[pos])
-        };
         if let Some(loc) = &ask.locality {
-            // Node-local: the preferred node of least known queue delay.
+            // Node-local: the preferred view node of least estimated queue delay.
             let mut best: Option<(f64, usize)> = None;
             for name in &loc.nodes {
                 let Some(&i) = self.directory_index.get(name.as_str()) else {
                     continue;
                 };
-                if fits(&directory[i]) {
-                    let r = load(i);
-                    if best.is_none_or(|(b, _)| r < b) {
-                        best = Some((r, i));
-                    }
+                let Some(r) = self.view_estimate_of(i) else {
+                    continue;
+                };
+                if fits(&directory[i]) && best.is_none_or(|(b, _)| r < b) {
+                    best = Some((r, i));
                 }
             }
             if let Some((_, i)) = best {
                 return Some((i, false));
             }
-            // Rack-local: prefer rack nodes in the view (the k of least estimated R among them),
-            // else any rack node; one per node.
+            // Rack-local: the k of least estimated R among the view's nodes in those racks; one
+            // per node.
             if !loc.racks.is_empty() {
                 let in_racks = |n: &NodeDirectoryEntry| loc.racks.iter().any(|r| r == &n.rack);
                 if let Some(i) = self.choose_among_least_loaded(
@@ -737,14 +766,6 @@ impl DistributedScheduler {
                 ) {
                     return Some((i, true));
                 }
-                let any: Vec<usize> = (0..directory.len())
-                    .filter(|&i| {
-                        in_racks(&directory[i]) && fits(&directory[i]) && !used.contains(i)
-                    })
-                    .collect();
-                if !any.is_empty() {
-                    return Some((any[rng.random_range(0..any.len())], true));
-                }
             }
             if !loc.relax && (!loc.nodes.is_empty() || !loc.racks.is_empty()) {
                 return None;
@@ -752,6 +773,33 @@ impl DistributedScheduler {
         }
         self.choose_among_least_loaded(|i| fits(&directory[i]) && !used.contains(i), drawn, rng)
             .map(|i| (i, true))
+    }
+
+    /// The least estimated R of directory entry `i` among its view positions (a node is
+    /// normally in a view once); `None` if it is not in the view.
+    fn view_estimate_of(&self, i: usize) -> Option<f64> {
+        let first = self.view_positions_by_node.partition_point(|&(j, _)| j < i);
+        self.view_positions_by_node[first..]
+            .iter()
+            .take_while(|&&(j, _)| j == i)
+            .map(|&(_, pos)| self.estimated_ms[pos])
+            .min_by(f64::total_cmp)
+    }
+
+    /// Whether a strict locality names no node and no rack that is in the view (for the
+    /// unplaced reason).
+    fn locality_outside_view(&self, loc: &Locality) -> bool {
+        let directory = &self.view.directory;
+        let node_in_view = loc.nodes.iter().any(|name| {
+            self.directory_index
+                .get(name.as_str())
+                .is_some_and(|&i| self.view_estimate_of(i).is_some())
+        });
+        let rack_in_view = self
+            .view_positions_by_node
+            .iter()
+            .any(|&(i, _)| loc.racks.iter().any(|r| r == &directory[i].rack));
+        !node_in_view && !rack_in_view
     }
 }
 

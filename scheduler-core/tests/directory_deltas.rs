@@ -457,3 +457,222 @@ fn equal_membership_identities_give_equal_membership() {
         assert!(identities.len() > 100, "{} identities", identities.len());
     }
 }
+
+/// A scheduler is sent keys for its view's nodes only (protocol 6), so it must place only on
+/// them: with 40 nodes and a view of 4, asks preferring nodes and racks outside the view, strict
+/// or relaxed, place nothing it cannot sign (before, a preferred node outside the view was
+/// chosen and the signature failed, an internal error for the whole ask).
+#[test]
+fn everything_a_scheduler_places_it_can_sign_whatever_the_locality_names() {
+    use scheduler_core::distributed::QueueableAsk;
+    use scheduler_core::protocol::app::Locality;
+    use scheduler_core::quota::QueueableQuota;
+    let mut rng = StdRng::seed_from_u64(4);
+    let mut c = coordinator_with_top_k(4);
+    let now = Time::ZERO;
+    for i in 0..40 {
+        let node = entry(i, 0);
+        let id = node.node_id.clone();
+        c.join(now, node);
+        let load = QueueDelay {
+            tq_ms: 10.0 * i as f64 + 1.0,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        };
+        c.heartbeat(now, &id, load, vec![]);
+    }
+    let mut w = Worker::join(&mut c, now, entry(100, 0));
+    c.heartbeat(
+        now,
+        &w.node.clone(),
+        QueueDelay {
+            tq_ms: 1000.0,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        },
+        vec![],
+    );
+    c.round(Time::from_secs(1), ROUND, &mut rng);
+    let top_k = c.aggregate_round().top_k.clone();
+    assert_eq!(top_k.len(), 4);
+    let known = w.version();
+    w.apply(c.node_view(&w.node, known, top_k.clone()));
+    let in_view: Vec<&NodeId> = top_k.iter().map(|l| &l.node_id).collect();
+    let outside = (0..40)
+        .map(|i| entry(i, 0))
+        .find(|e| !in_view.contains(&&e.node_id))
+        .expect("a node outside the view");
+    let mut placed = 0;
+    for relax in [false, true] {
+        for loc in [
+            Locality {
+                nodes: vec![outside.node_id.to_string()],
+                racks: vec![],
+                relax,
+            },
+            Locality {
+                nodes: vec![],
+                racks: vec![outside.rack.clone()],
+                relax,
+            },
+            Locality {
+                nodes: vec![outside.node_id.to_string(), in_view[0].to_string()],
+                racks: vec![],
+                relax,
+            },
+        ] {
+            let ask = QueueableAsk {
+                app_id: "demo".into(),
+                resources: Resources::new(100, 64),
+                count: 3,
+                priority: 0,
+                locality: Some(loc),
+                runtime_estimate_ms: None,
+                job_id: "job-1".into(),
+                job_submit_time_ms: 1,
+                replacements: Vec::new(),
+            };
+            let out = w
+                .scheduler
+                .place(1, &ask, &QueueableQuota::default(), &mut rng)
+                .expect("placed or unplaced, not an error");
+            for p in out.placed {
+                assert!(
+                    in_view.contains(&&p.node_id),
+                    "{} outside the view",
+                    p.node_id
+                );
+                w.signer
+                    .sign(p.token_body)
+                    .unwrap_or_else(|e| panic!("cannot sign for {}: {e}", p.node_id));
+                placed += 1;
+            }
+        }
+    }
+    assert!(placed >= 9, "{placed}");
+}
+
+/// The live coordinator builds an answer's membership (the whole directory, or the delta since
+/// a reported version) once per published version and shares it until the next one, so it may
+/// be older than the answer: changes made after it was built and not yet published are missing,
+/// and a join answer appends the joining node's own entry. Through joins, re-joins and
+/// departures happening between answers of the same round, with some answers skipped, every
+/// worker still reaches exactly the coordinator's directory and keys after a quiet round.
+#[test]
+fn membership_built_once_per_version_still_brings_every_worker_to_the_directory() {
+    use scheduler_core::coordinator::MembershipSent;
+    use scheduler_core::distributed::ClusterView;
+    use std::collections::HashMap;
+    for seed in 0..8u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut c = coordinator();
+        let mut now = Time::ZERO;
+        let mut generation = vec![0u64; 60];
+        for (i, g) in generation.iter().enumerate().take(20) {
+            c.join(now, entry(i, *g));
+        }
+        c.round(now, ROUND, &mut rng);
+        // (version, what is sent) -> the membership as first built in that version, with the
+        // membership change it was built at.
+        let mut cache: HashMap<(u64, MembershipSent), (ClusterView, u64)> = HashMap::new();
+        let mut shared = |c: &CoordinatorState, sent: MembershipSent| {
+            let from = match sent {
+                MembershipSent::DeltaFrom(v) => v,
+                _ => 0,
+            };
+            cache
+                .entry((c.directory_version(), sent))
+                .or_insert_with(|| (c.view_with(from, Vec::new()), c.membership_identity().1))
+                .clone()
+        };
+        let answer =
+            |c: &mut CoordinatorState,
+             shared: &mut dyn FnMut(&CoordinatorState, MembershipSent) -> (ClusterView, u64),
+             w: &Worker| {
+                let (mut parts, sent) = c.node_view_parts(&w.node, w.version(), Vec::new());
+                if sent != MembershipSent::Nothing {
+                    let (membership, built_at) = shared(c, sent);
+                    parts.view.directory = membership.directory;
+                    parts.view.delta = membership.delta;
+                    // As the live coordinator: a whole directory built before the node joined
+                    // gets its own entry appended.
+                    if sent == MembershipSent::Whole && c.joined_after_change(&w.node, built_at) {
+                        parts.view.directory.push(c.node(&w.node).unwrap().clone());
+                    }
+                }
+                parts
+            };
+        // Workers join as the live coordinator answers a join: the shared whole directory,
+        // then the node's own entry if that directory was built before it joined.
+        let join =
+            |c: &mut CoordinatorState,
+             shared: &mut dyn FnMut(&CoordinatorState, MembershipSent) -> (ClusterView, u64),
+             now: Time,
+             dir: NodeDirectoryEntry| {
+                let node = dir.node_id.clone();
+                let issuer = c.join(now, dir);
+                let (mut parts, sent) = c.node_view_parts(&node, 0, Vec::new());
+                assert_eq!(sent, MembershipSent::Whole);
+                let (membership, built_at) = shared(c, sent);
+                parts.view.directory = membership.directory;
+                if c.joined_after_change(&node, built_at) {
+                    parts.view.directory.push(c.node(&node).unwrap().clone());
+                }
+                let mut scheduler =
+                    DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
+                assert_eq!(scheduler.update_view(parts.view), DirectoryUpdate::Replaced);
+                assert!(
+                    scheduler.view().directory.iter().any(|e| e.node_id == node),
+                    "a joined worker's directory holds its own node"
+                );
+                let signer =
+                    QueueableSigner::new(issuer, &parts.issuer_keys.expect("keys at join"))
+                        .unwrap();
+                Worker {
+                    node,
+                    scheduler,
+                    signer,
+                }
+            };
+        let mut workers: Vec<Worker> = Vec::new();
+        for i in 100..104 {
+            workers.push(join(&mut c, &mut shared, now, entry(i, 0)));
+        }
+        for round in 0..40u64 {
+            now = Time::from_millis(round * 1000 + 1000);
+            c.round(now, ROUND, &mut rng);
+            for w in &mut workers {
+                // Changes between the answers of a round: the shared membership was built
+                // before some of them.
+                if rng.random_bool(0.5) {
+                    let i = rng.random_range(0..60usize);
+                    let node = NodeId::new(format!("n{i:03}"));
+                    if c.node(&node).is_some() && rng.random_bool(0.5) {
+                        c.remove_node(&node);
+                    } else {
+                        generation[i] += 1;
+                        c.join(now, entry(i, generation[i]));
+                    }
+                }
+                if rng.random_range(0..4u32) > 0 {
+                    let a = answer(&mut c, &mut shared, w);
+                    w.apply(a);
+                }
+            }
+            // Now and then another worker joins mid-round.
+            if round % 10 == 5 {
+                let i = 104 + workers.len();
+                workers.push(join(&mut c, &mut shared, now, entry(i, 0)));
+            }
+        }
+        // A quiet round with every worker answered: all reach the coordinator's directory.
+        now = Time::from_millis(now.as_millis() + 1000);
+        c.round(now, ROUND, &mut rng);
+        for w in &mut workers {
+            let a = answer(&mut c, &mut shared, w);
+            w.apply(a);
+            assert_eq!(w.version(), c.directory_version());
+            w.assert_matches(&c);
+        }
+    }
+}

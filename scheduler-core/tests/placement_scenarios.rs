@@ -120,26 +120,27 @@ fn random_choice_spreads_over_all_top_k_nodes() {
 
 #[test]
 fn locality_node_then_rack_then_relax() {
+    // The view holds the five least loaded: n999 and n0..n3 (rack r0).
     let (_, mut ds, mut rng) = cluster(40, 5);
     let q = QueueableQuota::default();
-    // Node-local may stack on one node, even outside the top-k.
+    // Node-local may stack on one node of the view.
     let loc = Locality {
-        nodes: vec!["n30".into()],
+        nodes: vec!["n2".into()],
         racks: vec![],
         relax: false,
     };
     let out = ds.place(0, &ask(3, Some(loc)), &q, &mut rng).unwrap();
-    assert!(out.placed.iter().all(|p| p.node_id.as_str() == "n30"));
+    assert!(out.placed.iter().all(|p| p.node_id.as_str() == "n2"));
     assert_eq!(out.placed.len(), 3);
-    // Rack-local: rack r7 holds n28..n31; at most one per node per round -> 4 placed.
+    // Rack-local: rack r0 holds n0..n3; at most one per node per round -> 4 placed.
     let loc = Locality {
         nodes: vec![],
-        racks: vec!["r7".into()],
+        racks: vec!["r0".into()],
         relax: false,
     };
     let out = ds.place(0, &ask(6, Some(loc)), &q, &mut rng).unwrap();
     let nodes: HashSet<&str> = out.placed.iter().map(|p| p.node_id.as_str()).collect();
-    assert_eq!(nodes, ["n28", "n29", "n30", "n31"].into_iter().collect());
+    assert_eq!(nodes, ["n0", "n1", "n2", "n3"].into_iter().collect());
     assert_eq!(out.unplaced, 2);
     assert!(out.unplaced_reason.unwrap().contains("relax is false"));
     // Unknown node, relaxed: falls back to the top-k.
@@ -158,6 +159,52 @@ fn locality_node_then_rack_then_relax() {
     };
     let out = ds.place(0, &ask(1, Some(loc)), &q, &mut rng).unwrap();
     assert_eq!(out.placed.len(), 0);
+    ds.quotas().check_invariants().unwrap();
+}
+
+/// A scheduler holds QUEUEABLE keys only for its view's nodes (cluster protocol 6), so a
+/// preferred node or rack outside the view is not chosen (it could not be signed for): strict,
+/// nothing is placed and the reason says why; relaxed, the view's nodes are used.
+#[test]
+fn locality_outside_the_view_is_unavailable_this_round() {
+    let (_, mut ds, mut rng) = cluster(40, 5);
+    let q = QueueableQuota::default();
+    let view: HashSet<&str> = ["n999", "n0", "n1", "n2", "n3"].into_iter().collect();
+    for loc in [
+        Locality {
+            nodes: vec!["n30".into()],
+            racks: vec![],
+            relax: false,
+        },
+        Locality {
+            nodes: vec![],
+            racks: vec!["r7".into()],
+            relax: false,
+        },
+    ] {
+        let out = ds
+            .place(0, &ask(2, Some(loc.clone())), &q, &mut rng)
+            .unwrap();
+        assert!(out.placed.is_empty(), "{loc:?}: {:?}", out.placed);
+        let reason = out.unplaced_reason.unwrap();
+        assert!(
+            reason.contains("none of the preferred nodes or racks is among the 5 least-loaded"),
+            "{reason}"
+        );
+        let relaxed = Locality { relax: true, ..loc };
+        let out = ds.place(0, &ask(2, Some(relaxed)), &q, &mut rng).unwrap();
+        assert_eq!(out.placed.len(), 2);
+        assert!(out.placed.iter().all(|p| view.contains(p.node_id.as_str())));
+    }
+    // A preferred node in the view wins over one outside it.
+    let loc = Locality {
+        nodes: vec!["n30".into(), "n3".into()],
+        racks: vec![],
+        relax: false,
+    };
+    let out = ds.place(0, &ask(2, Some(loc)), &q, &mut rng).unwrap();
+    assert!(out.placed.iter().all(|p| p.node_id.as_str() == "n3"));
+    assert_eq!(out.placed.len(), 2);
     ds.quotas().check_invariants().unwrap();
 }
 
@@ -460,4 +507,33 @@ fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
     );
     assert!(coord.set_draining(&n0, false));
     assert!(coord.top_k(&mut rng).iter().any(|l| l.node_id == n0));
+}
+
+/// A join answer may carry the joining node twice (the version's shared directory with its old
+/// entry, then its current one appended): the scheduler keeps the last, in name order.
+#[test]
+fn a_whole_directory_naming_a_node_twice_keeps_the_last_entry_in_name_order() {
+    use scheduler_core::distributed::{ClusterView, DirectoryUpdate, NodeLoad};
+    let mut ds = DistributedScheduler::new(DistributedSchedulerConfig::default(), 5);
+    let mut current = node(1, 0);
+    current.app_endpoint = "10.9.9.9:7000".into();
+    let update = ds.update_view(ClusterView {
+        directory_version: 3,
+        directory: vec![node(1, 0), node(2, 0), node(3, 0), current.clone()],
+        delta: None,
+        top_k: vec![NodeLoad {
+            node_id: NodeId::new("n1"),
+            queue_delay_ms: 0.0,
+        }],
+    });
+    assert_eq!(update, DirectoryUpdate::Replaced);
+    assert_eq!(
+        ds.view().directory,
+        vec![current.clone(), node(2, 0), node(3, 0)]
+    );
+    let mut rng = StdRng::seed_from_u64(3);
+    let out = ds
+        .place(0, &ask(1, None), &QueueableQuota::default(), &mut rng)
+        .unwrap();
+    assert_eq!(out.placed[0].node_endpoint, "10.9.9.9:7000");
 }

@@ -5,7 +5,7 @@
 
 use crate::codec::CodecError;
 use crate::coordinator::ContainerNotice;
-use crate::distributed::ClusterView;
+use crate::distributed::{ClusterView, NodeDirectoryEntry};
 use crate::node::ContainerStatus;
 use crate::protocol::app::{
     Allocate, ErrorCode, GrantedContainer, ReservationCancelled, ReservationReprovisioned,
@@ -420,19 +420,80 @@ impl EncodedTopK {
 /// version to the current membership (issue 17: in a join storm every answer carries the round's joins,
 /// and building and encoding them per answer made a 5,000-node storm O(nodes²) in copies and
 /// queued memory; docs/benchmarks.md §9).
+///
+/// The directory is kept as its entries' encodings without the array's header, so that a join
+/// answer can send the shared directory with the joining node's own entry appended
+/// ([`encode_join_accepted_frame_into`]).
 #[derive(Clone, Debug)]
 pub struct EncodedMembership {
-    directory: std::sync::Arc<[u8]>,
+    directory_len: usize,
+    directory_entries: std::sync::Arc<[u8]>,
+    /// One entry appended to the shared ones for one answer ([`EncodedMembership::with_own`]).
+    own_entry: Option<std::sync::Arc<[u8]>>,
     delta: Option<std::sync::Arc<[u8]>>,
 }
 
 impl EncodedMembership {
     /// The membership part of `view` (its top-k is not read).
     pub fn encode(view: &ClusterView) -> Result<EncodedMembership, CodecError> {
+        let mut entries = Vec::new();
+        let mut ser = rmp_serde::Serializer::new(&mut entries).with_struct_map();
+        for entry in &view.directory {
+            entry
+                .serialize(&mut ser)
+                .map_err(|e| CodecError::Encode(e.to_string()))?;
+        }
         Ok(EncodedMembership {
-            directory: encode_value(&view.directory)?,
+            directory_len: view.directory.len(),
+            directory_entries: entries.into(),
+            own_entry: None,
             delta: view.delta.as_ref().map(encode_value).transpose()?,
         })
+    }
+
+    /// The same whole directory with `own` (the receiving node's entry) appended, for one
+    /// answer: a directory shared by the answers of a version may have been built before that
+    /// node joined, and a worker must find its own node in its directory to place on it at
+    /// once. The shared bytes are not copied. A delta is returned unchanged (its worker got its
+    /// own entry with the whole directory it joined with).
+    pub fn with_own(&self, own: &NodeDirectoryEntry) -> Result<EncodedMembership, CodecError> {
+        if self.delta.is_some() {
+            return Ok(self.clone());
+        }
+        Ok(EncodedMembership {
+            own_entry: Some(encode_value(own)?),
+            ..self.clone()
+        })
+    }
+
+    /// The directory's entries (what a whole directory holds; none with a delta).
+    pub fn directory_len(&self) -> usize {
+        self.directory_len
+    }
+
+    /// Write the directory as a msgpack array: the shared entries, then the own entry if any.
+    fn write_directory(&self, out: &mut Vec<u8>) {
+        write_array_len(
+            out,
+            self.directory_len + usize::from(self.own_entry.is_some()),
+        );
+        out.extend_from_slice(&self.directory_entries);
+        if let Some(own) = &self.own_entry {
+            out.extend_from_slice(own);
+        }
+    }
+}
+
+/// A msgpack array header for `len` elements (fixarray, array 16 or array 32).
+fn write_array_len(out: &mut Vec<u8>, len: usize) {
+    if len < 16 {
+        out.push(0x90 | len as u8);
+    } else if let Ok(len) = u16::try_from(len) {
+        out.push(0xdc);
+        out.extend_from_slice(&len.to_be_bytes());
+    } else {
+        out.push(0xdd);
+        out.extend_from_slice(&(len as u32).to_be_bytes());
     }
 }
 
@@ -510,7 +571,7 @@ fn write_heartbeat_ack(
     match shared_membership {
         Some(m) => {
             "directory".serialize(&mut ser)?;
-            ser.get_mut().extend_from_slice(&m.directory);
+            m.write_directory(ser.get_mut());
             if let Some(delta) = &m.delta {
                 "delta".serialize(&mut ser)?;
                 ser.get_mut().extend_from_slice(delta);
@@ -545,6 +606,81 @@ fn write_heartbeat_ack(
     }
     "outstanding_elsewhere".serialize(&mut ser)?;
     outstanding_elsewhere.serialize(&mut ser)?;
+    Ok(())
+}
+
+/// Append `CoordinatorToWorker::JoinAccepted(accepted)` as one length-prefixed frame to `out`,
+/// with the shared whole directory `membership` (with the joining node's own entry appended,
+/// [`EncodedMembership::with_own`], when it was built before the join) in place of
+/// `accepted.view.directory`, which is not read: the same bytes as the derive's encoding of
+/// that frame with that directory in the view (unit test
+/// `a_join_answer_with_a_shared_directory_is_the_derived_encoding`). Issue 17: built and
+/// encoded per join, the whole directory made a join storm O(nodes²) in copies. Refuses a
+/// frame over `limit`; on an error `out` is left as it was.
+pub fn encode_join_accepted_frame_into(
+    accepted: &JoinAccepted,
+    membership: &EncodedMembership,
+    limit: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    crate::codec::encode_frame_with(limit, out, |out| {
+        write_join_accepted(accepted, membership, out)
+    })
+}
+
+/// What serde's derive writes for the internally tagged `CoordinatorToWorker::JoinAccepted`
+/// (see [`write_heartbeat_ack`]), with the view's directory from `membership`.
+fn write_join_accepted(
+    accepted: &JoinAccepted,
+    membership: &EncodedMembership,
+    out: &mut Vec<u8>,
+) -> Result<(), rmp_serde::encode::Error> {
+    let JoinAccepted {
+        protocol_version,
+        issuer,
+        node_secret,
+        issuer_keys,
+        guaranteed_keys,
+        apps,
+        settings,
+        view,
+        lost_containers,
+    } = accepted;
+    let ClusterView {
+        directory_version,
+        directory: _,
+        delta: _,
+        top_k,
+    } = view;
+    let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
+    // fixmap headers: 10 entries (the tag and nine fields), 3 in the view (no delta).
+    ser.get_mut().push(0x80 | 10);
+    "type".serialize(&mut ser)?;
+    "join_accepted".serialize(&mut ser)?;
+    "protocol_version".serialize(&mut ser)?;
+    protocol_version.serialize(&mut ser)?;
+    "issuer".serialize(&mut ser)?;
+    issuer.serialize(&mut ser)?;
+    "node_secret".serialize(&mut ser)?;
+    node_secret.serialize(&mut ser)?;
+    "issuer_keys".serialize(&mut ser)?;
+    issuer_keys.serialize(&mut ser)?;
+    "guaranteed_keys".serialize(&mut ser)?;
+    guaranteed_keys.serialize(&mut ser)?;
+    "apps".serialize(&mut ser)?;
+    apps.serialize(&mut ser)?;
+    "settings".serialize(&mut ser)?;
+    settings.serialize(&mut ser)?;
+    "view".serialize(&mut ser)?;
+    ser.get_mut().push(0x80 | 3);
+    "directory_version".serialize(&mut ser)?;
+    directory_version.serialize(&mut ser)?;
+    "directory".serialize(&mut ser)?;
+    membership.write_directory(ser.get_mut());
+    "top_k".serialize(&mut ser)?;
+    crate::distributed::top_k_columns::serialize(top_k, &mut ser)?;
+    "lost_containers".serialize(&mut ser)?;
+    lost_containers.serialize(&mut ser)?;
     Ok(())
 }
 
@@ -659,12 +795,133 @@ mod shared_top_k_tests {
             )
             .unwrap();
             assert_eq!(&out[..], &derived[..], "{n} entries, shared membership");
+            // A whole directory with the receiving node's entry appended; a delta unchanged.
+            let own = entry(99);
+            let mut with_own = ack.clone();
+            with_own.view.top_k = top_k(n);
+            if ack.view.delta.is_none() {
+                with_own.view.directory.push(own.clone());
+            }
+            let derived = encode_frame(
+                &CoordinatorToWorker::HeartbeatAck(with_own),
+                CLUSTER_MAX_FRAME,
+            )
+            .unwrap();
+            let mut out = Vec::new();
+            encode_heartbeat_ack_frame_into(
+                &without_membership,
+                &shared,
+                Some(&membership.with_own(&own).unwrap()),
+                CLUSTER_MAX_FRAME,
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(
+                &out[..],
+                &derived[..],
+                "{n} entries, shared membership and own entry"
+            );
         }
         // Over the limit: refused, and the buffer is as it was.
         let shared = EncodedTopK::encode(&top_k(200)).unwrap();
         let mut out = b"kept".to_vec();
         assert!(matches!(
             encode_heartbeat_ack_frame_into(&bare, &shared, None, 100, &mut out),
+            Err(CodecError::Oversized { limit: 100, .. })
+        ));
+        assert_eq!(out, b"kept");
+    }
+
+    /// A join answer written with a shared whole directory (and the joining node's own entry
+    /// appended, or not) is byte for byte the derive's encoding of the same answer, and decodes
+    /// to it; directories of 0, 15, 16 and 70,000 entries cross the msgpack array headers.
+    #[test]
+    fn a_join_answer_with_a_shared_directory_is_the_derived_encoding() {
+        use crate::token::PublicTokenKey;
+        let accepted = |directory: Vec<NodeDirectoryEntry>, lost: Vec<ContainerId>| JoinAccepted {
+            protocol_version: CLUSTER_PROTOCOL_VERSION,
+            issuer: 42,
+            node_secret: NodeSessionSecret {
+                node_epoch: 42,
+                secret_hex: "cd".repeat(32),
+            },
+            issuer_keys: vec![IssuerNodeKey {
+                node_id: NodeId::new("node-00001"),
+                node_epoch: 7,
+                secret_hex: "ef".repeat(32),
+            }],
+            guaranteed_keys: PublicKeyRing {
+                current: PublicTokenKey {
+                    key_id: 2,
+                    public_hex: "01".repeat(32),
+                },
+                previous: None,
+            },
+            apps: vec![AppRecord {
+                app_id: "app".into(),
+                secret_sha256: "ab".repeat(32),
+                quota: QueueableQuota::default(),
+            }],
+            settings: ClusterSettings {
+                top_k: 50,
+                token_ttl_ms: 60_000,
+                heartbeat_interval_ms: 1000,
+            },
+            view: ClusterView {
+                directory_version: 9,
+                directory,
+                delta: None,
+                top_k: top_k(3),
+            },
+            lost_containers: lost,
+        };
+        for n in [0usize, 14, 15, 16, 70_000] {
+            let shared: Vec<NodeDirectoryEntry> = (0..n).map(entry).collect();
+            let membership = EncodedMembership::encode(&ClusterView {
+                directory_version: 9,
+                directory: shared.clone(),
+                delta: None,
+                top_k: Vec::new(),
+            })
+            .unwrap();
+            assert_eq!(membership.directory_len(), n);
+            let own = entry(n + 1);
+            for (with_own, lost) in [(false, vec![]), (true, vec![ContainerId::new(3, 4)])] {
+                let mut directory = shared.clone();
+                if with_own {
+                    directory.push(own.clone());
+                }
+                let frame = CoordinatorToWorker::JoinAccepted(accepted(directory, lost.clone()));
+                let derived = encode_frame(&frame, CLUSTER_MAX_FRAME).unwrap();
+                let membership = if with_own {
+                    membership.with_own(&own).unwrap()
+                } else {
+                    membership.clone()
+                };
+                let mut out = b"before".to_vec();
+                encode_join_accepted_frame_into(
+                    &accepted(Vec::new(), lost),
+                    &membership,
+                    CLUSTER_MAX_FRAME,
+                    &mut out,
+                )
+                .unwrap();
+                assert_eq!(&out[..6], b"before");
+                assert_eq!(&out[6..], &derived[..], "{n} entries, own {with_own}");
+                let decoded: CoordinatorToWorker = from_payload(&out[6 + LENGTH_PREFIX..]).unwrap();
+                assert_eq!(decoded, frame);
+            }
+        }
+        // Over the limit: refused, and the buffer is as it was.
+        let membership = EncodedMembership::encode(&ClusterView::default()).unwrap();
+        let mut out = b"kept".to_vec();
+        assert!(matches!(
+            encode_join_accepted_frame_into(
+                &accepted(Vec::new(), Vec::new()),
+                &membership,
+                100,
+                &mut out
+            ),
             Err(CodecError::Oversized { limit: 100, .. })
         ));
         assert_eq!(out, b"kept");
