@@ -115,22 +115,52 @@ struct NodeEntry {
     /// for this session when this node enters the top-k it is sent, see
     /// [`CoordinatorState::node_view`]).
     issuer_keys: Option<IssuerKeyDeriver>,
-    /// The node sessions (issuers) whose QUEUEABLE key this node's scheduler has been sent in
-    /// this session and still holds: a subset of what it holds (entries may be forgotten, a
-    /// key is then sent again), at most [`KEYS_HELD_PER_TOP_K`] × the view's length.
-    keys_held: HashSet<u32>,
+    /// The node slots ([`NodeEntry::slot`]) whose node's current session's QUEUEABLE key this
+    /// node's scheduler has been sent in this session: a subset of the keys it holds (a slot's
+    /// mark is cleared in every node's set when the slot gets a new session, so the key is
+    /// sent again). One bit per slot, so a scheduler is sent each node's key once however
+    /// often that node enters and leaves the top-k, for O(nodes) bits per node.
+    keys_held: SlotSet,
     /// The [`CoordinatorState::top_k_generation`] this node's scheduler was last sent the keys
     /// of every top-k node at: until the list changes, nothing is checked again.
     keys_at_generation: Option<u64>,
     /// The membership change this join was ([`CoordinatorState::membership_identity`]'s
     /// second part right after it).
     joined_at_change: u64,
+    /// A small dense number of this node, kept across its re-joins and reused after it leaves:
+    /// what [`NodeEntry::keys_held`] marks.
+    slot: u32,
 }
 
-/// How many node sessions' keys, per top-k entry, the coordinator remembers having sent to one
-/// scheduler before it forgets those outside the current top-k (they are sent again if their
-/// nodes come back into it): bounds the coordinator's memory per node by O(k), not O(nodes).
-pub const KEYS_HELD_PER_TOP_K: usize = 4;
+/// A set of node slots as bits.
+#[derive(Clone, Debug, Default)]
+struct SlotSet(Vec<u64>);
+
+impl SlotSet {
+    fn contains(&self, slot: u32) -> bool {
+        self.0
+            .get(slot as usize / 64)
+            .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+    }
+
+    fn insert(&mut self, slot: u32) {
+        let i = slot as usize / 64;
+        if i >= self.0.len() {
+            self.0.resize(i + 1, 0);
+        }
+        self.0[i] |= 1 << (slot % 64);
+    }
+
+    fn remove(&mut self, slot: u32) {
+        if let Some(w) = self.0.get_mut(slot as usize / 64) {
+            *w &= !(1 << (slot % 64));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
 
 /// What the coordinator aggregates once per round (Mercury §4.2: the top-k list, §4.3: the
 /// shedding threshold) from the nodes' latest estimates, and sends with every heartbeat answer
@@ -155,9 +185,9 @@ pub struct AggregateRound {
     /// Outstanding containers per app summed over every issuer (Mercury §4.1 quotas held
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
-    /// The session (issuer) of each `top_k` entry's node, in the same order: which keys a
-    /// scheduler needs for this list, without a directory lookup per entry.
-    top_k_sessions: Vec<u32>,
+    /// The slot of each `top_k` entry's node, in the same order: which keys a scheduler needs
+    /// for this list, without a directory lookup per entry.
+    top_k_slots: Vec<u32>,
     /// When it was computed.
     at: Option<Time>,
 }
@@ -202,6 +232,10 @@ pub struct CoordinatorState {
     /// Nodes an operator is draining: left out of top-k, so no scheduler sends them new
     /// QUEUEABLE work (the guarantor keeps GUARANTEED work off them).
     draining: BTreeSet<NodeId>,
+    /// Slots of nodes that left, to be taken by the next new nodes ([`NodeEntry::slot`]).
+    free_slots: Vec<u32>,
+    /// The slots in use or freed are below this.
+    next_slot: u32,
 }
 
 /// A view for one node's scheduler, with the QUEUEABLE keys it needs for the view's top-k.
@@ -273,6 +307,8 @@ impl CoordinatorState {
             lost_nodes_changed: false,
             token_master: None,
             draining: BTreeSet::new(),
+            free_slots: Vec::new(),
+            next_slot: 0,
         }
     }
 
@@ -397,16 +433,16 @@ impl CoordinatorState {
             }
             let shedding = self.shedding_round();
             let top_k = self.top_k(rng);
-            let top_k_sessions = top_k
+            let top_k_slots = top_k
                 .iter()
-                .map(|l| self.nodes.get(&l.node_id).map_or(0, |n| n.issuer))
+                .map(|l| self.nodes.get(&l.node_id).map_or(u32::MAX, |n| n.slot))
                 .collect();
             self.round = AggregateRound {
                 top_k,
                 shedding_threshold_ms: shedding.threshold_ms,
                 shedding_targets: shedding.targets,
                 outstanding_totals,
-                top_k_sessions,
+                top_k_slots,
                 at: Some(now),
             };
             self.top_k_generation += 1;
@@ -585,10 +621,10 @@ impl CoordinatorState {
         let generation = self.top_k_generation;
         let check = whole || me.keys_at_generation != Some(generation);
         let mut keys = Vec::new();
-        let mut sessions_sent = Vec::new();
+        let mut slots_sent = Vec::new();
         if check {
-            for (l, &session) in self.round.top_k.iter().zip(&self.round.top_k_sessions) {
-                if !whole && me.keys_held.contains(&session) {
+            for (l, &slot) in self.round.top_k.iter().zip(&self.round.top_k_slots) {
+                if !whole && me.keys_held.contains(slot) {
                     continue;
                 }
                 let Some(deriver) = self
@@ -599,22 +635,18 @@ impl CoordinatorState {
                     continue;
                 };
                 keys.push(deriver.issuer_key(me.issuer));
-                sessions_sent.push(session);
+                slots_sent.push(slot);
             }
         }
-        let limit = KEYS_HELD_PER_TOP_K * self.config.top_k.max(1);
-        let round = &self.round;
         let me = self.nodes.get_mut(node).expect("looked up above");
         if whole {
+            // The scheduler replaces its keys with these.
             me.keys_held.clear();
         }
-        me.keys_held.extend(sessions_sent);
-        me.keys_at_generation = Some(generation);
-        if me.keys_held.len() > limit {
-            // Forgetting a key it holds only costs sending it again.
-            let current: HashSet<u32> = round.top_k_sessions.iter().copied().collect();
-            me.keys_held.retain(|s| current.contains(s));
+        for slot in slots_sent {
+            me.keys_held.insert(slot);
         }
+        me.keys_at_generation = Some(generation);
         let issuer_keys = (sent != MembershipSent::Nothing || !keys.is_empty()).then_some(keys);
         NodeView { view, issuer_keys }
     }
@@ -771,6 +803,23 @@ impl CoordinatorState {
         let issuer_keys = secret
             .as_ref()
             .and_then(|s| s.issuer_keys_for(&dir.node_id).ok());
+        // A re-join keeps its slot; a new node takes a freed one or the next. Either way the
+        // slot's session is new: no scheduler holds its key yet.
+        let (slot, reused) = match self.nodes.get(&dir.node_id) {
+            Some(n) => (n.slot, true),
+            None => match self.free_slots.pop() {
+                Some(slot) => (slot, true),
+                None => {
+                    self.next_slot += 1;
+                    (self.next_slot - 1, false)
+                }
+            },
+        };
+        if reused {
+            for n in self.nodes.values_mut() {
+                n.keys_held.remove(slot);
+            }
+        }
         let previous = self.nodes.insert(
             dir.node_id.clone(),
             NodeEntry {
@@ -783,9 +832,10 @@ impl CoordinatorState {
                 killing_lost: HashSet::new(),
                 secret,
                 issuer_keys,
-                keys_held: HashSet::new(),
+                keys_held: SlotSet::default(),
                 keys_at_generation: None,
                 joined_at_change: self.membership_changes + 1,
+                slot,
             },
         );
         if let Some(prev) = previous {
@@ -795,12 +845,12 @@ impl CoordinatorState {
         self.live_issuers.insert(issuer);
         self.directory_pending.insert(node_id.clone());
         self.membership_changes += 1;
-        self.patch_round_top_k(&node_id, Some(issuer));
+        self.patch_round_top_k(&node_id, Some(slot));
         issuer
     }
 
     /// Keep the cached round's top-k consistent with membership in O(k): `node` taken out, and
-    /// put first when it joined (`Some` of its new session: no queue yet) unless it is draining.
+    /// put first when it joined (`Some` of its slot: no queue yet) unless it is draining.
     fn patch_round_top_k(&mut self, node: &NodeId, joined: Option<u32>) {
         if self.round.at.is_none() {
             return;
@@ -809,9 +859,9 @@ impl CoordinatorState {
         let round = &mut self.round;
         if let Some(i) = round.top_k.iter().position(|l| &l.node_id == node) {
             round.top_k.remove(i);
-            round.top_k_sessions.remove(i);
+            round.top_k_slots.remove(i);
         }
-        if let Some(session) = joined
+        if let Some(slot) = joined
             && !self.draining.contains(node)
             && self.config.top_k > 0
         {
@@ -822,9 +872,9 @@ impl CoordinatorState {
                     queue_delay_ms: 0.0,
                 },
             );
-            round.top_k_sessions.insert(0, session);
+            round.top_k_slots.insert(0, slot);
             round.top_k.truncate(self.config.top_k);
-            round.top_k_sessions.truncate(self.config.top_k);
+            round.top_k_slots.truncate(self.config.top_k);
         }
     }
 
@@ -897,6 +947,8 @@ impl CoordinatorState {
         let Some(entry) = self.nodes.remove(node) else {
             return Vec::new();
         };
+        // Marks of it in other nodes' key sets are cleared when the slot is taken again.
+        self.free_slots.push(entry.slot);
         self.outbox.remove(&entry.issuer);
         self.live_issuers.remove(&entry.issuer);
         self.directory_pending.insert(node.clone());

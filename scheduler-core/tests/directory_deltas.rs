@@ -676,3 +676,86 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
         }
     }
 }
+
+/// The coordinator remembers the keys it sent a scheduler as one bit per node slot, not a
+/// bounded list of sessions: a node's key goes to a scheduler once however often the node
+/// leaves and re-enters its top-k; a re-join (new session) sends the new key again, and a slot
+/// freed by a node that left and taken by a new node does not pass for the new node's key.
+#[test]
+fn a_nodes_key_goes_once_however_often_it_reenters_the_top_k() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut c = coordinator_with_top_k(2);
+    let mut now = Time::ZERO;
+    let load = |ms: f64| QueueDelay {
+        tq_ms: ms,
+        tr_ms: 0.0,
+        tl_ms: 0.0,
+    };
+    // Twelve nodes, more than the 4 × k sessions the coordinator used to remember.
+    for i in 0..12 {
+        c.join(now, entry(i, 0));
+    }
+    let mut w = Worker::join(&mut c, now, entry(100, 0));
+    c.heartbeat(now, &w.node.clone(), load(10_000.0), vec![]);
+    let mut keys_per_round = Vec::new();
+    // The two least loaded rotate through all twelve nodes, four times over.
+    let ms = |position: u64, round: u64| ((position + 12 - (2 * round) % 12) % 12) as f64;
+    for round in 0..24u64 {
+        now = Time::from_secs(round + 1);
+        for i in 0..12u64 {
+            c.heartbeat(
+                now,
+                &entry(i as usize, 0).node_id,
+                load(ms(i, round)),
+                vec![],
+            );
+        }
+        c.round(now, ROUND, &mut rng);
+        let top_k = c.aggregate_round().top_k.clone();
+        let known = w.version();
+        let answer = c.node_view(&w.node, known, top_k);
+        keys_per_round.push(answer.issuer_keys.as_ref().map_or(0, Vec::len));
+        w.apply(answer);
+        w.assert_matches(&c);
+    }
+    // Every node's key once (the first rounds), then none, though the list changed every round.
+    assert_eq!(
+        keys_per_round.iter().sum::<usize>(),
+        12,
+        "{keys_per_round:?}"
+    );
+    assert!(
+        keys_per_round[6..].iter().all(|&k| k == 0),
+        "{keys_per_round:?}"
+    );
+    // A re-join is a new session: its key is sent again when it is next in the top-k.
+    c.join(now, entry(3, 1));
+    // n007 leaves and a new node takes its slot.
+    c.remove_node(&entry(7, 0).node_id);
+    c.join(now, entry(20, 0));
+    for round in 24..36u64 {
+        now = Time::from_secs(round + 1);
+        // n020 takes n007's place in the rotation.
+        for (i, position) in (0..12u64).map(|i| (if i == 7 { 20 } else { i }, i)) {
+            c.heartbeat(
+                now,
+                &entry(i as usize, 0).node_id,
+                load(ms(position, round)),
+                vec![],
+            );
+        }
+        c.round(now, ROUND, &mut rng);
+        let top_k = c.aggregate_round().top_k.clone();
+        let known = w.version();
+        let answer = c.node_view(&w.node, known, top_k);
+        keys_per_round.push(answer.issuer_keys.as_ref().map_or(0, Vec::len));
+        w.apply(answer);
+        w.assert_matches(&c);
+    }
+    // n003's new session and n020 (in n007's old slot): two keys more, no others.
+    assert_eq!(
+        keys_per_round[24..].iter().sum::<usize>(),
+        2,
+        "{keys_per_round:?}"
+    );
+}

@@ -525,6 +525,19 @@ pub fn encode_heartbeat_ack_frame_into(
     })
 }
 
+/// One named field of a map, as the derive writes it: the name, then the value.
+fn field<T: Serialize + ?Sized>(
+    ser: &mut rmp_serde::Serializer<
+        &mut Vec<u8>,
+        rmp_serde::config::StructMapConfig<rmp_serde::config::DefaultConfig>,
+    >,
+    name: &str,
+    value: &T,
+) -> Result<(), rmp_serde::encode::Error> {
+    name.serialize(&mut *ser)?;
+    value.serialize(&mut *ser)
+}
+
 /// What serde's derive writes for the internally tagged `CoordinatorToWorker::HeartbeatAck`
 /// (a map: the `type` tag first, then the fields in declaration order, `skip_serializing_if`
 /// fields left out of the map and its length), field by field through the same serializer,
@@ -562,12 +575,10 @@ fn write_heartbeat_ack(
     let view_fields = 3 + u8::from(has_delta);
     let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
     ser.get_mut().push(0x80 | ack_fields);
-    "type".serialize(&mut ser)?;
-    "heartbeat_ack".serialize(&mut ser)?;
+    field(&mut ser, "type", "heartbeat_ack")?;
     "view".serialize(&mut ser)?;
     ser.get_mut().push(0x80 | view_fields);
-    "directory_version".serialize(&mut ser)?;
-    directory_version.serialize(&mut ser)?;
+    field(&mut ser, "directory_version", directory_version)?;
     match shared_membership {
         Some(m) => {
             "directory".serialize(&mut ser)?;
@@ -578,34 +589,24 @@ fn write_heartbeat_ack(
             }
         }
         None => {
-            "directory".serialize(&mut ser)?;
-            directory.serialize(&mut ser)?;
+            field(&mut ser, "directory", directory)?;
             if let Some(delta) = delta {
-                "delta".serialize(&mut ser)?;
-                delta.serialize(&mut ser)?;
+                field(&mut ser, "delta", delta)?;
             }
         }
     }
     "top_k".serialize(&mut ser)?;
     ser.get_mut().extend_from_slice(shared_top_k.bytes());
-    "shedding_threshold_ms".serialize(&mut ser)?;
-    shedding_threshold_ms.serialize(&mut ser)?;
-    "queueable_limit".serialize(&mut ser)?;
-    queueable_limit.serialize(&mut ser)?;
-    "notices".serialize(&mut ser)?;
-    notices.serialize(&mut ser)?;
-    "issuer_keys".serialize(&mut ser)?;
-    issuer_keys.serialize(&mut ser)?;
-    "guaranteed_keys".serialize(&mut ser)?;
-    guaranteed_keys.serialize(&mut ser)?;
-    "apps".serialize(&mut ser)?;
-    apps.serialize(&mut ser)?;
+    field(&mut ser, "shedding_threshold_ms", shedding_threshold_ms)?;
+    field(&mut ser, "queueable_limit", queueable_limit)?;
+    field(&mut ser, "notices", notices)?;
+    field(&mut ser, "issuer_keys", issuer_keys)?;
+    field(&mut ser, "guaranteed_keys", guaranteed_keys)?;
+    field(&mut ser, "apps", apps)?;
     if let Some(k) = top_k {
-        "top_k".serialize(&mut ser)?;
-        k.serialize(&mut ser)?;
+        field(&mut ser, "top_k", k)?;
     }
-    "outstanding_elsewhere".serialize(&mut ser)?;
-    outstanding_elsewhere.serialize(&mut ser)?;
+    field(&mut ser, "outstanding_elsewhere", outstanding_elsewhere)?;
     Ok(())
 }
 
@@ -655,32 +656,22 @@ fn write_join_accepted(
     let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
     // fixmap headers: 10 entries (the tag and nine fields), 3 in the view (no delta).
     ser.get_mut().push(0x80 | 10);
-    "type".serialize(&mut ser)?;
-    "join_accepted".serialize(&mut ser)?;
-    "protocol_version".serialize(&mut ser)?;
-    protocol_version.serialize(&mut ser)?;
-    "issuer".serialize(&mut ser)?;
-    issuer.serialize(&mut ser)?;
-    "node_secret".serialize(&mut ser)?;
-    node_secret.serialize(&mut ser)?;
-    "issuer_keys".serialize(&mut ser)?;
-    issuer_keys.serialize(&mut ser)?;
-    "guaranteed_keys".serialize(&mut ser)?;
-    guaranteed_keys.serialize(&mut ser)?;
-    "apps".serialize(&mut ser)?;
-    apps.serialize(&mut ser)?;
-    "settings".serialize(&mut ser)?;
-    settings.serialize(&mut ser)?;
+    field(&mut ser, "type", "join_accepted")?;
+    field(&mut ser, "protocol_version", protocol_version)?;
+    field(&mut ser, "issuer", issuer)?;
+    field(&mut ser, "node_secret", node_secret)?;
+    field(&mut ser, "issuer_keys", issuer_keys)?;
+    field(&mut ser, "guaranteed_keys", guaranteed_keys)?;
+    field(&mut ser, "apps", apps)?;
+    field(&mut ser, "settings", settings)?;
     "view".serialize(&mut ser)?;
     ser.get_mut().push(0x80 | 3);
-    "directory_version".serialize(&mut ser)?;
-    directory_version.serialize(&mut ser)?;
+    field(&mut ser, "directory_version", directory_version)?;
     "directory".serialize(&mut ser)?;
     membership.write_directory(ser.get_mut());
     "top_k".serialize(&mut ser)?;
     crate::distributed::top_k_columns::serialize(top_k, &mut ser)?;
-    "lost_containers".serialize(&mut ser)?;
-    lost_containers.serialize(&mut ser)?;
+    field(&mut ser, "lost_containers", lost_containers)?;
     Ok(())
 }
 
