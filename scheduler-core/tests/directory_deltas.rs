@@ -677,6 +677,36 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
     }
 }
 
+/// One round of `a_nodes_key_goes_once_however_often_it_reenters_the_top_k`: `nodes` report
+/// loads that put the two at rotation positions 2·round and 2·round + 1 (mod 12) first; the
+/// worker applies the round's answer. Returns the keys the answer carried.
+fn rotate_one_round(
+    c: &mut CoordinatorState,
+    w: &mut Worker,
+    rng: &mut StdRng,
+    round: u64,
+    nodes: &[(usize, u64)],
+) -> usize {
+    let now = Time::from_secs(round + 1);
+    for &(i, position) in nodes {
+        let ms = ((position + 12 - (2 * round) % 12) % 12) as f64;
+        let load = QueueDelay {
+            tq_ms: ms,
+            tr_ms: 0.0,
+            tl_ms: 0.0,
+        };
+        c.heartbeat(now, &entry(i, 0).node_id, load, vec![]);
+    }
+    c.round(now, ROUND, rng);
+    let top_k = c.aggregate_round().top_k.clone();
+    let known = w.version();
+    let answer = c.node_view(&w.node, known, top_k);
+    let keys = answer.issuer_keys.as_ref().map_or(0, Vec::len);
+    w.apply(answer);
+    w.assert_matches(c);
+    keys
+}
+
 /// The coordinator remembers the keys it sent a scheduler as one bit per node slot, not a
 /// bounded list of sessions: a node's key goes to a scheduler once however often the node
 /// leaves and re-enters its top-k; a re-join (new session) sends the new key again, and a slot
@@ -685,39 +715,23 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
 fn a_nodes_key_goes_once_however_often_it_reenters_the_top_k() {
     let mut rng = StdRng::seed_from_u64(5);
     let mut c = coordinator_with_top_k(2);
-    let mut now = Time::ZERO;
-    let load = |ms: f64| QueueDelay {
-        tq_ms: ms,
-        tr_ms: 0.0,
-        tl_ms: 0.0,
-    };
+    let now = Time::ZERO;
     // Twelve nodes, more than the 4 × k sessions the coordinator used to remember.
     for i in 0..12 {
         c.join(now, entry(i, 0));
     }
     let mut w = Worker::join(&mut c, now, entry(100, 0));
-    c.heartbeat(now, &w.node.clone(), load(10_000.0), vec![]);
-    let mut keys_per_round = Vec::new();
+    let busy = QueueDelay {
+        tq_ms: 10_000.0,
+        tr_ms: 0.0,
+        tl_ms: 0.0,
+    };
+    c.heartbeat(now, &w.node.clone(), busy, vec![]);
     // The two least loaded rotate through all twelve nodes, four times over.
-    let ms = |position: u64, round: u64| ((position + 12 - (2 * round) % 12) % 12) as f64;
-    for round in 0..24u64 {
-        now = Time::from_secs(round + 1);
-        for i in 0..12u64 {
-            c.heartbeat(
-                now,
-                &entry(i as usize, 0).node_id,
-                load(ms(i, round)),
-                vec![],
-            );
-        }
-        c.round(now, ROUND, &mut rng);
-        let top_k = c.aggregate_round().top_k.clone();
-        let known = w.version();
-        let answer = c.node_view(&w.node, known, top_k);
-        keys_per_round.push(answer.issuer_keys.as_ref().map_or(0, Vec::len));
-        w.apply(answer);
-        w.assert_matches(&c);
-    }
+    let nodes: Vec<(usize, u64)> = (0..12).map(|i| (i, i as u64)).collect();
+    let mut keys_per_round: Vec<usize> = (0..24u64)
+        .map(|round| rotate_one_round(&mut c, &mut w, &mut rng, round, &nodes))
+        .collect();
     // Every node's key once (the first rounds), then none, though the list changed every round.
     assert_eq!(
         keys_per_round.iter().sum::<usize>(),
@@ -729,29 +743,16 @@ fn a_nodes_key_goes_once_however_often_it_reenters_the_top_k() {
         "{keys_per_round:?}"
     );
     // A re-join is a new session: its key is sent again when it is next in the top-k.
+    let now = Time::from_secs(24);
     c.join(now, entry(3, 1));
-    // n007 leaves and a new node takes its slot.
+    // n007 leaves and a new node takes its slot, and its place in the rotation.
     c.remove_node(&entry(7, 0).node_id);
     c.join(now, entry(20, 0));
-    for round in 24..36u64 {
-        now = Time::from_secs(round + 1);
-        // n020 takes n007's place in the rotation.
-        for (i, position) in (0..12u64).map(|i| (if i == 7 { 20 } else { i }, i)) {
-            c.heartbeat(
-                now,
-                &entry(i as usize, 0).node_id,
-                load(ms(position, round)),
-                vec![],
-            );
-        }
-        c.round(now, ROUND, &mut rng);
-        let top_k = c.aggregate_round().top_k.clone();
-        let known = w.version();
-        let answer = c.node_view(&w.node, known, top_k);
-        keys_per_round.push(answer.issuer_keys.as_ref().map_or(0, Vec::len));
-        w.apply(answer);
-        w.assert_matches(&c);
-    }
+    let nodes: Vec<(usize, u64)> = (0..12)
+        .map(|i| (if i == 7 { 20 } else { i }, i as u64))
+        .collect();
+    keys_per_round
+        .extend((24..36u64).map(|round| rotate_one_round(&mut c, &mut w, &mut rng, round, &nodes)));
     // n003's new session and n020 (in n007's old slot): two keys more, no others.
     assert_eq!(
         keys_per_round[24..].iter().sum::<usize>(),
