@@ -11,6 +11,7 @@ use crate::protocol::app::{
     Allocate, ErrorCode, GrantedContainer, ReservationCancelled, ReservationReprovisioned,
     ReservationSummary,
 };
+use crate::protocol::tag_first::tag_first_deserialize;
 use crate::queue_delay::QueueDelay;
 use crate::quota::{AppOutstanding, QueueableQuota};
 use crate::reservation::{AllocationInterval, ReservationDefinition};
@@ -25,8 +26,8 @@ use serde::{Deserialize, Serialize};
 /// (`coordinator::NodeView`), and the top-k as two columns (`distributed::top_k_columns`).
 pub const CLUSTER_PROTOCOL_VERSION: u32 = 6;
 
-/// Frames a worker sends to the coordinator.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Frames a worker sends to the coordinator. Decoded tag first (`protocol::tag_first`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkerToCoordinator {
     Join(Join),
@@ -40,6 +41,19 @@ pub enum WorkerToCoordinator {
     GuaranteedFinished(GuaranteedFinished),
     ContainerResized(ContainerResized),
 }
+
+tag_first_deserialize!(WorkerToCoordinator, "type", {
+    "join" => Join(Join),
+    "heartbeat" => Heartbeat(Heartbeat),
+    "allocate_guaranteed" => AllocateGuaranteed(AllocateGuaranteed),
+    "promote" => Promote(PromoteContainer),
+    "release" => Release(ReleaseContainer),
+    "promotion_applied" => PromotionApplied(PromotionApplied),
+    "cancel_allocate" => CancelAllocate(CancelAllocate),
+    "reservation" => Reservation(ReservationCall),
+    "guaranteed_finished" => GuaranteedFinished(GuaranteedFinished),
+    "container_resized" => ContainerResized(ContainerResized),
+});
 
 /// GUARANTEED containers (issued by the guarantor) that ended on the sending node, sent the
 /// moment they end so the guarantor frees their bookings and places waiting work without
@@ -190,8 +204,8 @@ pub struct PromotionApplied {
     pub error: Option<String>,
 }
 
-/// Frames the coordinator sends to a worker.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Frames the coordinator sends to a worker. Decoded tag first (`protocol::tag_first`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CoordinatorToWorker {
     JoinAccepted(JoinAccepted),
@@ -207,6 +221,21 @@ pub enum CoordinatorToWorker {
     ReservationNotice(ReservationNotice),
     ResizeContainer(ResizeContainer),
 }
+
+tag_first_deserialize!(CoordinatorToWorker, "type", {
+    "join_accepted" => JoinAccepted(JoinAccepted),
+    "join_rejected" => JoinRejected(JoinRejected),
+    "heartbeat_ack" => HeartbeatAck(HeartbeatAck),
+    "guaranteed_allocated" => GuaranteedAllocated(GuaranteedAllocated),
+    "promote_result" => PromoteResult(PromoteResult),
+    "released" => Released(Released),
+    "request_failed" => RequestFailed(RequestFailed),
+    "apply_promotion" => ApplyPromotion(ApplyPromotion),
+    "stop_container" => StopContainer(StopContainerOnNode),
+    "reservation_done" => ReservationDone(ReservationDone),
+    "reservation_notice" => ReservationNotice(ReservationNotice),
+    "resize_container" => ResizeContainer(ResizeContainer),
+});
 
 /// A registered application, as workers need it to authenticate and police it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -965,5 +994,96 @@ mod shared_top_k_tests {
             err.to_string().contains("2 node ids but 1 queue delays"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tag_first_tests {
+    use super::*;
+    use crate::codec::{from_payload, to_payload};
+    use crate::protocol::tag_first::snake_case;
+
+    #[test]
+    fn the_decoders_names_are_what_the_encoders_write() {
+        for (ident, name) in WorkerToCoordinator::snake_case_names()
+            .iter()
+            .chain(CoordinatorToWorker::snake_case_names())
+        {
+            assert_eq!(snake_case(ident), *name, "variant {ident}");
+        }
+        // And one of each direction through the derive's encoding.
+        let finished = WorkerToCoordinator::GuaranteedFinished(GuaranteedFinished {
+            finished: vec![ContainerId::new(0, 7)],
+        });
+        let back: WorkerToCoordinator = from_payload(&to_payload(&finished).unwrap()).unwrap();
+        assert_eq!(back, finished);
+        let failed = CoordinatorToWorker::RequestFailed(RequestFailed {
+            correlation_id: 3,
+            code: ErrorCode::Internal,
+            message: "m".into(),
+        });
+        let back: CoordinatorToWorker = from_payload(&to_payload(&failed).unwrap()).unwrap();
+        assert_eq!(back, failed);
+    }
+
+    /// A msgpack map (at most 15 entries) of short string keys to the given msgpack-encoded
+    /// values, in this order.
+    fn map(entries: &[(&str, Vec<u8>)]) -> Vec<u8> {
+        let mut out = vec![0x80 | entries.len() as u8];
+        for (k, v) in entries {
+            out.extend(str_value(k));
+            out.extend_from_slice(v);
+        }
+        out
+    }
+
+    /// A msgpack string of at most 31 bytes.
+    fn str_value(s: &str) -> Vec<u8> {
+        let mut out = vec![0xa0 | s.len() as u8];
+        out.extend_from_slice(s.as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_frame_must_name_its_type_first_and_a_known_one() {
+        let reason = str_value("bad version");
+        let first = map(&[
+            ("type", str_value("join_rejected")),
+            ("reason", reason.clone()),
+        ]);
+        let ok: CoordinatorToWorker = from_payload(&first).unwrap();
+        assert_eq!(
+            ok,
+            CoordinatorToWorker::JoinRejected(JoinRejected {
+                reason: "bad version".into()
+            })
+        );
+        let last = map(&[
+            ("reason", reason.clone()),
+            ("type", str_value("join_rejected")),
+        ]);
+        let e = from_payload::<CoordinatorToWorker>(&last)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("first field of a cluster frame must be `type`, not `reason`"),
+            "{e}"
+        );
+        let unknown = map(&[("type", str_value("join_maybe")), ("reason", reason)]);
+        let e = from_payload::<CoordinatorToWorker>(&unknown)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `join_maybe`"), "{e}");
+        let empty = map(&[]);
+        let e = from_payload::<WorkerToCoordinator>(&empty)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `type`"), "{e}");
+        // A variant's own fields are checked as before: a missing one is named.
+        let short = map(&[("type", str_value("request_failed"))]);
+        let e = from_payload::<CoordinatorToWorker>(&short)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `correlation_id`"), "{e}");
     }
 }

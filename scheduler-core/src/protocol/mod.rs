@@ -4,6 +4,7 @@
 pub mod app;
 pub mod cluster;
 pub mod limits;
+pub(crate) mod tag_first;
 
 use serde::Deserialize;
 
