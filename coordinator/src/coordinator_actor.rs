@@ -840,6 +840,11 @@ impl CoordinatorActor {
                 .extend(self.state.take_loss_notices_of(&names));
             for (node_id, containers) in declared {
                 warn!(node = %node_id, containers, "node lost: {why}; not announced until the loss is stored");
+                // Silent: no new GUARANTEED work there meanwhile (its bookings stay).
+                self.guarantor()
+                    .do_send(crate::guarantor_actor::SetNodeUnreachable {
+                        node: node_id.clone(),
+                    });
                 self.losses_not_stored.push((node_id, why.to_string()));
             }
             self.metrics

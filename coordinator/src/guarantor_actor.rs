@@ -1185,6 +1185,21 @@ impl Handler<SetNodeDraining> for GuarantorActor {
     }
 }
 
+/// A node was declared lost but its loss is not stored yet (sent by the coordinator actor): no
+/// new GUARANTEED work goes there until the stored loss removes it ([`RemoveNode`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetNodeUnreachable {
+    pub node: NodeId,
+}
+
+impl Handler<SetNodeUnreachable> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, m: SetNodeUnreachable, _: &mut Context<Self>) {
+        self.core.set_unreachable(&m.node, true);
+    }
+}
+
 /// An operator submits a recurring reservation on behalf of a registered app: reserved, or
 /// updated when the app holds one of that id already. The operation and the allocation.
 #[derive(Message)]

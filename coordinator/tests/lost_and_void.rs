@@ -444,6 +444,14 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
         "{ack:?}"
     );
 
+    // One grant before the outage, so that the guarantor's block of container ids is stored and
+    // grants during it need no write.
+    a.send(&allocate_guaranteed(6, "demo", 100, 100, 1)).await;
+    a.expect("grant", |m| {
+        matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == 6 && g.remaining == 0)
+    })
+    .await;
+
     h.server.store.refuse_writes(true);
     h.clock.advance(Duration::from_secs(11));
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
@@ -462,6 +470,26 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
     assert!(
         ack.notices.iter().all(|n| n.kind != NoticeKind::Lost),
         "the issuer heard of a loss the store does not hold: {ack:?}"
+    );
+    // The silent node gets no new GUARANTEED work while its loss is held: of two containers
+    // that fit one per node, one is granted on node-a and the other waits.
+    a.send(&allocate_guaranteed(7, "demo", 1500, 1500, 2)).await;
+    let CoordinatorToWorker::GuaranteedAllocated(granted) = a
+        .expect(
+            "grant",
+            |m| matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == 7),
+        )
+        .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(granted.remaining, 1, "{granted:?}");
+    assert!(
+        granted
+            .containers
+            .iter()
+            .all(|c| c.node_id.as_str() == "node-a"),
+        "granted on a node whose loss is held: {granted:?}"
     );
     // Still refused at the next tick: still held.
     h.server.coordinator.send(Tick).await.unwrap();

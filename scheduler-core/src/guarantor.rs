@@ -623,6 +623,12 @@ pub struct Guarantor {
     /// Nodes an operator is draining: they get no new GUARANTEED work and their capacity is out
     /// of the reservation plan; what runs there finishes. Kept across the node's re-joins.
     draining: HashSet<NodeId>,
+    /// Nodes declared lost whose loss is not stored yet (the coordinator holds the loss back
+    /// until its store takes it, and with it the node's removal here): silent, so they get no
+    /// new GUARANTEED work, while their bookings stay until the removal.
+    unreachable: HashSet<NodeId>,
+    /// Nodes that get no new GUARANTEED work: `draining` ∪ `unreachable`.
+    closed: HashSet<NodeId>,
     /// Pace's resource shaper (layer 3 of DESIGN.md's guarantor), when enabled.
     shaping: Option<ShapingState>,
     /// 3σSched's queue (layer 2), when enabled.
@@ -658,6 +664,8 @@ impl Guarantor {
             reservations: ReservationBook::default(),
             clock_ms: 0,
             draining: HashSet::new(),
+            unreachable: HashSet::new(),
+            closed: HashSet::new(),
             shaping: None,
             threesigma: None,
         }
@@ -727,6 +735,8 @@ impl Guarantor {
         epoch: u32,
         reported: Option<&[ContainerId]>,
     ) -> Vec<ContainerId> {
+        // A node that joins is reachable, whatever a held loss said of its last session.
+        self.set_unreachable(&node_id, false);
         let held: Option<std::collections::HashSet<ContainerId>> =
             reported.map(|r| r.iter().copied().collect());
         let mut void: Vec<ContainerId> = self
@@ -795,6 +805,7 @@ impl Guarantor {
     /// [`Guarantor::take_reservation_events`].
     pub fn remove_node(&mut self, node_id: &NodeId) -> Vec<(ContainerId, AppId)> {
         let removed = self.nodes.remove(node_id);
+        self.set_unreachable(node_id, false);
         let lost: Vec<ContainerId> = self
             .grants
             .iter()
@@ -1026,10 +1037,10 @@ impl Guarantor {
             let ask = &mut pending.ask;
             while ask.count > 0 && self.admits(now_ms, ask, reservation.as_deref()) {
                 let chosen =
-                    match Self::indexed_choice(&self.nodes, &self.draining, &*self.placer, ask) {
+                    match Self::indexed_choice(&self.nodes, &self.closed, &*self.placer, ask) {
                         Some(answer) => answer,
                         None => {
-                            let cands = Self::candidates(&self.nodes, &self.draining, ask);
+                            let cands = Self::candidates(&self.nodes, &self.closed, ask);
                             self.placer
                                 .choose(ask, &cands)
                                 .map(|i| cands[i].node_id.clone())
@@ -1066,7 +1077,7 @@ impl Guarantor {
         let Some(node) = self.nodes.get(node_id) else {
             return out;
         };
-        if self.draining.contains(node_id) {
+        if self.closed.contains(node_id) {
             return out;
         }
         let (rack, capacity) = (node.rack.clone(), node.capacity);
@@ -1162,7 +1173,7 @@ impl Guarantor {
                 // A node elsewhere where the ask costs nothing, found through the fit index.
                 None if Self::costs_nothing_elsewhere(
                     &self.nodes,
-                    &self.draining,
+                    &self.closed,
                     &*self.placer,
                     ask,
                     node_id,
@@ -1176,7 +1187,7 @@ impl Guarantor {
                         .nodes
                         .values()
                         .filter(|n| &n.node_id != node_id && ask.resources.fits_in(&n.free()))
-                        .filter(|n| !self.draining.contains(&n.node_id))
+                        .filter(|n| !self.closed.contains(&n.node_id))
                         .filter(|n| Self::locality_allows(ask, &n.node_id, &n.rack))
                         .map(|n| self.placer.placement_cost(ask, n))
                         .fold(f64::INFINITY, f64::min);
@@ -1255,6 +1266,7 @@ impl Guarantor {
             if !self.draining.insert(node_id.clone()) {
                 return false;
             }
+            self.closed.insert(node_id.clone());
             if let Some(capacity) = capacity {
                 let cancelled = self
                     .reservations
@@ -1272,6 +1284,9 @@ impl Guarantor {
             if !self.draining.remove(node_id) {
                 return false;
             }
+            if !self.unreachable.contains(node_id) {
+                self.closed.remove(node_id);
+            }
             if let Some(capacity) = capacity {
                 self.reservations
                     .node_capacity_changed(None, Some(capacity));
@@ -1283,6 +1298,33 @@ impl Guarantor {
     /// Whether an operator is draining `node_id`.
     pub fn is_draining(&self, node_id: &NodeId) -> bool {
         self.draining.contains(node_id)
+    }
+
+    /// Mark `node_id` unreachable (`true`: declared lost, its loss not stored yet, so not
+    /// removed here yet) or reachable again: an unreachable node gets no new GUARANTEED work,
+    /// and what it holds stays booked until [`Guarantor::remove_node`] (which, like a join,
+    /// ends the mark). Before, the guarantor went on granting on a silent node for as long as
+    /// the store refused the loss. Returns whether anything changed.
+    pub fn set_unreachable(&mut self, node_id: &NodeId, unreachable: bool) -> bool {
+        if unreachable {
+            if self.nodes.get(node_id).is_none() || !self.unreachable.insert(node_id.clone()) {
+                return false;
+            }
+            self.closed.insert(node_id.clone());
+        } else {
+            if !self.unreachable.remove(node_id) {
+                return false;
+            }
+            if !self.draining.contains(node_id) {
+                self.closed.remove(node_id);
+            }
+        }
+        true
+    }
+
+    /// Whether `node_id` is marked unreachable ([`Guarantor::set_unreachable`]).
+    pub fn is_unreachable(&self, node_id: &NodeId) -> bool {
+        self.unreachable.contains(node_id)
     }
 
     /// The first `limit` pending asks in service order, each with why it waits now (for
@@ -1299,7 +1341,7 @@ impl Guarantor {
                     .values()
                     .filter(|n| {
                         ask.resources.fits_in(&n.free())
-                            && !self.draining.contains(&n.node_id)
+                            && !self.closed.contains(&n.node_id)
                             && Self::locality_allows(ask, &n.node_id, &n.rack)
                     })
                     .count();
@@ -1844,6 +1886,22 @@ impl Guarantor {
     /// reservation and for plain work), and the plan's invariants (never over capacity).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.nodes.check()?;
+        let closed: HashSet<NodeId> = self.draining.union(&self.unreachable).cloned().collect();
+        if closed != self.closed {
+            return Err(format!(
+                "nodes closed to new work {:?} are not the draining {:?} and unreachable {:?} ones",
+                self.closed, self.draining, self.unreachable
+            ));
+        }
+        if let Some(n) = self
+            .unreachable
+            .iter()
+            .find(|n| self.nodes.get(n).is_none())
+        {
+            return Err(format!(
+                "node {n} is marked unreachable but not in the table"
+            ));
+        }
         let mut by_reservation: HashMap<Option<String>, Resources> = HashMap::new();
         for g in self.grants.values() {
             let e = by_reservation.entry(g.reservation.clone()).or_default();

@@ -509,6 +509,64 @@ fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
     assert!(coord.top_k(&mut rng).iter().any(|l| l.node_id == n0));
 }
 
+/// A node declared lost whose loss the coordinator's store has not taken yet (the loss is held,
+/// the node not removed): it gets no new GUARANTEED work, its bookings stay, and neither a drain
+/// nor an undrain meanwhile opens it; the removal (or a join) ends the mark.
+#[test]
+fn an_unreachable_node_gets_no_new_work_until_it_is_removed_or_joins() {
+    let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
+    let (a, b) = (NodeId::from("a"), NodeId::from("b"));
+    g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
+    g.add_node(b.clone(), "r".into(), Resources::new(2000, 2000));
+    g.submit(g_ask(1, 900, 1)).unwrap();
+    let first = g.schedule(0);
+    assert_eq!(first[0].token_body.node_id, a, "best fit");
+    assert!(
+        !g.set_unreachable(&NodeId::from("nowhere"), true),
+        "only known nodes"
+    );
+    assert!(g.set_unreachable(&a, true));
+    assert!(!g.set_unreachable(&a, true), "idempotent");
+    g.check_invariants().unwrap();
+    // a keeps its booking; a small ask that fits a best goes to b.
+    assert_eq!(g.node(&a).unwrap().guaranteed.cpu_millis, 900);
+    g.submit(g_ask(2, 100, 1)).unwrap();
+    let placed = g.schedule(0);
+    assert_eq!(placed[0].token_body.node_id, b);
+    assert!(g.schedule_on_node(0, &a).is_empty());
+    // An undrain does not open it.
+    assert!(g.set_draining(&a, true));
+    assert!(g.set_draining(&a, false));
+    g.check_invariants().unwrap();
+    g.submit(g_ask(3, 100, 1)).unwrap();
+    assert_eq!(g.schedule(0)[0].token_body.node_id, b);
+    // Asks only a could hold wait.
+    assert!(g.on_finished(first[0].token_body.container_id));
+    g.submit(g_ask(4, 1000, 2)).unwrap();
+    let placed = g.schedule(0);
+    assert!(
+        placed.iter().all(|p| p.token_body.node_id == b),
+        "{placed:?}"
+    );
+    // The loss is stored: the node is removed, and the mark goes with it.
+    g.remove_node(&a);
+    assert!(!g.is_unreachable(&a));
+    g.check_invariants().unwrap();
+    // The node joins again: new work goes there.
+    g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
+    let placed = g.schedule(0);
+    g.check_invariants().unwrap();
+    assert!(
+        placed.iter().any(|p| p.token_body.node_id == a),
+        "{placed:?}"
+    );
+    // A join ends a mark too (a node marked, then joining again before any removal).
+    assert!(g.set_unreachable(&b, true));
+    g.add_node(b.clone(), "r".into(), Resources::new(2000, 2000));
+    assert!(!g.is_unreachable(&b));
+    g.check_invariants().unwrap();
+}
+
 /// A join answer may carry the joining node twice (the version's shared directory with its old
 /// entry, then its current one appended): the scheduler keeps the last, in name order.
 #[test]
