@@ -225,6 +225,34 @@ pub async fn start_adopting(
     clock: scheduler_core::time::Clock,
     adopt_state: Option<&std::path::Path>,
 ) -> anyhow::Result<WorkerHandle> {
+    let (handle, joining) = start_joining(config, clock, adopt_state).await?;
+    joining.wait().await?;
+    Ok(handle)
+}
+
+/// The first join of a worker started by [`start_joining`], still under way.
+pub struct Joining(tokio::sync::oneshot::Receiver<Result<(), String>>);
+
+impl Joining {
+    /// Until the worker has joined the cluster; an error when its first join was refused.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        match self.0.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => anyhow::bail!(e),
+            Err(_) => anyhow::bail!("the cluster link stopped before joining"),
+        }
+    }
+}
+
+/// [`start_adopting`] without waiting for the join: the worker runs (its containers adopted,
+/// its endpoints open, its link joining) and can be shut down before it has joined, e.g. when
+/// `worker run` is stopped while the coordinator is unreachable. Before, a SIGTERM in that
+/// window was the default action: the process died and what it had adopted ran on unwatched.
+pub async fn start_joining(
+    config: WorkerConfig,
+    clock: scheduler_core::time::Clock,
+    adopt_state: Option<&std::path::Path>,
+) -> anyhow::Result<(WorkerHandle, Joining)> {
     use std::os::fd::AsFd;
     let handover = adopt_state.and_then(|path| match upgrade::load(path, &config.node_id) {
         Ok(state) => {
@@ -490,12 +518,7 @@ pub async fn start_adopting(
         placement_settings: link::PlacementSettings::default(),
     };
     actix_rt::spawn(link.run(Some(joined_tx)));
-    match joined_rx.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => anyhow::bail!(e),
-        Err(_) => anyhow::bail!("the cluster link stopped before joining"),
-    }
-    Ok(WorkerHandle {
+    let handle = WorkerHandle {
         node_id,
         metrics_addr,
         app_addr,
@@ -507,7 +530,8 @@ pub async fn start_adopting(
         adopted,
         upgrade: upgrade_context,
         _node_thread: node_thread,
-    })
+    };
+    Ok((handle, Joining(joined_rx)))
 }
 
 /// An app or metrics TCP listener inherited across an upgrade, if `fd` is one (else logged and

@@ -55,15 +55,38 @@ async fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?,
     };
     let config = args.resolve()?;
-    // Listened for before the join, so an early reload is not the default action (exit).
-    let mut upgrade =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())?;
-    let handle = worker::start_adopting(
+    // Listened for before anything starts: a stop or a reload while the worker is still
+    // joining (the coordinator unreachable, say) is then never the default action, an exit
+    // that would leave the containers it adopted running unwatched.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut upgrade = signal(SignalKind::user_defined2())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let (handle, joining) = worker::start_joining(
         config,
         worker::shared::WorkerClock::default().0,
         adopt_state.as_deref(),
     )
     .await?;
+    let stopped_by = tokio::select! {
+        joined = joining.wait() => {
+            if let Err(e) = joined {
+                // Not serving: what this worker adopted across an upgrade is killed now rather
+                // than left running unwatched until the next start.
+                tracing::error!("{e:#}: killing containers");
+                handle.shutdown().await;
+                return Err(e);
+            }
+            None
+        }
+        _ = term.recv() => Some("SIGTERM"),
+        _ = interrupt.recv() => Some("SIGINT"),
+    };
+    if let Some(signal) = stopped_by {
+        tracing::info!("stopped ({signal}) before joining: killing containers");
+        handle.shutdown().await;
+        return Ok(());
+    }
     let mut line = serde_json::json!({"event": "joined", "node_id": handle.node_id.as_str(), "app_endpoint": handle.app_endpoint});
     if let Some(addr) = handle.metrics_addr {
         line["metrics_addr"] = addr.to_string().into();
@@ -78,10 +101,9 @@ async fn main() -> anyhow::Result<()> {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = interrupt.recv() => break,
             _ = term.recv() => break,
             _ = upgrade.recv() => {
                 tracing::info!(binary = %upgrade_binary.display(), "SIGUSR2: upgrading in place");

@@ -463,3 +463,75 @@ async fn a_damaged_hand_over_is_refused_and_its_containers_are_killed() {
     let _ = tokio::time::timeout(FAILURE_TIMEOUT, w.child.wait()).await;
     c.server.shutdown();
 }
+
+/// A worker stopped while it is still joining kills what it runs. The new image of an upgrade
+/// cannot reach the coordinator (its `--upgrade-binary` is a script that points it at a port
+/// where nothing listens), so it adopts the running containers and keeps trying to join; a
+/// SIGTERM then must kill them and end the process cleanly. Before, the worker listened for
+/// SIGTERM only once it had joined: the signal's default action ended the process and the
+/// adopted containers ran on, watched by nobody, until a next start reaped them.
+#[actix_rt::test]
+async fn a_worker_stopped_before_it_joins_kills_what_it_adopted() {
+    let c = Cluster::start(&["demo"], &[]).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let wrapper = tmp.path().join("unjoinable-worker");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n\
+             # The same arguments, but the coordinator's address replaced by one where nothing listens.\n\
+             next_is_address=\n\
+             for a in \"$@\"; do\n  shift\n  \
+               if [ -n \"$next_is_address\" ]; then set -- \"$@\" 127.0.0.1:9; next_is_address=; continue; fi\n  \
+               [ \"$a\" = --coordinator ] && next_is_address=1\n  \
+               set -- \"$@\" \"$a\"\n\
+             done\n\
+             exec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_worker")
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let wrapper_arg = format!("--upgrade-binary={}", wrapper.display());
+    let mut w = WorkerProcess::spawn(&c, "unjoinable", tmp.path(), &[&wrapper_arg]).await;
+    let first = w.joined().await;
+    let mut app = AppClient::login(endpoint(&first), "demo", c.secret("demo")).await;
+    let mark = format!("UPGRADE_UNJOINED={}", std::process::id());
+    let (_, state) = start(
+        &mut app,
+        ContainerType::Queueable,
+        500,
+        sh("sleep 1000 & exec sleep 1000"),
+        &mark,
+    )
+    .await;
+    assert_eq!(state, AcceptedState::Running);
+    poll("both processes run", || marked(&mark).len() == 2).await;
+
+    w.signal(libc::SIGUSR2);
+    // The new image has taken the containers over (it listens for SIGTERM before it does).
+    poll("the new image adopts", || {
+        w.log_text()
+            .contains("taking over from the previous worker image")
+    })
+    .await;
+    assert_eq!(marked(&mark).len(), 2, "adopted, still running");
+    w.signal(libc::SIGTERM);
+    let status = tokio::time::timeout(FAILURE_TIMEOUT, w.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("no exit after SIGTERM; log:\n{}", w.log_text()))
+        .expect("wait");
+    let log = w.log_text();
+    assert!(status.success(), "{status:?}; log:\n{log}");
+    assert!(
+        log.contains("stopped (SIGTERM) before joining: killing containers"),
+        "{log}"
+    );
+    assert!(
+        marked(&mark).is_empty(),
+        "the adopted containers outlived the worker: {:?}",
+        marked(&mark)
+    );
+    c.server.shutdown();
+}
