@@ -10,6 +10,8 @@ use scheduler_core::quota::QueueableQuota;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// How long a stopping coordinator waits for its worker connections' closes to go out.
+const SHUTDOWN_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 #[derive(Parser)]
 #[command(
     name = "coordinator",
@@ -442,7 +444,12 @@ async fn run(settings: coordinator::CoordinatorSettings) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: stopping"),
         _ = int.recv() => tracing::info!("SIGINT: stopping"),
     }
-    server.shutdown();
+    if !server.shutdown_and_drain(SHUTDOWN_DRAIN).await {
+        tracing::warn!(
+            grace_ms = SHUTDOWN_DRAIN.as_millis() as u64,
+            "some worker connections had not drained when the stop's grace ran out"
+        );
+    }
     actix::System::current().stop();
     Ok(())
 }

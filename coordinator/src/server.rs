@@ -69,6 +69,18 @@ impl CoordinatorServer {
         self.endpoint
             .close(quinn::VarInt::from_u32(0), b"coordinator shutting down");
     }
+
+    /// [`CoordinatorServer::shutdown`], then wait, at most `grace`, until every connection has
+    /// sent its close and drained. `close` only queues the CONNECTION_CLOSE frames: a process
+    /// that exits right after it sends none, and its workers learn of the stop only at their
+    /// idle timeout instead of at once (they then re-join a restarted coordinator sooner).
+    /// Whether everything drained within `grace`.
+    pub async fn shutdown_and_drain(&self, grace: std::time::Duration) -> bool {
+        self.shutdown();
+        tokio::time::timeout(grace, self.endpoint.wait_idle())
+            .await
+            .is_ok()
+    }
 }
 
 /// Must be called inside an actix system (`#[actix::main]`, `System::new().block_on`).

@@ -95,10 +95,17 @@ fn init_then_run_then_sigterm() {
             }
             other => panic!("join not accepted: {other:?}"),
         }
+        // A stop closes the worker's connection before the process exits: the worker hears
+        // the close at once (before, the process exited with the close only queued, and a
+        // worker learnt of the stop at its idle timeout).
+        // SAFETY: signalling the child process this test started, by its pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let closed = w.expect_closed().await;
+        assert!(
+            closed.contains("closed by the coordinator with code 0: coordinator shutting down"),
+            "{closed}"
+        );
     });
-
-    // SAFETY: signalling the child process this test started, by its pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
 }
