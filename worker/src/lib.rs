@@ -86,6 +86,9 @@ pub struct WorkerHandle {
 struct UpgradeContext {
     node_id: String,
     state_dir: std::path::PathBuf,
+    /// The open (locked) state dir, to kill what its records name when an upgrade fails after
+    /// the hand-over.
+    state: Arc<exec::state::StateDir>,
     cgroup_name: String,
     app_tcp: Option<std::os::fd::OwnedFd>,
     app_unix: Option<std::os::fd::OwnedFd>,
@@ -128,6 +131,28 @@ impl WorkerHandle {
                 tracing::warn!(roots = ?left, "cgroup roots could not be removed at stop");
             }
             _ => {}
+        }
+    }
+
+    /// After an [`WorkerHandle::upgrade`] that failed once the containers were handed over:
+    /// this image no longer serves them, so kill every container the state dir records, as the
+    /// next start would, before the process exits. Otherwise they would run on unwatched, and
+    /// the coordinator, declaring the node lost, would tell their apps `lost` while they still
+    /// run ("a container told lost is gone").
+    pub async fn reap_after_failed_hand_over(&self) {
+        let state = Arc::clone(&self.upgrade.state);
+        let keep = std::collections::HashSet::new();
+        match tokio::task::spawn_blocking(move || state.reap_leftovers_except(&keep)).await {
+            Ok(Ok(report)) => tracing::warn!(
+                records = report.records,
+                containers_killed = report.containers_killed,
+                processes_killed = report.processes_killed,
+                cgroups_removed = report.cgroups_removed,
+                cgroups_left = report.cgroups_left,
+                "killed the handed-over containers"
+            ),
+            Ok(Err(e)) => tracing::error!("killing the handed-over containers: {e}"),
+            Err(e) => tracing::error!("killing the handed-over containers: {e}"),
         }
     }
 
@@ -389,7 +414,7 @@ pub async fn start_joining(
         log_dir: config.container_log_dir.clone(),
         log_max_bytes: config.container_log_max_bytes,
         run_as: identity.run_as(),
-        state: Some(state),
+        state: Some(Arc::clone(&state)),
         ..Default::default()
     };
     if let Some(h) = &handover {
@@ -418,6 +443,7 @@ pub async fn start_joining(
     let upgrade_context = UpgradeContext {
         node_id: config.node_id.clone(),
         state_dir: config.state_dir.clone(),
+        state,
         cgroup_name,
         app_tcp: tcp
             .as_ref()

@@ -109,8 +109,10 @@ async fn main() -> anyhow::Result<()> {
                 tracing::info!(binary = %upgrade_binary.display(), "SIGUSR2: upgrading in place");
                 let (error, handed_over) = handle.upgrade(&upgrade_binary).await;
                 if handed_over {
-                    // This image no longer serves its containers; the next start reaps them.
+                    // This image no longer serves its containers: they are killed, from the
+                    // state dir's records, before it exits.
                     tracing::error!("upgrade failed after the hand-over: {error:#}");
+                    handle.reap_after_failed_hand_over().await;
                     std::process::exit(1);
                 }
                 tracing::error!("upgrade refused, still serving: {error:#}");

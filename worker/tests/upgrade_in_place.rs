@@ -535,3 +535,47 @@ async fn a_worker_stopped_before_it_joins_kills_what_it_adopted() {
     );
     c.server.shutdown();
 }
+
+/// An upgrade that fails after the containers were handed over (here: the state file cannot be
+/// written, a directory is in its place) leaves an image that no longer serves them: it kills
+/// them before it exits. Before, it exited at once and they ran on unwatched until a next start,
+/// while the coordinator, declaring the node lost, told their apps they were gone.
+#[actix_rt::test]
+async fn an_upgrade_failing_after_the_hand_over_kills_the_containers_before_exiting() {
+    let c = Cluster::start(&["demo"], &[]).await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut w = WorkerProcess::spawn(&c, "unwritable", tmp.path(), &[]).await;
+    let first = w.joined().await;
+    let mut app = AppClient::login(endpoint(&first), "demo", c.secret("demo")).await;
+    let mark = format!("UPGRADE_UNWRITABLE={}", std::process::id());
+    let (_, state) = start(
+        &mut app,
+        ContainerType::Guaranteed,
+        500,
+        sh("sleep 1000 & exec sleep 1000"),
+        &mark,
+    )
+    .await;
+    assert_eq!(state, AcceptedState::Running);
+    poll("both processes run", || marked(&mark).len() == 2).await;
+    // The hand-over's state file cannot be renamed into place.
+    let blocker = tmp.path().join("state").join("upgrade-state");
+    std::fs::create_dir(&blocker).unwrap();
+    std::fs::write(blocker.join("keep"), b"").unwrap();
+
+    w.signal(libc::SIGUSR2);
+    let status = tokio::time::timeout(FAILURE_TIMEOUT, w.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("no exit after the failed upgrade; log:\n{}", w.log_text()))
+        .expect("wait");
+    let log = w.log_text();
+    assert_eq!(status.code(), Some(1), "{status:?}; log:\n{log}");
+    assert!(log.contains("upgrade failed after the hand-over"), "{log}");
+    assert!(log.contains("killed the handed-over containers"), "{log}");
+    assert!(
+        marked(&mark).is_empty(),
+        "the handed-over containers outlived the worker: {:?}",
+        marked(&mark)
+    );
+    c.server.shutdown();
+}
