@@ -458,10 +458,14 @@ fn only_changed_policing_limits_are_reported() {
     g.check_invariants().unwrap();
 }
 
-/// An operator's drain: the node gets no new GUARANTEED containers and leaves top-k, what runs
-/// there stays booked until it finishes, and an undrain brings it back.
-#[test]
-fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
+/// A best-fit guarantor with a small node a (1,000) and a big node b (2,000), a grant of 900 on a:
+/// (guarantor, a, b, that grant).
+fn small_a_holding_900_and_big_b() -> (
+    Guarantor,
+    NodeId,
+    NodeId,
+    Vec<scheduler_core::guarantor::GuaranteedPlacement>,
+) {
     let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
     let (a, b) = (NodeId::from("a"), NodeId::from("b"));
     g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
@@ -469,6 +473,14 @@ fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
     g.submit(g_ask(1, 900, 1)).unwrap();
     let first = g.schedule(0);
     assert_eq!(first[0].token_body.node_id, a, "best fit");
+    (g, a, b, first)
+}
+
+/// An operator's drain: the node gets no new GUARANTEED containers and leaves top-k, what runs
+/// there stays booked until it finishes, and an undrain brings it back.
+#[test]
+fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
+    let (mut g, a, b, first) = small_a_holding_900_and_big_b();
     assert!(g.set_draining(&a, true));
     assert!(!g.set_draining(&a, true), "idempotent");
     assert!(g.is_draining(&a));
@@ -514,13 +526,7 @@ fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
 /// nor an undrain meanwhile opens it; the removal (or a join) ends the mark.
 #[test]
 fn an_unreachable_node_gets_no_new_work_until_it_is_removed_or_joins() {
-    let mut g = Guarantor::new(GuarantorConfig::default(), Box::new(BestFit), 0);
-    let (a, b) = (NodeId::from("a"), NodeId::from("b"));
-    g.add_node(a.clone(), "r".into(), Resources::new(1000, 1000));
-    g.add_node(b.clone(), "r".into(), Resources::new(2000, 2000));
-    g.submit(g_ask(1, 900, 1)).unwrap();
-    let first = g.schedule(0);
-    assert_eq!(first[0].token_body.node_id, a, "best fit");
+    let (mut g, a, b, first) = small_a_holding_900_and_big_b();
     assert!(
         !g.set_unreachable(&NodeId::from("nowhere"), true),
         "only known nodes"

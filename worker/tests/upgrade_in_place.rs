@@ -73,6 +73,15 @@ impl WorkerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process's exit status (it must exit within the failure timeout) and its log.
+    async fn exited(&mut self, after: &str) -> (std::process::ExitStatus, String) {
+        let status = tokio::time::timeout(FAILURE_TIMEOUT, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("no exit after {after}; log:\n{}", self.log_text()))
+            .expect("wait");
+        (status, self.log_text())
+    }
+
     /// The next `joined` line (the first image's, or an upgraded image's).
     async fn joined(&mut self) -> serde_json::Value {
         let line = tokio::time::timeout(FAILURE_TIMEOUT, self.lines.next_line())
@@ -208,6 +217,41 @@ async fn start(
     marker_env(&mut launch, marker);
     let accepted = app.start(&token, launch).await.expect("start accepted");
     (token.body.container_id, accepted.state)
+}
+
+/// A container of two processes (`sleep` and its child), started and seen running.
+async fn start_two_process_container(
+    app: &mut AppClient,
+    container_type: ContainerType,
+    mark: &str,
+) {
+    let (_, state) = start(
+        app,
+        container_type,
+        500,
+        sh("sleep 1000 & exec sleep 1000"),
+        mark,
+    )
+    .await;
+    assert_eq!(state, AcceptedState::Running);
+    poll("both processes run", || marked(mark).len() == 2).await;
+}
+
+/// An executable `--upgrade-binary` in `dir`: `script` (shell, run with the worker's arguments),
+/// then the worker binary with the arguments as they are then. The flag to pass.
+fn upgrade_binary_script(dir: &Path, script: &str) -> String {
+    let path = dir.join("upgrade-binary");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\n{script}exec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_worker")
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!("--upgrade-binary={}", path.display())
 }
 
 #[actix_rt::test]
@@ -410,33 +454,16 @@ async fn a_damaged_hand_over_is_refused_and_its_containers_are_killed() {
     let c = Cluster::start(&["demo"], &[]).await;
     let tmp = tempfile::tempdir().expect("tempdir");
     // The "new binary" damages the hand-over (one byte appended) and runs the worker.
-    let wrapper = tmp.path().join("damaging-worker");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nfor a in \"$@\"; do state=\"$a\"; done\nprintf x >> \"$state\"\nexec {} \"$@\"\n",
-            env!("CARGO_BIN_EXE_worker")
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let wrapper_arg = format!("--upgrade-binary={}", wrapper.display());
+    let wrapper_arg = upgrade_binary_script(
+        tmp.path(),
+        "for a in \"$@\"; do state=\"$a\"; done\nprintf x >> \"$state\"\n",
+    );
     let mut w = WorkerProcess::spawn(&c, "damaged", tmp.path(), &[&wrapper_arg]).await;
     let first = w.joined().await;
     let mut app = AppClient::login(endpoint(&first), "demo", c.secret("demo")).await;
     app.subscribe().await;
     let mark = format!("UPGRADE_DAMAGED={}", std::process::id());
-    let (_, state) = start(
-        &mut app,
-        ContainerType::Guaranteed,
-        500,
-        sh("sleep 1000 & exec sleep 1000"),
-        &mark,
-    )
-    .await;
-    assert_eq!(state, AcceptedState::Running);
-    poll("both processes run", || marked(&mark).len() == 2).await;
+    start_two_process_container(&mut app, ContainerType::Guaranteed, &mark).await;
 
     w.signal(libc::SIGUSR2);
     let second = w.joined().await;
@@ -474,40 +501,21 @@ async fn a_damaged_hand_over_is_refused_and_its_containers_are_killed() {
 async fn a_worker_stopped_before_it_joins_kills_what_it_adopted() {
     let c = Cluster::start(&["demo"], &[]).await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let wrapper = tmp.path().join("unjoinable-worker");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n\
-             # The same arguments, but the coordinator's address replaced by one where nothing listens.\n\
-             next_is_address=\n\
-             for a in \"$@\"; do\n  shift\n  \
-               if [ -n \"$next_is_address\" ]; then set -- \"$@\" 127.0.0.1:9; next_is_address=; continue; fi\n  \
-               [ \"$a\" = --coordinator ] && next_is_address=1\n  \
-               set -- \"$@\" \"$a\"\n\
-             done\n\
-             exec {} \"$@\"\n",
-            env!("CARGO_BIN_EXE_worker")
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let wrapper_arg = format!("--upgrade-binary={}", wrapper.display());
+    // The same arguments, but the coordinator's address replaced by one where nothing listens.
+    let wrapper_arg = upgrade_binary_script(
+        tmp.path(),
+        "next_is_address=\n\
+         for a in \"$@\"; do\n  shift\n  \
+           if [ -n \"$next_is_address\" ]; then set -- \"$@\" 127.0.0.1:9; next_is_address=; continue; fi\n  \
+           [ \"$a\" = --coordinator ] && next_is_address=1\n  \
+           set -- \"$@\" \"$a\"\n\
+         done\n",
+    );
     let mut w = WorkerProcess::spawn(&c, "unjoinable", tmp.path(), &[&wrapper_arg]).await;
     let first = w.joined().await;
     let mut app = AppClient::login(endpoint(&first), "demo", c.secret("demo")).await;
     let mark = format!("UPGRADE_UNJOINED={}", std::process::id());
-    let (_, state) = start(
-        &mut app,
-        ContainerType::Queueable,
-        500,
-        sh("sleep 1000 & exec sleep 1000"),
-        &mark,
-    )
-    .await;
-    assert_eq!(state, AcceptedState::Running);
-    poll("both processes run", || marked(&mark).len() == 2).await;
+    start_two_process_container(&mut app, ContainerType::Queueable, &mark).await;
 
     w.signal(libc::SIGUSR2);
     // The new image has taken the containers over (it listens for SIGTERM before it does).
@@ -518,11 +526,7 @@ async fn a_worker_stopped_before_it_joins_kills_what_it_adopted() {
     .await;
     assert_eq!(marked(&mark).len(), 2, "adopted, still running");
     w.signal(libc::SIGTERM);
-    let status = tokio::time::timeout(FAILURE_TIMEOUT, w.child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("no exit after SIGTERM; log:\n{}", w.log_text()))
-        .expect("wait");
-    let log = w.log_text();
+    let (status, log) = w.exited("SIGTERM").await;
     assert!(status.success(), "{status:?}; log:\n{log}");
     assert!(
         log.contains("stopped (SIGTERM) before joining: killing containers"),
@@ -548,27 +552,14 @@ async fn an_upgrade_failing_after_the_hand_over_kills_the_containers_before_exit
     let first = w.joined().await;
     let mut app = AppClient::login(endpoint(&first), "demo", c.secret("demo")).await;
     let mark = format!("UPGRADE_UNWRITABLE={}", std::process::id());
-    let (_, state) = start(
-        &mut app,
-        ContainerType::Guaranteed,
-        500,
-        sh("sleep 1000 & exec sleep 1000"),
-        &mark,
-    )
-    .await;
-    assert_eq!(state, AcceptedState::Running);
-    poll("both processes run", || marked(&mark).len() == 2).await;
+    start_two_process_container(&mut app, ContainerType::Guaranteed, &mark).await;
     // The hand-over's state file cannot be renamed into place.
     let blocker = tmp.path().join("state").join("upgrade-state");
     std::fs::create_dir(&blocker).unwrap();
     std::fs::write(blocker.join("keep"), b"").unwrap();
 
     w.signal(libc::SIGUSR2);
-    let status = tokio::time::timeout(FAILURE_TIMEOUT, w.child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("no exit after the failed upgrade; log:\n{}", w.log_text()))
-        .expect("wait");
-    let log = w.log_text();
+    let (status, log) = w.exited("the failed upgrade").await;
     assert_eq!(status.code(), Some(1), "{status:?}; log:\n{log}");
     assert!(log.contains("upgrade failed after the hand-over"), "{log}");
     assert!(log.contains("killed the handed-over containers"), "{log}");
