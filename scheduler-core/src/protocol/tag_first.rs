@@ -5,10 +5,10 @@
 //! decoding the variant from that tree: every field, string and container status of a heartbeat
 //! (and every top-k entry and key of its answer) was allocated twice, once per heartbeat per
 //! node. Our encoders (the derive, and the hand-written answer writers) always write the tag
-//! first, so the cluster protocol requires it there (docs/protocol.md §12) and these impls read
-//! the tag, pick the variant and decode the rest of the map straight into it. The app protocol
-//! keeps the derive: its clients are written in any language and may order a map's keys as they
-//! like.
+//! first, so the cluster protocol requires it there (docs/design.md, "Cluster protocol
+//! semantics") and these impls read the tag, pick the variant and decode the rest of the map
+//! straight into it. The app protocol keeps the derive: its clients are written in any
+//! language and may order a map's keys as they like.
 
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use std::fmt;
