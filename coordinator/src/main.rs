@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 /// How long a stopping coordinator waits for its worker connections' closes to go out.
 const SHUTDOWN_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Parser)]
 #[command(
     name = "coordinator",
