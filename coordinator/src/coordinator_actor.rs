@@ -1113,6 +1113,21 @@ impl Handler<FromWorker> for CoordinatorActor {
         let Some(tx) = self.sessions.get(&node_id).map(|s| s.tx.clone()) else {
             return;
         };
+        // A node declared lost whose loss is held (not stored yet) keeps its session until the
+        // loss is stored, but gets nothing new: its asks, promotions and reservation calls are
+        // refused (freeing, releases and exits still go through).
+        if let Some((correlation_id, what)) = Self::new_work_asked(&m.msg)
+            && let Some((_, why)) = self.losses_not_stored.iter().find(|(n, _)| n == &node_id)
+        {
+            return Self::fail(
+                &tx,
+                correlation_id,
+                ErrorCode::CoordinatorUnavailable,
+                format!(
+                    "{what} refused: node {node_id} is being declared lost ({why}); ask through another worker"
+                ),
+            );
+        }
         match m.msg {
             WorkerToCoordinator::Join(_) => {
                 self.protocol_violation(&node_id, "a second join on one stream")
@@ -1168,6 +1183,19 @@ impl Handler<FromWorker> for CoordinatorActor {
 }
 
 impl CoordinatorActor {
+    /// The correlation id and a name of a frame that asks for new work (a GUARANTEED ask, a
+    /// promotion, a reservation call); `None` for the others.
+    fn new_work_asked(msg: &WorkerToCoordinator) -> Option<(u64, &'static str)> {
+        match msg {
+            WorkerToCoordinator::AllocateGuaranteed(a) => {
+                Some((a.correlation_id, "a GUARANTEED ask"))
+            }
+            WorkerToCoordinator::Promote(p) => Some((p.correlation_id, "a promotion")),
+            WorkerToCoordinator::Reservation(r) => Some((r.correlation_id, "a reservation call")),
+            _ => None,
+        }
+    }
+
     fn protocol_violation(&mut self, node_id: &NodeId, why: &str) {
         warn!(node = %node_id, "closing worker session: protocol violation: {why}");
         if let Some(s) = self.sessions.get(node_id)

@@ -491,6 +491,27 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
             .all(|c| c.node_id.as_str() == "node-a"),
         "granted on a node whose loss is held: {granted:?}"
     );
+    // Nor does the held node's own session get new work: its ask is refused, naming why.
+    b.send(&allocate_guaranteed(8, "demo", 100, 100, 1)).await;
+    let CoordinatorToWorker::RequestFailed(refused) = b
+        .expect(
+            "refusal",
+            |m| matches!(m, CoordinatorToWorker::RequestFailed(f) if f.correlation_id == 8),
+        )
+        .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        refused.code,
+        scheduler_core::protocol::app::ErrorCode::CoordinatorUnavailable
+    );
+    assert!(
+        refused
+            .message
+            .contains("node node-b is being declared lost"),
+        "{refused:?}"
+    );
     // Still refused at the next tick: still held.
     h.server.coordinator.send(Tick).await.unwrap();
     assert_eq!(h.server.metrics.nodes_lost.get(), 0);
