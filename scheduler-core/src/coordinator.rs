@@ -432,11 +432,13 @@ impl CoordinatorState {
                 t.1 = t.1.saturating_add(a.guaranteed);
             }
             let shedding = self.shedding_round();
-            let top_k = self.top_k(rng);
-            let top_k_slots = top_k
-                .iter()
-                .map(|l| self.nodes.get(&l.node_id).map_or(u32::MAX, |n| n.slot))
-                .collect();
+            // The list is made of joined nodes, so every entry has a slot; pairing them here
+            // keeps the two lists in step without a placeholder slot.
+            let (top_k, top_k_slots): (Vec<NodeLoad>, Vec<u32>) = self
+                .top_k(rng)
+                .into_iter()
+                .filter_map(|l| self.nodes.get(&l.node_id).map(|n| (l, n.slot)))
+                .unzip();
             self.round = AggregateRound {
                 top_k,
                 shedding_threshold_ms: shedding.threshold_ms,
