@@ -715,11 +715,11 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
         .await;
     let a_ack = a.expect_ack().await;
     let a_keys = a_ack.issuer_keys.expect("keys with the directory");
-    let a_signer = QueueableSigner::new(a_accepted.issuer, &a_keys).unwrap();
-    let b_signer = QueueableSigner::new(b_accepted.issuer, &b_accepted.issuer_keys).unwrap();
+    let a_signer = QueueableSigner::new(a_accepted.issuer, &a_keys);
+    let b_signer = QueueableSigner::new(b_accepted.issuer, &b_accepted.issuer_keys);
     assert_ne!(
-        keys_of(&a_keys, "node-b").secret_hex,
-        keys_of(&b_accepted.issuer_keys, "node-b").secret_hex,
+        keys_of(&a_keys, "node-b").secret,
+        keys_of(&b_accepted.issuer_keys, "node-b").secret,
         "keys differ per issuer"
     );
     let body = |issuer: u32, node: &str| TokenBody {
@@ -751,7 +751,7 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
     // b cannot use its keys to grant in a's name on node-a.
     let mut node_a = TokenVerifier::new(NodeId::from("node-a"));
     node_a.set_node_session(&a_accepted.node_secret).unwrap();
-    let posing = QueueableSigner::new(a_accepted.issuer, &b_accepted.issuer_keys).unwrap();
+    let posing = QueueableSigner::new(a_accepted.issuer, &b_accepted.issuer_keys);
     assert!(
         node_a
             .verify_signature(&posing.sign(body(a_accepted.issuer, "node-a")).unwrap())
@@ -800,7 +800,7 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
     let renewed = ack.issuer_keys.expect("new session, new key");
     assert_eq!(renewed.len(), 1, "only the re-joined node's key");
     assert_eq!(keys_of(&renewed, "node-b").node_epoch, b2_accepted.issuer);
-    let a_signer = QueueableSigner::new(a_accepted.issuer, &renewed).unwrap();
+    let a_signer = QueueableSigner::new(a_accepted.issuer, &renewed);
     node_b2
         .verify_signature(&a_signer.sign(body(a_accepted.issuer, "node-b")).unwrap())
         .expect("the renewed key works at the new session");

@@ -69,7 +69,7 @@ fn main() {
     };
     let (node, secret) = directory[17].clone();
     let keys_of_3 = issuer_keys(3);
-    let hmac = QueueableSigner::new(3, &keys_of_3).unwrap();
+    let hmac = QueueableSigner::new(3, &keys_of_3);
     let ed = GuaranteedSigner::new(&KeyRing::new(TokenKey::from_bytes(1, [8; 32]))).unwrap();
     let app = AppId::from("analytics");
     let mut verifier = TokenVerifier::new(node.clone());
@@ -113,7 +113,7 @@ fn main() {
             "scheduler: install keys for a 1,000-node directory",
             median_ns(|_| {
                 let mut s = hmac.clone();
-                s.replace_keys(black_box(&keys_of_3)).unwrap();
+                s.replace_keys(black_box(&keys_of_3));
                 black_box(s);
             }),
         ),

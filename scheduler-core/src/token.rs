@@ -291,7 +291,7 @@ impl NodeSessionSecret {
         Ok(IssuerNodeKey {
             node_id: node.clone(),
             node_epoch: self.node_epoch,
-            secret_hex: hex::encode(issuer_key_bytes(&self.bytes()?, issuer)),
+            secret: issuer_key_bytes(&self.bytes()?, issuer),
         })
     }
 
@@ -336,7 +336,7 @@ impl IssuerKeyDeriver {
         IssuerNodeKey {
             node_id: self.node_id.clone(),
             node_epoch: self.node_epoch,
-            secret_hex: hex::encode(mac.finalize().into_bytes()),
+            secret: mac.finalize().into_bytes().into(),
         }
     }
 }
@@ -349,14 +349,15 @@ fn issuer_key_bytes(node_secret: &[u8; 32], issuer: u32) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
-/// An issuer's key for QUEUEABLE tokens to one node session (sent to that issuer only).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// An issuer's key for QUEUEABLE tokens to one node session (sent to that issuer only). On the
+/// wire only as part of a list, in columns with the secrets as raw bytes
+/// (`protocol::cluster::issuer_key_columns`, cluster protocol 7).
+#[derive(Clone, PartialEq, Eq)]
 pub struct IssuerNodeKey {
     pub node_id: NodeId,
     /// The node session the key is for; tokens signed with it carry it as their `node_epoch`.
     pub node_epoch: u32,
-    /// 32 bytes, hex-encoded.
-    pub secret_hex: String,
+    pub secret: [u8; 32],
 }
 
 impl std::fmt::Debug for IssuerNodeKey {
@@ -387,45 +388,33 @@ impl std::fmt::Debug for QueueableSigner {
 
 impl QueueableSigner {
     /// The signer of issuer `issuer` with its keys for the nodes of its directory.
-    pub fn new(issuer: u32, keys: &[IssuerNodeKey]) -> Result<QueueableSigner, TokenError> {
+    pub fn new(issuer: u32, keys: &[IssuerNodeKey]) -> QueueableSigner {
         let mut signer = QueueableSigner {
             issuer,
             keys: HashMap::default(),
         };
-        signer.replace_keys(keys)?;
-        Ok(signer)
+        signer.replace_keys(keys);
+        signer
     }
 
     /// A new directory's keys replace the old ones (a node that left, or re-joined under a new
-    /// session, loses its old key). On malformed material nothing changes.
-    pub fn replace_keys(&mut self, keys: &[IssuerNodeKey]) -> Result<(), TokenError> {
-        let mut map = HashMap::with_capacity_and_hasher(keys.len(), Default::default());
-        for k in keys {
-            let secret = decode_secret(&k.secret_hex, k.node_epoch)?;
-            map.insert(k.node_id.clone(), (k.node_epoch, hmac_of(&secret)));
-        }
-        self.keys = map;
-        Ok(())
+    /// session, loses its old key).
+    pub fn replace_keys(&mut self, keys: &[IssuerNodeKey]) {
+        self.keys = HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+        self.patch_keys(keys, &[]);
     }
 
     /// A directory delta's keys: those of its joined nodes replace or extend the old ones (a
     /// re-joined node's new session voids the old key), and the nodes that `left` lose theirs.
-    /// On malformed material nothing changes.
-    pub fn patch_keys(
-        &mut self,
-        joined: &[IssuerNodeKey],
-        left: &[NodeId],
-    ) -> Result<(), TokenError> {
-        let mut decoded = Vec::with_capacity(joined.len());
-        for k in joined {
-            let secret = decode_secret(&k.secret_hex, k.node_epoch)?;
-            decoded.push((k.node_id.clone(), (k.node_epoch, hmac_of(&secret))));
-        }
+    pub fn patch_keys(&mut self, joined: &[IssuerNodeKey], left: &[NodeId]) {
         for node in left {
             self.keys.remove(node);
         }
-        self.keys.extend(decoded);
-        Ok(())
+        self.keys.extend(
+            joined
+                .iter()
+                .map(|k| (k.node_id.clone(), (k.node_epoch, hmac_of(&k.secret)))),
+        );
     }
 
     /// The node session this signer holds a key for at `node` (its `node_epoch`), if any.
@@ -854,7 +843,7 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        QueueableSigner::new(issuer, &keys).unwrap()
+        QueueableSigner::new(issuer, &keys)
     }
 
     fn verifier(node: &str, epoch: u32) -> TokenVerifier {
@@ -978,7 +967,6 @@ mod tests {
         .issuer_key(&NodeId::from("n1"), ISSUER)
         .unwrap();
         let forged = QueueableSigner::new(ISSUER, &[impostor])
-            .unwrap()
             .sign(body("n1"))
             .unwrap();
         assert_eq!(v.check(&forged, &app, 1), Err(TokenError::Forged));
@@ -1024,7 +1012,7 @@ mod tests {
         let key_of_1 = session("n1", EPOCH)
             .issuer_key(&NodeId::from("n1"), 1)
             .unwrap();
-        let posing = QueueableSigner::new(2, &[key_of_1]).unwrap();
+        let posing = QueueableSigner::new(2, &[key_of_1]);
         let forged = posing.sign(b.clone()).unwrap();
         let v = verifier("n1", EPOCH);
         assert_eq!(v.verify_signature(&forged), Err(TokenError::Forged));
@@ -1036,7 +1024,7 @@ mod tests {
             session(n, e)
                 .issuer_key(&NodeId::from(n), i)
                 .unwrap()
-                .secret_hex
+                .secret
         };
         assert_ne!(k("n1", EPOCH, 1), k("n1", EPOCH, 2));
         assert_ne!(k("n1", EPOCH, 1), k("n2", EPOCH, 1));
@@ -1080,17 +1068,10 @@ mod tests {
         let rejoined = session("n2", EPOCH + 1)
             .issuer_key(&NodeId::from("n2"), ISSUER)
             .unwrap();
-        s.replace_keys(std::slice::from_ref(&rejoined)).unwrap();
+        s.replace_keys(std::slice::from_ref(&rejoined));
         assert_eq!(s.nodes(), 1);
         assert!(s.sign(body("n1")).is_err());
         assert_eq!(s.sign(body("n2")).unwrap().body.node_epoch, EPOCH + 1);
-        let mut bad = rejoined;
-        bad.secret_hex = "abcd".into();
-        assert_eq!(
-            s.replace_keys(&[bad]),
-            Err(TokenError::BadKeyMaterial(EPOCH + 1))
-        );
-        assert_eq!(s.nodes(), 1, "malformed material changes nothing");
     }
 
     #[test]
@@ -1107,19 +1088,11 @@ mod tests {
             .issuer_key(&NodeId::from("n3"), ISSUER)
             .unwrap();
         // n2 re-joined (its new key replaces the old), n3 joined, n1 left.
-        s.patch_keys(&[rejoined.clone(), joined], &[NodeId::from("n1")])
-            .unwrap();
+        s.patch_keys(&[rejoined, joined], &[NodeId::from("n1")]);
         assert_eq!(s.nodes(), 2);
         assert!(s.sign(body("n1")).is_err());
         assert_eq!(s.sign(body("n2")).unwrap().body.node_epoch, EPOCH + 1);
         assert_eq!(s.node_epoch(&NodeId::from("n3")), Some(EPOCH));
-        let mut bad = rejoined;
-        bad.secret_hex = "abcd".into();
-        assert_eq!(
-            s.patch_keys(&[bad], &[NodeId::from("n3")]),
-            Err(TokenError::BadKeyMaterial(EPOCH + 1))
-        );
-        assert_eq!(s.nodes(), 2, "malformed material changes nothing");
     }
 
     fn guaranteed_signer() -> GuaranteedSigner {
@@ -1177,7 +1150,7 @@ mod tests {
         let key = session("n1", EPOCH)
             .issuer_key(&NodeId::from("n1"), 0)
             .unwrap();
-        let mut mac = hmac_of(&decode_secret(&key.secret_hex, 0).unwrap());
+        let mut mac = hmac_of(&key.secret);
         mac.update(&body_bytes(b).unwrap());
         ContainerToken {
             body: b.clone(),

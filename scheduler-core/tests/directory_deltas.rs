@@ -78,8 +78,7 @@ impl Worker {
         let mut scheduler =
             DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
         assert_eq!(scheduler.update_view(view.view), DirectoryUpdate::Replaced);
-        let signer = QueueableSigner::new(issuer, &view.issuer_keys.expect("keys at join"))
-            .expect("well-formed keys");
+        let signer = QueueableSigner::new(issuer, &view.issuer_keys.expect("keys at join"));
         Worker {
             node,
             scheduler,
@@ -110,10 +109,10 @@ impl Worker {
         // As the worker's scheduler actor applies them.
         if let Some(keys) = keys {
             match update {
-                DirectoryUpdate::Replaced => self.signer.replace_keys(&keys).unwrap(),
-                DirectoryUpdate::Patched { left } => self.signer.patch_keys(&keys, &left).unwrap(),
+                DirectoryUpdate::Replaced => self.signer.replace_keys(&keys),
+                DirectoryUpdate::Patched { left } => self.signer.patch_keys(&keys, &left),
                 DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => {
-                    self.signer.patch_keys(&keys, &[]).unwrap()
+                    self.signer.patch_keys(&keys, &[])
                 }
             }
         }
@@ -131,8 +130,7 @@ impl Worker {
         for l in &c.aggregate_round().top_k {
             let n = &l.node_id;
             assert_eq!(self.signer.node_epoch(n), c.issuer_of(n), "session of {n}");
-            let reference =
-                QueueableSigner::new(issuer, &[c.issuer_key_for(issuer, n).unwrap()]).unwrap();
+            let reference = QueueableSigner::new(issuer, &[c.issuer_key_for(issuer, n).unwrap()]);
             let b = body(issuer, n);
             assert_eq!(
                 self.signer.sign(b.clone()).unwrap().signature,
@@ -626,8 +624,7 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
                     "a joined worker's directory holds its own node"
                 );
                 let signer =
-                    QueueableSigner::new(issuer, &parts.issuer_keys.expect("keys at join"))
-                        .unwrap();
+                    QueueableSigner::new(issuer, &parts.issuer_keys.expect("keys at join"));
                 Worker {
                     node,
                     scheduler,

@@ -869,9 +869,33 @@ struct ViewSeen {
     delta: Option<DeltaSeen>,
 }
 
-#[derive(serde::Deserialize)]
+/// A directory entry's node id (an entry is an array whose first element is the id, cluster
+/// protocol 7; the rest is skipped).
 struct EntrySeen {
     node_id: NodeId,
+}
+
+impl<'de> serde::Deserialize<'de> for EntrySeen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<EntrySeen, D::Error> {
+        struct EntryVisitor;
+        impl<'de> serde::de::Visitor<'de> for EntryVisitor {
+            type Value = EntrySeen;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a directory entry (an array, the node id first)")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<EntrySeen, A::Error> {
+                let node_id: NodeId = seq
+                    .next_element()?
+                    .ok_or_else(|| serde::de::Error::invalid_length(0, &self))?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(EntrySeen { node_id })
+            }
+        }
+        d.deserialize_seq(EntryVisitor)
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -1024,6 +1048,63 @@ mod tests {
         assert_eq!(metric(text, "coordinator_nodes_lost_total"), Some(3));
         assert_eq!(metric(text, "coordinator_nodes_joined_total"), Some(50));
         assert_eq!(metric(text, "coordinator_heartbeats_total"), None);
+    }
+
+    /// A fleet node reads the membership of a real heartbeat answer: the whole directory's node
+    /// ids, and a delta's versions and left ids (the lost-node detection counts on them).
+    #[test]
+    fn a_fleet_node_reads_the_membership_of_a_real_answer() {
+        use scheduler_core::codec::{from_payload, to_payload};
+        use scheduler_core::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry};
+        use scheduler_core::protocol::cluster::{CoordinatorToWorker, HeartbeatAck};
+        let entry = |i: usize| NodeDirectoryEntry {
+            node_id: NodeId::new(format!("fleet-{i}")),
+            rack: "r".into(),
+            capacity: Resources::new(4000, 4096),
+            app_endpoint: format!("127.0.0.1:{}", 30000 + i),
+        };
+        let ack = |directory, delta| {
+            CoordinatorToWorker::HeartbeatAck(HeartbeatAck {
+                view: ClusterView {
+                    directory_version: 9,
+                    directory,
+                    delta,
+                    top_k: Vec::new(),
+                },
+                shedding_threshold_ms: None,
+                queueable_limit: Resources::new(1, 1),
+                notices: Vec::new(),
+                issuer_keys: None,
+                guaranteed_keys: None,
+                apps: None,
+                top_k: None,
+                outstanding_elsewhere: Vec::new(),
+            })
+        };
+        let whole = to_payload(&ack(vec![entry(1), entry(2)], None)).unwrap();
+        let Ok(FleetFrame::HeartbeatAck(seen)) = from_payload::<FleetFrame>(&whole) else {
+            panic!("a heartbeat answer");
+        };
+        assert_eq!(seen.view.directory_version, 9);
+        let ids: Vec<&str> = seen
+            .view
+            .directory
+            .iter()
+            .map(|e| e.node_id.as_str())
+            .collect();
+        assert_eq!(ids, ["fleet-1", "fleet-2"]);
+        let delta = DirectoryDelta {
+            from_version: 7,
+            joined: vec![entry(3)],
+            left: vec![NodeId::new("fleet-2")],
+        };
+        let patched = to_payload(&ack(Vec::new(), Some(delta))).unwrap();
+        let Ok(FleetFrame::HeartbeatAck(seen)) = from_payload::<FleetFrame>(&patched) else {
+            panic!("a heartbeat answer");
+        };
+        let d = seen.view.delta.expect("a delta");
+        assert_eq!((d.from_version, d.joined.len()), (7, 1));
+        assert_eq!(d.left, [NodeId::new("fleet-2")]);
     }
 
     #[test]

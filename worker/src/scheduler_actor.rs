@@ -566,14 +566,7 @@ impl Handler<SchedulerJoined> for SchedulerActor {
             .directory_version
             .set(ds.view().directory_version);
         self.ds = ds;
-        self.signer = match QueueableSigner::new(msg.issuer, &msg.issuer_keys) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                // QUEUEABLE asks answer `coordinator_unavailable` until a usable join.
-                tracing::error!("the coordinator's QUEUEABLE keys are unusable: {e}");
-                None
-            }
-        };
+        self.signer = Some(QueueableSigner::new(msg.issuer, &msg.issuer_keys));
         self.shared.set_apps(msg.apps);
     }
 }
@@ -619,8 +612,8 @@ impl Handler<ViewUpdate> for SchedulerActor {
                 .collect();
             actions = self.issued.on_directory(self.ds.quotas_mut(), &present);
         }
-        if let (Some(keys), Some(signer)) = (msg.issuer_keys, self.signer.as_mut())
-            && let Err(e) = match &update {
+        if let (Some(keys), Some(signer)) = (msg.issuer_keys, self.signer.as_mut()) {
+            match &update {
                 DirectoryUpdate::Replaced => signer.replace_keys(&keys),
                 DirectoryUpdate::Patched { left } => signer.patch_keys(&keys, left),
                 // Keys for top-k nodes new to this scheduler come with any answer (protocol 6).
@@ -628,10 +621,6 @@ impl Handler<ViewUpdate> for SchedulerActor {
                     signer.patch_keys(&keys, &[])
                 }
             }
-        {
-            tracing::error!(
-                "the coordinator's QUEUEABLE keys are unusable, keeping the old ones: {e}"
-            );
         }
         if let Some(apps) = msg.apps {
             self.shared.set_apps(apps);

@@ -24,7 +24,135 @@ use serde::{Deserialize, Serialize};
 /// (`ClusterView::delta`, issue 17). 6 (issue 17): QUEUEABLE issuer keys only for the top-k's
 /// nodes, sent with any answer whose top-k names a node the scheduler has no key for
 /// (`coordinator::NodeView`), and the top-k as two columns (`distributed::top_k_columns`).
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 6;
+/// 7 (issue 17): the QUEUEABLE keys as columns with raw 32-byte secrets ([`issuer_key_columns`]),
+/// directory entries as arrays (`distributed::NodeDirectoryEntry`), and the top-k's queue delays
+/// as 32-bit floats.
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 7;
+
+/// A list of QUEUEABLE keys on the wire as three columns (cluster protocol 7, issue 17):
+/// `{node_ids: [..], node_epochs: [..], secrets: bin}`, `secrets` being the 32 raw bytes of each
+/// key in the order of `node_ids`. A scheduler is sent the key of every node new to its top-k,
+/// so in a join storm keys were most of an answer's bytes: as one named map per key with the
+/// secret as a hex string a key took ~115 bytes and a hex encoding on the coordinator and a
+/// decoding on the worker; as columns it takes the id, up to 5 bytes of epoch and the 32 bytes.
+/// Columns of different lengths, or secrets not 32 bytes each, are refused.
+pub mod issuer_key_columns {
+    use crate::NodeId;
+    use crate::token::IssuerNodeKey;
+    use serde::de::{Deserializer, Error as _, Visitor};
+    use serde::ser::{SerializeStruct, Serializer};
+    use serde::{Deserialize, Serialize};
+
+    const SECRET_LEN: usize = 32;
+
+    /// The secrets side by side, written as one msgpack bin.
+    struct Secrets<'a>(&'a [IssuerNodeKey]);
+
+    impl Serialize for Secrets<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut bytes = Vec::with_capacity(self.0.len() * SECRET_LEN);
+            for k in self.0 {
+                bytes.extend_from_slice(&k.secret);
+            }
+            s.serialize_bytes(&bytes)
+        }
+    }
+
+    /// Node ids or epochs of the keys, as an array, without collecting them first.
+    struct Column<'a, T, F: Fn(&'a IssuerNodeKey) -> T>(&'a [IssuerNodeKey], F);
+
+    impl<'a, T: Serialize, F: Fn(&'a IssuerNodeKey) -> T> Serialize for Column<'a, T, F> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(self.0.iter().map(&self.1))
+        }
+    }
+
+    struct SecretBytes(Vec<u8>);
+
+    impl<'de> Deserialize<'de> for SecretBytes {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<SecretBytes, D::Error> {
+            struct BinVisitor;
+            impl Visitor<'_> for BinVisitor {
+                type Value = SecretBytes;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("the keys' secrets as one binary string")
+                }
+                fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<SecretBytes, E> {
+                    Ok(SecretBytes(v.to_vec()))
+                }
+                fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<SecretBytes, E> {
+                    Ok(SecretBytes(v))
+                }
+            }
+            d.deserialize_bytes(BinVisitor)
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Columns {
+        node_ids: Vec<NodeId>,
+        node_epochs: Vec<u32>,
+        secrets: SecretBytes,
+    }
+
+    pub fn serialize<S: Serializer>(keys: &[IssuerNodeKey], s: S) -> Result<S::Ok, S::Error> {
+        let mut columns = s.serialize_struct("IssuerKeyColumns", 3)?;
+        columns.serialize_field("node_ids", &Column(keys, |k| &k.node_id))?;
+        columns.serialize_field("node_epochs", &Column(keys, |k| k.node_epoch))?;
+        columns.serialize_field("secrets", &Secrets(keys))?;
+        columns.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IssuerNodeKey>, D::Error> {
+        let Columns {
+            node_ids,
+            node_epochs,
+            secrets: SecretBytes(secrets),
+        } = Columns::deserialize(d)?;
+        if node_ids.len() != node_epochs.len() || secrets.len() != node_ids.len() * SECRET_LEN {
+            return Err(D::Error::custom(format!(
+                "issuer_keys has {} node ids, {} node epochs and {} bytes of secrets (32 a key)",
+                node_ids.len(),
+                node_epochs.len(),
+                secrets.len()
+            )));
+        }
+        Ok(node_ids
+            .into_iter()
+            .zip(node_epochs)
+            .zip(secrets.chunks_exact(SECRET_LEN))
+            .map(|((node_id, node_epoch), secret)| IssuerNodeKey {
+                node_id,
+                node_epoch,
+                secret: secret.try_into().expect("chunks of 32 bytes"),
+            })
+            .collect())
+    }
+
+    /// The same for an optional list (nil when absent).
+    pub mod option {
+        use super::IssuerNodeKey;
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(
+            keys: &Option<Vec<IssuerNodeKey>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match keys {
+                Some(keys) => super::serialize(keys, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Vec<IssuerNodeKey>>, D::Error> {
+            #[derive(Deserialize)]
+            struct Keys(#[serde(with = "super")] Vec<IssuerNodeKey>);
+            Ok(Option::<Keys>::deserialize(d)?.map(|Keys(keys)| keys))
+        }
+    }
+}
 
 /// Frames a worker sends to the coordinator. Decoded tag first (`protocol::tag_first`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -264,7 +392,8 @@ pub struct JoinAccepted {
     pub node_secret: NodeSessionSecret,
     /// This worker's scheduler's keys for QUEUEABLE tokens, one per node of `view.top_k`
     /// (protocol 6; before, one per node of `view.directory`). Nodes entering the top-k later
-    /// get theirs in `HeartbeatAck::issuer_keys`.
+    /// get theirs in `HeartbeatAck::issuer_keys`. As columns ([`issuer_key_columns`]).
+    #[serde(with = "issuer_key_columns")]
     pub issuer_keys: Vec<IssuerNodeKey>,
     /// Public keys for GUARANTEED tokens (only the coordinator holds the private ones).
     pub guaranteed_keys: PublicKeyRing,
@@ -300,7 +429,8 @@ pub struct HeartbeatAck {
     /// replacing the old ones; otherwise one per top-k node whose current session's key the
     /// scheduler was not sent yet (added, or replacing a re-joined node's old key; a delta's
     /// left nodes' keys are dropped), `None` when there are none and no membership is sent.
-    #[serde(default)]
+    /// As columns ([`issuer_key_columns`]).
+    #[serde(default, with = "issuer_key_columns::option")]
     pub issuer_keys: Option<Vec<IssuerNodeKey>>,
     /// New GUARANTEED public keys after a rotation.
     #[serde(default)]
@@ -629,7 +759,8 @@ fn write_heartbeat_ack(
     field(&mut ser, "shedding_threshold_ms", shedding_threshold_ms)?;
     field(&mut ser, "queueable_limit", queueable_limit)?;
     field(&mut ser, "notices", notices)?;
-    field(&mut ser, "issuer_keys", issuer_keys)?;
+    "issuer_keys".serialize(&mut ser)?;
+    issuer_key_columns::option::serialize(issuer_keys, &mut ser)?;
     field(&mut ser, "guaranteed_keys", guaranteed_keys)?;
     field(&mut ser, "apps", apps)?;
     if let Some(k) = top_k {
@@ -689,7 +820,8 @@ fn write_join_accepted(
     field(&mut ser, "protocol_version", protocol_version)?;
     field(&mut ser, "issuer", issuer)?;
     field(&mut ser, "node_secret", node_secret)?;
-    field(&mut ser, "issuer_keys", issuer_keys)?;
+    "issuer_keys".serialize(&mut ser)?;
+    issuer_key_columns::serialize(issuer_keys, &mut ser)?;
     field(&mut ser, "guaranteed_keys", guaranteed_keys)?;
     field(&mut ser, "apps", apps)?;
     field(&mut ser, "settings", settings)?;
@@ -868,7 +1000,7 @@ mod shared_top_k_tests {
             issuer_keys: vec![IssuerNodeKey {
                 node_id: NodeId::new("node-00001"),
                 node_epoch: 7,
-                secret_hex: "ef".repeat(32),
+                secret: [0xef; 32],
             }],
             guaranteed_keys: PublicKeyRing {
                 current: PublicTokenKey {
@@ -994,6 +1126,170 @@ mod shared_top_k_tests {
             err.to_string().contains("2 node ids but 1 queue delays"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod issuer_key_columns_tests {
+    use super::*;
+    use crate::codec::{from_payload, to_payload};
+
+    fn keys(n: usize) -> Vec<IssuerNodeKey> {
+        (0..n)
+            .map(|i| IssuerNodeKey {
+                node_id: NodeId::new(format!("node-{i:05}")),
+                node_epoch: 70_000 + i as u32,
+                secret: [i as u8; 32],
+            })
+            .collect()
+    }
+
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct Framed {
+        #[serde(with = "issuer_key_columns")]
+        keys: Vec<IssuerNodeKey>,
+        #[serde(default, with = "issuer_key_columns::option")]
+        maybe: Option<Vec<IssuerNodeKey>>,
+    }
+
+    /// Keys go as three columns with raw secrets, come back as they were (absent, empty, one,
+    /// 200), and take under half of what one named map per key with a hex secret took.
+    #[test]
+    fn keys_go_as_columns_with_raw_secrets_and_come_back_whole() {
+        for (list, maybe) in [
+            (keys(0), None),
+            (keys(1), Some(keys(0))),
+            (keys(200), Some(keys(3))),
+        ] {
+            let framed = Framed { keys: list, maybe };
+            let back: Framed = from_payload(&to_payload(&framed).unwrap()).unwrap();
+            assert_eq!(back, framed);
+        }
+        #[derive(Serialize)]
+        struct AsMap<'a> {
+            node_id: &'a NodeId,
+            node_epoch: u32,
+            secret_hex: String,
+        }
+        let list = keys(200);
+        let as_maps: Vec<AsMap> = list
+            .iter()
+            .map(|k| AsMap {
+                node_id: &k.node_id,
+                node_epoch: k.node_epoch,
+                secret_hex: hex::encode(k.secret),
+            })
+            .collect();
+        let old = to_payload(&as_maps).unwrap().len();
+        let new = to_payload(&Framed {
+            keys: list,
+            maybe: None,
+        })
+        .unwrap()
+        .len();
+        assert!(new * 2 < old, "{new} bytes as columns, {old} as maps");
+    }
+
+    /// A directory entry is a five-element array: it comes back whole, takes under half of the
+    /// named map it was, and an array of another length is refused.
+    #[test]
+    fn a_directory_entry_goes_as_an_array() {
+        let entry = NodeDirectoryEntry {
+            node_id: NodeId::new("node-00042"),
+            rack: "rack-1".into(),
+            capacity: Resources::new(4000, 8192),
+            app_endpoint: "127.0.0.1:20042".into(),
+        };
+        let bytes = to_payload(&entry).unwrap();
+        assert_eq!(bytes[0], 0x95, "a fixarray of 5");
+        // A frame's payload must be a map, so the entry alone is read with rmp directly.
+        let read = |b: &[u8]| rmp_serde::from_slice::<NodeDirectoryEntry>(b);
+        assert_eq!(read(&bytes).unwrap(), entry);
+        #[derive(Serialize)]
+        struct AsMap<'a> {
+            node_id: &'a NodeId,
+            rack: &'a str,
+            capacity: Resources,
+            app_endpoint: &'a str,
+        }
+        let old = to_payload(&AsMap {
+            node_id: &entry.node_id,
+            rack: &entry.rack,
+            capacity: entry.capacity,
+            app_endpoint: &entry.app_endpoint,
+        })
+        .unwrap();
+        assert!(
+            bytes.len() * 2 < old.len(),
+            "{} vs {}",
+            bytes.len(),
+            old.len()
+        );
+        let short = to_payload(&("node-1", "rack", 1u64, 2u64)).unwrap();
+        assert!(read(&short).is_err());
+        assert!(read(&old).is_err());
+    }
+
+    #[test]
+    fn columns_that_do_not_line_up_are_refused_by_name() {
+        #[derive(Serialize)]
+        struct Raw {
+            keys: RawColumns,
+        }
+        #[derive(Serialize)]
+        struct RawColumns {
+            node_ids: Vec<NodeId>,
+            node_epochs: Vec<u32>,
+            #[serde(with = "bin")]
+            secrets: Vec<u8>,
+        }
+        mod bin {
+            pub fn serialize<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(b)
+            }
+        }
+        let raw = |ids: usize, epochs: usize, secret_bytes: usize| Raw {
+            keys: RawColumns {
+                node_ids: (0..ids).map(|i| NodeId::new(format!("n{i}"))).collect(),
+                node_epochs: vec![1; epochs],
+                secrets: vec![7; secret_bytes],
+            },
+        };
+        #[derive(Deserialize, Debug)]
+        struct Keys {
+            #[serde(with = "issuer_key_columns")]
+            #[allow(dead_code)]
+            keys: Vec<IssuerNodeKey>,
+        }
+        let decoded = |r: &Raw| from_payload::<Keys>(&to_payload(r).unwrap());
+        assert_eq!(decoded(&raw(2, 2, 64)).unwrap().keys.len(), 2);
+        for (bad, says) in [
+            (raw(2, 1, 64), "2 node ids, 1 node epochs and 64 bytes"),
+            (raw(2, 2, 63), "2 node ids, 2 node epochs and 63 bytes"),
+            (raw(1, 1, 64), "1 node ids, 1 node epochs and 64 bytes"),
+        ] {
+            let err = decoded(&bad).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
+        // Secrets as an array of numbers instead of one binary string are refused too.
+        #[derive(Serialize)]
+        struct AsArray {
+            keys: ArrayColumns,
+        }
+        #[derive(Serialize)]
+        struct ArrayColumns {
+            node_ids: Vec<NodeId>,
+            node_epochs: Vec<u32>,
+            secrets: Vec<u8>,
+        }
+        let as_array = AsArray {
+            keys: ArrayColumns {
+                node_ids: vec![NodeId::new("n0")],
+                node_epochs: vec![1],
+                secrets: vec![7; 32],
+            },
+        };
+        assert!(from_payload::<Keys>(&to_payload(&as_array).unwrap()).is_err());
     }
 }
 

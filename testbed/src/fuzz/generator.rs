@@ -792,7 +792,7 @@ fn issuer_keys(rng: &mut Rng) -> Vec<IssuerNodeKey> {
         .map(|_| IssuerNodeKey {
             node_id: NodeId::from(rng.word()),
             node_epoch: rng.below(100) as u32,
-            secret_hex: hex(&rng.bytes(32)),
+            secret: rng.bytes(32).try_into().expect("32 bytes"),
         })
         .collect()
 }

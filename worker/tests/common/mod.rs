@@ -223,7 +223,6 @@ impl Cluster {
             ContainerType::Queueable => {
                 let issuer = body.container_id.issuer();
                 QueueableSigner::new(issuer, &[self.issuer_key(&body.node_id, issuer)])
-                    .expect("key material")
                     .sign(body)
                     .expect("signing")
             }
