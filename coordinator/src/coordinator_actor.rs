@@ -120,13 +120,6 @@ pub struct CoordinatorActor {
     /// removals wait for the tick's write, so a re-join storm costs one synced commit per tick,
     /// not one per node ([`CoordinatorActor::persist_lost_node_removals`]).
     lost_nodes_written_since_tick: bool,
-    /// Losses declared while the store refused the lost-node set: announced (notices, bookings
-    /// dropped, session closed) only once a write succeeds, [`CoordinatorActor::lose_nodes`].
-    /// Bounded by the nodes of the cluster.
-    losses_not_stored: Vec<(NodeId, String)>,
-    /// Their `lost` notices, taken back from the issuers' queues until then (one per container
-    /// of those nodes).
-    held_loss_notices: Vec<ContainerNotice>,
 }
 
 /// Issuer prefixes reserved per store write: a join writes the store (a synced redb commit,
@@ -211,8 +204,6 @@ impl CoordinatorActor {
             encoded_top_k: None,
             encoded_membership: (0, HashMap::new()),
             lost_nodes_written_since_tick: false,
-            losses_not_stored: Vec::new(),
-            held_loss_notices: Vec::new(),
         })
     }
 
@@ -269,11 +260,7 @@ impl CoordinatorActor {
         {
             return reject(reason);
         }
-        if self
-            .losses_not_stored
-            .iter()
-            .any(|(lost, _)| *lost == j.node_id)
-        {
+        if self.state.held_loss(&j.node_id).is_some() {
             // Declared lost, and the store has not recorded it yet: no re-join of a lost node
             // is answered before its loss is stored. No `join_rejected` frame: the worker takes
             // the closed connection as a lost link and joins again after its backoff.
@@ -834,22 +821,23 @@ impl CoordinatorActor {
             // Not stored: nothing of these losses may leave yet. Their `lost` notices and
             // everything `after_loss` does wait for a write that succeeds (retried every tick);
             // a crash before it forgets the losses, and nobody was told of them.
-            let names: std::collections::BTreeSet<NodeId> =
-                declared.iter().map(|(n, _)| n.clone()).collect();
-            self.held_loss_notices
-                .extend(self.state.take_loss_notices_of(&names));
-            for (node_id, containers) in declared {
+            for (node_id, containers) in &declared {
                 warn!(node = %node_id, containers, "node lost: {why}; not announced until the loss is stored");
                 // Silent: no new GUARANTEED work there meanwhile (its bookings stay).
                 self.guarantor()
                     .do_send(crate::guarantor_actor::SetNodeUnreachable {
                         node: node_id.clone(),
                     });
-                self.losses_not_stored.push((node_id, why.to_string()));
             }
+            self.state.hold_losses(
+                declared
+                    .into_iter()
+                    .map(|(node_id, _)| (node_id, why.to_string()))
+                    .collect(),
+            );
             self.metrics
                 .losses_not_stored
-                .set(self.losses_not_stored.len() as i64);
+                .set(self.state.held_loss_count() as i64);
             return;
         }
         for (node_id, containers) in declared {
@@ -861,12 +849,10 @@ impl CoordinatorActor {
     /// The losses that could not be stored when declared are stored now: let out what was
     /// held back (their `lost` notices, and the rest of [`CoordinatorActor::after_loss`]).
     fn release_stored_losses(&mut self) {
-        for notice in std::mem::take(&mut self.held_loss_notices) {
-            self.state.route_notice(notice);
-        }
         // None of them re-joined meanwhile: their joins are refused until now (`join`).
+        let released = self.state.release_held_losses();
         self.metrics.losses_not_stored.set(0);
-        for (node_id, why) in std::mem::take(&mut self.losses_not_stored) {
+        for (node_id, why) in released {
             warn!(node = %node_id, "node lost: {why}; the loss is stored now");
             self.after_loss(&node_id, &why);
         }
@@ -1116,17 +1102,8 @@ impl Handler<FromWorker> for CoordinatorActor {
         // A node declared lost whose loss is held (not stored yet) keeps its session until the
         // loss is stored, but gets nothing new: its asks, promotions and reservation calls are
         // refused (freeing, releases and exits still go through).
-        if let Some((correlation_id, what)) = Self::new_work_asked(&m.msg)
-            && let Some((_, why)) = self.losses_not_stored.iter().find(|(n, _)| n == &node_id)
-        {
-            return Self::fail(
-                &tx,
-                correlation_id,
-                ErrorCode::CoordinatorUnavailable,
-                format!(
-                    "{what} refused: node {node_id} is being declared lost ({why}); ask through another worker"
-                ),
-            );
+        if let Some((correlation_id, why)) = self.state.refusal_of_new_work(&node_id, &m.msg) {
+            return Self::fail(&tx, correlation_id, ErrorCode::CoordinatorUnavailable, why);
         }
         match m.msg {
             WorkerToCoordinator::Join(_) => {
@@ -1183,19 +1160,6 @@ impl Handler<FromWorker> for CoordinatorActor {
 }
 
 impl CoordinatorActor {
-    /// The correlation id and a name of a frame that asks for new work (a GUARANTEED ask, a
-    /// promotion, a reservation call); `None` for the others.
-    fn new_work_asked(msg: &WorkerToCoordinator) -> Option<(u64, &'static str)> {
-        match msg {
-            WorkerToCoordinator::AllocateGuaranteed(a) => {
-                Some((a.correlation_id, "a GUARANTEED ask"))
-            }
-            WorkerToCoordinator::Promote(p) => Some((p.correlation_id, "a promotion")),
-            WorkerToCoordinator::Reservation(r) => Some((r.correlation_id, "a reservation call")),
-            _ => None,
-        }
-    }
-
     fn protocol_violation(&mut self, node_id: &NodeId, why: &str) {
         warn!(node = %node_id, "closing worker session: protocol violation: {why}");
         if let Some(s) = self.sessions.get(node_id)

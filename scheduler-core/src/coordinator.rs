@@ -226,6 +226,13 @@ pub struct CoordinatorState {
     /// ([`CoordinatorState::take_lost_nodes_if_changed`]) so a restart does not forget them.
     lost_nodes: BTreeSet<NodeId>,
     lost_nodes_changed: bool,
+    /// Losses declared while the caller could not store the lost-node set, with why each node
+    /// was lost ([`CoordinatorState::hold_losses`]): announced only once stored. Bounded by the
+    /// nodes of the cluster.
+    held_losses: Vec<(NodeId, String)>,
+    /// Their `lost` notices, taken back from the issuers' queues until then (one per container
+    /// of those nodes).
+    held_loss_notices: Vec<ContainerNotice>,
     /// The master key node session secrets are derived from at each join (issue 11: per-issuer
     /// QUEUEABLE keys, see [`crate::token`]). The simulator runs without one.
     token_master: Option<TokenKey>,
@@ -305,6 +312,8 @@ impl CoordinatorState {
             top_k_generation: 0,
             lost_nodes: BTreeSet::new(),
             lost_nodes_changed: false,
+            held_losses: Vec::new(),
+            held_loss_notices: Vec::new(),
             token_master: None,
             draining: BTreeSet::new(),
             free_slots: Vec::new(),
@@ -930,6 +939,65 @@ impl CoordinatorState {
         taken
     }
 
+    /// Hold back the losses of `nodes` (each with why it was lost): the caller declared them
+    /// ([`CoordinatorState::declare_lost`]) but could not store the lost-node set, and nothing
+    /// of a loss may leave before it is stored. Their `lost` notices are taken back from the
+    /// issuers' queues, a re-join of such a node is to be refused, and so is any new work its
+    /// old session asks for ([`CoordinatorState::refusal_of_new_work`]), until
+    /// [`CoordinatorState::release_held_losses`].
+    pub fn hold_losses(&mut self, nodes: Vec<(NodeId, String)>) {
+        let names: BTreeSet<NodeId> = nodes.iter().map(|(n, _)| n.clone()).collect();
+        let notices = self.take_loss_notices_of(&names);
+        self.held_loss_notices.extend(notices);
+        for (node, why) in nodes {
+            match self.held_losses.iter_mut().find(|(n, _)| *n == node) {
+                Some(held) => held.1 = why,
+                None => self.held_losses.push((node, why)),
+            }
+        }
+    }
+
+    /// Why `node`'s loss is held back, if it is.
+    pub fn held_loss(&self, node: &NodeId) -> Option<&str> {
+        self.held_losses
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, why)| why.as_str())
+    }
+
+    /// How many losses are held back.
+    pub fn held_loss_count(&self) -> usize {
+        self.held_losses.len()
+    }
+
+    /// The held losses are stored now: their notices go back to the issuers' queues, and the
+    /// losses are returned, in the order they were held, for the caller to announce.
+    pub fn release_held_losses(&mut self) -> Vec<(NodeId, String)> {
+        for notice in std::mem::take(&mut self.held_loss_notices) {
+            self.route_notice(notice);
+        }
+        std::mem::take(&mut self.held_losses)
+    }
+
+    /// A node whose loss is held keeps its session until the loss is stored, but gets nothing
+    /// new through it: for a frame asking for new work (a GUARANTEED ask, a promotion, a
+    /// reservation call) from such a node, the correlation id to refuse and the reason. Frees,
+    /// releases and exits go through (`None`).
+    pub fn refusal_of_new_work(
+        &self,
+        node: &NodeId,
+        frame: &crate::protocol::cluster::WorkerToCoordinator,
+    ) -> Option<(u64, String)> {
+        let (correlation_id, what) = frame.new_work_asked()?;
+        let why = self.held_loss(node)?;
+        Some((
+            correlation_id,
+            format!(
+                "{what} refused: node {node} is being declared lost ({why}); ask through another worker"
+            ),
+        ))
+    }
+
     /// Notices queued for all issuers (observability and leak tests).
     pub fn pending_notices(&self) -> usize {
         self.outbox.values().map(Vec::len).sum()
@@ -1377,6 +1445,64 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![on_b]
         );
+    }
+
+    /// A held loss keeps its notices back, names the node as held (a re-join is to be refused),
+    /// refuses the node's asks for new work but not its other frames, and once released routes
+    /// the notices again and hands the losses back to be announced, in order.
+    #[test]
+    fn a_held_loss_refuses_new_work_and_releases_its_notices_once_stored() {
+        use crate::protocol::cluster::{
+            ReleaseContainer, ReservationCall, ReservationOp, WorkerToCoordinator,
+        };
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        for n in ["a", "b", "c"] {
+            c.join(Time::ZERO, dir(n));
+        }
+        let (a, b, c_node) = (NodeId::from("a"), NodeId::from("b"), NodeId::from("c"));
+        let issuer = c.issuer_of(&a).unwrap();
+        let on_b = ContainerId::new(issuer, 1);
+        c.heartbeat(Time::ZERO, &b, QueueDelay::default(), vec![on_b]);
+        c.declare_lost(&b);
+        c.hold_losses(vec![(b.clone(), "silent".into())]);
+        assert_eq!(c.pending_notices(), 0, "nothing of the loss leaves");
+        assert_eq!(c.held_loss(&b), Some("silent"));
+        assert_eq!(c.held_loss(&c_node), None);
+        assert_eq!(c.held_loss_count(), 1);
+        let reservation = WorkerToCoordinator::Reservation(ReservationCall {
+            correlation_id: 9,
+            app_id: "app".into(),
+            op: ReservationOp::List,
+        });
+        let (id, why) = c.refusal_of_new_work(&b, &reservation).expect("refused");
+        assert_eq!(id, 9);
+        assert!(why.contains("a reservation call refused: node b") && why.contains("silent"));
+        assert_eq!(c.refusal_of_new_work(&c_node, &reservation), None);
+        let release = WorkerToCoordinator::Release(ReleaseContainer {
+            correlation_id: 10,
+            app_id: "app".into(),
+            container_id: on_b,
+        });
+        assert_eq!(
+            c.refusal_of_new_work(&b, &release),
+            None,
+            "frees go through"
+        );
+        // Declared again while held: one hold, the latest reason.
+        c.hold_losses(vec![(b.clone(), "silent again".into())]);
+        assert_eq!(c.held_loss_count(), 1);
+        assert_eq!(
+            c.release_held_losses(),
+            vec![(b.clone(), "silent again".to_string())]
+        );
+        assert_eq!(c.held_loss(&b), None);
+        assert_eq!(c.refusal_of_new_work(&b, &reservation), None);
+        let told: Vec<(ContainerId, NoticeKind)> = c
+            .take_notices_for(&a)
+            .into_iter()
+            .map(|n| (n.container_id, n.kind))
+            .collect();
+        assert_eq!(told, vec![(on_b, NoticeKind::Lost)]);
     }
 
     #[test]

@@ -382,6 +382,21 @@ pub struct ClusterSettings {
     pub heartbeat_interval_ms: u64,
 }
 
+impl WorkerToCoordinator {
+    /// The correlation id and a name of a frame that asks for new work (a GUARANTEED ask, a
+    /// promotion, a reservation call); `None` for the others (reports, frees, releases).
+    pub fn new_work_asked(&self) -> Option<(u64, &'static str)> {
+        match self {
+            WorkerToCoordinator::AllocateGuaranteed(a) => {
+                Some((a.correlation_id, "a GUARANTEED ask"))
+            }
+            WorkerToCoordinator::Promote(p) => Some((p.correlation_id, "a promotion")),
+            WorkerToCoordinator::Reservation(r) => Some((r.correlation_id, "a reservation call")),
+            _ => None,
+        }
+    }
+}
+
 /// Welcome into the cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JoinAccepted {
