@@ -604,6 +604,28 @@ pub struct WaitingAsk {
     pub reason: String,
 }
 
+/// The nodes that get no new GUARANTEED work: those an operator drains and those declared lost
+/// whose loss is not stored yet ([`Guarantor::set_unreachable`]). A view over both sets, so
+/// there is no third set to keep in step with them.
+#[derive(Clone, Copy)]
+pub(crate) struct ClosedNodes<'a> {
+    draining: &'a HashSet<NodeId>,
+    unreachable: &'a HashSet<NodeId>,
+}
+
+impl<'a> ClosedNodes<'a> {
+    fn of(draining: &'a HashSet<NodeId>, unreachable: &'a HashSet<NodeId>) -> ClosedNodes<'a> {
+        ClosedNodes {
+            draining,
+            unreachable,
+        }
+    }
+
+    pub(crate) fn contains(&self, node: &NodeId) -> bool {
+        self.draining.contains(node) || self.unreachable.contains(node)
+    }
+}
+
 /// The guarantor's state: nodes, GUARANTEED grants and the pending asks.
 pub struct Guarantor {
     config: GuarantorConfig,
@@ -627,8 +649,6 @@ pub struct Guarantor {
     /// until its store takes it, and with it the node's removal here): silent, so they get no
     /// new GUARANTEED work, while their bookings stay until the removal.
     unreachable: HashSet<NodeId>,
-    /// Nodes that get no new GUARANTEED work: `draining` ∪ `unreachable`.
-    closed: HashSet<NodeId>,
     /// Pace's resource shaper (layer 3 of DESIGN.md's guarantor), when enabled.
     shaping: Option<ShapingState>,
     /// 3σSched's queue (layer 2), when enabled.
@@ -665,7 +685,6 @@ impl Guarantor {
             clock_ms: 0,
             draining: HashSet::new(),
             unreachable: HashSet::new(),
-            closed: HashSet::new(),
             shaping: None,
             threesigma: None,
         }
@@ -961,12 +980,12 @@ impl Guarantor {
 
     fn candidates<'a>(
         nodes: &'a NodeTable,
-        draining: &HashSet<NodeId>,
+        closed: ClosedNodes,
         ask: &GuaranteedAsk,
     ) -> Vec<&'a GuarantorNode> {
         let fits: Vec<&GuarantorNode> = nodes
             .values()
-            .filter(|n| ask.resources.fits_in(&n.free()) && !draining.contains(&n.node_id))
+            .filter(|n| ask.resources.fits_in(&n.free()) && !closed.contains(&n.node_id))
             .collect();
         let Some(loc) = &ask.locality else {
             return fits;
@@ -1000,7 +1019,7 @@ impl Guarantor {
     /// no candidate passes [`BestFitRule::NoQueueableCost`].
     fn indexed_choice(
         nodes: &NodeTable,
-        draining: &HashSet<NodeId>,
+        closed: ClosedNodes,
         placer: &dyn GuaranteedPlacer,
         ask: &GuaranteedAsk,
     ) -> Option<Option<NodeId>> {
@@ -1009,7 +1028,7 @@ impl Guarantor {
             return None;
         }
         let chosen = nodes.best_fit(&ask.resources, |n| {
-            !draining.contains(&n.node_id) && rule.accepts(placer, ask, n)
+            !closed.contains(&n.node_id) && rule.accepts(placer, ask, n)
         });
         // The index's keys follow every booking change (NodeMut, insert); checked again here
         // because a grant trusts this choice: a stale key must cost a scan, never over-commit.
@@ -1036,16 +1055,16 @@ impl Guarantor {
             let reservation = pending.reservation.take();
             let ask = &mut pending.ask;
             while ask.count > 0 && self.admits(now_ms, ask, reservation.as_deref()) {
-                let chosen =
-                    match Self::indexed_choice(&self.nodes, &self.closed, &*self.placer, ask) {
-                        Some(answer) => answer,
-                        None => {
-                            let cands = Self::candidates(&self.nodes, &self.closed, ask);
-                            self.placer
-                                .choose(ask, &cands)
-                                .map(|i| cands[i].node_id.clone())
-                        }
-                    };
+                let closed = ClosedNodes::of(&self.draining, &self.unreachable);
+                let chosen = match Self::indexed_choice(&self.nodes, closed, &*self.placer, ask) {
+                    Some(answer) => answer,
+                    None => {
+                        let cands = Self::candidates(&self.nodes, closed, ask);
+                        self.placer
+                            .choose(ask, &cands)
+                            .map(|i| cands[i].node_id.clone())
+                    }
+                };
                 let Some(node_id) = chosen else { break };
                 ask.count -= 1;
                 out.push(self.grant(now_ms, ask, node_id, ask.count, reservation.as_deref()));
@@ -1077,7 +1096,7 @@ impl Guarantor {
         let Some(node) = self.nodes.get(node_id) else {
             return out;
         };
-        if self.closed.contains(node_id) {
+        if self.closed().contains(node_id) {
             return out;
         }
         let (rack, capacity) = (node.rack.clone(), node.capacity);
@@ -1173,7 +1192,7 @@ impl Guarantor {
                 // A node elsewhere where the ask costs nothing, found through the fit index.
                 None if Self::costs_nothing_elsewhere(
                     &self.nodes,
-                    &self.closed,
+                    self.closed(),
                     &*self.placer,
                     ask,
                     node_id,
@@ -1187,7 +1206,7 @@ impl Guarantor {
                         .nodes
                         .values()
                         .filter(|n| &n.node_id != node_id && ask.resources.fits_in(&n.free()))
-                        .filter(|n| !self.closed.contains(&n.node_id))
+                        .filter(|n| !self.closed().contains(&n.node_id))
                         .filter(|n| Self::locality_allows(ask, &n.node_id, &n.rack))
                         .map(|n| self.placer.placement_cost(ask, n))
                         .fold(f64::INFINITY, f64::min);
@@ -1212,7 +1231,7 @@ impl Guarantor {
     /// has no such rule or the ask names nodes or racks (the caller then scores every node).
     fn costs_nothing_elsewhere(
         nodes: &NodeTable,
-        draining: &HashSet<NodeId>,
+        closed: ClosedNodes,
         placer: &dyn GuaranteedPlacer,
         ask: &GuaranteedAsk,
         here: &NodeId,
@@ -1223,7 +1242,7 @@ impl Guarantor {
         }
         nodes
             .best_fit(&ask.resources, |n| {
-                &n.node_id != here && !draining.contains(&n.node_id) && rule.accepts(placer, ask, n)
+                &n.node_id != here && !closed.contains(&n.node_id) && rule.accepts(placer, ask, n)
             })
             .is_some()
     }
@@ -1266,7 +1285,6 @@ impl Guarantor {
             if !self.draining.insert(node_id.clone()) {
                 return false;
             }
-            self.closed.insert(node_id.clone());
             if let Some(capacity) = capacity {
                 let cancelled = self
                     .reservations
@@ -1283,9 +1301,6 @@ impl Guarantor {
         } else {
             if !self.draining.remove(node_id) {
                 return false;
-            }
-            if !self.unreachable.contains(node_id) {
-                self.closed.remove(node_id);
             }
             if let Some(capacity) = capacity {
                 self.reservations
@@ -1307,19 +1322,15 @@ impl Guarantor {
     /// the store refused the loss. Returns whether anything changed.
     pub fn set_unreachable(&mut self, node_id: &NodeId, unreachable: bool) -> bool {
         if unreachable {
-            if self.nodes.get(node_id).is_none() || !self.unreachable.insert(node_id.clone()) {
-                return false;
-            }
-            self.closed.insert(node_id.clone());
+            self.nodes.get(node_id).is_some() && self.unreachable.insert(node_id.clone())
         } else {
-            if !self.unreachable.remove(node_id) {
-                return false;
-            }
-            if !self.draining.contains(node_id) {
-                self.closed.remove(node_id);
-            }
+            self.unreachable.remove(node_id)
         }
-        true
+    }
+
+    /// The nodes that get no new GUARANTEED work: draining or unreachable.
+    pub(crate) fn closed(&self) -> ClosedNodes<'_> {
+        ClosedNodes::of(&self.draining, &self.unreachable)
     }
 
     /// Whether `node_id` is marked unreachable ([`Guarantor::set_unreachable`]).
@@ -1341,7 +1352,7 @@ impl Guarantor {
                     .values()
                     .filter(|n| {
                         ask.resources.fits_in(&n.free())
-                            && !self.closed.contains(&n.node_id)
+                            && !self.closed().contains(&n.node_id)
                             && Self::locality_allows(ask, &n.node_id, &n.rack)
                     })
                     .count();
@@ -1886,13 +1897,6 @@ impl Guarantor {
     /// reservation and for plain work), and the plan's invariants (never over capacity).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.nodes.check()?;
-        let closed: HashSet<NodeId> = self.draining.union(&self.unreachable).cloned().collect();
-        if closed != self.closed {
-            return Err(format!(
-                "nodes closed to new work {:?} are not the draining {:?} and unreachable {:?} ones",
-                self.closed, self.draining, self.unreachable
-            ));
-        }
         if let Some(n) = self
             .unreachable
             .iter()

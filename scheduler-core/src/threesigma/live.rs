@@ -530,7 +530,7 @@ impl Guarantor {
         let nodes: Vec<&super::GuarantorNode> = self
             .nodes
             .values()
-            .filter(|n| !self.closed.contains(&n.node_id))
+            .filter(|n| !self.closed().contains(&n.node_id))
             .collect();
         let attributes: Vec<BTreeMap<String, String>> = nodes
             .iter()
@@ -882,7 +882,7 @@ impl Guarantor {
         // Plan on a copy of the free capacities first: all or nothing.
         let mut free: Vec<(NodeId, Resources)> = members
             .iter()
-            .filter(|id| !self.closed.contains(*id))
+            .filter(|id| !self.closed().contains(id))
             .filter_map(|id| self.nodes.get(id).map(|n| (id.clone(), n.free())))
             .collect();
         let mut chosen = Vec::with_capacity(ask.count as usize);
