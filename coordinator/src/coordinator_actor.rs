@@ -296,6 +296,7 @@ impl CoordinatorActor {
                 rack: j.rack.clone(),
                 capacity: j.capacity,
                 app_endpoint: j.app_endpoint.clone(),
+                slot: 0,
             },
             &j.containers,
         );
@@ -322,11 +323,10 @@ impl CoordinatorActor {
         if !lost_containers.is_empty() {
             warn!(node = %node_id, count = lost_containers.len(), "re-joined after being declared lost: its containers are killed");
         }
-        let top_k = self
+        let top_k_slots = self
             .state
             .round(now, self.settings.heartbeat_interval, &mut self.rng)
-            .top_k
-            .clone();
+            .top_k_on_wire();
         let Some(node_secret) = node_secret else {
             // The master key was checked at start; this cannot happen, but never admit a node
             // that could not check its tokens.
@@ -338,7 +338,14 @@ impl CoordinatorActor {
         // before this join, perhaps: the node's own entry is appended so it can place on itself
         // at once; other joins not yet published reach it with the next version's delta, as
         // they reach every other worker).
-        let (NodeView { view, issuer_keys }, sent) = self.state.node_view_parts(&node_id, 0, top_k);
+        let (
+            NodeView {
+                mut view,
+                issuer_keys,
+            },
+            sent,
+        ) = self.state.node_view_parts(&node_id, 0, Vec::new());
+        view.top_k_slots = top_k_slots;
         let membership = match self.shared_membership(&node_id, sent) {
             Ok(Some(m)) => m,
             Ok(None) | Err(_) => {
@@ -502,7 +509,7 @@ impl CoordinatorActor {
         let generation = self.state.top_k_generation();
         let top_k = match &self.encoded_top_k {
             Some((g, encoded)) if *g == generation => encoded.clone(),
-            _ => match EncodedTopK::encode(&round.top_k) {
+            _ => match EncodedTopK::encode(&round.top_k_on_wire()) {
                 Ok(encoded) => {
                     self.encoded_top_k = Some((generation, encoded.clone()));
                     encoded

@@ -77,11 +77,18 @@ async fn drain_apps_and_shedding_change_live_over_the_admin_socket() {
     a.send(&heartbeat("node-a", 0, 10.0, vec![], vec![], vec![]))
         .await;
     let ack = a.expect_ack().await;
+    // The top-k names nodes by slot; a heartbeat at version 0 gets the whole directory.
     let top: Vec<String> = ack
         .view
-        .top_k
+        .top_k_slots
         .iter()
-        .map(|l| l.node_id.to_string())
+        .map(|l| {
+            ack.view
+                .directory
+                .iter()
+                .find(|d| d.slot == l.slot)
+                .map_or(format!("slot {}", l.slot), |d| d.node_id.to_string())
+        })
         .collect();
     assert_eq!(top, vec!["node-a".to_string()], "{top:?}");
     let nodes = admin(&socket, AdminRequest::Nodes).await.unwrap();
@@ -202,7 +209,7 @@ async fn drain_apps_and_shedding_change_live_over_the_admin_socket() {
         a.expect_ack().await
     };
     assert_eq!(ack.top_k, Some(1));
-    assert!(ack.view.top_k.len() <= scheduler_core::distributed::view_size(1));
+    assert!(ack.view.top_k_slots.len() <= scheduler_core::distributed::view_size(1));
     a.send(&heartbeat("node-a", 0, 10.0, vec![], vec![], vec![]))
         .await;
     assert_eq!(a.expect_ack().await.top_k, None, "sent once");

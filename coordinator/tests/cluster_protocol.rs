@@ -158,9 +158,13 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     // Top-k and the threshold are aggregated once per round (one heartbeat interval, 1 s here),
     // not per heartbeat: within the round of b's join the new estimates are not in yet.
     assert!(
-        ack_b.view.top_k.iter().all(|l| l.queue_delay_ms == 0.0),
+        ack_b
+            .view
+            .top_k_slots
+            .iter()
+            .all(|l| l.queue_delay_ms == 0.0),
         "{:?}",
-        ack_b.view.top_k
+        ack_b.view.top_k_slots
     );
     h.clock.advance(Duration::from_secs(1));
     a.send(&heartbeat(
@@ -178,11 +182,20 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     let joined: Vec<&str> = delta.joined.iter().map(|d| d.node_id.as_str()).collect();
     assert_eq!(joined, vec!["node-b"]);
     assert!(ack.view.directory.is_empty());
+    // The top-k names nodes by their slots in the directory (cluster protocol 8).
+    let names_by_slot: std::collections::HashMap<u32, &str> = first
+        .view
+        .directory
+        .iter()
+        .chain(&delta.joined)
+        .map(|d| (d.slot, d.node_id.as_str()))
+        .collect();
+    assert_eq!(names_by_slot.len(), 2, "one slot per node");
     let top: Vec<(&str, f64)> = ack
         .view
-        .top_k
+        .top_k_slots
         .iter()
-        .map(|l| (l.node_id.as_str(), l.queue_delay_ms))
+        .map(|l| (names_by_slot[&l.slot], l.queue_delay_ms))
         .collect();
     assert_eq!(top, vec![("node-a", 1000.0), ("node-b", 3000.0)]);
     // The threshold is mean 2000 + 1·σ (1000) = 3000 over the two nodes (Mercury §4.3), and it
@@ -371,7 +384,14 @@ async fn silent_node_is_lost_and_its_containers_reported_to_their_issuer() {
 #[actix_rt::test]
 async fn malformed_oversized_and_unknown_frames_close_only_that_worker() {
     let h = Harness::start().await;
-    let (mut a, _) = h.join("node-a", 2000, 2048).await;
+    let (mut a, accepted_a) = h.join("node-a", 2000, 2048).await;
+    let slot_a = accepted_a
+        .view
+        .directory
+        .iter()
+        .find(|d| d.node_id.as_str() == "node-a")
+        .expect("its own entry")
+        .slot;
 
     let (mut b, _) = h.join("node-b", 2000, 2048).await;
     b.send_raw(&[0, 0, 0, 2, 0xc1, 0xc1]).await;
@@ -400,12 +420,7 @@ async fn malformed_oversized_and_unknown_frames_close_only_that_worker() {
     a.send(&heartbeat("node-a", 0, 5.0, vec![], vec![], vec![]))
         .await;
     let ack = a.expect_ack().await;
-    assert!(
-        ack.view
-            .top_k
-            .iter()
-            .any(|l| l.node_id.as_str() == "node-a")
-    );
+    assert!(ack.view.top_k_slots.iter().any(|l| l.slot == slot_a));
 }
 
 /// A worker that keeps sending but stops reading must not grow the coordinator's queue of

@@ -63,6 +63,7 @@ fn state(nodes: usize) -> (CoordinatorState, Vec<NodeId>) {
                 rack: format!("rack-{}", i % 40),
                 capacity: Resources::new(4000, 4096),
                 app_endpoint: format!("tcp://127.0.0.1:{}", 20000 + i),
+                slot: 0,
             },
         );
     }
@@ -182,7 +183,7 @@ fn main() {
                     // As the live coordinator: the list encoded when it changed, then shared.
                     let generation = c.top_k_generation();
                     if shared.as_ref().is_none_or(|(g, _)| *g != generation) {
-                        let encoded = EncodedTopK::encode(&c.aggregate_round().top_k)
+                        let encoded = EncodedTopK::encode(&c.aggregate_round().top_k_on_wire())
                             .expect("a top-k encodes");
                         shared = Some((generation, encoded));
                     }
@@ -195,7 +196,7 @@ fn main() {
                     answer_bytes = out.len();
                     // Before: the list cloned into every answer and encoded with it.
                     let mut whole = ack;
-                    whole.view.top_k = c.aggregate_round().top_k.clone();
+                    whole.view.top_k_slots = c.aggregate_round().top_k_on_wire();
                     out.clear();
                     encode_frame_into(
                         &CoordinatorToWorker::HeartbeatAck(whole),
@@ -253,6 +254,7 @@ fn main() {
                     rack: format!("rack-{}", i % 40),
                     capacity: Resources::new(4000, 4096),
                     app_endpoint: format!("tcp://127.0.0.1:{}", 20000 + i),
+                    slot: 0,
                 },
             );
         }

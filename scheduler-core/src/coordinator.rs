@@ -127,9 +127,6 @@ struct NodeEntry {
     /// The membership change this join was ([`CoordinatorState::membership_identity`]'s
     /// second part right after it).
     joined_at_change: u64,
-    /// A small dense number of this node, kept across its re-joins and reused after it leaves:
-    /// what [`NodeEntry::keys_held`] marks.
-    slot: u32,
 }
 
 /// A set of node slots as bits.
@@ -186,7 +183,8 @@ pub struct AggregateRound {
     /// cluster-wide): each issuer is sent these minus its own.
     pub outstanding_totals: BTreeMap<crate::AppId, (u32, u32)>,
     /// The slot of each `top_k` entry's node, in the same order: which keys a scheduler needs
-    /// for this list, without a directory lookup per entry.
+    /// for this list, without a directory lookup per entry, and how the list goes on the wire
+    /// ([`AggregateRound::top_k_on_wire`]).
     top_k_slots: Vec<u32>,
     /// When it was computed.
     at: Option<Time>,
@@ -239,8 +237,10 @@ pub struct CoordinatorState {
     /// Nodes an operator is draining: left out of top-k, so no scheduler sends them new
     /// QUEUEABLE work (the guarantor keeps GUARANTEED work off them).
     draining: BTreeSet<NodeId>,
-    /// Slots of nodes that left, to be taken by the next new nodes ([`NodeEntry::slot`]).
+    /// Slots of nodes that left, to be taken by the next new nodes ([`NodeDirectoryEntry::slot`]).
     free_slots: Vec<u32>,
+    /// Slots of nodes that left since the last published version: free at the next one.
+    slots_leaving: Vec<u32>,
     /// The slots in use or freed are below this.
     next_slot: u32,
 }
@@ -317,6 +317,7 @@ impl CoordinatorState {
             token_master: None,
             draining: BTreeSet::new(),
             free_slots: Vec::new(),
+            slots_leaving: Vec::new(),
             next_slot: 0,
         }
     }
@@ -446,7 +447,7 @@ impl CoordinatorState {
             let (top_k, top_k_slots): (Vec<NodeLoad>, Vec<u32>) = self
                 .top_k(rng)
                 .into_iter()
-                .filter_map(|l| self.nodes.get(&l.node_id).map(|n| (l, n.slot)))
+                .filter_map(|l| self.nodes.get(&l.node_id).map(|n| (l, n.dir.slot)))
                 .unzip();
             self.round = AggregateRound {
                 top_k,
@@ -480,6 +481,8 @@ impl CoordinatorState {
     /// the staleness of the cluster view by one round). Keeps the last
     /// [`DIRECTORY_LOG_VERSIONS`] versions' changes.
     fn publish_directory(&mut self) {
+        // This version announces the departures of the nodes these slots were of.
+        self.free_slots.append(&mut self.slots_leaving);
         if self.directory_pending.is_empty() {
             return;
         }
@@ -530,6 +533,7 @@ impl CoordinatorState {
             directory: Vec::new(),
             delta: None,
             top_k,
+            top_k_slots: Vec::new(),
         };
         match self.directory_since(known_version) {
             DirectorySince::Current => {}
@@ -612,6 +616,7 @@ impl CoordinatorState {
             directory: Vec::new(),
             delta: None,
             top_k,
+            top_k_slots: Vec::new(),
         };
         (self.node_view_keys(node, view, sent), sent)
     }
@@ -802,7 +807,7 @@ impl CoordinatorState {
 
     /// A node joins (or re-joins after a restart of either side). Returns the issuer prefix its
     /// distributed scheduler must mint container ids with: always fresh, so ids never repeat.
-    pub fn join(&mut self, now: Time, dir: NodeDirectoryEntry) -> u32 {
+    pub fn join(&mut self, now: Time, mut dir: NodeDirectoryEntry) -> u32 {
         let node_id = dir.node_id.clone();
         let issuer = self.next_issuer;
         self.next_issuer += 1;
@@ -816,8 +821,11 @@ impl CoordinatorState {
             .and_then(|s| s.issuer_keys_for(&dir.node_id).ok());
         // A re-join keeps its slot; a new node takes a freed one or the next. Either way the
         // slot's session is new: no scheduler holds its key yet.
+        // A node's slot ([`NodeDirectoryEntry::slot`]) is a small dense number, kept across its
+        // re-joins and given again after it leaves: what [`NodeEntry::keys_held`] marks and how
+        // the top-k names the node on the wire.
         let (slot, reused) = match self.nodes.get(&dir.node_id) {
-            Some(n) => (n.slot, true),
+            Some(n) => (n.dir.slot, true),
             None => match self.free_slots.pop() {
                 Some(slot) => (slot, true),
                 None => {
@@ -831,6 +839,7 @@ impl CoordinatorState {
                 n.keys_held.remove(slot);
             }
         }
+        dir.slot = slot;
         let previous = self.nodes.insert(
             dir.node_id.clone(),
             NodeEntry {
@@ -846,7 +855,6 @@ impl CoordinatorState {
                 keys_held: SlotSet::default(),
                 keys_at_generation: None,
                 joined_at_change: self.membership_changes + 1,
-                slot,
             },
         );
         if let Some(prev) = previous {
@@ -1017,8 +1025,11 @@ impl CoordinatorState {
         let Some(entry) = self.nodes.remove(node) else {
             return Vec::new();
         };
-        // Marks of it in other nodes' key sets are cleared when the slot is taken again.
-        self.free_slots.push(entry.slot);
+        // Marks of it in other nodes' key sets are cleared when the slot is taken again. Not
+        // before the version announcing this departure is published: a scheduler reads the
+        // top-k's slots in its directory at the view's version, which until then still gives
+        // this slot to this node.
+        self.slots_leaving.push(entry.dir.slot);
         self.outbox.remove(&entry.issuer);
         self.live_issuers.remove(&entry.issuer);
         self.directory_pending.insert(node.clone());
@@ -1111,6 +1122,18 @@ impl SheddingRound {
 }
 
 impl AggregateRound {
+    /// The round's top-k as it is sent ([`ClusterView::top_k_slots`]): each node by its slot.
+    pub fn top_k_on_wire(&self) -> Vec<crate::distributed::SlotLoad> {
+        self.top_k
+            .iter()
+            .zip(&self.top_k_slots)
+            .map(|(l, &slot)| crate::distributed::SlotLoad {
+                slot,
+                queue_delay_ms: l.queue_delay_ms,
+            })
+            .collect()
+    }
+
     /// See [`SheddingRound::target_for`].
     pub fn shedding_target_for(&self, node: &NodeId) -> Option<f64> {
         self.shedding_targets.get(node).copied()
@@ -1211,6 +1234,7 @@ mod tests {
             rack: "r0".into(),
             capacity: Resources::new(4000, 8192),
             app_endpoint: format!("{name}:1"),
+            slot: 0,
         }
     }
 

@@ -36,10 +36,10 @@ use std::collections::HashMap;
 
 /// One node of the cluster directory (membership; changes rarely).
 ///
-/// On the wire as a five-element array `[node_id, rack, cpu_millis, memory_mib, app_endpoint]`
-/// (cluster protocol 7, issue 17), not a map with named fields: whole directories and deltas are
-/// made of entries, and at 5,000 nodes a join storm sends every entry to every node; as named
-/// maps an entry took ~107 bytes, as an array it takes the values and 1 byte.
+/// On the wire as a six-element array `[node_id, rack, cpu_millis, memory_mib, app_endpoint,
+/// slot]` (cluster protocol 8, issue 17), not a map with named fields: whole directories and
+/// deltas are made of entries, and at 5,000 nodes a join storm sends every entry to every node;
+/// as named maps an entry took ~107 bytes, as an array it takes the values and 1 byte.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeDirectoryEntry {
     pub node_id: NodeId,
@@ -47,6 +47,11 @@ pub struct NodeDirectoryEntry {
     pub capacity: Resources,
     /// `host:port` where applications reach this node's worker.
     pub app_endpoint: String,
+    /// The node's slot: a small number the coordinator gives it at join, unique among the
+    /// nodes of a directory version, by which the top-k names it on the wire
+    /// ([`ClusterView::top_k_slots`]). [`crate::coordinator::CoordinatorState::join`] sets it;
+    /// what a joining caller puts here is replaced.
+    pub slot: u32,
 }
 
 impl Serialize for NodeDirectoryEntry {
@@ -57,6 +62,7 @@ impl Serialize for NodeDirectoryEntry {
             self.capacity.cpu_millis,
             self.capacity.memory_mib,
             &self.app_endpoint,
+            self.slot,
         )
             .serialize(s)
     }
@@ -64,13 +70,14 @@ impl Serialize for NodeDirectoryEntry {
 
 impl<'de> Deserialize<'de> for NodeDirectoryEntry {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NodeDirectoryEntry, D::Error> {
-        let (node_id, rack, cpu_millis, memory_mib, app_endpoint) =
-            <(NodeId, String, u64, u64, String)>::deserialize(d)?;
+        let (node_id, rack, cpu_millis, memory_mib, app_endpoint, slot) =
+            <(NodeId, String, u64, u64, String, u32)>::deserialize(d)?;
         Ok(NodeDirectoryEntry {
             node_id,
             rack,
             capacity: Resources::new(cpu_millis, memory_mib),
             app_endpoint,
+            slot,
         })
     }
 }
@@ -79,6 +86,16 @@ impl<'de> Deserialize<'de> for NodeDirectoryEntry {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeLoad {
     pub node_id: NodeId,
+    /// R = Tq + Tr + Tl in ms.
+    pub queue_delay_ms: f64,
+}
+
+/// A top-k entry as it crosses the wire: the node by its directory slot
+/// ([`NodeDirectoryEntry::slot`]), resolved to its name by the receiving scheduler
+/// ([`DistributedScheduler::update_view`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlotLoad {
+    pub slot: u32,
     /// R = Tq + Tr + Tl in ms.
     pub queue_delay_ms: f64,
 }
@@ -100,25 +117,32 @@ pub struct ClusterView {
     /// The changes since the version the worker reported, when those are sent instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<DirectoryDelta>,
-    /// Nodes of least queue delay, ascending (at most the coordinator's k). On the wire as
-    /// two columns ([`top_k_columns`], cluster protocol 6).
-    #[serde(with = "top_k_columns")]
+    /// Nodes of least queue delay, ascending (at most the coordinator's k), by name: how a view
+    /// is handed over in-process (the simulator, tests). Never on the wire.
+    #[serde(skip)]
     pub top_k: Vec<NodeLoad>,
+    /// The same list as it crosses the wire: each node by its directory slot, as two columns
+    /// ([`top_k_columns`], cluster protocol 8). A node's name is ~16 bytes at 10,000 nodes and
+    /// its slot 3, and the list goes with every heartbeat answer (issue 17). When it is not
+    /// empty the scheduler takes it instead of `top_k`, resolving each slot in its directory
+    /// at the view's version.
+    #[serde(rename = "top_k", with = "top_k_columns")]
+    pub top_k_slots: Vec<SlotLoad>,
 }
 
-/// The top-k list on the wire as two columns, `{node_ids: [..], queue_delays_ms: [..]}`, instead
-/// of one `{node_id, queue_delay_ms}` map per entry (cluster protocol 6, issue 17): the list is
-/// sent with every heartbeat answer and was 94 % of its bytes, about 45 bytes per entry with the
-/// field names repeated; as columns it is the id and a 5-byte 32-bit float (protocol 7; a 64-bit
-/// one is read too). Columns of different lengths are refused.
+/// The top-k list on the wire as two columns, `{node_slots: [..], queue_delays_ms: [..]}`,
+/// instead of one `{node_id, queue_delay_ms}` map per entry (cluster protocol 6, issue 17): the
+/// list is sent with every heartbeat answer and was 94 % of its bytes, about 45 bytes per entry
+/// with the field names repeated. Protocol 7 made the delays 5-byte 32-bit floats (a 64-bit one
+/// is read too); protocol 8 names each node by its directory slot (1–5 bytes) instead of its id
+/// (~17 bytes at 10,000 nodes). Columns of different lengths are refused.
 pub mod top_k_columns {
-    use super::NodeLoad;
-    use crate::NodeId;
+    use super::SlotLoad;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     #[derive(Serialize)]
-    struct ColumnsRef<'a> {
-        node_ids: Vec<&'a NodeId>,
+    struct ColumnsRef {
+        node_slots: Vec<u32>,
         /// 32-bit floats on the wire (protocol 7): 5 bytes instead of 9 an entry, and still
         /// a tenth of a millisecond at a quarter of an hour of queue delay.
         queue_delays_ms: Vec<f32>,
@@ -126,35 +150,35 @@ pub mod top_k_columns {
 
     #[derive(Deserialize)]
     struct Columns {
-        node_ids: Vec<NodeId>,
+        node_slots: Vec<u32>,
         queue_delays_ms: Vec<f64>,
     }
 
-    pub fn serialize<S: Serializer>(top_k: &[NodeLoad], s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(top_k: &[SlotLoad], s: S) -> Result<S::Ok, S::Error> {
         ColumnsRef {
-            node_ids: top_k.iter().map(|l| &l.node_id).collect(),
+            node_slots: top_k.iter().map(|l| l.slot).collect(),
             queue_delays_ms: top_k.iter().map(|l| l.queue_delay_ms as f32).collect(),
         }
         .serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<NodeLoad>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SlotLoad>, D::Error> {
         let Columns {
-            node_ids,
+            node_slots,
             queue_delays_ms,
         } = Columns::deserialize(d)?;
-        if node_ids.len() != queue_delays_ms.len() {
+        if node_slots.len() != queue_delays_ms.len() {
             return Err(serde::de::Error::custom(format!(
-                "top_k has {} node ids but {} queue delays",
-                node_ids.len(),
+                "top_k has {} node slots but {} queue delays",
+                node_slots.len(),
                 queue_delays_ms.len()
             )));
         }
-        Ok(node_ids
+        Ok(node_slots
             .into_iter()
             .zip(queue_delays_ms)
-            .map(|(node_id, queue_delay_ms)| NodeLoad {
-                node_id,
+            .map(|(slot, queue_delay_ms)| SlotLoad {
+                slot,
                 queue_delay_ms,
             })
             .collect())
@@ -225,12 +249,43 @@ pub fn replacement_wait_bound_ms(
     k: usize,
     round_interval_ms: u64,
 ) -> Option<f64> {
-    let kth = top_k
-        .iter()
-        .filter(|l| &l.node_id != this_node)
-        .take(k.max(1))
-        .last()?;
-    Some(kth.queue_delay_ms.max(0.0) + round_interval_ms as f64)
+    kth_other_bound_ms(
+        top_k
+            .iter()
+            .filter(|l| &l.node_id != this_node)
+            .map(|l| l.queue_delay_ms),
+        k,
+        round_interval_ms,
+    )
+}
+
+/// [`replacement_wait_bound_ms`] over the list as it arrives on the wire, before a scheduler
+/// resolves its slots: `this_slot` is the returning node's own slot (its directory entry's;
+/// `None` if unknown, then every entry counts as another node).
+pub fn replacement_wait_bound_ms_by_slot(
+    top_k: &[SlotLoad],
+    this_slot: Option<u32>,
+    k: usize,
+    round_interval_ms: u64,
+) -> Option<f64> {
+    kth_other_bound_ms(
+        top_k
+            .iter()
+            .filter(|l| Some(l.slot) != this_slot)
+            .map(|l| l.queue_delay_ms),
+        k,
+        round_interval_ms,
+    )
+}
+
+/// The `k`-th of the other nodes' R (ascending), plus one round interval.
+fn kth_other_bound_ms(
+    others_ms: impl Iterator<Item = f64>,
+    k: usize,
+    round_interval_ms: u64,
+) -> Option<f64> {
+    let kth = others_ms.take(k.max(1)).last()?;
+    Some(kth.max(0.0) + round_interval_ms as f64)
 }
 
 impl Default for DistributedSchedulerConfig {
@@ -310,6 +365,8 @@ pub struct DistributedScheduler {
     minter: ContainerIdMinter,
     view: ClusterView,
     directory_index: HashMap<NodeId, usize, NameBuildHasher>,
+    /// Directory position by node slot, to read a top-k that names nodes by slot.
+    slot_index: HashMap<u32, usize>,
     /// Directory index of each top-k entry (`None` if not in the directory), so placement does
     /// not hash node names per candidate.
     top_k_index: Vec<Option<usize>>,
@@ -344,6 +401,7 @@ impl DistributedScheduler {
             minter: ContainerIdMinter::new(issuer),
             view: ClusterView::default(),
             directory_index: HashMap::default(),
+            slot_index: HashMap::new(),
             top_k_index: Vec::new(),
             estimated_ms: Vec::new(),
             avoided: Vec::new(),
@@ -396,6 +454,7 @@ impl DistributedScheduler {
             directory,
             delta,
             top_k,
+            top_k_slots,
         } = view;
         let update = match delta {
             Some(delta) => {
@@ -416,8 +475,34 @@ impl DistributedScheduler {
             }
             None => DirectoryUpdate::Unchanged,
         };
-        self.update_top_k(top_k);
+        if top_k_slots.is_empty() {
+            self.update_top_k(top_k);
+        } else if self.view.directory_version == directory_version {
+            let named = self.named_top_k(&top_k_slots);
+            self.update_top_k(named);
+        }
+        // Else the slots are of a directory version this scheduler does not hold (a delta it
+        // ignored): resolved in its own directory they could name a node that left, whose slot
+        // another node took since. The previous list stays until a view it can read.
         update
+    }
+
+    /// The top-k by name: each slot's node in this scheduler's directory, which is at the view's
+    /// version. A slot no entry holds is left out: the coordinator puts a node in the top-k as
+    /// soon as it joins, before the next version's delta brings its entry. (Not a node that
+    /// left: the coordinator gives a slot again only after the version announcing its previous
+    /// node's departure, [`crate::coordinator::CoordinatorState::remove_node`].)
+    fn named_top_k(&self, top_k: &[SlotLoad]) -> Vec<NodeLoad> {
+        top_k
+            .iter()
+            .filter_map(|l| {
+                let &i = self.slot_index.get(&l.slot)?;
+                Some(NodeLoad {
+                    node_id: self.view.directory[i].node_id.clone(),
+                    queue_delay_ms: l.queue_delay_ms,
+                })
+            })
+            .collect()
     }
 
     /// A whole directory in name order, one entry per node: the last one sent (a join answer
@@ -466,6 +551,13 @@ impl DistributedScheduler {
             .iter()
             .enumerate()
             .map(|(i, n)| (n.node_id.clone(), i))
+            .collect();
+        self.slot_index = self
+            .view
+            .directory
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.slot, i))
             .collect();
         self.reindex_capacities();
     }

@@ -25,6 +25,7 @@ fn entry(i: usize, generation: u64) -> NodeDirectoryEntry {
         // A re-join may come back with another capacity: the delta must carry the new entry.
         capacity: Resources::new(1000 * (1 + generation % 4), 4096),
         app_endpoint: format!("10.0.0.{i}:{}", 7000 + generation),
+        slot: i as u32,
     }
 }
 
@@ -755,5 +756,94 @@ fn a_nodes_key_goes_once_however_often_it_reenters_the_top_k() {
         keys_per_round[24..].iter().sum::<usize>(),
         2,
         "{keys_per_round:?}"
+    );
+}
+
+/// Cluster protocol 8: the top-k crosses the wire by node slot, and a scheduler resolves the
+/// slots in its directory at the view's version. Under joins, re-joins and departures between
+/// any two answers (a departed node's slot taken by a new one in the same round included), every
+/// node a scheduler resolves is joined and holds that slot, and the resolved list is the
+/// round's top-k less the nodes whose entries the scheduler has not been sent yet, in order.
+#[test]
+fn a_top_k_sent_by_slot_resolves_only_to_joined_nodes_in_the_rounds_order() {
+    use scheduler_core::codec::{from_payload, to_payload};
+    use scheduler_core::distributed::ClusterView;
+    let mut resolved_entries = 0usize;
+    for seed in 0..16u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut c = coordinator_with_top_k(8);
+        let mut now = Time::ZERO;
+        let mut generation = vec![0u64; 40];
+        for (i, g) in generation.iter().enumerate().take(12) {
+            c.join(now, entry(i, *g));
+        }
+        let mut workers: Vec<Worker> = (100..103)
+            .map(|i| Worker::join(&mut c, now, entry(i, 0)))
+            .collect();
+        c.round(now, ROUND, &mut rng);
+        for step in 0..600u64 {
+            match rng.random_range(0..10u32) {
+                // Departures and joins land between answers, mid-round as on a live coordinator.
+                0 | 1 => {
+                    let i = rng.random_range(0..40usize);
+                    let node = NodeId::new(format!("n{i:03}"));
+                    if c.node(&node).is_some() {
+                        c.remove_node(&node);
+                    }
+                }
+                2 | 3 => {
+                    let i = rng.random_range(0..40usize);
+                    generation[i] += 1;
+                    c.join(now, entry(i, generation[i]));
+                }
+                4 => {
+                    now = Time::from_millis(now.as_millis() + 1000);
+                    c.round(now, ROUND, &mut rng);
+                }
+                _ => {
+                    let w = &mut workers[(step % 3) as usize];
+                    let known = w.version();
+                    let mut answer = c.node_view(&w.node, known, Vec::new());
+                    answer.view.top_k_slots = c.aggregate_round().top_k_on_wire();
+                    // Through the wire: names are not sent, slots are.
+                    answer.view =
+                        from_payload::<ClusterView>(&to_payload(&answer.view).unwrap()).unwrap();
+                    assert!(answer.view.top_k.is_empty());
+                    w.apply(answer);
+                    let resolved = &w.scheduler.view().top_k;
+                    for l in resolved {
+                        assert!(
+                            c.node(&l.node_id).is_some(),
+                            "seed {seed} step {step}: {} has left",
+                            l.node_id
+                        );
+                    }
+                    // The round's entries whose node the scheduler's directory holds at that
+                    // slot (a node that left and joined again mid-round has a new slot, and is
+                    // left out until the next version brings its entry).
+                    let round = c.aggregate_round();
+                    let expected: Vec<&NodeId> = round
+                        .top_k
+                        .iter()
+                        .zip(round.top_k_on_wire())
+                        .filter(|(l, s)| {
+                            w.scheduler
+                                .view()
+                                .directory
+                                .iter()
+                                .any(|e| e.node_id == l.node_id && e.slot == s.slot)
+                        })
+                        .map(|(l, _)| &l.node_id)
+                        .collect();
+                    let names: Vec<&NodeId> = resolved.iter().map(|l| &l.node_id).collect();
+                    assert_eq!(names, expected, "seed {seed} step {step}");
+                    resolved_entries += resolved.len();
+                }
+            }
+        }
+    }
+    assert!(
+        resolved_entries > 1000,
+        "{resolved_entries} entries resolved"
     );
 }

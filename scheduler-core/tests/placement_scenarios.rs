@@ -25,6 +25,7 @@ fn node(i: usize, rack: usize) -> NodeDirectoryEntry {
         rack: format!("r{rack}"),
         capacity: Resources::new(4000, 8192),
         app_endpoint: format!("10.0.0.{i}:7000"),
+        slot: i as u32,
     }
 }
 
@@ -577,16 +578,18 @@ fn an_unreachable_node_gets_no_new_work_until_it_is_removed_or_joins() {
 /// entry, then its current one appended): the scheduler keeps the last, in name order.
 #[test]
 fn a_whole_directory_naming_a_node_twice_keeps_the_last_entry_in_name_order() {
-    use scheduler_core::distributed::{ClusterView, DirectoryUpdate, NodeLoad};
+    use scheduler_core::distributed::{ClusterView, DirectoryUpdate, SlotLoad};
     let mut ds = DistributedScheduler::new(DistributedSchedulerConfig::default(), 5);
     let mut current = node(1, 0);
     current.app_endpoint = "10.9.9.9:7000".into();
+    // As it comes off the wire: the top-k names n1 by its slot.
     let update = ds.update_view(ClusterView {
         directory_version: 3,
         directory: vec![node(1, 0), node(2, 0), node(3, 0), current.clone()],
         delta: None,
-        top_k: vec![NodeLoad {
-            node_id: NodeId::new("n1"),
+        top_k: Vec::new(),
+        top_k_slots: vec![SlotLoad {
+            slot: current.slot,
             queue_delay_ms: 0.0,
         }],
     });
@@ -600,4 +603,93 @@ fn a_whole_directory_naming_a_node_twice_keeps_the_last_entry_in_name_order() {
         .place(0, &ask(1, None), &QueueableQuota::default(), &mut rng)
         .unwrap();
     assert_eq!(out.placed[0].node_endpoint, "10.9.9.9:7000");
+}
+
+/// A top-k off the wire names nodes by slot: the scheduler reads each slot in its directory
+/// once that is at the view's version, leaves out a slot no entry holds (a node that joined this
+/// round, its entry not sent yet), and keeps its previous list when it ignored the view's delta
+/// (its directory is then at another version, where a slot may have been another node's).
+#[test]
+fn a_top_k_by_slot_is_read_in_the_directory_at_the_views_version() {
+    use scheduler_core::distributed::{ClusterView, DirectoryDelta, DirectoryUpdate, SlotLoad};
+    let by_slot = |pairs: &[(u32, f64)]| -> Vec<SlotLoad> {
+        pairs
+            .iter()
+            .map(|&(slot, queue_delay_ms)| SlotLoad {
+                slot,
+                queue_delay_ms,
+            })
+            .collect()
+    };
+    let names = |ds: &DistributedScheduler| -> Vec<(String, f64)> {
+        ds.view()
+            .top_k
+            .iter()
+            .map(|l| (l.node_id.to_string(), l.queue_delay_ms))
+            .collect()
+    };
+    let mut ds = DistributedScheduler::new(DistributedSchedulerConfig::default(), 5);
+    let update = ds.update_view(ClusterView {
+        directory_version: 4,
+        directory: vec![node(1, 0), node(2, 0), node(3, 0)],
+        delta: None,
+        top_k: Vec::new(),
+        top_k_slots: by_slot(&[(3, 0.0), (9, 1.0), (1, 2.5)]),
+    });
+    assert_eq!(update, DirectoryUpdate::Replaced);
+    assert_eq!(
+        names(&ds),
+        [("n3".to_string(), 0.0), ("n1".to_string(), 2.5)],
+        "slot 9 has no entry yet"
+    );
+    // A delta from a version after this scheduler's is ignored, and so is its list: in the
+    // delta's version slot 3 could be a new node's.
+    let update = ds.update_view(ClusterView {
+        directory_version: 7,
+        directory: Vec::new(),
+        delta: Some(DirectoryDelta {
+            from_version: 6,
+            joined: vec![node(9, 1)],
+            left: vec![NodeId::new("n3")],
+        }),
+        top_k: Vec::new(),
+        top_k_slots: by_slot(&[(9, 0.0), (3, 1.0)]),
+    });
+    assert_eq!(update, DirectoryUpdate::Ignored);
+    assert_eq!(
+        names(&ds),
+        [("n3".to_string(), 0.0), ("n1".to_string(), 2.5)],
+        "the previous list stays"
+    );
+    // The delta from its own version: n9 joined with slot 9, n3 left; the list follows.
+    let update = ds.update_view(ClusterView {
+        directory_version: 5,
+        directory: Vec::new(),
+        delta: Some(DirectoryDelta {
+            from_version: 4,
+            joined: vec![node(9, 1)],
+            left: vec![NodeId::new("n3")],
+        }),
+        top_k: Vec::new(),
+        top_k_slots: by_slot(&[(9, 0.0), (3, 1.0), (2, 4.0)]),
+    });
+    assert!(matches!(update, DirectoryUpdate::Patched { .. }));
+    assert_eq!(
+        names(&ds),
+        [("n9".to_string(), 0.0), ("n2".to_string(), 4.0)],
+        "slot 3 left with n3"
+    );
+    // Placement uses the resolved list.
+    let mut rng = StdRng::seed_from_u64(1);
+    let out = ds
+        .place(0, &ask(2, None), &QueueableQuota::default(), &mut rng)
+        .expect("nodes in the view");
+    assert!(!out.placed.is_empty());
+    assert!(
+        out.placed
+            .iter()
+            .all(|p| ["n2", "n9"].contains(&p.node_id.as_str())),
+        "{:?}",
+        out.placed
+    );
 }

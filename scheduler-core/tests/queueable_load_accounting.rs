@@ -24,6 +24,7 @@ fn entry(i: usize) -> NodeDirectoryEntry {
         rack: format!("r{}", i / 4),
         capacity: NODE_CAPACITY,
         app_endpoint: format!("10.0.0.{i}:7000"),
+        slot: i as u32,
     }
 }
 

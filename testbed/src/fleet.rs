@@ -1062,6 +1062,7 @@ mod tests {
             rack: "r".into(),
             capacity: Resources::new(4000, 4096),
             app_endpoint: format!("127.0.0.1:{}", 30000 + i),
+            slot: i as u32,
         };
         let ack = |directory, delta| {
             CoordinatorToWorker::HeartbeatAck(HeartbeatAck {
@@ -1070,6 +1071,7 @@ mod tests {
                     directory,
                     delta,
                     top_k: Vec::new(),
+                    top_k_slots: Vec::new(),
                 },
                 shedding_threshold_ms: None,
                 queueable_limit: Resources::new(1, 1),

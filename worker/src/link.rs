@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
-use scheduler_core::distributed::replacement_wait_bound_ms;
+use scheduler_core::distributed::replacement_wait_bound_ms_by_slot;
 use scheduler_core::liveness::{
     DEFAULT_LINK_TIMEOUT_HEARTBEATS, JOIN_TIMEOUT, LinkLiveness, REJOIN_BACKOFF_START,
     next_rejoin_backoff,
@@ -100,9 +100,10 @@ pub struct Link {
     /// The coordinator's hints and commands on their way to the node thread
     /// ([`crate::link_queues`]): at its bound the session stops reading the coordinator.
     pub inbox: Arc<NodeInbox>,
-    /// The k this worker's scheduler places among and the coordinator's round interval, as of
-    /// the session's join and the answers since: what the node's re-placement bound is made of
-    /// ([`scheduler_core::distributed::replacement_wait_bound_ms`]).
+    /// The k this worker's scheduler places among, the coordinator's round interval and this
+    /// node's slot, as of the session's join and the answers since: what the node's
+    /// re-placement bound is made of
+    /// ([`scheduler_core::distributed::replacement_wait_bound_ms_by_slot`]).
     pub placement_settings: PlacementSettings,
 }
 
@@ -111,6 +112,9 @@ pub struct Link {
 pub struct PlacementSettings {
     pub top_k: usize,
     pub round_interval_ms: u64,
+    /// This node's slot in the session's directory (the top-k names nodes by slot); kept for
+    /// the session, since a node keeps its slot while it is joined.
+    pub own_slot: Option<u32>,
 }
 
 /// Why a session ended.
@@ -258,9 +262,19 @@ impl Link {
     }
 
     fn on_joined(&mut self, acc: JoinAccepted) {
+        // The join answer's whole directory holds this node's entry (appended last when the
+        // shared directory predates the join).
+        let own_slot = acc
+            .view
+            .directory
+            .iter()
+            .rev()
+            .find(|e| e.node_id == self.identity.node_id)
+            .map(|e| e.slot);
         self.placement_settings = PlacementSettings {
             top_k: acc.settings.top_k,
             round_interval_ms: acc.settings.heartbeat_interval_ms,
+            own_slot,
         };
         info!(
             issuer = acc.issuer,
@@ -291,9 +305,9 @@ impl Link {
                 if let Some(k) = ack.top_k {
                     self.placement_settings.top_k = k;
                 }
-                let replacement_bound_ms = replacement_wait_bound_ms(
-                    &ack.view.top_k,
-                    &self.identity.node_id,
+                let replacement_bound_ms = replacement_wait_bound_ms_by_slot(
+                    &ack.view.top_k_slots,
+                    self.placement_settings.own_slot,
                     self.placement_settings.top_k,
                     self.placement_settings.round_interval_ms,
                 );

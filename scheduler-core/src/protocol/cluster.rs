@@ -26,8 +26,10 @@ use serde::{Deserialize, Serialize};
 /// (`coordinator::NodeView`), and the top-k as two columns (`distributed::top_k_columns`).
 /// 7 (issue 17): the QUEUEABLE keys as columns with raw 32-byte secrets ([`issuer_key_columns`]),
 /// directory entries as arrays (`distributed::NodeDirectoryEntry`), and the top-k's queue delays
-/// as 32-bit floats.
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 7;
+/// as 32-bit floats. 8 (issue 17): each directory entry carries its node's slot, and the top-k
+/// names nodes by slot instead of by id (`distributed::SlotLoad`; the scheduler resolves them
+/// in its directory at the view's version).
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 8;
 
 /// A list of QUEUEABLE keys on the wire as three columns (cluster protocol 7, issue 17):
 /// `{node_ids: [..], node_epochs: [..], secrets: bin}`, `secrets` being the 32 raw bytes of each
@@ -562,8 +564,8 @@ pub struct ResizeContainer {
     pub resources: Resources,
 }
 
-/// A round's top-k list encoded once, as [`ClusterView::top_k`] is on the wire (a msgpack array
-/// of named-field maps), to be shared by every heartbeat answer of the round (issue 17: the list
+/// A round's top-k list encoded once, as [`ClusterView::top_k_slots`] is on the wire (two
+/// columns, [`crate::distributed::top_k_columns`]), to be shared by every heartbeat answer of the round (issue 17: the list
 /// is the same for all nodes until the next round, and at `view_size(50)` = 200 entries it is
 /// most of an answer's bytes; encoding it per heartbeat was most of the coordinator's encoding
 /// work).
@@ -573,7 +575,7 @@ pub struct EncodedTopK {
 }
 
 impl EncodedTopK {
-    pub fn encode(top_k: &[crate::distributed::NodeLoad]) -> Result<EncodedTopK, CodecError> {
+    pub fn encode(top_k: &[crate::distributed::SlotLoad]) -> Result<EncodedTopK, CodecError> {
         let mut bytes = Vec::new();
         let mut ser = rmp_serde::Serializer::new(&mut bytes).with_struct_map();
         crate::distributed::top_k_columns::serialize(top_k, &mut ser)
@@ -739,6 +741,7 @@ fn write_heartbeat_ack(
         directory,
         delta,
         top_k: _,
+        top_k_slots: _,
     } = view;
     // fixmap headers: at most 15 entries each (10 and 4 here).
     let ack_fields = 9 + u8::from(top_k.is_some());
@@ -826,7 +829,8 @@ fn write_join_accepted(
         directory_version,
         directory: _,
         delta: _,
-        top_k,
+        top_k: _,
+        top_k_slots,
     } = view;
     let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
     // fixmap headers: 10 entries (the tag and nine fields), 3 in the view (no delta).
@@ -846,7 +850,7 @@ fn write_join_accepted(
     "directory".serialize(&mut ser)?;
     membership.write_directory(ser.get_mut());
     "top_k".serialize(&mut ser)?;
-    crate::distributed::top_k_columns::serialize(top_k, &mut ser)?;
+    crate::distributed::top_k_columns::serialize(top_k_slots, &mut ser)?;
     field(&mut ser, "lost_containers", lost_containers)?;
     Ok(())
 }
@@ -856,13 +860,13 @@ mod shared_top_k_tests {
     use super::*;
     use crate::codec::{CLUSTER_MAX_FRAME, LENGTH_PREFIX, encode_frame, from_payload};
     use crate::coordinator::NoticeKind;
-    use crate::distributed::{DirectoryDelta, NodeDirectoryEntry, NodeLoad};
+    use crate::distributed::{DirectoryDelta, NodeDirectoryEntry, SlotLoad};
     use crate::quota::AppOutstanding;
 
-    fn top_k(n: usize) -> Vec<NodeLoad> {
+    fn top_k(n: usize) -> Vec<SlotLoad> {
         (0..n)
-            .map(|i| NodeLoad {
-                node_id: NodeId::new(format!("node-{i:05}")),
+            .map(|i| SlotLoad {
+                slot: i as u32 * 97,
                 queue_delay_ms: i as f64 * 1.5,
             })
             .collect()
@@ -874,6 +878,7 @@ mod shared_top_k_tests {
             rack: format!("rack-{}", i % 3),
             capacity: Resources::new(4000, 4096),
             app_endpoint: format!("127.0.0.1:{}", 20000 + i),
+            slot: i as u32,
         }
     }
 
@@ -887,6 +892,7 @@ mod shared_top_k_tests {
                 directory: Vec::new(),
                 delta: None,
                 top_k: Vec::new(),
+                top_k_slots: Vec::new(),
             },
             shedding_threshold_ms: None,
             queueable_limit: Resources::new(1000, 512),
@@ -937,7 +943,7 @@ mod shared_top_k_tests {
             let list = top_k(n);
             let shared = EncodedTopK::encode(&list).unwrap();
             let mut with_list = ack.clone();
-            with_list.view.top_k = list;
+            with_list.view.top_k_slots = list;
             let frame = CoordinatorToWorker::HeartbeatAck(with_list);
             let derived = encode_frame(&frame, CLUSTER_MAX_FRAME).unwrap();
             let mut out = b"before".to_vec();
@@ -965,7 +971,7 @@ mod shared_top_k_tests {
             // A whole directory with the receiving node's entry appended; a delta unchanged.
             let own = entry(99);
             let mut with_own = ack.clone();
-            with_own.view.top_k = top_k(n);
+            with_own.view.top_k_slots = top_k(n);
             if ack.view.delta.is_none() {
                 with_own.view.directory.push(own.clone());
             }
@@ -1038,7 +1044,8 @@ mod shared_top_k_tests {
                 directory_version: 9,
                 directory,
                 delta: None,
-                top_k: top_k(3),
+                top_k: Vec::new(),
+                top_k_slots: top_k(3),
             },
             lost_containers: lost,
         };
@@ -1049,6 +1056,7 @@ mod shared_top_k_tests {
                 directory: shared.clone(),
                 delta: None,
                 top_k: Vec::new(),
+                top_k_slots: Vec::new(),
             })
             .unwrap();
             assert_eq!(membership.directory_len(), n);
@@ -1094,28 +1102,59 @@ mod shared_top_k_tests {
         assert_eq!(out, b"kept");
     }
 
-    /// Protocol 6: the top-k goes as two columns, decodes back to the same list, takes under
-    /// half the bytes of one named map per entry, and columns of unequal length are refused.
+    /// Protocol 8: the top-k goes as two columns, slots and delays, decodes back to the same
+    /// list, takes under half the bytes of protocol 7's columns of node names (at 10,000 nodes'
+    /// names and slots), and columns of unequal length are refused.
     #[test]
-    fn the_top_k_goes_as_two_columns_and_unequal_columns_are_refused() {
+    fn the_top_k_goes_as_slot_and_delay_columns_and_unequal_columns_are_refused() {
         let list = top_k(200);
         let view = ClusterView {
             directory_version: 3,
             directory: Vec::new(),
             delta: None,
-            top_k: list.clone(),
+            top_k: Vec::new(),
+            top_k_slots: list.clone(),
         };
         let bytes = crate::codec::to_payload(&view).unwrap();
         let back: ClusterView = from_payload(&bytes).unwrap();
         assert_eq!(back, view);
         let columns = EncodedTopK::encode(&list).unwrap();
-        let per_entry = crate::codec::to_payload(&list).unwrap();
+        // What protocol 7 sent for the same list: the names of nodes of a 10,000-node fleet.
+        #[derive(Serialize)]
+        struct NamedColumns {
+            node_ids: Vec<NodeId>,
+            queue_delays_ms: Vec<f32>,
+        }
+        let named = crate::codec::to_payload(&NamedColumns {
+            node_ids: list
+                .iter()
+                .map(|l| NodeId::new(format!("fleet-node-{:05}", l.slot)))
+                .collect(),
+            queue_delays_ms: list.iter().map(|l| l.queue_delay_ms as f32).collect(),
+        })
+        .unwrap();
         assert!(
-            columns.bytes().len() * 2 < per_entry.len(),
-            "{} bytes as columns, {} as maps",
+            columns.bytes().len() * 2 < named.len(),
+            "{} bytes by slot, {} by name",
             columns.bytes().len(),
-            per_entry.len()
+            named.len()
         );
+        // A list sent by name (protocol 7) is not read as one by slot.
+        #[derive(Serialize)]
+        struct OldView {
+            directory_version: u64,
+            directory: Vec<NodeDirectoryEntry>,
+            top_k: NamedColumns,
+        }
+        let old = OldView {
+            directory_version: 3,
+            directory: Vec::new(),
+            top_k: NamedColumns {
+                node_ids: vec![NodeId::new("a")],
+                queue_delays_ms: vec![1.0],
+            },
+        };
+        assert!(from_payload::<ClusterView>(&crate::codec::to_payload(&old).unwrap()).is_err());
         #[derive(Serialize)]
         struct Lopsided {
             directory_version: u64,
@@ -1124,21 +1163,21 @@ mod shared_top_k_tests {
         }
         #[derive(Serialize)]
         struct Columns {
-            node_ids: Vec<NodeId>,
+            node_slots: Vec<u32>,
             queue_delays_ms: Vec<f64>,
         }
         let lopsided = Lopsided {
             directory_version: 3,
             directory: Vec::new(),
             top_k: Columns {
-                node_ids: vec![NodeId::new("a"), NodeId::new("b")],
+                node_slots: vec![4, 9],
                 queue_delays_ms: vec![1.0],
             },
         };
         let err =
             from_payload::<ClusterView>(&crate::codec::to_payload(&lopsided).unwrap()).unwrap_err();
         assert!(
-            err.to_string().contains("2 node ids but 1 queue delays"),
+            err.to_string().contains("2 node slots but 1 queue delays"),
             "{err}"
         );
     }
@@ -1205,7 +1244,7 @@ mod issuer_key_columns_tests {
         assert!(new * 2 < old, "{new} bytes as columns, {old} as maps");
     }
 
-    /// A directory entry is a five-element array: it comes back whole, takes under half of the
+    /// A directory entry is a six-element array: it comes back whole, takes under half of the
     /// named map it was, and an array of another length is refused.
     #[test]
     fn a_directory_entry_goes_as_an_array() {
@@ -1214,9 +1253,10 @@ mod issuer_key_columns_tests {
             rack: "rack-1".into(),
             capacity: Resources::new(4000, 8192),
             app_endpoint: "127.0.0.1:20042".into(),
+            slot: 42,
         };
         let bytes = to_payload(&entry).unwrap();
-        assert_eq!(bytes[0], 0x95, "a fixarray of 5");
+        assert_eq!(bytes[0], 0x96, "a fixarray of 6");
         // A frame's payload must be a map, so the entry alone is read with rmp directly.
         let read = |b: &[u8]| rmp_serde::from_slice::<NodeDirectoryEntry>(b);
         assert_eq!(read(&bytes).unwrap(), entry);
@@ -1242,6 +1282,9 @@ mod issuer_key_columns_tests {
         );
         let short = to_payload(&("node-1", "rack", 1u64, 2u64)).unwrap();
         assert!(read(&short).is_err());
+        // Protocol 7's entry, without the slot.
+        let no_slot = to_payload(&("node-1", "rack", 1u64, 2u64, "127.0.0.1:1")).unwrap();
+        assert!(read(&no_slot).is_err());
         assert!(read(&old).is_err());
     }
 

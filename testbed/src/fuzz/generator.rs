@@ -9,7 +9,7 @@
 
 use scheduler_core::codec::to_payload;
 use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
-use scheduler_core::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad};
+use scheduler_core::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, SlotLoad};
 use scheduler_core::node::{ContainerJob, ContainerStatus, Placement};
 use scheduler_core::protocol::app::{
     self, AcceptedState, Allocate, AppRequest, AppResponse, ContainerEvent, ContainerEventKind,
@@ -756,6 +756,7 @@ fn directory_entries(rng: &mut Rng) -> Vec<NodeDirectoryEntry> {
             rack: rng.word(),
             capacity: resources(rng),
             app_endpoint: rng.word(),
+            slot: rng.below(64) as u32,
         })
         .collect()
 }
@@ -771,9 +772,11 @@ fn view(rng: &mut Rng) -> ClusterView {
                 .map(|_| NodeId::from(rng.word()))
                 .collect(),
         }),
-        top_k: (0..rng.below(3))
-            .map(|_| NodeLoad {
-                node_id: NodeId::from(rng.word()),
+        // Names are not sent; the wire's list is by slot.
+        top_k: Vec::new(),
+        top_k_slots: (0..rng.below(3))
+            .map(|_| SlotLoad {
+                slot: rng.below(64) as u32,
                 queue_delay_ms: float(rng),
             })
             .collect(),

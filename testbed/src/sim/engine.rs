@@ -366,6 +366,7 @@ impl Simulation {
                     rack: rack.clone(),
                     capacity: config.node_capacity,
                     app_endpoint: format!("{id}:7500"),
+                    slot: i as u32,
                 },
             );
             if i == 0 {
@@ -785,6 +786,7 @@ impl Simulation {
             directory: self.directory.clone(),
             delta: None,
             top_k: self.rounds[node.view_round as usize % ROUND_RING].clone(),
+            top_k_slots: Vec::new(),
         });
         self.schedulers.push(HostedScheduler {
             scheduler,
