@@ -451,6 +451,37 @@ fn the_replacement_bound_is_the_kth_other_view_entry_plus_a_round() {
     assert_eq!(replacement_wait_bound_ms(&[], &n0, 50, 1_000), None);
 }
 
+/// The worker's link computes the same bound from the list as it arrives (by slot), skipping
+/// its own slot; without a slot of its own every entry counts as another node.
+#[test]
+fn the_replacement_bound_by_slot_is_the_bound_by_name() {
+    use scheduler_core::distributed::{SlotLoad, replacement_wait_bound_ms_by_slot};
+    let view: Vec<SlotLoad> = [(7, 1_000.0), (3, 3_000.0), (12, 9_000.0)]
+        .iter()
+        .map(|&(slot, queue_delay_ms)| SlotLoad {
+            slot,
+            queue_delay_ms,
+        })
+        .collect();
+    assert_eq!(
+        replacement_wait_bound_ms_by_slot(&view, None, 2, 3_000),
+        Some(6_000.0)
+    );
+    assert_eq!(
+        replacement_wait_bound_ms_by_slot(&view, Some(99), 50, 1_000),
+        Some(10_000.0)
+    );
+    // Slot 7 (the first entry) asking with k = 2 gets slot 12's R.
+    assert_eq!(
+        replacement_wait_bound_ms_by_slot(&view, Some(7), 2, 1_000),
+        Some(10_000.0)
+    );
+    assert_eq!(
+        replacement_wait_bound_ms_by_slot(&view[..1], Some(7), 50, 1_000),
+        None
+    );
+}
+
 #[test]
 fn policing_limit_caps_opportunistic_use_without_killing() {
     let mut s = Scenario::new(1000, 1000);
