@@ -819,11 +819,10 @@ impl CoordinatorState {
         let issuer_keys = secret
             .as_ref()
             .and_then(|s| s.issuer_keys_for(&dir.node_id).ok());
-        // A re-join keeps its slot; a new node takes a freed one or the next. Either way the
-        // slot's session is new: no scheduler holds its key yet.
-        // A node's slot ([`NodeDirectoryEntry::slot`]) is a small dense number, kept across its
-        // re-joins and given again after it leaves: what [`NodeEntry::keys_held`] marks and how
-        // the top-k names the node on the wire.
+        // A node's slot ([`NodeDirectoryEntry::slot`]) is a small dense number: what
+        // [`NodeEntry::keys_held`] marks and how the top-k names the node on the wire. A re-join
+        // keeps its slot; a new node takes a freed one or the next. Either way the slot's
+        // session is new: no scheduler holds its key yet.
         let (slot, reused) = match self.nodes.get(&dir.node_id) {
             Some(n) => (n.dir.slot, true),
             None => match self.free_slots.pop() {
