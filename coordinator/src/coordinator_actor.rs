@@ -614,7 +614,13 @@ impl CoordinatorActor {
         }));
     }
 
-    fn allocate_guaranteed(&mut self, session_id: SessionId, tx: WorkerTx, m: AllocateGuaranteed) {
+    fn allocate_guaranteed(
+        &mut self,
+        session_id: SessionId,
+        tx: WorkerTx,
+        m: AllocateGuaranteed,
+        received: std::time::Instant,
+    ) {
         if self.app(&m.app_id).is_none() {
             return Self::fail(
                 &tx,
@@ -627,6 +633,7 @@ impl CoordinatorActor {
         self.guarantor().do_send(Submit {
             session_id,
             tx,
+            received,
             correlation_id: m.correlation_id,
             ask: GuaranteedAsk {
                 ask_key: 0,
@@ -1091,6 +1098,9 @@ pub struct FromWorker {
     /// (dropped with the message): a worker cannot queue more than
     /// [`crate::session::WORKER_FRAMES_IN_FLIGHT`] frames ahead of the actor.
     pub in_flight: tokio::sync::OwnedSemaphorePermit,
+    /// When the session decoded the frame: the start of a GUARANTEED ask's time in the
+    /// coordinator (`coordinator_guaranteed_grant_seconds`).
+    pub received: std::time::Instant,
 }
 
 impl Handler<FromWorker> for CoordinatorActor {
@@ -1144,7 +1154,7 @@ impl Handler<FromWorker> for CoordinatorActor {
                 }
             }
             WorkerToCoordinator::AllocateGuaranteed(a) => {
-                self.allocate_guaranteed(m.session_id, tx, a)
+                self.allocate_guaranteed(m.session_id, tx, a, m.received)
             }
             WorkerToCoordinator::Promote(p) => self.promote(&node_id, tx, p),
             WorkerToCoordinator::Release(r) => self.release(tx, r),

@@ -47,6 +47,8 @@ struct AskRoute {
     session_id: SessionId,
     tx: WorkerTx,
     correlation_id: u64,
+    /// When the session decoded the ask; taken at its first grant.
+    received: Option<std::time::Instant>,
 }
 
 pub struct GuarantorActor {
@@ -290,9 +292,14 @@ impl GuarantorActor {
             entry.1 = p.remaining;
         }
         for (ask_key, (containers, remaining)) in by_ask {
-            let Some(route) = self.routes.get(&ask_key) else {
+            let Some(route) = self.routes.get_mut(&ask_key) else {
                 continue;
             };
+            if let Some(received) = route.received.take() {
+                self.metrics
+                    .guaranteed_grant_seconds
+                    .observe(received.elapsed().as_secs_f64());
+            }
             debug!(
                 correlation_id = route.correlation_id,
                 granted = containers.len(),
@@ -493,6 +500,8 @@ impl Actor for GuarantorActor {
 pub struct Submit {
     pub session_id: SessionId,
     pub tx: WorkerTx,
+    /// When the coordinator's session decoded the ask (observability only).
+    pub received: std::time::Instant,
     pub correlation_id: u64,
     pub ask: GuaranteedAsk,
     /// The app's reservation the job runs in (Morpheus §4), if any.
@@ -549,6 +558,7 @@ impl Handler<Submit> for GuarantorActor {
                         session_id: msg.session_id,
                         tx: msg.tx,
                         correlation_id: msg.correlation_id,
+                        received: Some(msg.received),
                     },
                 );
                 self.schedule();

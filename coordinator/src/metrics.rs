@@ -87,6 +87,10 @@ pub struct CoordinatorMetrics {
     /// 3σSched's live cycle: solve time, MILP size, waiting jobs, objective over LP bound,
     /// and finished SLO jobs by outcome.
     pub threesigma_cycle_seconds: Histogram,
+    /// From a GUARANTEED ask decoded off its worker's stream to its first grant queued for
+    /// that worker: the coordinator's share of the allocate latency (waits for capacity
+    /// included).
+    pub guaranteed_grant_seconds: Histogram,
     pub threesigma_columns: Gauge,
     pub threesigma_rows: Gauge,
     pub threesigma_pending_jobs: Gauge,
@@ -121,6 +125,10 @@ impl Default for CoordinatorMetrics {
             policing_limit: Family::default(),
             threesigma_cycle_seconds: Histogram::new([
                 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+            ]),
+            guaranteed_grant_seconds: Histogram::new([
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0,
             ]),
             threesigma_columns: Gauge::default(),
             threesigma_rows: Gauge::default(),
@@ -238,6 +246,11 @@ impl Default for CoordinatorMetrics {
             "coordinator_policing_limit",
             "QUEUEABLE policing limit of each node (capacity minus GUARANTEED bookings), by resource",
             m.policing_limit.clone(),
+        );
+        r.register(
+            "coordinator_guaranteed_grant_seconds",
+            "From a GUARANTEED ask decoded off its worker's stream to its first grant queued for that worker, seconds (waits for capacity included)",
+            m.guaranteed_grant_seconds.clone(),
         );
         r.register(
             "coordinator_threesigma_cycle_seconds",

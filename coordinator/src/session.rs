@@ -476,6 +476,7 @@ pub async fn serve_connection(
                     session_id,
                     msg,
                     in_flight,
+                    received: std::time::Instant::now(),
                 });
             }
         }

@@ -381,6 +381,7 @@ fn a_storm_of_rejoins_leaves_the_lost_set_in_one_write_per_tick() {
                         vec![containers[i as usize]],
                     ),
                     in_flight: permits.clone().try_acquire_owned().unwrap(),
+                    received: std::time::Instant::now(),
                 })
                 .await
                 .unwrap();

@@ -96,6 +96,13 @@ async fn metrics_count_joins_heartbeats_losses_and_bookings() {
     assert_eq!(v(&format!("coordinator_guaranteed_booked{a_mem}")), 1024.0);
     assert_eq!(v(&format!("coordinator_policing_limit{a_cpu}")), 3000.0);
     assert_eq!(v(&format!("coordinator_policing_limit{a_mem}")), 7168.0);
+    // The one GUARANTEED ask's time in the coordinator, decoded to granted.
+    assert_eq!(v("coordinator_guaranteed_grant_seconds_count"), 1.0);
+    assert!(v("coordinator_guaranteed_grant_seconds_sum") > 0.0);
+    assert_eq!(
+        v(r#"coordinator_guaranteed_grant_seconds_bucket{le="+Inf"}"#),
+        1.0
+    );
     // The reservation plan follows the nodes; nothing is reserved.
     assert_eq!(v("coordinator_reservations"), 0.0);
     assert_eq!(
