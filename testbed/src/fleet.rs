@@ -176,6 +176,20 @@ pub struct AllocateFigures {
     pub p50_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
+    /// The same asks' time inside the coordinator (decoded → first grant queued), from its
+    /// `coordinator_guaranteed_grant_seconds` histogram at the end; the rest of the latency
+    /// above is the transport and this driver.
+    pub in_coordinator: Option<HistogramFigures>,
+}
+
+/// A Prometheus histogram of seconds, read from a text exposition: its count and mean, and for
+/// p50 and p99 the upper bound of the bucket the quantile falls in.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct HistogramFigures {
+    pub count: u64,
+    pub mean_us: f64,
+    pub p50_at_most_us: f64,
+    pub p99_at_most_us: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -296,6 +310,12 @@ fn print_report(r: &FleetReport) {
         r.allocate.p99_us,
         r.allocate.max_us
     );
+    if let Some(h) = &r.allocate.in_coordinator {
+        println!(
+            "  of which inside the coordinator: {} asks, mean {:.0} µs, p50 ≤ {:.0} µs, p99 ≤ {:.0} µs",
+            h.count, h.mean_us, h.p50_at_most_us, h.p99_at_most_us
+        );
+    }
     println!(
         "QUIC per heartbeat: coordinator sent {:.1} datagrams ({:.0} bytes), received {:.1} ({:.0} bytes); nodes sent {:.2} ACK frames",
         r.quic.coordinator_datagrams_sent,
@@ -612,6 +632,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
             p50_us: hist.value_at_quantile(0.5),
             p99_us: hist.value_at_quantile(0.99),
             max_us: hist.max(),
+            in_coordinator: histogram(&metrics, "coordinator_guaranteed_grant_seconds"),
         },
         lost,
         coordinator_nodes_joined: metric(&metrics, "coordinator_nodes_joined_total"),
@@ -1038,9 +1059,70 @@ fn metric(text: &str, name: &str) -> Option<u64> {
     })
 }
 
+/// A histogram of seconds in a text exposition (`NAME_bucket{le="…"}`, `NAME_sum`,
+/// `NAME_count`), in µs; `None` when absent or empty.
+fn histogram(text: &str, name: &str) -> Option<HistogramFigures> {
+    let value = |series: &str| {
+        text.lines().find_map(|l| {
+            let (n, v) = l.split_once(' ')?;
+            (n == series).then(|| v.trim().parse::<f64>().ok())?
+        })
+    };
+    let count = value(&format!("{name}_count"))?;
+    let sum = value(&format!("{name}_sum"))?;
+    if count < 1.0 {
+        return None;
+    }
+    let prefix = format!("{name}_bucket{{le=\"");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (le, tail) = rest.split_once("\"}")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, tail.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let at_most = |q: f64| {
+        buckets
+            .iter()
+            .find(|(_, cumulative)| *cumulative >= q * count)
+            .map_or(f64::INFINITY, |(le, _)| le * 1e6)
+    };
+    Some(HistogramFigures {
+        count: count as u64,
+        mean_us: sum / count * 1e6,
+        p50_at_most_us: at_most(0.5),
+        p99_at_most_us: at_most(0.99),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The coordinator's grant histogram as the fleet reads it: count, mean, and the bucket
+    /// bounds its p50 and p99 fall in (the exposition of the 10,000-node run of 2026-11-28).
+    #[test]
+    fn a_histogram_is_read_from_the_exposition() {
+        let text = "# TYPE g histogram\ng_sum 0.21862477\ng_count 344\n\
+            g_bucket{le=\"0.0001\"} 61\ng_bucket{le=\"0.00025\"} 111\n\
+            g_bucket{le=\"0.0005\"} 174\ng_bucket{le=\"0.001\"} 263\n\
+            g_bucket{le=\"0.0025\"} 342\ng_bucket{le=\"0.005\"} 344\n\
+            g_bucket{le=\"+Inf\"} 344\n";
+        let h = histogram(text, "g").unwrap();
+        assert_eq!(h.count, 344);
+        assert!((h.mean_us - 635.5).abs() < 0.1, "{}", h.mean_us);
+        assert_eq!(h.p50_at_most_us, 500.0);
+        assert_eq!(h.p99_at_most_us, 2500.0);
+        assert_eq!(histogram(text, "other"), None);
+        assert_eq!(histogram("g_sum 0\ng_count 0\n", "g"), None);
+    }
 
     #[test]
     fn unlabelled_series_are_read_from_the_exposition() {
