@@ -1052,24 +1052,23 @@ fn scrape(addr: &str) -> anyhow::Result<String> {
 }
 
 /// The value of an unlabelled series in a text exposition.
-fn metric(text: &str, name: &str) -> Option<u64> {
+fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|l| {
         let (n, v) = l.split_once(' ')?;
-        (n == name).then(|| v.trim().parse::<f64>().ok().map(|v| v as u64))?
+        (n == name).then(|| v.trim().parse::<f64>().ok())?
     })
+}
+
+/// [`sample`] of a counter or gauge, as a whole number.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    sample(text, name).map(|v| v as u64)
 }
 
 /// A histogram of seconds in a text exposition (`NAME_bucket{le="…"}`, `NAME_sum`,
 /// `NAME_count`), in µs; `None` when absent or empty.
 fn histogram(text: &str, name: &str) -> Option<HistogramFigures> {
-    let value = |series: &str| {
-        text.lines().find_map(|l| {
-            let (n, v) = l.split_once(' ')?;
-            (n == series).then(|| v.trim().parse::<f64>().ok())?
-        })
-    };
-    let count = value(&format!("{name}_count"))?;
-    let sum = value(&format!("{name}_sum"))?;
+    let count = sample(text, &format!("{name}_count"))?;
+    let sum = sample(text, &format!("{name}_sum"))?;
     if count < 1.0 {
         return None;
     }
