@@ -166,6 +166,11 @@ pub struct QuicPerHeartbeat {
     /// ACK frames the nodes sent (each in a datagram of its own unless a heartbeat or a request
     /// carried it).
     pub node_ack_frames_sent: f64,
+    /// Keep-alive PING frames the nodes sent: each is a packet the coordinator must receive and
+    /// acknowledge, though the heartbeats already keep the connection alive.
+    pub node_ping_frames_sent: f64,
+    /// PING frames the coordinator sent.
+    pub coordinator_ping_frames_sent: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -241,6 +246,8 @@ struct QuicTotals {
     datagrams_tx: AtomicU64,
     bytes_tx: AtomicU64,
     ack_frames_tx: AtomicU64,
+    ping_frames_tx: AtomicU64,
+    ping_frames_rx: AtomicU64,
 }
 
 impl QuicTotals {
@@ -253,6 +260,10 @@ impl QuicTotals {
         self.bytes_tx.fetch_add(s.udp_tx.bytes, Ordering::Relaxed);
         self.ack_frames_tx
             .fetch_add(s.frame_tx.acks, Ordering::Relaxed);
+        self.ping_frames_tx
+            .fetch_add(s.frame_tx.ping, Ordering::Relaxed);
+        self.ping_frames_rx
+            .fetch_add(s.frame_rx.ping, Ordering::Relaxed);
         self.reported.fetch_add(1, Ordering::Release);
     }
 }
@@ -317,12 +328,14 @@ fn print_report(r: &FleetReport) {
         );
     }
     println!(
-        "QUIC per heartbeat: coordinator sent {:.1} datagrams ({:.0} bytes), received {:.1} ({:.0} bytes); nodes sent {:.2} ACK frames",
+        "QUIC per heartbeat: coordinator sent {:.1} datagrams ({:.0} bytes), received {:.1} ({:.0} bytes); nodes sent {:.2} ACK frames and {:.3} keep-alive PINGs, the coordinator {:.3} PINGs",
         r.quic.coordinator_datagrams_sent,
         r.quic.coordinator_bytes_sent,
         r.quic.coordinator_datagrams_received,
         r.quic.coordinator_bytes_received,
-        r.quic.node_ack_frames_sent
+        r.quic.node_ack_frames_sent,
+        r.quic.node_ping_frames_sent,
+        r.quic.coordinator_ping_frames_sent
     );
     println!(
         "lost: {} stopped, detected after {:?} ms (node timeout {} ms)",
@@ -539,6 +552,8 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
             coordinator_datagrams_received: per(&a.datagrams_tx, &b.datagrams_tx),
             coordinator_bytes_received: per(&a.bytes_tx, &b.bytes_tx),
             node_ack_frames_sent: per(&a.ack_frames_tx, &b.ack_frames_tx),
+            node_ping_frames_sent: per(&a.ping_frames_tx, &b.ping_frames_tx),
+            coordinator_ping_frames_sent: per(&a.ping_frames_rx, &b.ping_frames_rx),
         }
     };
     // Wait for the answers still on their way (bounded: a lost answer is reported as missing).

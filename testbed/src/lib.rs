@@ -16,6 +16,7 @@ pub mod load;
 pub mod local;
 pub mod partition;
 pub mod plan;
+pub mod quic_floor;
 pub mod reservations;
 pub mod sim;
 pub mod task;

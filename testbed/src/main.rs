@@ -54,6 +54,10 @@ enum Command {
     /// containers): its CPU per heartbeat, memory per node, GUARANTEED allocate latency and
     /// lost-node detection time.
     Fleet(testbed::fleet::FleetArgs),
+    /// The QUIC floor of `fleet`: an echo server that does nothing else, over the coordinator's
+    /// QUIC and TLS configuration, against as many connections sending heartbeat-sized requests;
+    /// its CPU per answer.
+    QuicFloor(testbed::quic_floor::QuicFloorArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -73,5 +77,6 @@ fn main() -> anyhow::Result<()> {
         Command::Fuzz(args) => testbed::fuzz::run(&args),
         Command::PartitionCheck(args) => testbed::partition::run(&args),
         Command::Fleet(args) => testbed::fleet::run(&args),
+        Command::QuicFloor(args) => testbed::quic_floor::run(&args),
     }
 }

@@ -43,3 +43,49 @@ fn the_coordinator_sees_every_fleet_node_and_declares_the_stopped_ones_lost() {
         report.delta_answers
     );
 }
+
+/// `testbed quic-floor`, the fleet's transport floor, run as a user runs it (the binary starts
+/// its echo server as a process of its own): every connection is answered in the window, and
+/// the server's CPU per answer is reported.
+#[test]
+fn the_quic_floor_answers_every_connection_and_reports_the_servers_cpu() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args([
+            "quic-floor",
+            "--nodes",
+            "20",
+            "--heartbeat-ms",
+            "100",
+            "--duration-s",
+            "1",
+            "--sessions-per-endpoint",
+            "8",
+            "--ready-timeout-s",
+            "60",
+            "--json",
+        ])
+        .output()
+        .expect("testbed runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["nodes"], 20);
+    assert!(report["answered"].as_u64().expect("answered") > 0);
+    assert!(report["server_cpu_s"].as_f64().expect("server_cpu_s") >= 0.0);
+    assert!(
+        report["server_datagrams_sent_per_answer"]
+            .as_f64()
+            .expect("datagrams")
+            > 0.0
+    );
+    // Bad options are refused by name, before anything starts.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_testbed"))
+        .args(["quic-floor", "--nodes", "0"])
+        .output()
+        .expect("testbed runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--nodes"));
+}
