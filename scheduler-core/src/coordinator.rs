@@ -186,8 +186,29 @@ pub struct AggregateRound {
     /// for this list, without a directory lookup per entry, and how the list goes on the wire
     /// ([`AggregateRound::top_k_on_wire`]).
     top_k_slots: Vec<u32>,
+    /// The key deriver of each `top_k` entry's node session, in the same order: the keys a
+    /// scheduler is sent for this list are derived without a directory lookup per entry per
+    /// heartbeat (issue 17: those lookups, string comparisons down the node map, were the
+    /// largest single cost of a heartbeat answer while schedulers were still being sent keys).
+    /// Kept in step with membership by [`CoordinatorState::patch_round_top_k`].
+    top_k_derivers: Vec<RoundDeriver>,
     /// When it was computed.
     at: Option<Time>,
+}
+
+/// A round's copy of a top-k node's key deriver (`None` without a token master key). Equal when
+/// they are for the same node session (the deriver's secret is not comparable).
+#[derive(Clone, Debug, Default)]
+struct RoundDeriver(Option<IssuerKeyDeriver>);
+
+impl PartialEq for RoundDeriver {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => a.session() == b.session(),
+            (None, None) => true,
+            _ => false,
+        }
+    }
 }
 
 /// The coordinator's aggregate view.
@@ -444,17 +465,24 @@ impl CoordinatorState {
             let shedding = self.shedding_round();
             // The list is made of joined nodes, so every entry has a slot; pairing them here
             // keeps the two lists in step without a placeholder slot.
-            let (top_k, top_k_slots): (Vec<NodeLoad>, Vec<u32>) = self
-                .top_k(rng)
-                .into_iter()
-                .filter_map(|l| self.nodes.get(&l.node_id).map(|n| (l, n.dir.slot)))
-                .unzip();
+            let listed = self.top_k(rng);
+            let mut top_k = Vec::with_capacity(listed.len());
+            let mut top_k_slots = Vec::with_capacity(listed.len());
+            let mut top_k_derivers = Vec::with_capacity(listed.len());
+            for l in listed {
+                if let Some(n) = self.nodes.get(&l.node_id) {
+                    top_k_slots.push(n.dir.slot);
+                    top_k_derivers.push(RoundDeriver(n.issuer_keys.clone()));
+                    top_k.push(l);
+                }
+            }
             self.round = AggregateRound {
                 top_k,
                 shedding_threshold_ms: shedding.threshold_ms,
                 shedding_targets: shedding.targets,
                 outstanding_totals,
                 top_k_slots,
+                top_k_derivers,
                 at: Some(now),
             };
             self.top_k_generation += 1;
@@ -628,7 +656,13 @@ impl CoordinatorState {
         sent: MembershipSent,
     ) -> NodeView {
         let whole = sent == MembershipSent::Whole;
-        let Some(me) = self.nodes.get(node).filter(|_| self.token_master.is_some()) else {
+        if self.token_master.is_none() {
+            return NodeView {
+                view,
+                issuer_keys: None,
+            };
+        }
+        let Some(me) = self.nodes.get_mut(node) else {
             return NodeView {
                 view,
                 issuer_keys: None,
@@ -636,31 +670,23 @@ impl CoordinatorState {
         };
         let generation = self.top_k_generation;
         let check = whole || me.keys_at_generation != Some(generation);
-        let mut keys = Vec::new();
-        let mut slots_sent = Vec::new();
-        if check {
-            for (l, &slot) in self.round.top_k.iter().zip(&self.round.top_k_slots) {
-                if !whole && me.keys_held.contains(slot) {
-                    continue;
-                }
-                let Some(deriver) = self
-                    .nodes
-                    .get(&l.node_id)
-                    .and_then(|n| n.issuer_keys.as_ref())
-                else {
-                    continue;
-                };
-                keys.push(deriver.issuer_key(me.issuer));
-                slots_sent.push(slot);
-            }
-        }
-        let me = self.nodes.get_mut(node).expect("looked up above");
         if whole {
             // The scheduler replaces its keys with these.
             me.keys_held.clear();
         }
-        for slot in slots_sent {
-            me.keys_held.insert(slot);
+        let mut keys = Vec::new();
+        if check {
+            let round = &self.round;
+            for (&slot, deriver) in round.top_k_slots.iter().zip(&round.top_k_derivers) {
+                if me.keys_held.contains(slot) {
+                    continue;
+                }
+                let Some(deriver) = &deriver.0 else {
+                    continue;
+                };
+                keys.push(deriver.issuer_key(me.issuer));
+                me.keys_held.insert(slot);
+            }
         }
         me.keys_at_generation = Some(generation);
         let issuer_keys = (sent != MembershipSent::Nothing || !keys.is_empty()).then_some(keys);
@@ -874,10 +900,17 @@ impl CoordinatorState {
             return;
         }
         self.top_k_generation += 1;
+        // A joined node's deriver is its new session's (a re-join derives new keys).
+        let deriver = RoundDeriver(
+            joined
+                .and_then(|_| self.nodes.get(node))
+                .and_then(|n| n.issuer_keys.clone()),
+        );
         let round = &mut self.round;
         if let Some(i) = round.top_k.iter().position(|l| &l.node_id == node) {
             round.top_k.remove(i);
             round.top_k_slots.remove(i);
+            round.top_k_derivers.remove(i);
         }
         if let Some(slot) = joined
             && !self.draining.contains(node)
@@ -891,8 +924,10 @@ impl CoordinatorState {
                 },
             );
             round.top_k_slots.insert(0, slot);
+            round.top_k_derivers.insert(0, deriver);
             round.top_k.truncate(self.config.top_k);
             round.top_k_slots.truncate(self.config.top_k);
+            round.top_k_derivers.truncate(self.config.top_k);
         }
     }
 

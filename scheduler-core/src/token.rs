@@ -329,6 +329,11 @@ impl std::fmt::Debug for IssuerKeyDeriver {
 }
 
 impl IssuerKeyDeriver {
+    /// The node session it derives keys for: the node and its session's epoch.
+    pub fn session(&self) -> (&NodeId, u32) {
+        (&self.node_id, self.node_epoch)
+    }
+
     /// Issuer `issuer`'s key for this node session: `HMAC(K_N, label ‖ issuer)`.
     pub fn issuer_key(&self, issuer: u32) -> IssuerNodeKey {
         let mut mac = self.keyed.clone();

@@ -122,6 +122,10 @@ pub struct FleetReport {
     /// Heartbeat answers received by the fleet in the window (each is one heartbeat the
     /// coordinator handled).
     pub heartbeats_answered: u64,
+    /// QUEUEABLE issuer keys per heartbeat answer in the window: a scheduler is sent the key of
+    /// each node session the first time the top-k names it, so this is high until every node's
+    /// scheduler holds the keys of the nodes the lists rotate through, then falls to ~0.
+    pub issuer_keys_per_heartbeat: f64,
     pub coordinator: ProcessCost,
     pub fleet: ProcessCost,
     /// Coordinator resident memory before any node joined and at the end of the window.
@@ -211,6 +215,8 @@ pub struct LostFigures {
 struct FleetShared {
     joined: AtomicU64,
     acks: AtomicU64,
+    /// QUEUEABLE issuer keys the answers carried.
+    issuer_keys: AtomicU64,
     directory_answers: AtomicU64,
     directory_entries: AtomicU64,
     delta_answers: AtomicU64,
@@ -297,8 +303,8 @@ fn print_report(r: &FleetReport) {
         r.nodes, r.heartbeat_ms, r.joined, r.join_s, r.settle_s
     );
     println!(
-        "window {:.1} s, {} heartbeats answered",
-        r.window_s, r.heartbeats_answered
+        "window {:.1} s, {} heartbeats answered, {:.1} issuer keys per answer",
+        r.window_s, r.heartbeats_answered, r.issuer_keys_per_heartbeat
     );
     for (name, c) in [("coordinator", &r.coordinator), ("fleet", &r.fleet)] {
         println!(
@@ -506,6 +512,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     // The window: every node heartbeats; GUARANTEED asks from random live nodes.
     quic_snapshot(&commands, &shared, 0).await;
     let acks0 = shared.acks.load(Ordering::Relaxed);
+    let keys0 = shared.issuer_keys.load(Ordering::Relaxed);
     let coord0 = process_cpu_s(pid)?;
     let fleet0 = process_cpu_s(std::process::id())?;
     let t0 = Instant::now();
@@ -532,6 +539,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     let coord1 = process_cpu_s(pid)?;
     let fleet1 = process_cpu_s(std::process::id())?;
     let acks = shared.acks.load(Ordering::Relaxed) - acks0;
+    let keys = shared.issuer_keys.load(Ordering::Relaxed) - keys0;
     let rss = rss_mib(pid)?;
     quic_snapshot(&commands, &shared, 1).await;
     let quic = {
@@ -630,6 +638,11 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         settle_s,
         window_s,
         heartbeats_answered: acks,
+        issuer_keys_per_heartbeat: if acks == 0 {
+            0.0
+        } else {
+            keys as f64 / acks as f64
+        },
         coordinator: cost(coord1 - coord0),
         fleet: cost(fleet1 - fleet0),
         coordinator_rss_base_mib: rss_base,
@@ -776,6 +789,11 @@ async fn session(
                 match frame {
                     FleetFrame::HeartbeatAck(ack) => {
                         shared.acks.fetch_add(1, Ordering::Relaxed);
+                        if let Some(keys) = &ack.issuer_keys {
+                            shared
+                                .issuer_keys
+                                .fetch_add(keys.node_epochs.len() as u64, Ordering::Relaxed);
+                        }
                         let view = &ack.view;
                         // As the worker's scheduler does (`DistributedScheduler::update_view`): a
                         // delta moves the version only if it applies to the one held.
@@ -895,6 +913,14 @@ enum FleetFrame {
 #[derive(serde::Deserialize)]
 struct AckSeen {
     view: ViewSeen,
+    #[serde(default)]
+    issuer_keys: Option<KeysSeen>,
+}
+
+/// How many issuer keys an answer carries (one epoch per key; the rest is skipped).
+#[derive(serde::Deserialize)]
+struct KeysSeen {
+    node_epochs: Vec<serde::de::IgnoredAny>,
 }
 
 #[derive(serde::Deserialize)]
