@@ -126,9 +126,9 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
 
 /// The first stdout line of a child, delivered by a thread that then keeps draining the pipe
 /// (a child writing to a closed pipe would get EPIPE).
-type ReadyLine = mpsc::Receiver<std::io::Result<Option<String>>>;
+pub(crate) type ReadyLine = mpsc::Receiver<std::io::Result<Option<String>>>;
 
-fn read_ready_line(stdout: ChildStdout) -> ReadyLine {
+pub(crate) fn read_ready_line(stdout: ChildStdout) -> ReadyLine {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = BufReader::new(stdout).lines();
@@ -139,7 +139,11 @@ fn read_ready_line(stdout: ChildStdout) -> ReadyLine {
 }
 
 /// Wait for a child's JSON ready line until `deadline`.
-fn ready_json(rx: &ReadyLine, what: &str, deadline: Instant) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn ready_json(
+    rx: &ReadyLine,
+    what: &str,
+    deadline: Instant,
+) -> anyhow::Result<serde_json::Value> {
     let line = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
         Ok(Ok(Some(line))) => line,
         Ok(Ok(None)) => bail!("{what} exited (or closed its stdout) before it was ready"),
@@ -156,7 +160,7 @@ fn ready_json(rx: &ReadyLine, what: &str, deadline: Instant) -> anyhow::Result<s
 /// A command for a child that dies with us: SIGTERM when the thread that spawned it exits
 /// (the launcher's main thread; the whole process if it is killed with SIGKILL), so a crashed
 /// launcher leaves no orphans (Linux `PR_SET_PDEATHSIG`).
-fn child_command(program: &Path) -> Command {
+pub(crate) fn child_command(program: &Path) -> Command {
     let launcher = std::process::id() as libc::pid_t;
     let mut cmd = Command::new(program);
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2) and

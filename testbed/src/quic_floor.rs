@@ -13,15 +13,16 @@
 
 use anyhow::{Context, bail};
 use serde::Serialize;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::fleet::process_cpu_s;
+use crate::local::{child_command, read_ready_line, ready_json};
 
 /// Largest request or answer payload (a frame's length prefix is checked against it too).
 const MAX_PAYLOAD_BYTES: usize = 1 << 20;
@@ -55,7 +56,8 @@ pub struct QuicFloorArgs {
     /// Worker threads of this (the client) process's runtime.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Give up if the connections are not all up within this.
+    /// Give up if the echo server has not started, or the connections are not all up, within
+    /// this.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout_s: u64,
     /// Seed of the connections' phases within the period.
@@ -207,9 +209,11 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path, answer_bytes: usize) -> anyhow::Result<Server> {
+    /// Start it as a child that dies with this process, and wait for its address until
+    /// `deadline`.
+    fn start(dir: &Path, answer_bytes: usize, deadline: Instant) -> anyhow::Result<Server> {
         let exe = std::env::current_exe().context("finding this executable")?;
-        let mut child = Command::new(exe)
+        let mut child = child_command(&exe)
             .arg("quic-floor")
             .arg("--serve")
             .arg(dir)
@@ -220,19 +224,15 @@ impl Server {
             .spawn()
             .context("starting the echo server")?;
         let stdout = child.stdout.take().context("the echo server's stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .context("reading the echo server's address")?;
+        // Owned from here: an error below kills it (Drop).
         let mut server = Server {
             child,
-            addr: "0.0.0.0:0".parse().expect("literal"),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         };
-        let v: serde_json::Value = serde_json::from_str(line.trim())
-            .with_context(|| format!("the echo server printed {line:?}, not its address"))?;
-        server.addr = v["quic_addr"]
+        let ready = ready_json(&read_ready_line(stdout), "the echo server", deadline)?;
+        server.addr = ready["quic_addr"]
             .as_str()
-            .context("no quic_addr in the echo server's first line")?
+            .context("no quic_addr in the echo server's ready line")?
             .parse()
             .context("the echo server's address")?;
         Ok(server)
@@ -254,7 +254,8 @@ struct Counters {
     /// Sum over connections of the datagrams they received / sent, at the window's ends.
     datagrams_rx: [AtomicU64; 2],
     datagrams_tx: [AtomicU64; 2],
-    reported: [AtomicU64; 2],
+    /// Connections that added their counts for the window's end (each adds the start first).
+    reported_end: AtomicU64,
 }
 
 /// Start the echo server, open the connections, measure a window.
@@ -282,7 +283,8 @@ pub fn measure(args: &QuicFloorArgs) -> anyhow::Result<QuicFloorReport> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     coordinator::datadir::init(&dir, &[], now_ms).context("creating the server certificate")?;
-    let server = Server::start(&dir.root, args.answer_bytes)?;
+    let ready_by = Instant::now() + Duration::from_secs(args.ready_timeout_s);
+    let server = Server::start(&dir.root, args.answer_bytes, ready_by)?;
     let client = worker::link::client_config(&dir.ca_cert())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads)
@@ -364,7 +366,7 @@ async fn drive(
     }
     // Every connection adds its datagram counts for both ends (bounded wait).
     let counted_by = Instant::now() + Duration::from_secs(10);
-    while counters.reported[1].load(Ordering::Acquire) < args.nodes as u64
+    while counters.reported_end.load(Ordering::Acquire) < args.nodes as u64
         && Instant::now() < counted_by
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -448,7 +450,9 @@ async fn session(
                 let stats = connection.stats();
                 counters.datagrams_rx[end].fetch_add(stats.udp_rx.datagrams, Ordering::Relaxed);
                 counters.datagrams_tx[end].fetch_add(stats.udp_tx.datagrams, Ordering::Relaxed);
-                counters.reported[end].fetch_add(1, Ordering::Release);
+                if end == 1 {
+                    counters.reported_end.fetch_add(1, Ordering::Release);
+                }
             }
         }
     }
