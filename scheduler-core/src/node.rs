@@ -220,13 +220,30 @@ struct Running {
 }
 
 /// A running container's term of Tr, kept apart from its spec so that the sum over running
-/// containers reads a dense array rather than walking the container map.
+/// containers reads a dense array rather than walking the container map. Its resources and
+/// class are here too: the held-work replay ([`NodeRuntime::shed_held_by_guaranteed`]) reads
+/// every running container at many heartbeats and needs nothing else of it.
 #[derive(Clone, Copy, Debug)]
 struct RemainingWorkTerm {
     id: ContainerId,
     started_at: Time,
     estimate_ms: f64,
     dominant_share: f64,
+    resources: Resources,
+    queueable: bool,
+}
+
+impl RemainingWorkTerm {
+    /// Expected time left, as in Tr: a container past its estimate is expected to end soon but
+    /// not now, so a tenth of the estimate is kept as its remaining time rather than zero.
+    fn remaining_ms(&self, now: Time) -> f64 {
+        let elapsed = now.saturating_since(self.started_at).as_secs_f64() * 1000.0;
+        if elapsed < self.estimate_ms {
+            self.estimate_ms - elapsed
+        } else {
+            self.estimate_ms * 0.1
+        }
+    }
 }
 
 /// Where a container currently is on the node.
@@ -590,6 +607,8 @@ impl NodeRuntime {
             started_at: now,
             estimate_ms: self.estimate_ms(&spec),
             dominant_share: spec.resources.dominant_share(&self.config.capacity),
+            resources: spec.resources,
+            queueable: spec.container_type == ContainerType::Queueable,
         };
         match self
             .remaining_work_terms
@@ -827,7 +846,9 @@ impl NodeRuntime {
             .remaining_work_terms
             .binary_search_by_key(&id, |t| t.id)
         {
-            self.remaining_work_terms[at].dominant_share = to.dominant_share(&self.config.capacity);
+            let term = &mut self.remaining_work_terms[at];
+            term.dominant_share = to.dominant_share(&self.config.capacity);
+            term.resources = to;
         }
         self.start_pending(now);
         Ok(())
@@ -858,6 +879,12 @@ impl NodeRuntime {
             r.spec.container_type = ContainerType::Guaranteed;
             r.spec.version = new_version;
             self.queueable_allocated = self.queueable_allocated.saturating_sub(&r.spec.resources);
+            if let Ok(at) = self
+                .remaining_work_terms
+                .binary_search_by_key(&id, |t| t.id)
+            {
+                self.remaining_work_terms[at].queueable = false;
+            }
             self.events.push(NodeEvent::Promoted {
                 id,
                 version: new_version,
@@ -968,23 +995,16 @@ impl NodeRuntime {
             return Vec::new();
         }
         let bound = Duration::from_secs_f64(bound_ms / 1000.0);
-        let remaining = |started_at: Time, estimate_ms: f64| -> Duration {
-            // As in Tr: a container past its estimate still has a tenth of it to go.
-            let elapsed = now.saturating_since(started_at).as_secs_f64() * 1000.0;
-            let ms = if elapsed < estimate_ms {
-                estimate_ms - elapsed
-            } else {
-                estimate_ms * 0.1
-            };
-            Duration::from_secs_f64(ms.max(0.0) / 1000.0)
+        let remaining = |term: &RemainingWorkTerm| -> Duration {
+            Duration::from_secs_f64(term.remaining_ms(now).max(0.0) / 1000.0)
         };
         // How long GUARANTEED work holds the node: its longest remaining (or, waiting, whole)
         // expected run.
         let guaranteed_hold = self
-            .running
-            .values()
-            .filter(|r| r.spec.container_type != ContainerType::Queueable)
-            .map(|r| remaining(r.started_at, self.estimate_ms(&r.spec)))
+            .remaining_work_terms
+            .iter()
+            .filter(|t| !t.queueable)
+            .map(remaining)
             .chain(
                 self.waiting_guaranteed
                     .iter()
@@ -992,25 +1012,36 @@ impl NodeRuntime {
             )
             .max()
             .unwrap_or(Duration::ZERO);
-        // Nothing queued could go back: every class with work has its bound past the hold.
-        let could_go_back = self
+        let own_bound = |exponent: u8| backoff_bound(bound, exponent);
+        // Queued containers that can go back (returns left, GUARANTEED work holding the node
+        // past their own bound), per exponent: the node's counts of the exponents whose bound
+        // the hold passes. The replay can stop once it is past the largest bound among those
+        // still waiting, since what still waits then goes back anyway.
+        let mut waiting_per_exponent = [0usize; RETURN_BACKOFF_MAX_EXPONENT as usize + 1];
+        for (e, (&queued, eligible)) in self
             .queued_by_backoff
             .iter()
+            .zip(waiting_per_exponent.iter_mut())
             .enumerate()
-            .any(|(e, &n)| n > 0 && guaranteed_hold > backoff_bound(bound, e as u8));
-        if !could_go_back {
+        {
+            if guaranteed_hold > own_bound(e as u8) {
+                *eligible = queued;
+            }
+        }
+        // Nothing queued could go back: every class with work has its bound past the hold.
+        if waiting_per_exponent.iter().all(|&n| n == 0) {
             return Vec::new();
         }
         // Replay the node forward from now: (offset of the end, resources, QUEUEABLE?).
         let mut ends: std::collections::BinaryHeap<std::cmp::Reverse<(Duration, u64, u64, bool)>> =
-            self.running
-                .values()
-                .map(|r| {
+            self.remaining_work_terms
+                .iter()
+                .map(|t| {
                     std::cmp::Reverse((
-                        remaining(r.started_at, self.estimate_ms(&r.spec)),
-                        r.spec.resources.cpu_millis,
-                        r.spec.resources.memory_mib,
-                        r.spec.container_type == ContainerType::Queueable,
+                        remaining(t),
+                        t.resources.cpu_millis,
+                        t.resources.memory_mib,
+                        t.queueable,
                     ))
                 })
                 .collect();
@@ -1028,26 +1059,15 @@ impl NodeRuntime {
             )));
         }
         // Each queued container with the exponent of the bound it goes back past (None: it
-        // stays wherever it starts); `None` entries once started in the replay. Eligible
-        // containers still waiting are counted per exponent: the replay can stop once it is past
-        // the largest bound among them, since what still waits then goes back anyway.
-        let own_bound = |exponent: u8| backoff_bound(bound, exponent);
-        let mut waiting_per_exponent = [0usize; RETURN_BACKOFF_MAX_EXPONENT as usize + 1];
-        let mut waiting: Vec<Option<(&QueueKey, &ContainerSpec, Option<u8>)>> = self
-            .queue
-            .iter()
-            .map(|(key, spec)| {
-                // It can go back when it has returns left and GUARANTEED work holds the node
-                // past its own bound.
-                let exponent = spec
-                    .backoff_exponent()
-                    .filter(|&e| guaranteed_hold > own_bound(e));
-                if let Some(e) = exponent {
-                    waiting_per_exponent[e as usize] += 1;
-                }
-                Some((key, spec, exponent))
-            })
-            .collect();
+        // stays wherever it starts); `None` entries once started in the replay. Read from the
+        // queue only as far as a pass gets: most replays end (every eligible container started)
+        // long before the queue's tail, which is then never walked.
+        let eligible_exponent = |spec: &ContainerSpec| {
+            spec.backoff_exponent()
+                .filter(|&e| guaranteed_hold > own_bound(e))
+        };
+        let mut unread = self.queue.iter();
+        let mut waiting: Vec<Option<(&QueueKey, &ContainerSpec, Option<u8>)>> = Vec::new();
         let horizon = |per_exponent: &[usize]| {
             per_exponent
                 .iter()
@@ -1058,14 +1078,23 @@ impl NodeRuntime {
         let mut first = 0;
         let mut victims: Vec<&QueueKey> = Vec::new();
         let mut at = Duration::ZERO;
+        // The replay ran out of ends with work still waiting: that work never fits (policing)
+        // and is not ours to move.
+        let mut stuck = false;
         while horizon(&waiting_per_exponent).is_some_and(|h| at <= h) {
             let mut headroom = free.min(&self.queueable_limit.saturating_sub(&queueable_allocated));
             // A pass in queue order, starting what fits, until nothing more fits (the queue can
             // be long; with no headroom nothing starts, so the pass is skipped).
-            for slot in waiting[first..].iter_mut() {
-                if headroom.is_zero() {
-                    break;
+            let mut index = first;
+            while !headroom.is_zero() {
+                if index == waiting.len() {
+                    let Some((key, spec)) = unread.next() else {
+                        break;
+                    };
+                    waiting.push(Some((key, spec, eligible_exponent(spec))));
                 }
+                let slot = &mut waiting[index];
+                index += 1;
                 let Some((key, spec, exponent)) = *slot else {
                     continue;
                 };
@@ -1094,8 +1123,7 @@ impl NodeRuntime {
             }
             // Advance to the next end (and every end at the same instant).
             let Some(std::cmp::Reverse((next, ..))) = ends.peek().copied() else {
-                // Nothing left to end: what still waits never fits (policing); not ours to move.
-                waiting.clear();
+                stuck = true;
                 break;
             };
             at = next;
@@ -1112,15 +1140,23 @@ impl NodeRuntime {
                 }
             }
         }
-        // What still waits starts after `at`, past its own bound when the replay stopped for
-        // having passed the largest one.
-        victims.extend(
-            waiting
+        // What still waits starts after `at`: the replay stopped for having passed the largest
+        // bound among the eligible containers still waiting (read or not yet read from the
+        // queue), so every one of them goes back, and the walk stops at the last of them.
+        let eligible_waiting: usize = waiting_per_exponent.iter().sum();
+        if !stuck && eligible_waiting > 0 {
+            let still_waiting = waiting
                 .iter()
                 .flatten()
-                .filter(|(_, _, exponent)| exponent.is_some_and(|e| at > own_bound(e)))
-                .map(|(key, ..)| *key),
-        );
+                .copied()
+                .chain(unread.map(|(key, spec)| (key, spec, eligible_exponent(spec))));
+            victims.extend(
+                still_waiting
+                    .filter(|(_, _, exponent)| exponent.is_some_and(|e| at > own_bound(e)))
+                    .take(eligible_waiting)
+                    .map(|(key, ..)| key),
+            );
+        }
         // Newest in queue order first.
         victims.sort_unstable_by(|a, b| b.cmp(a));
         let victims: Vec<QueueKey> = victims.into_iter().cloned().collect();
@@ -1204,18 +1240,7 @@ impl NodeRuntime {
         let tr_ms = self
             .remaining_work_terms
             .iter()
-            .map(|r| {
-                let elapsed = now.saturating_since(r.started_at).as_secs_f64() * 1000.0;
-                let est = r.estimate_ms;
-                // A container past its estimate is expected to end soon but not now: keep a tenth of
-                // the estimate as its remaining time rather than zero.
-                let remaining = if elapsed < est {
-                    est - elapsed
-                } else {
-                    est * 0.1
-                };
-                remaining * r.dominant_share
-            })
+            .map(|r| r.remaining_ms(now) * r.dominant_share)
             .sum();
         let tl_ms = match self.blocked_since {
             Some(since) => {
@@ -1252,8 +1277,15 @@ impl NodeRuntime {
         if !self
             .remaining_work_terms
             .iter()
-            .map(|t| (t.id, t.started_at))
-            .eq(self.running.iter().map(|(id, r)| (*id, r.started_at)))
+            .map(|t| (t.id, t.started_at, t.resources, t.queueable))
+            .eq(self.running.iter().map(|(id, r)| {
+                (
+                    *id,
+                    r.started_at,
+                    r.spec.resources,
+                    r.spec.container_type == ContainerType::Queueable,
+                )
+            }))
         {
             return Err("remaining-work terms do not mirror the running containers".to_string());
         }
