@@ -1200,6 +1200,7 @@ impl Handler<SessionClosed> for CoordinatorActor {
         if let Some(node) = self.session_nodes.remove(&m.session_id) {
             // The node stays a member until the node timeout: it may re-join at once.
             info!(node = %node, "worker session closed");
+            self.state.join_answer_abandoned(&node);
             self.sessions.remove(&node);
             self.guarantor().do_send(CancelSession {
                 session_id: m.session_id,

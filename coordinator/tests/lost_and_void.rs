@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use coordinator::coordinator_actor::Tick;
 use coordinator::guarantor_actor::InspectGuarantor;
+use scheduler_core::liveness::JOIN_ANSWER_LIMIT;
 use scheduler_core::protocol::cluster::{CoordinatorToWorker, JoinAccepted, WorkerToCoordinator};
 use scheduler_core::{ContainerId, ContainerType, NodeId, Resources};
 use std::time::Duration;
@@ -318,7 +319,8 @@ fn a_storm_of_losses_in_one_tick_is_stored_in_one_write() {
         let h = Harness::start_in(dir).await;
         let (_queues, containers) = join_storm(&h, NODES).await;
         let writes = h.server.metrics.lost_node_writes.get();
-        h.clock.advance(Duration::from_secs(11));
+        // Joined and never heard from: still receiving their join answers until the limit.
+        h.clock.advance(JOIN_ANSWER_LIMIT + Duration::from_secs(1));
         h.server.coordinator.send(Tick).await.unwrap();
         assert_eq!(h.server.metrics.nodes_lost.get(), u64::from(NODES));
         assert_eq!(
@@ -360,7 +362,8 @@ fn a_storm_of_rejoins_leaves_the_lost_set_in_one_write_per_tick() {
     let dir = actix_rt::System::new().block_on(async {
         let h = Harness::start_in(dir).await;
         let (_lost_queues, containers) = join_storm(&h, NODES).await;
-        h.clock.advance(Duration::from_secs(11));
+        // Joined and never heard from: still receiving their join answers until the limit.
+        h.clock.advance(JOIN_ANSWER_LIMIT + Duration::from_secs(1));
         h.server.coordinator.send(Tick).await.unwrap();
         assert_eq!(h.server.metrics.nodes_lost.get(), u64::from(NODES));
         // They re-join with their containers (told to kill them), then report without them.

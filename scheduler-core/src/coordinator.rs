@@ -3,6 +3,7 @@
 //! (mean + n·σ), and routing of container notices back to the scheduler that issued them.
 
 use crate::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad};
+use crate::liveness::JOIN_ANSWER_LIMIT;
 use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
 use crate::quota::AppOutstanding;
@@ -127,6 +128,11 @@ struct NodeEntry {
     /// The membership change this join was ([`CoordinatorState::membership_identity`]'s
     /// second part right after it).
     joined_at_change: u64,
+    /// Joined, no heartbeat yet, and its session still open: the node is still receiving its
+    /// join answer (O(nodes) bytes, slow during a join storm) and cannot heartbeat before it has
+    /// it, so its silence is measured against [`JOIN_ANSWER_LIMIT`] rather than the node
+    /// timeout ([`CoordinatorState::silent_nodes`]).
+    receiving_join_answer: bool,
 }
 
 /// A set of node slots as bits.
@@ -880,6 +886,7 @@ impl CoordinatorState {
                 keys_held: SlotSet::default(),
                 keys_at_generation: None,
                 joined_at_change: self.membership_changes + 1,
+                receiving_join_answer: true,
             },
         );
         if let Some(prev) = previous {
@@ -944,6 +951,7 @@ impl CoordinatorState {
                 n.load = load;
                 n.last_seen = now;
                 n.containers = containers;
+                n.receiving_join_answer = false;
                 true
             }
             None => false,
@@ -1079,13 +1087,32 @@ impl CoordinatorState {
         entry.containers
     }
 
-    /// Nodes silent for longer than the timeout.
+    /// Nodes silent for longer than the timeout. A node still receiving its join answer (joined,
+    /// no heartbeat yet, session open) is silent only past [`JOIN_ANSWER_LIMIT`], the time its
+    /// worker waits for that answer while it keeps arriving: declaring it lost sooner would
+    /// cut the answer off and have the worker join again, sending the whole answer once more.
     pub fn silent_nodes(&self, now: Time) -> Vec<NodeId> {
+        let receiving_limit = self.config.node_timeout.max(JOIN_ANSWER_LIMIT);
         self.nodes
             .values()
-            .filter(|n| now.saturating_since(n.last_seen) > self.config.node_timeout)
+            .filter(|n| {
+                let limit = if n.receiving_join_answer {
+                    receiving_limit
+                } else {
+                    self.config.node_timeout
+                };
+                now.saturating_since(n.last_seen) > limit
+            })
             .map(|n| n.dir.node_id.clone())
             .collect()
+    }
+
+    /// The node's session closed before its first heartbeat: it is no longer receiving its
+    /// join answer, and its silence counts against the node timeout from its join.
+    pub fn join_answer_abandoned(&mut self, node: &NodeId) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.receiving_join_answer = false;
+        }
     }
 
     /// The k nodes of least R, ascending; ties broken at random so an idle cluster spreads work
@@ -1401,6 +1428,44 @@ mod tests {
             leave_one_out_thresholds([5.0].into_iter(), 1.0).collect::<Vec<_>>(),
             vec![None]
         );
+    }
+
+    /// A joined node cannot heartbeat before it has its join answer, which a coordinator in a
+    /// join storm may take longer than the node timeout to deliver: until its first heartbeat,
+    /// and while its session is open, it is silent only past the worker's own limit.
+    #[test]
+    fn a_node_still_receiving_its_join_answer_is_not_lost_at_the_node_timeout() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        for name in ["beating", "receiving", "closed", "late"] {
+            c.join(Time::ZERO, dir(name));
+        }
+        let node = NodeId::from;
+        assert!(c.heartbeat(Time::from_secs(1), &node("beating"), delay(0.0), vec![]));
+        c.join_answer_abandoned(&node("closed"));
+        let silent = |c: &CoordinatorState, s: u64| {
+            let mut v: Vec<String> = c
+                .silent_nodes(Time::from_secs(s))
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(silent(&c, 10), Vec::<String>::new());
+        // The node timeout (10 s) for a node that heartbeats and for one whose session closed
+        // before its first heartbeat; not for the two still receiving.
+        assert_eq!(silent(&c, 12), vec!["beating", "closed"]);
+        // Its first heartbeat ends the grace: silence from then on counts as for any node.
+        assert!(c.heartbeat(Time::from_secs(30), &node("late"), delay(0.0), vec![]));
+        assert_eq!(silent(&c, 40), vec!["beating", "closed"]);
+        assert_eq!(silent(&c, 41), vec!["beating", "closed", "late"]);
+        // The grace is bounded by the time the worker itself waits for the answer.
+        let limit = JOIN_ANSWER_LIMIT.as_secs();
+        assert!(!silent(&c, limit).contains(&"receiving".to_string()));
+        assert!(silent(&c, limit + 1).contains(&"receiving".to_string()));
+        // A re-join is a new session receiving a new answer.
+        c.join(Time::from_secs(100), dir("beating"));
+        assert!(!silent(&c, 112).contains(&"beating".to_string()));
     }
 
     #[test]

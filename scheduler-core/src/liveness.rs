@@ -16,8 +16,16 @@ pub const DEFAULT_LINK_TIMEOUT_HEARTBEATS: u32 = 3;
 /// machine's scheduling noise alone must not end a healthy session.
 pub const MIN_LINK_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long a join may take before the worker gives up on that attempt and retries.
+/// How long a join may go without progress before the worker gives up on that attempt and
+/// retries: no answer begun, or no byte more of it, for this long ([`JoinAnswerWait`]).
 pub const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a join answer may take in all while its bytes keep arriving. The answer carries
+/// the cluster's directory (O(nodes)); during a join storm a busy coordinator delivers it more
+/// slowly than [`JOIN_TIMEOUT`], and giving up then only makes it send the whole answer again to
+/// the same node, which is how a storm feeds itself (issue 17: at 10,000 nodes 4–11 % of the
+/// joins were such retries, each also leaving an accepted session behind to be declared lost).
+pub const JOIN_ANSWER_LIMIT: Duration = Duration::from_secs(60);
 
 /// Re-join backoff: first retry after `REJOIN_BACKOFF_START`, doubling to `REJOIN_BACKOFF_MAX`;
 /// back to the start after a session that joined.
@@ -32,11 +40,52 @@ pub struct LinkLiveness {
     timeout: Duration,
 }
 
+/// Waiting for the answer to a join: the attempt is given up when nothing of the answer arrives
+/// for [`JOIN_TIMEOUT`] (the coordinator is gone, wedged or cut off) or when a slow answer is
+/// still not whole after [`JOIN_ANSWER_LIMIT`]; as long as bytes keep coming within the first
+/// limit, the worker keeps reading rather than asking again.
+#[derive(Debug, Clone)]
+pub struct JoinAnswerWait {
+    started: Time,
+    last_progress: Time,
+}
+
+impl JoinAnswerWait {
+    /// The join was sent at `now`.
+    pub fn new(now: Time) -> JoinAnswerWait {
+        JoinAnswerWait {
+            started: now,
+            last_progress: now,
+        }
+    }
+
+    /// Bytes of the answer arrived at `now`.
+    pub fn progress(&mut self, now: Time) {
+        self.last_progress = self.last_progress.max(now);
+    }
+
+    /// How much longer to wait for the next bytes at `now`; `Err` once the attempt should be
+    /// given up.
+    pub fn time_left(&self, now: Time) -> Result<Duration, LinkDead> {
+        let stalled_at = self.last_progress + JOIN_TIMEOUT;
+        let limit_at = self.started + JOIN_ANSWER_LIMIT;
+        if now >= limit_at {
+            return Err(LinkDead::JoinAnswerTooSlow(JOIN_ANSWER_LIMIT));
+        }
+        if now >= stalled_at {
+            return Err(LinkDead::JoinTimedOut(JOIN_TIMEOUT));
+        }
+        Ok(stalled_at.min(limit_at).saturating_since(now))
+    }
+}
+
 /// Why the link is considered dead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LinkDead {
     #[error("no join answer from the coordinator within {0:?}")]
     JoinTimedOut(Duration),
+    #[error("the coordinator's join answer was still incomplete after {0:?}")]
+    JoinAnswerTooSlow(Duration),
     #[error("nothing heard from the coordinator for {silent:?} (limit {limit:?})")]
     Silent { silent: Duration, limit: Duration },
 }
@@ -122,6 +171,35 @@ mod tests {
             l.check(ms(5_001)),
             Err(LinkDead::JoinTimedOut(JOIN_TIMEOUT))
         );
+    }
+
+    #[test]
+    fn a_join_answer_that_keeps_arriving_is_waited_for_up_to_the_overall_limit() {
+        let mut w = JoinAnswerWait::new(ms(1_000));
+        assert_eq!(w.time_left(ms(1_000)), Ok(JOIN_TIMEOUT));
+        // Nothing arrives: given up at the stall limit, not before.
+        assert_eq!(w.time_left(ms(5_999)), Ok(Duration::from_millis(1)));
+        assert_eq!(
+            w.time_left(ms(6_000)),
+            Err(LinkDead::JoinTimedOut(JOIN_TIMEOUT))
+        );
+        // Bytes every 4 s keep the attempt alive past the stall limit...
+        for t in (5_000..=53_000).step_by(4_000) {
+            w.progress(ms(t));
+            assert_eq!(w.time_left(ms(t)), Ok(JOIN_TIMEOUT), "at {t} ms");
+        }
+        // ...but not past the overall limit, which also bounds the wait it hands out.
+        w.progress(ms(59_000));
+        assert_eq!(w.time_left(ms(59_000)), Ok(Duration::from_secs(2)));
+        assert_eq!(
+            w.time_left(ms(61_000)),
+            Err(LinkDead::JoinAnswerTooSlow(JOIN_ANSWER_LIMIT))
+        );
+        // Progress reported out of order never moves the stall limit back.
+        let mut w = JoinAnswerWait::new(ms(0));
+        w.progress(ms(4_000));
+        w.progress(ms(1_000));
+        assert_eq!(w.time_left(ms(8_000)), Ok(Duration::from_secs(1)));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
 use scheduler_core::distributed::replacement_wait_bound_ms_by_slot;
 use scheduler_core::liveness::{
-    DEFAULT_LINK_TIMEOUT_HEARTBEATS, JOIN_TIMEOUT, LinkLiveness, REJOIN_BACKOFF_START,
+    DEFAULT_LINK_TIMEOUT_HEARTBEATS, JoinAnswerWait, LinkLiveness, REJOIN_BACKOFF_START,
     next_rejoin_backoff,
 };
 use scheduler_core::protocol::cluster::{
@@ -419,7 +419,7 @@ impl std::fmt::Display for JoinError {
 /// The cluster side of a worker's session, without the node runtime: resolve the coordinator,
 /// connect over `endpoint` (one endpoint can carry many sessions: `testbed fleet` runs thousands
 /// of them on a few UDP sockets), open the stream, send `join` with `containers` and wait for
-/// the answer within the join timeout ([`scheduler_core::liveness::JOIN_TIMEOUT`]).
+/// the answer while it keeps arriving ([`scheduler_core::liveness::JoinAnswerWait`]).
 pub async fn join_cluster(
     endpoint: &quinn::Endpoint,
     identity: &Identity,
@@ -467,10 +467,40 @@ pub async fn join_cluster(
         .await
         .map_err(JoinError::Lost)?;
     let mut decoder = FrameDecoder::new(CLUSTER_MAX_FRAME);
-    let answer = tokio::time::timeout(JOIN_TIMEOUT, read_frame(&mut recv, &mut decoder))
-        .await
-        .map_err(|_| JoinError::Lost(format!("no join answer within {JOIN_TIMEOUT:?}")))?
-        .map_err(JoinError::Lost)?;
+    // A monotonic clock for the wait (never the wall clock: it can jump).
+    let epoch = tokio::time::Instant::now();
+    let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
+    let mut wait = JoinAnswerWait::new(mono());
+    let answer = loop {
+        match decoder.next_message::<CoordinatorToWorker>() {
+            Ok(Some(f)) => break f,
+            Ok(None) => {}
+            Err(e) => {
+                return Err(JoinError::Lost(format!(
+                    "bad frame from the coordinator: {e}"
+                )));
+            }
+        }
+        let left = wait
+            .time_left(mono())
+            .map_err(|e| JoinError::Lost(e.to_string()))?;
+        match tokio::time::timeout(left, recv.read_chunk(READ_CHUNK_BYTES, true)).await {
+            // Checked against the limits at the top of the loop.
+            Err(_elapsed) => {}
+            Ok(Ok(Some(chunk))) => {
+                decoder.push(&chunk.bytes);
+                wait.progress(mono());
+            }
+            Ok(Ok(None)) => {
+                return Err(JoinError::Lost("the coordinator closed the stream".into()));
+            }
+            Ok(Err(e)) => {
+                return Err(JoinError::Lost(format!(
+                    "reading from the coordinator: {e}"
+                )));
+            }
+        }
+    };
     match answer {
         CoordinatorToWorker::JoinAccepted(accepted) => Ok(JoinedSession {
             connection,
