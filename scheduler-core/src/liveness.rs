@@ -155,6 +155,19 @@ pub fn next_rejoin_backoff(previous: Duration, joined: bool) -> Duration {
     }
 }
 
+/// How long to wait before the re-join whose backoff is `backoff`: between half of it and all of
+/// it, uniformly ("equal jitter", M. Brooker, "Exponential Backoff And Jitter", AWS Architecture
+/// Blog, 2015). Without it every worker that lost the same coordinator at the same moment (a
+/// restart, a partition healing) retries in the same instants, 100 ms, 200 ms, 400 ms… after, and
+/// each retry wave meets the same join storm; the upper bound stays the backoff, so a worker
+/// never re-joins later than the schedule says.
+pub fn jittered_rejoin_delay<R: rand::Rng + ?Sized>(backoff: Duration, rng: &mut R) -> Duration {
+    use rand::RngExt;
+    let half = backoff / 2;
+    let spread = u64::try_from((backoff - half).as_micros()).unwrap_or(u64::MAX);
+    half + Duration::from_micros(rng.random_range(0..=spread))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +246,29 @@ mod tests {
         let mut l = LinkLiveness::joining(ms(0));
         l.heard(ms(4_000));
         assert!(matches!(l.check(ms(5_001)), Err(LinkDead::JoinTimedOut(_))));
+    }
+
+    #[test]
+    fn rejoin_delays_spread_over_the_upper_half_of_the_backoff() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for backoff in [
+            REJOIN_BACKOFF_START,
+            Duration::from_millis(800),
+            REJOIN_BACKOFF_MAX,
+        ] {
+            let delays: Vec<Duration> = (0..1_000)
+                .map(|_| jittered_rejoin_delay(backoff, &mut rng))
+                .collect();
+            assert!(delays.iter().all(|d| backoff / 2 <= *d && *d <= backoff));
+            // Spread, not a constant: both quarters of the range are used.
+            let low = delays.iter().filter(|d| **d < backoff * 3 / 4).count();
+            assert!((350..=650).contains(&low), "{backoff:?}: {low} of 1000 low");
+        }
+        assert_eq!(
+            jittered_rejoin_delay(Duration::ZERO, &mut rng),
+            Duration::ZERO
+        );
     }
 
     #[test]

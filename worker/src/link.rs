@@ -15,13 +15,15 @@ use crate::scheduler_actor::{
 use crate::shared::Shared;
 use actix::Addr;
 use anyhow::{Context, bail};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
 use scheduler_core::distributed::replacement_wait_bound_ms_by_slot;
 use scheduler_core::liveness::{
     DEFAULT_LINK_TIMEOUT_HEARTBEATS, JoinAnswerWait, LinkLiveness, REJOIN_BACKOFF_START,
-    next_rejoin_backoff,
+    jittered_rejoin_delay, next_rejoin_backoff,
 };
 use scheduler_core::protocol::cluster::{
     CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, Join, JoinAccepted, WorkerToCoordinator,
@@ -142,12 +144,14 @@ impl Link {
         };
         endpoint.set_default_client_config(self.client.clone());
         let mut backoff = REJOIN_BACKOFF_START;
+        // Each worker its own jitter: workers that lost the coordinator together re-join apart.
+        let mut jitter = StdRng::seed_from_u64(rand::random());
         loop {
             let end = self.session(&endpoint, &mut on_first_join).await;
             let session_joined = self.shared.connected.get();
             self.shared.connected.set(false);
             self.scheduler.do_send(LinkDown);
-            match end {
+            match &end {
                 SessionEnd::Rejected(reason) => {
                     warn!("the coordinator rejected the join: {reason}");
                     if let Some(tx) = on_first_join.take() {
@@ -155,14 +159,16 @@ impl Link {
                         return;
                     }
                 }
-                SessionEnd::Lost(reason) => {
-                    warn!("cluster link down: {reason}; re-joining in {:?}", backoff);
-                }
+                SessionEnd::Lost(_) => {}
             }
             if session_joined {
                 backoff = REJOIN_BACKOFF_START;
             }
-            tokio::time::sleep(backoff).await;
+            let delay = jittered_rejoin_delay(backoff, &mut jitter);
+            if let SessionEnd::Lost(reason) = &end {
+                warn!("cluster link down: {reason}; re-joining in {delay:?}");
+            }
+            tokio::time::sleep(delay).await;
             backoff = next_rejoin_backoff(backoff, false);
         }
     }
