@@ -145,6 +145,7 @@ pub struct FleetReport {
     pub quic: QuicPerHeartbeat,
     pub allocate: AllocateFigures,
     pub lost: LostFigures,
+    pub join_answers: JoinAnswerFigures,
     /// The coordinator's own counters at the end (`GET /metrics`).
     pub coordinator_nodes_joined: Option<u64>,
     pub coordinator_nodes_lost: Option<u64>,
@@ -201,6 +202,22 @@ pub struct HistogramFigures {
     pub p99_at_most_us: f64,
 }
 
+/// The nodes' joins as they saw them: answers received whole (the first of each session that
+/// joined) and attempts given up (no answer, a closed stream, a stalled answer) and retried.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JoinAnswerFigures {
+    pub answered: u64,
+    pub attempts_given_up: u64,
+    /// Mean bytes of an answer (it carries the whole directory: O(nodes)).
+    pub bytes_mean: f64,
+    /// From the join written to its answer whole.
+    pub wait_p50_ms: u64,
+    pub wait_p99_ms: u64,
+    pub wait_max_ms: u64,
+    /// Answers that took longer than the 5 s after which a worker used to give the join up.
+    pub slower_than_5_s: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LostFigures {
     pub stopped: usize,
@@ -225,6 +242,10 @@ struct FleetShared {
     granted: AtomicU64,
     failed: AtomicU64,
     latencies: Mutex<Option<Histogram<u64>>>,
+    /// Join answers' wait in ms, their bytes in all, and join attempts given up.
+    join_waits: Mutex<Option<Histogram<u64>>>,
+    join_answer_bytes: AtomicU64,
+    joins_given_up: AtomicU64,
     /// Stopped nodes and when, for lost-node detection; a node is taken out of the set when
     /// a delta lists it as left.
     stopped: Mutex<Option<(Instant, HashSet<NodeId>)>>,
@@ -318,6 +339,17 @@ fn print_report(r: &FleetReport) {
         "coordinator RSS {:.1} MiB (base {:.1}), {:.1} KiB per node",
         r.coordinator_rss_mib, r.coordinator_rss_base_mib, r.coordinator_rss_per_node_kib
     );
+    let j = &r.join_answers;
+    println!(
+        "join answers: {} whole ({:.0} bytes on average), wait p50 {} ms, p99 {} ms, max {} ms, {} over 5 s; {} attempts given up",
+        j.answered,
+        j.bytes_mean,
+        j.wait_p50_ms,
+        j.wait_p99_ms,
+        j.wait_max_ms,
+        j.slower_than_5_s,
+        j.attempts_given_up
+    );
     println!(
         "GUARANTEED allocate: {} asked, {} granted, {} failed, p50 {} µs, p99 {} µs, max {} µs",
         r.allocate.asked,
@@ -409,6 +441,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
     let client = worker::link::client_config(&cluster.ca_cert)?;
     let shared = Arc::new(FleetShared {
         latencies: Mutex::new(Some(Histogram::new(3)?)),
+        join_waits: Mutex::new(Some(Histogram::new(3)?)),
         ..FleetShared::default()
     });
     let epoch = Instant::now();
@@ -630,6 +663,26 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         .unwrap_or_else(|e| e.into_inner())
         .take()
         .expect("taken once");
+    let join_waits = shared
+        .join_waits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .expect("taken once");
+    let answered = join_waits.len();
+    let join_answers = JoinAnswerFigures {
+        answered,
+        attempts_given_up: shared.joins_given_up.load(Ordering::Relaxed),
+        bytes_mean: if answered == 0 {
+            0.0
+        } else {
+            shared.join_answer_bytes.load(Ordering::Relaxed) as f64 / answered as f64
+        },
+        wait_p50_ms: join_waits.value_at_quantile(0.5),
+        wait_p99_ms: join_waits.value_at_quantile(0.99),
+        wait_max_ms: join_waits.max(),
+        slower_than_5_s: join_waits.count_between(5_001, u64::MAX),
+    };
     Ok(FleetReport {
         nodes: args.nodes,
         heartbeat_ms: args.heartbeat_ms,
@@ -663,6 +716,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
             in_coordinator: histogram(&metrics, "coordinator_guaranteed_grant_seconds"),
         },
         lost,
+        join_answers,
         coordinator_nodes_joined: metric(&metrics, "coordinator_nodes_joined_total"),
         coordinator_nodes_lost: metric(&metrics, "coordinator_nodes_lost_total"),
         coordinator_heartbeats: metric(&metrics, "coordinator_heartbeats_total"),
@@ -708,6 +762,7 @@ async fn session(
                 return;
             }
             Err(JoinError::Lost(_)) => {
+                shared.joins_given_up.fetch_add(1, Ordering::Relaxed);
                 // Drop commands sent meanwhile; stop if asked.
                 while let Ok(c) = commands.try_recv() {
                     if matches!(c, Command::Stop) {
@@ -725,8 +780,21 @@ async fn session(
         mut recv,
         mut decoder,
         accepted,
+        answer_bytes,
+        answer_wait,
     } = joined;
     shared.joined.fetch_add(1, Ordering::Relaxed);
+    shared
+        .join_answer_bytes
+        .fetch_add(answer_bytes, Ordering::Relaxed);
+    if let Some(h) = shared
+        .join_waits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+    {
+        h.saturating_record(answer_wait.as_millis() as u64);
+    }
     let issuer = accepted.issuer;
     let mut known_version = accepted.view.directory_version;
     // The join answer holds the whole directory and a key per node: kept for the session's

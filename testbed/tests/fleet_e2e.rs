@@ -24,6 +24,14 @@ fn the_coordinator_sees_every_fleet_node_and_declares_the_stopped_ones_lost() {
     })
     .expect("the fleet runs");
     assert_eq!(report.joined, 50);
+    // Each session's join answer is measured once, whole: it carries at least the node's own
+    // directory entry.
+    assert_eq!(report.join_answers.answered, 50);
+    assert!(
+        report.join_answers.bytes_mean > 20.0,
+        "{:?}",
+        report.join_answers
+    );
     assert_eq!(report.coordinator_nodes_joined, Some(50));
     assert_eq!(report.coordinator_nodes_lost, Some(5));
     assert!(

@@ -193,7 +193,10 @@ impl Link {
             mut recv,
             mut decoder,
             accepted,
+            answer_bytes,
+            answer_wait,
         } = joined_session;
+        info!(answer_bytes, answer_wait = ?answer_wait, "join answered");
         // A monotonic clock for the liveness rule (never the wall clock: it can jump).
         let epoch = tokio::time::Instant::now();
         let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
@@ -402,6 +405,11 @@ pub struct JoinedSession {
     pub recv: quinn::RecvStream,
     pub decoder: FrameDecoder,
     pub accepted: JoinAccepted,
+    /// Bytes read from the stream until the answer was whole (its frame, O(nodes) with the
+    /// directory it carries).
+    pub answer_bytes: u64,
+    /// From the join written to its answer whole.
+    pub answer_wait: Duration,
 }
 
 /// Why a join did not complete.
@@ -477,6 +485,7 @@ pub async fn join_cluster(
     let epoch = tokio::time::Instant::now();
     let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
     let mut wait = JoinAnswerWait::new(mono());
+    let mut answer_bytes = 0u64;
     let answer = loop {
         match decoder.next_message::<CoordinatorToWorker>() {
             Ok(Some(f)) => break f,
@@ -495,6 +504,7 @@ pub async fn join_cluster(
             Err(_elapsed) => {}
             Ok(Ok(Some(chunk))) => {
                 decoder.push(&chunk.bytes);
+                answer_bytes += chunk.bytes.len() as u64;
                 wait.progress(mono());
             }
             Ok(Ok(None)) => {
@@ -514,6 +524,8 @@ pub async fn join_cluster(
             recv,
             decoder,
             accepted,
+            answer_bytes,
+            answer_wait: epoch.elapsed(),
         }),
         CoordinatorToWorker::JoinRejected(r) => Err(JoinError::Rejected(r.reason)),
         other => Err(JoinError::Lost(format!(
