@@ -657,18 +657,8 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
             abort.abort();
         }
     }
-    let hist = shared
-        .latencies
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .expect("taken once");
-    let join_waits = shared
-        .join_waits
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take()
-        .expect("taken once");
+    let hist = take_histogram(&shared.latencies);
+    let join_waits = take_histogram(&shared.join_waits);
     let answered = join_waits.len();
     let join_answers = JoinAnswerFigures {
         answered,
@@ -721,6 +711,22 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         coordinator_nodes_lost: metric(&metrics, "coordinator_nodes_lost_total"),
         coordinator_heartbeats: metric(&metrics, "coordinator_heartbeats_total"),
     })
+}
+
+/// Add `value` to a histogram the sessions share (saturating at its highest trackable value).
+fn record(histogram: &Mutex<Option<Histogram<u64>>>, value: u64) {
+    if let Some(h) = histogram.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        h.saturating_record(value);
+    }
+}
+
+/// Take a shared histogram out at the end of the run (once).
+fn take_histogram(histogram: &Mutex<Option<Histogram<u64>>>) -> Histogram<u64> {
+    histogram
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .expect("taken once")
 }
 
 /// Every live session adds its connection's QUIC counters to `shared.quic[i]`; waits (at most
@@ -787,14 +793,7 @@ async fn session(
     shared
         .join_answer_bytes
         .fetch_add(answer_bytes, Ordering::Relaxed);
-    if let Some(h) = shared
-        .join_waits
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_mut()
-    {
-        h.saturating_record(answer_wait.as_millis() as u64);
-    }
+    record(&shared.join_waits, answer_wait.as_millis() as u64);
     let issuer = accepted.issuer;
     let mut known_version = accepted.view.directory_version;
     // The join answer holds the whole directory and a key per node: kept for the session's
@@ -909,9 +908,7 @@ async fn session(
                     FleetFrame::GuaranteedAllocated(a) => {
                         if a.remaining == 0 && let Some(sent) = pending.remove(&a.correlation_id) {
                             let us = sent.elapsed().as_micros() as u64;
-                            if let Some(h) = shared.latencies.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                                let _ = h.record(us.max(1));
-                            }
+                            record(&shared.latencies, us.max(1));
                             shared.granted.fetch_add(1, Ordering::Relaxed);
                         }
                         // The app releases each grant at once (as `testbed load --allocate-only`).

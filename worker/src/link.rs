@@ -487,34 +487,17 @@ pub async fn join_cluster(
     let mut wait = JoinAnswerWait::new(mono());
     let mut answer_bytes = 0u64;
     let answer = loop {
-        match decoder.next_message::<CoordinatorToWorker>() {
-            Ok(Some(f)) => break f,
-            Ok(None) => {}
-            Err(e) => {
-                return Err(JoinError::Lost(format!(
-                    "bad frame from the coordinator: {e}"
-                )));
-            }
+        if let Some(f) = buffered_frame(&mut decoder).map_err(JoinError::Lost)? {
+            break f;
         }
         let left = wait
             .time_left(mono())
             .map_err(|e| JoinError::Lost(e.to_string()))?;
-        match tokio::time::timeout(left, recv.read_chunk(READ_CHUNK_BYTES, true)).await {
-            // Checked against the limits at the top of the loop.
-            Err(_elapsed) => {}
-            Ok(Ok(Some(chunk))) => {
-                decoder.push(&chunk.bytes);
-                answer_bytes += chunk.bytes.len() as u64;
-                wait.progress(mono());
-            }
-            Ok(Ok(None)) => {
-                return Err(JoinError::Lost("the coordinator closed the stream".into()));
-            }
-            Ok(Err(e)) => {
-                return Err(JoinError::Lost(format!(
-                    "reading from the coordinator: {e}"
-                )));
-            }
+        // A timeout is checked against the limits at the top of the loop.
+        if let Ok(read) = tokio::time::timeout(left, read_chunk_into(&mut recv, &mut decoder)).await
+        {
+            answer_bytes += read.map_err(JoinError::Lost)? as u64;
+            wait.progress(mono());
         }
     };
     match answer {
@@ -545,16 +528,32 @@ pub async fn read_frame(
     decoder: &mut FrameDecoder,
 ) -> Result<CoordinatorToWorker, String> {
     loop {
-        match decoder.next_message::<CoordinatorToWorker>() {
-            Ok(Some(f)) => return Ok(f),
-            Ok(None) => {}
-            Err(e) => return Err(format!("bad frame from the coordinator: {e}")),
+        if let Some(f) = buffered_frame(decoder)? {
+            return Ok(f);
         }
-        match recv.read_chunk(READ_CHUNK_BYTES, true).await {
-            Ok(Some(chunk)) => decoder.push(&chunk.bytes),
-            Ok(None) => return Err("the coordinator closed the stream".into()),
-            Err(e) => return Err(format!("reading from the coordinator: {e}")),
+        read_chunk_into(recv, decoder).await?;
+    }
+}
+
+/// A whole frame already buffered in `decoder`, if any.
+fn buffered_frame(decoder: &mut FrameDecoder) -> Result<Option<CoordinatorToWorker>, String> {
+    decoder
+        .next_message::<CoordinatorToWorker>()
+        .map_err(|e| format!("bad frame from the coordinator: {e}"))
+}
+
+/// Read one chunk of the stream into `decoder`; its length. Cancel-safe, as `read_chunk` is.
+async fn read_chunk_into(
+    recv: &mut quinn::RecvStream,
+    decoder: &mut FrameDecoder,
+) -> Result<usize, String> {
+    match recv.read_chunk(READ_CHUNK_BYTES, true).await {
+        Ok(Some(chunk)) => {
+            decoder.push(&chunk.bytes);
+            Ok(chunk.bytes.len())
         }
+        Ok(None) => Err("the coordinator closed the stream".into()),
+        Err(e) => Err(format!("reading from the coordinator: {e}")),
     }
 }
 
