@@ -44,6 +44,10 @@ pub struct CoordinatorSettings {
     pub max_unjoined_connections: usize,
     /// Connections not joined yet from one IP address; more are refused before the handshake.
     pub max_unjoined_per_source: usize,
+    /// Bytes of join answers (each carries the whole directory) let be in delivery at once:
+    /// the join pacing's budget ([`scheduler_core::join_pacing`]); joins past it wait for their
+    /// turn.
+    pub join_answer_bytes_in_flight: u64,
     /// HTTP address of `GET /metrics` (Prometheus); off when absent.
     pub metrics_listen: Option<SocketAddr>,
     /// Pace's resource shaper for GUARANTEED containers that allow it; off when absent.
@@ -87,6 +91,7 @@ impl CoordinatorSettings {
             join_timeout: Duration::from_secs(10),
             max_unjoined_connections: 256,
             max_unjoined_per_source: 32,
+            join_answer_bytes_in_flight: scheduler_core::join_pacing::JOIN_ANSWER_BYTES_IN_FLIGHT,
             metrics_listen: None,
             shaping: None,
             threesigma: Some(Default::default()),
@@ -135,6 +140,9 @@ impl CoordinatorSettings {
                 "max_unjoined_connections",
                 "max_unjoined_connections and max_unjoined_per_source must be at least 1",
             );
+        }
+        if self.join_answer_bytes_in_flight == 0 {
+            return bad("join_answer_bytes_in_flight", "must be at least 1");
         }
         if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
@@ -211,6 +219,7 @@ pub struct FileConfig {
     pub join_timeout_ms: Option<u64>,
     pub max_unjoined_connections: Option<usize>,
     pub max_unjoined_per_source: Option<usize>,
+    pub join_answer_bytes_in_flight: Option<u64>,
     pub metrics_listen: Option<SocketAddr>,
     /// Turn the resource shaper on.
     pub shaping: Option<bool>,
@@ -279,6 +288,9 @@ impl FileConfig {
             max_unjoined_per_source: self
                 .max_unjoined_per_source
                 .or(lower.max_unjoined_per_source),
+            join_answer_bytes_in_flight: self
+                .join_answer_bytes_in_flight
+                .or(lower.join_answer_bytes_in_flight),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
             shaping: self.shaping.or(lower.shaping),
             shaping_interval_ms: self.shaping_interval_ms.or(lower.shaping_interval_ms),
@@ -344,6 +356,9 @@ impl FileConfig {
         }
         if let Some(v) = self.max_unjoined_per_source {
             s.max_unjoined_per_source = v;
+        }
+        if let Some(v) = self.join_answer_bytes_in_flight {
+            s.join_answer_bytes_in_flight = v;
         }
         s.metrics_listen = self.metrics_listen;
         if self.shaping == Some(true) {

@@ -131,8 +131,15 @@ pub const ISSUER_RESERVATION_BLOCK: u32 = 1024;
 /// Answer to [`WorkerJoined`]; the frame itself has been queued on the session already.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JoinOutcome {
-    Accepted { node_id: NodeId, issuer: u32 },
-    Rejected { reason: String },
+    Accepted {
+        node_id: NodeId,
+        issuer: u32,
+        /// Bytes of the answer's directory (most of the answer), for the join pacing.
+        answer_bytes: u64,
+    },
+    Rejected {
+        reason: String,
+    },
 }
 
 impl CoordinatorActor {
@@ -354,6 +361,7 @@ impl CoordinatorActor {
                 return reject("coordinator encoding failure: the directory".into());
             }
         };
+        let answer_bytes = membership.encoded_len() as u64;
         let _ = msg.tx.send_join_accepted(
             JoinAccepted {
                 protocol_version: CLUSTER_PROTOCOL_VERSION,
@@ -389,7 +397,11 @@ impl CoordinatorActor {
         // back"). A node that had been lost has none left: its loss refused them.
         let settled = self.promotions.host_rejoined(&node_id, &j.containers);
         self.run_promotion(settled);
-        JoinOutcome::Accepted { node_id, issuer }
+        JoinOutcome::Accepted {
+            node_id,
+            issuer,
+            answer_bytes,
+        }
     }
 
     /// Keep the stored issuer counter above every issuer handed out: written once per

@@ -216,6 +216,10 @@ struct RunArgs {
     /// Most connections not joined yet from one IP address [default: 32].
     #[arg(long, env = "COORDINATOR_MAX_UNJOINED_PER_SOURCE")]
     max_unjoined_per_source: Option<usize>,
+    /// Bytes of join answers (each holds the whole directory) in delivery at once; further
+    /// joins wait for their turn [default: 8388608].
+    #[arg(long, env = "COORDINATOR_JOIN_ANSWER_BYTES_IN_FLIGHT")]
+    join_answer_bytes_in_flight: Option<u64>,
     /// HTTP address serving Prometheus metrics at GET /metrics (e.g. 127.0.0.1:9400; port 0
     /// picks one) [default: off].
     #[arg(long, env = "COORDINATOR_METRICS_LISTEN")]
@@ -298,6 +302,7 @@ impl RunArgs {
             join_timeout_ms: self.join_timeout_ms,
             max_unjoined_connections: self.max_unjoined_connections,
             max_unjoined_per_source: self.max_unjoined_per_source,
+            join_answer_bytes_in_flight: self.join_answer_bytes_in_flight,
             metrics_listen: self.metrics_listen,
             shaping: self.shaping,
             shaping_interval_ms: self.shaping_interval_ms,

@@ -51,6 +51,11 @@ pub struct CoordinatorMetrics {
     agenda: std::sync::Mutex<String>,
     pub nodes_joined: Counter,
     pub nodes_lost: Counter,
+    /// Joins that waited for their turn to be answered (the join pacing,
+    /// [`scheduler_core::join_pacing`]).
+    pub joins_paced: Counter,
+    /// Joins waiting for their turn to be answered now.
+    pub joins_waiting: Gauge,
     /// Writes of the lost-node set to the store (synced commits on the coordinator actor's
     /// thread): at most one per tick for a batch of losses, and one at a heartbeat per tick
     /// for nodes that came back whole (the rest wait for the tick).
@@ -104,6 +109,8 @@ impl Default for CoordinatorMetrics {
         let mut m = CoordinatorMetrics {
             nodes_joined: Counter::default(),
             nodes_lost: Counter::default(),
+            joins_paced: Counter::default(),
+            joins_waiting: Gauge::default(),
             lost_node_writes: Counter::default(),
             losses_not_stored: Gauge::default(),
             heartbeats: Counter::default(),
@@ -146,6 +153,16 @@ impl Default for CoordinatorMetrics {
             "coordinator_nodes_joined",
             "Worker joins accepted (re-joins included)",
             m.nodes_joined.clone(),
+        );
+        r.register(
+            "coordinator_joins_paced",
+            "Joins that waited for their turn to be answered: as many join answers (each the whole directory) were in delivery as join_answer_bytes_in_flight allows",
+            m.joins_paced.clone(),
+        );
+        r.register(
+            "coordinator_joins_waiting",
+            "Joins waiting now for their turn to be answered (join pacing)",
+            m.joins_waiting.clone(),
         );
         r.register(
             "coordinator_nodes_lost",

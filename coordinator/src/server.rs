@@ -10,6 +10,7 @@ use crate::metrics::{self, CoordinatorMetrics};
 use crate::session::{JoinGate, serve_connection};
 use crate::store::{Store, StoreError};
 use actix::prelude::*;
+use scheduler_core::join_pacing::JoinPacing;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing::info;
@@ -187,6 +188,10 @@ pub async fn start(
         settings.join_timeout,
         settings.max_unjoined_connections,
         settings.max_unjoined_per_source,
+        JoinPacing {
+            answer_bytes_in_flight: settings.join_answer_bytes_in_flight,
+        },
+        metrics.clone(),
     );
     let join_gate = gate.clone();
     actix_rt::spawn(async move {

@@ -7,10 +7,12 @@
 use crate::coordinator_actor::{
     CoordinatorActor, FromWorker, JoinOutcome, SessionClosed, WorkerJoined,
 };
+use crate::metrics::CoordinatorMetrics;
 use actix::Addr;
 use scheduler_core::codec::{
     CLUSTER_MAX_FRAME, CodecError, FrameDecoder, LENGTH_PREFIX, encode_frame_into, from_payload,
 };
+use scheduler_core::join_pacing::JoinPacing;
 use scheduler_core::protocol::Envelope;
 use scheduler_core::protocol::cluster::{
     CoordinatorToWorker, EncodedMembership, EncodedTopK, HeartbeatAck, JoinAccepted, JoinRejected,
@@ -20,7 +22,7 @@ use scheduler_core::protocol::limits::{JOIN_PREFIX_BYTES, join_token_in_prefix};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -177,14 +179,32 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(5);
 
 /// What a connection may cost before its `join` is accepted: a deadline, caps on such
 /// connections in all and per source address, and (with [`JOIN_PREFIX_BYTES`]) how much of a
-/// frame is buffered before the join token in it has been checked.
+/// frame is buffered before the join token in it has been checked. And the join answers in
+/// delivery at once, by their bytes ([`scheduler_core::join_pacing`],
+/// [`JoinGate::answer_permit`]).
 pub struct JoinGate {
     /// SHA-256 (hex) of the join token, as the store keeps it.
     join_token_sha256: String,
     timeout: Duration,
     max_total: usize,
     max_per_source: usize,
+    pacing: JoinPacing,
+    /// Bytes of the last join answer's directory (most of an answer): the next answers' size,
+    /// near enough (the directory grows by one entry per join).
+    last_answer_bytes: AtomicU64,
+    metrics: Arc<CoordinatorMetrics>,
     state: Mutex<GateState>,
+    /// Joins answered and not yet done (answer not yet delivered), and joins waiting for
+    /// their turn to be answered.
+    answers: Mutex<AnswerState>,
+    /// Woken, one waiter at a time in arrival order, when an answer is done.
+    answer_done: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct AnswerState {
+    in_progress: usize,
+    waiting: usize,
 }
 
 #[derive(Default)]
@@ -203,7 +223,7 @@ pub struct Unjoined {
 }
 
 impl Unjoined {
-    /// The connection joined: it no longer counts against the pre-join caps.
+    /// The join was accepted: the connection no longer counts against the pre-join caps.
     pub fn joined(&mut self) {
         if std::mem::take(&mut self.counted) {
             let mut st = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -224,19 +244,56 @@ impl Drop for Unjoined {
     }
 }
 
+/// A join counted as waiting for its turn until this is dropped (its turn came, or the session
+/// gave up waiting).
+struct WaitingForAnswer<'a> {
+    gate: &'a JoinGate,
+}
+
+impl Drop for WaitingForAnswer<'_> {
+    fn drop(&mut self) {
+        let mut answers = self.gate.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.waiting -= 1;
+        self.gate.metrics.joins_waiting.dec();
+    }
+}
+
+/// One join's turn to be answered, held until its answer is delivered (the worker's first
+/// frame after the join, which it sends only once it has read the whole answer) or the session
+/// ends.
+pub struct AnswerPermit {
+    gate: Arc<JoinGate>,
+}
+
+impl Drop for AnswerPermit {
+    fn drop(&mut self) {
+        let mut answers = self.gate.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers.in_progress -= 1;
+        drop(answers);
+        self.gate.answer_done.notify_one();
+    }
+}
+
 impl JoinGate {
     pub fn new(
         join_token_sha256: String,
         timeout: Duration,
         max_total: usize,
         max_per_source: usize,
+        pacing: JoinPacing,
+        metrics: Arc<CoordinatorMetrics>,
     ) -> Arc<JoinGate> {
         Arc::new(JoinGate {
             join_token_sha256,
             timeout,
             max_total,
             max_per_source,
+            pacing,
+            last_answer_bytes: AtomicU64::new(0),
+            metrics,
             state: Mutex::default(),
+            answers: Mutex::default(),
+            answer_done: tokio::sync::Notify::new(),
         })
     }
 
@@ -286,6 +343,44 @@ impl JoinGate {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).total
     }
 
+    /// Join answers in delivery, and joins waiting for their turn (tests, diagnostics).
+    pub fn answers(&self) -> (usize, usize) {
+        let a = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        (a.in_progress, a.waiting)
+    }
+
+    /// Wait for this join's turn to be answered: while as many answers are in delivery as
+    /// [`JoinPacing::admits`], joins wait here in arrival order (the connection stays counted as
+    /// not joined, so the caps above bound the waiting).
+    pub async fn answer_permit(self: &Arc<Self>) -> AnswerPermit {
+        let mut waiting: Option<WaitingForAnswer<'_>> = None;
+        loop {
+            // Registered before the check, so a place freed in between is not missed.
+            let notified = self.answer_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+                let answer_bytes = self.last_answer_bytes.load(Ordering::Relaxed);
+                if self.pacing.admits(answers.in_progress, answer_bytes) {
+                    answers.in_progress += 1;
+                    drop(answers);
+                    drop(waiting);
+                    return AnswerPermit { gate: self.clone() };
+                }
+                if waiting.is_none() {
+                    answers.waiting += 1;
+                    self.metrics.joins_paced.inc();
+                    self.metrics.joins_waiting.inc();
+                    waiting = Some(WaitingForAnswer { gate: self });
+                }
+            }
+            // Woken for a freed place; if the limit fell meanwhile (bigger answers) and this
+            // join does not get it, the next answer done wakes a waiter again.
+            notified.await;
+        }
+    }
+
     fn token_matches(&self, token: &str) -> bool {
         // Hashes of equal length, compared in constant time.
         let offered = crate::store::join_token_hash(token);
@@ -321,7 +416,8 @@ fn check_join_prefix(gate: &JoinGate, buffered: &[u8]) -> Result<bool, String> {
 }
 
 /// Serve one incoming connection until it ends. `unjoined` counts it against the pre-join caps
-/// until its join is accepted.
+/// until its join is accepted; the join waits for its turn to be answered
+/// ([`JoinGate::answer_permit`]) and holds it until the answer is delivered.
 pub async fn serve_connection(
     incoming: quinn::Incoming,
     coordinator: Addr<CoordinatorActor>,
@@ -365,6 +461,7 @@ pub async fn serve_connection(
     // Before the join, a frame over JOIN_PREFIX_BYTES is read on only once its first bytes
     // carried the join token.
     let mut token_seen = false;
+    let mut answer_permit: Option<AnswerPermit> = None;
     let mut close: Option<(CloseCode, String)> = None;
     'read: loop {
         // Before the join token is known, buffer at most the length prefix + JOIN_PREFIX_BYTES.
@@ -441,6 +538,25 @@ pub async fn serve_connection(
                     ));
                     break 'read;
                 };
+                // The answer (the whole directory) is most of a join's cost: joins are
+                // answered in turns, as many at once as the bytes of answers in delivery allow.
+                let permit = tokio::select! {
+                    p = gate.answer_permit() => p,
+                    _ = tokio::time::sleep_until(deadline) => {
+                        // Not the worker's fault: no join_rejected (that would be final for a
+                        // starting worker), the close says why and the worker re-joins.
+                        close = Some((
+                            CloseCode::Normal,
+                            format!(
+                                "join not answered within {:?} of connecting: it waited for its turn (join pacing)",
+                                gate.timeout
+                            ),
+                        ));
+                        break 'read;
+                    }
+                    _ = connection.closed() => break 'read,
+                };
+                answer_permit = Some(permit);
                 let outcome = coordinator
                     .send(WorkerJoined {
                         session_id,
@@ -450,10 +566,16 @@ pub async fn serve_connection(
                     })
                     .await;
                 match outcome {
-                    Ok(JoinOutcome::Accepted { node_id, .. }) => {
+                    Ok(JoinOutcome::Accepted {
+                        node_id,
+                        answer_bytes,
+                        ..
+                    }) => {
                         tracing::Span::current().record("node", node_id.as_str());
                         joined = Some(String::from(node_id));
                         unjoined.joined();
+                        gate.last_answer_bytes
+                            .store(answer_bytes, Ordering::Relaxed);
                     }
                     Ok(JoinOutcome::Rejected { reason }) => {
                         info!(%peer, "join rejected: {reason}");
@@ -466,6 +588,9 @@ pub async fn serve_connection(
                     }
                 }
             } else {
+                // The worker reads its whole join answer before it sends anything more: the
+                // answer is delivered, the next join's turn.
+                answer_permit.take();
                 // Wait for a place before handing the frame on: the actor's mailbox does not
                 // bound what one session queues, this does (and QUIC flow control then slows
                 // the worker down).

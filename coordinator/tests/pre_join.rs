@@ -1,12 +1,14 @@
 //! What a QUIC connection may cost the coordinator before its `join` is accepted (issue 11:
 //! 24 outsider connections without the CA or the token took it from 7 to 295 MiB): a join
 //! deadline, caps on not-yet-joined connections in all and per source address, and at most
-//! 4 KiB of a first frame buffered until the join token in it has been checked.
+//! 4 KiB of a first frame buffered until the join token in it has been checked. And the join
+//! pacing: join answers in delivery at once, capped by their bytes.
 
 mod common;
 
 use common::*;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, encode_frame};
+use scheduler_core::join_pacing::MIN_JOINS_IN_PROGRESS;
 use scheduler_core::protocol::cluster::{CoordinatorToWorker, WorkerToCoordinator};
 use scheduler_core::protocol::limits::JOIN_PREFIX_BYTES;
 use scheduler_core::{ContainerId, ContainerType};
@@ -164,6 +166,82 @@ async fn unjoined_connections_are_capped_per_source_and_in_all() {
     ));
     // Joined connections do not count.
     wait_for_unjoined(&h, 2).await;
+}
+
+/// Wait (paced; the timeout guards against a hang) until the join answers in delivery and the
+/// joins waiting for their turn are `(in_progress, waiting)`.
+async fn wait_for_answers(h: &Harness, expected: (usize, usize)) {
+    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
+    let mut pace = tokio::time::interval(Duration::from_millis(5));
+    loop {
+        let now = h.server.join_gate.answers();
+        if now == expected {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "(answers in delivery, joins waiting) = {now:?}, expected {expected:?}"
+        );
+        pace.tick().await;
+    }
+}
+
+#[actix_rt::test]
+async fn join_answers_in_delivery_are_capped_by_their_bytes() {
+    // A budget of one byte of join answers: the pacing's floor, this many answers in delivery
+    // at once (the caps on connections not joined yet, 256 and 32 per source, are far off).
+    let h = Harness::start_with(|s| s.join_answer_bytes_in_flight = 1).await;
+    let mut joined = Vec::new();
+    for n in 0..MIN_JOINS_IN_PROGRESS {
+        let (w, accepted) = h.join(&format!("node-{n}"), 2000, 2048).await;
+        assert!(!accepted.view.directory.is_empty());
+        joined.push(w);
+    }
+    // All answered, none has sent a frame since: their answers count as in delivery.
+    wait_for_answers(&h, (MIN_JOINS_IN_PROGRESS, 0)).await;
+    assert_eq!(h.server.metrics.joins_paced.get(), 0);
+
+    // A fifth join is connected and read, but waits for its turn.
+    let mut fifth = h.connect().await;
+    fifth
+        .send(&join_msg(&h.join_token(), "node-late", 2000, 2048))
+        .await;
+    wait_for_answers(&h, (MIN_JOINS_IN_PROGRESS, 1)).await;
+    assert_eq!(h.server.metrics.joins_paced.get(), 1);
+    assert_eq!(h.server.metrics.joins_waiting.get(), 1);
+    assert_eq!(h.server.join_gate.unjoined(), 1, "waiting, not joined yet");
+
+    // node-0 has read its answer (it heartbeats): its turn ends and the fifth is answered.
+    joined[0]
+        .send(&heartbeat("node-0", 0, 5.0, vec![], vec![], vec![]))
+        .await;
+    joined[0].expect_ack().await;
+    match fifth.next().await {
+        Ok(CoordinatorToWorker::JoinAccepted(a)) => {
+            assert!(
+                a.view
+                    .directory
+                    .iter()
+                    .any(|d| d.node_id.as_str() == "node-late")
+            )
+        }
+        other => panic!("the waiting join is answered once a turn is free: {other:?}"),
+    }
+    wait_for_answers(&h, (MIN_JOINS_IN_PROGRESS, 0)).await;
+    assert_eq!(h.server.metrics.joins_waiting.get(), 0);
+
+    // A joined worker that goes away before reading its answer frees its turn as well, and a
+    // waiting join that goes away stops waiting.
+    let mut sixth = h.connect().await;
+    sixth
+        .send(&join_msg(&h.join_token(), "node-sixth", 2000, 2048))
+        .await;
+    wait_for_answers(&h, (MIN_JOINS_IN_PROGRESS, 1)).await;
+    drop(sixth);
+    wait_for_answers(&h, (MIN_JOINS_IN_PROGRESS, 0)).await;
+    drop(joined.pop());
+    wait_for_answers(&h, (MIN_JOINS_IN_PROGRESS - 1, 0)).await;
+    assert_eq!(h.server.join_gate.unjoined(), 0);
 }
 
 /// Measurement, not a check (`cargo test -p coordinator --test pre_join -- --ignored

@@ -14,6 +14,7 @@ pub mod hosted;
 pub mod hybrid_gq;
 pub mod ids;
 pub mod issued;
+pub mod join_pacing;
 pub mod liveness;
 pub mod node;
 pub mod promotion;

@@ -642,6 +642,14 @@ impl EncodedMembership {
         })
     }
 
+    /// Bytes this membership adds to a frame (the directory's entries, the own entry, the
+    /// delta).
+    pub fn encoded_len(&self) -> usize {
+        self.directory_entries.len()
+            + self.own_entry.as_ref().map_or(0, |e| e.len())
+            + self.delta.as_ref().map_or(0, |d| d.len())
+    }
+
     /// The directory's entries (what a whole directory holds; none with a delta).
     pub fn directory_len(&self) -> usize {
         self.directory_len
