@@ -808,13 +808,49 @@ async fn session(
         .collect();
     let mut pending: HashMap<u64, Instant> = HashMap::new();
     let mut release_seq = 1u64 << 40;
-    // A random phase, so heartbeats spread over the period as real nodes' do.
+    let heartbeat = |known_version: u64,
+                     round: u64,
+                     containers: &[ContainerStatus],
+                     started: Vec<ContainerId>,
+                     finished: Vec<ContainerId>| {
+        let tq = ((plan.index as u64 * 37 + round * 11) % 400) as f64;
+        WorkerToCoordinator::Heartbeat(Heartbeat {
+            node_id: plan.identity.node_id.clone(),
+            directory_version: known_version,
+            queue_delay: QueueDelay {
+                tq_ms: tq,
+                tr_ms: 0.0,
+                tl_ms: 0.0,
+            },
+            running: containers.len() as u32,
+            queued: 0,
+            allocated: Resources::new(250 * containers.len() as u64, 256 * containers.len() as u64),
+            usage: None,
+            containers: containers.to_vec(),
+            started,
+            finished,
+            issued: Vec::new(),
+        })
+    };
+    // The heartbeat's encoding, reused.
+    let mut out = Vec::new();
+    // As the worker's node actor does, report at once on joining: the coordinator counts the
+    // join as done (its answer delivered) at this first frame (`scheduler_core::join_pacing`).
+    if encode_frame_into(
+        &heartbeat(known_version, 0, &containers, Vec::new(), Vec::new()),
+        CLUSTER_MAX_FRAME,
+        &mut out,
+    )
+    .is_err()
+        || send.write_all(&out).await.is_err()
+    {
+        return;
+    }
+    // Then a random phase, so heartbeats spread over the period as real nodes' do.
     let phase = Duration::from_micros(rng.random_range(0..period.as_micros() as u64));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut round = 0u64;
-    // The heartbeat's encoding, reused.
-    let mut out = Vec::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -830,20 +866,7 @@ async fn session(
                     started.push(new.id);
                     containers[slot] = new;
                 }
-                let tq = ((plan.index as u64 * 37 + round * 11) % 400) as f64;
-                let hb = WorkerToCoordinator::Heartbeat(Heartbeat {
-                    node_id: plan.identity.node_id.clone(),
-                    directory_version: known_version,
-                    queue_delay: QueueDelay { tq_ms: tq, tr_ms: 0.0, tl_ms: 0.0 },
-                    running: containers.len() as u32,
-                    queued: 0,
-                    allocated: Resources::new(250 * containers.len() as u64, 256 * containers.len() as u64),
-                    usage: None,
-                    containers: containers.clone(),
-                    started,
-                    finished,
-                    issued: Vec::new(),
-                });
+                let hb = heartbeat(known_version, round, &containers, started, finished);
                 out.clear();
                 if encode_frame_into(&hb, CLUSTER_MAX_FRAME, &mut out).is_err()
                     || send.write_all(&out).await.is_err()
