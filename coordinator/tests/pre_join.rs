@@ -15,21 +15,32 @@ use scheduler_core::{ContainerId, ContainerType};
 use std::net::IpAddr;
 use std::time::Duration;
 
-/// Wait (paced; the timeout guards against a hang) until `n` connections are not joined.
-async fn wait_for_unjoined(h: &Harness, n: usize) {
+/// Wait (paced; the timeout guards against a hang) until `read` gives `expected`; `what` names
+/// the value in the failure.
+async fn wait_until<T: PartialEq + std::fmt::Debug>(what: &str, read: impl Fn() -> T, expected: T) {
     let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
     let mut pace = tokio::time::interval(Duration::from_millis(5));
     loop {
-        let now = h.server.join_gate.unjoined();
-        if now == n {
+        let now = read();
+        if now == expected {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{now} connections not joined, expected {n}"
+            "{what} = {now:?}, expected {expected:?}"
         );
         pace.tick().await;
     }
+}
+
+/// Wait until `n` connections are not joined.
+async fn wait_for_unjoined(h: &Harness, n: usize) {
+    wait_until(
+        "connections not joined",
+        || h.server.join_gate.unjoined(),
+        n,
+    )
+    .await;
 }
 
 /// A join listing `n` containers (a re-joining worker), as frame bytes.
@@ -168,22 +179,15 @@ async fn unjoined_connections_are_capped_per_source_and_in_all() {
     wait_for_unjoined(&h, 2).await;
 }
 
-/// Wait (paced; the timeout guards against a hang) until the join answers in delivery and the
-/// joins waiting for their turn are `(in_progress, waiting)`.
+/// Wait until the join answers in delivery and the joins waiting for their turn are
+/// `(in_progress, waiting)`.
 async fn wait_for_answers(h: &Harness, expected: (usize, usize)) {
-    let deadline = tokio::time::Instant::now() + FAILURE_TIMEOUT;
-    let mut pace = tokio::time::interval(Duration::from_millis(5));
-    loop {
-        let now = h.server.join_gate.answers();
-        if now == expected {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "(answers in delivery, joins waiting) = {now:?}, expected {expected:?}"
-        );
-        pace.tick().await;
-    }
+    wait_until(
+        "(answers in delivery, joins waiting)",
+        || h.server.join_gate.answers(),
+        expected,
+    )
+    .await;
 }
 
 #[actix_rt::test]
