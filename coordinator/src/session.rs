@@ -540,23 +540,27 @@ pub async fn serve_connection(
                 };
                 // The answer (the whole directory) is most of a join's cost: joins are
                 // answered in turns, as many at once as the bytes of answers in delivery allow.
-                let permit = tokio::select! {
-                    p = gate.answer_permit() => p,
-                    _ = tokio::time::sleep_until(deadline) => {
-                        // Not the worker's fault: no join_rejected (that would be final for a
-                        // starting worker), the close says why and the worker re-joins.
-                        close = Some((
-                            CloseCode::Normal,
-                            format!(
-                                "join not answered within {:?} of connecting: it waited for its turn (join pacing)",
-                                gate.timeout
-                            ),
-                        ));
-                        break 'read;
-                    }
-                    _ = connection.closed() => break 'read,
-                };
-                answer_permit = Some(permit);
+                // A join without the cluster's token is refused by the actor at once: it never
+                // waits for, or holds, a turn.
+                if gate.token_matches(&join.join_token) {
+                    let permit = tokio::select! {
+                        p = gate.answer_permit() => p,
+                        _ = tokio::time::sleep_until(deadline) => {
+                            // Not the worker's fault: no join_rejected (that would be final for a
+                            // starting worker), the close says why and the worker re-joins.
+                            close = Some((
+                                CloseCode::Normal,
+                                format!(
+                                    "join not answered within {:?} of connecting: it waited for its turn (join pacing)",
+                                    gate.timeout
+                                ),
+                            ));
+                            break 'read;
+                        }
+                        _ = connection.closed() => break 'read,
+                    };
+                    answer_permit = Some(permit);
+                }
                 let outcome = coordinator
                     .send(WorkerJoined {
                         session_id,
@@ -578,11 +582,14 @@ pub async fn serve_connection(
                             .store(answer_bytes, Ordering::Relaxed);
                     }
                     Ok(JoinOutcome::Rejected { reason }) => {
+                        // The turn is the next join's now, not after this session's flush.
+                        answer_permit.take();
                         info!(%peer, "join rejected: {reason}");
                         close = Some((CloseCode::JoinRejected, reason));
                         break 'read;
                     }
                     Err(e) => {
+                        answer_permit.take();
                         close = Some((CloseCode::Normal, format!("coordinator stopping: {e}")));
                         break 'read;
                     }
