@@ -110,9 +110,10 @@ pub struct CoordinatorActor {
     /// `directory_deltas::membership_built_once_per_version_still_brings_every_worker_to_the_directory`).
     /// Keyed by every change instead (as before), a join storm rebuilt the whole directory for
     /// nearly every join and answer: 20 % of the coordinator's time at 5,000 nodes.
-    /// Each with the membership change it was built at, so a join answer appends the joining
-    /// node's own entry only when the shared directory does not hold it.
-    encoded_membership: (u64, HashMap<MembershipSent, (EncodedMembership, u64)>),
+    /// Since cluster protocol 9 the membership sent is small (the departures, the cluster's
+    /// sum; a whole directory is the receiving node's own entry, appended per answer), but the
+    /// sum is O(nodes) to build.
+    encoded_membership: (u64, HashMap<MembershipSent, EncodedMembership>),
     /// The stored issuer counter: every issuer handed out is below it, and a restarted
     /// coordinator starts there ([`ISSUER_RESERVATION_BLOCK`]).
     issuer_reserved: u32,
@@ -341,10 +342,9 @@ impl CoordinatorActor {
             self.state.remove_node(&node_id);
             return reject("coordinator key failure: no session secret".into());
         };
-        // The whole directory, shared with the other joins and answers of this version (built
-        // before this join, perhaps: the node's own entry is appended so it can place on itself
-        // at once; other joins not yet published reach it with the next version's delta, as
-        // they reach every other worker).
+        // The membership of a join answer, shared with the other joins and answers of this
+        // version: the cluster's sum and the node's own entry (protocol 9); the entries of its
+        // view's nodes come with their keys.
         let (
             NodeView {
                 mut view,
@@ -361,7 +361,16 @@ impl CoordinatorActor {
                 return reject("coordinator encoding failure: the directory".into());
             }
         };
-        let answer_bytes = membership.encoded_len() as u64;
+        // What the answer's size is made of (protocol 9): the membership (the cluster's sum and
+        // the node's own entry), the entries of its view's nodes and their keys; the rest is a
+        // few hundred bytes whatever the cluster's size.
+        let answer_bytes = (membership.encoded_len()
+            + view.entries.iter().map(entry_wire_bytes).sum::<usize>()
+            + issuer_keys.as_ref().map_or(0, |keys| {
+                keys.iter()
+                    .map(|k| k.node_id.as_str().len() + ISSUER_KEY_WIRE_OVERHEAD)
+                    .sum()
+            })) as u64;
         let _ = msg.tx.send_join_accepted(
             JoinAccepted {
                 protocol_version: CLUSTER_PROTOCOL_VERSION,
@@ -577,10 +586,10 @@ impl CoordinatorActor {
     /// once per published version and what is sent, and shared by every answer that sends the
     /// same until the next version (issue 17: in a join storm every answer carries the round's
     /// joins and every join answer the whole directory; built per answer that was O(nodes²)
-    /// copies). What [`CoordinatorState::view_with`] gave when it was first needed in this
-    /// version (see `encoded_membership`).
+    /// copies). What [`CoordinatorState::wire_membership`] gave when it was first needed in
+    /// this version (see `encoded_membership`).
     ///
-    /// A whole directory built before `node` joined gets `node`'s own entry appended
+    /// A whole directory (protocol 9: empty) gets `node`'s own entry appended
     /// ([`EncodedMembership::with_own`]): its worker must find its own node in its directory.
     fn shared_membership(
         &mut self,
@@ -596,20 +605,15 @@ impl CoordinatorActor {
         if self.encoded_membership.0 != version {
             self.encoded_membership = (version, HashMap::new());
         }
-        let (encoded, built_at) = match self.encoded_membership.1.get(&sent) {
+        let encoded = match self.encoded_membership.1.get(&sent) {
             Some(m) => m.clone(),
             None => {
-                let view = self.state.view_with(from_version, Vec::new());
-                let built = (
-                    EncodedMembership::encode(&view)?,
-                    self.state.membership_identity().1,
-                );
+                let built = EncodedMembership::encode(&self.state.wire_membership(from_version))?;
                 self.encoded_membership.1.insert(sent, built.clone());
                 built
             }
         };
         if sent == MembershipSent::Whole
-            && self.state.joined_after_change(node, built_at)
             && let Some(own) = self.state.node(node)
         {
             return Ok(Some(encoded.with_own(own)?));
@@ -1527,3 +1531,13 @@ impl Handler<Inspect> for CoordinatorActor {
         })
     }
 }
+
+/// At most what one directory entry takes on the wire beyond its strings (an array header,
+/// three string headers, CPU, memory and slot as msgpack integers), for sizing join answers.
+fn entry_wire_bytes(entry: &scheduler_core::distributed::NodeDirectoryEntry) -> usize {
+    entry.node_id.as_str().len() + entry.rack.len() + entry.app_endpoint.len() + 25
+}
+
+/// At most what one QUEUEABLE key takes on the wire beyond its node id (the 32-byte secret and
+/// its epoch, in columns: `scheduler_core::protocol::cluster::issuer_key_columns`).
+const ISSUER_KEY_WIRE_OVERHEAD: usize = 32 + 5 + 2;

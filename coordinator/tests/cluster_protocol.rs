@@ -122,15 +122,33 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     a.send(&heartbeat("node-a", 0, 1000.0, vec![], vec![], vec![]))
         .await;
     let first = a.expect_ack().await;
-    // A worker reporting no version gets the whole directory of the published version, shared
-    // by the answers of the version (issue 17): node-b's join is published with the next round.
+    // A worker reporting no version gets a whole directory: its own entry (cluster protocol 9:
+    // partial directories), the cluster's sum, and the entries of its view's nodes with their
+    // keys (node-b's among them, before its join is published with the next round).
+    // The sum is the one built when this version's whole directory was first sent (node-a's
+    // join), as any membership of a version (changes later in the round come with the next).
+    let summary = first.view.cluster.as_ref().expect("the cluster's sum");
+    assert_eq!(summary.nodes, 1);
+    assert_eq!(summary.largest_capacities, vec![Resources::new(2000, 2048)]);
+    let mut sent: Vec<&str> = first
+        .view
+        .entries
+        .iter()
+        .map(|e| e.node_id.as_str())
+        .collect();
+    sent.sort_unstable();
+    assert_eq!(sent, vec!["node-a", "node-b"], "the view's nodes' entries");
     let names: Vec<&str> = first
         .view
         .directory
         .iter()
         .map(|d| d.node_id.as_str())
         .collect();
-    assert_eq!(names, vec!["node-a"], "stale directory is resent");
+    assert_eq!(
+        names,
+        vec!["node-a"],
+        "own entry: a stale directory is reset"
+    );
     assert!(
         first.guaranteed_keys.is_none() && first.apps.is_none(),
         "known at join"
@@ -179,15 +197,25 @@ async fn heartbeat_ack_has_top_k_threshold_limit_and_directory_only_when_stale()
     let ack = a.expect_ack().await;
     let delta = ack.view.delta.as_ref().expect("the next round's delta");
     assert_eq!(delta.from_version, first.view.directory_version);
-    let joined: Vec<&str> = delta.joined.iter().map(|d| d.node_id.as_str()).collect();
-    assert_eq!(joined, vec!["node-b"]);
-    assert!(ack.view.directory.is_empty());
+    // Departures only: node-b's entry came with its key already; the sum is current.
+    assert!(
+        delta.joined.is_empty() && delta.left.is_empty(),
+        "{delta:?}"
+    );
+    let summary = ack
+        .view
+        .cluster
+        .as_ref()
+        .expect("the cluster's sum with the delta");
+    assert_eq!(summary.nodes, 2);
+    assert_eq!(summary.largest_capacities, vec![Resources::new(4000, 4096)]);
+    assert!(ack.view.directory.is_empty() && ack.view.entries.is_empty());
     // The top-k names nodes by their slots in the directory (cluster protocol 8).
     let names_by_slot: std::collections::HashMap<u32, &str> = first
         .view
         .directory
         .iter()
-        .chain(&delta.joined)
+        .chain(&first.view.entries)
         .map(|d| (d.slot, d.node_id.as_str()))
         .collect();
     assert_eq!(names_by_slot.len(), 2, "one slot per node");
@@ -801,17 +829,21 @@ async fn each_scheduler_gets_its_own_key_for_every_node_and_a_rejoin_renews_them
         ack.view.directory.is_empty(),
         "a delta, not the whole directory"
     );
-    let delta = ack.view.delta.expect("the re-join as a delta");
+    let delta = ack.view.delta.expect("the re-join's version as a delta");
     assert_eq!(delta.from_version, a_ack.view.directory_version);
+    // No departure; the re-joined node's new entry goes with its new key (protocol 9).
+    assert!(
+        delta.joined.is_empty() && delta.left.is_empty(),
+        "{delta:?}"
+    );
     assert_eq!(
-        delta
-            .joined
+        ack.view
+            .entries
             .iter()
             .map(|n| n.node_id.as_str())
             .collect::<Vec<_>>(),
         vec!["node-b"]
     );
-    assert!(delta.left.is_empty());
     let renewed = ack.issuer_keys.expect("new session, new key");
     assert_eq!(renewed.len(), 1, "only the re-joined node's key");
     assert_eq!(keys_of(&renewed, "node-b").node_epoch, b2_accepted.issuer);

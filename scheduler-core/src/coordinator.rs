@@ -2,7 +2,9 @@
 //! the nodes' queue-delay estimates into the top-k list, the load-shedding threshold
 //! (mean + n·σ), and routing of container notices back to the scheduler that issued them.
 
-use crate::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad};
+use crate::distributed::{
+    ClusterSummary, ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad,
+};
 use crate::liveness::JOIN_ANSWER_LIMIT;
 use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
@@ -116,8 +118,9 @@ struct NodeEntry {
     /// for this session when this node enters the top-k it is sent, see
     /// [`CoordinatorState::node_view`]).
     issuer_keys: Option<IssuerKeyDeriver>,
-    /// The node slots ([`NodeEntry::slot`]) whose node's current session's QUEUEABLE key this
-    /// node's scheduler has been sent in this session: a subset of the keys it holds (a slot's
+    /// The node slots ([`NodeEntry::slot`]) whose node's current session's QUEUEABLE key (with
+    /// a token master key) and directory entry (cluster protocol 9) this node's scheduler has
+    /// been sent in this session: a subset of the keys and entries it holds (a slot's
     /// mark is cleared in every node's set when the slot gets a new session, so the key is
     /// sent again). One bit per slot, so a scheduler is sent each node's key once however
     /// often that node enters and leaves the top-k, for O(nodes) bits per node.
@@ -282,6 +285,8 @@ pub struct CoordinatorState {
 /// join storm O(nodes²) keys.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeView {
+    /// With `entries`: the directory entries of the same top-k nodes as the keys (sent once
+    /// each per session, as the keys are, with or without a token master key).
     pub view: ClusterView,
     /// With the whole directory: the scheduler's keys for the round's top-k nodes, replacing
     /// its old ones. With a delta: keys to add or replace (a re-joined node's new session
@@ -567,7 +572,7 @@ impl CoordinatorState {
             directory: Vec::new(),
             delta: None,
             top_k,
-            top_k_slots: Vec::new(),
+            ..ClusterView::default()
         };
         match self.directory_since(known_version) {
             DirectorySince::Current => {}
@@ -607,11 +612,58 @@ impl CoordinatorState {
     ) -> NodeView {
         let (mut parts, sent) = self.node_view_parts(node, known_version, top_k);
         if sent != MembershipSent::Nothing {
-            let with_membership = self.view_with(known_version, Vec::new());
-            parts.view.directory = with_membership.directory;
-            parts.view.delta = with_membership.delta;
+            let membership = self.wire_membership(known_version);
+            parts.view.directory = membership.directory;
+            parts.view.delta = membership.delta;
+            parts.view.cluster = membership.cluster;
+            if sent == MembershipSent::Whole
+                && let Some(own) = self.nodes.get(node)
+            {
+                parts.view.directory.push(own.dir.clone());
+            }
         }
         parts
+    }
+
+    /// The membership part of a view as cluster protocol 9 sends it to a scheduler whose
+    /// directory is at `known_version` (see [`ClusterView`]: partial directories): nothing when
+    /// it is current; else the cluster's sum, with the nodes that left since
+    /// `known_version` as a delta when that version is among the kept ones (a re-joined node's
+    /// entry is replaced when its new session's key is sent), or, for a whole
+    /// directory, no entry (the caller adds the receiving node's own). The entries of a
+    /// scheduler's view nodes go with their keys ([`CoordinatorState::node_view_parts`]).
+    /// The same for every scheduler at that version while
+    /// [`CoordinatorState::membership_identity`] is unchanged. O(nodes) for the sum.
+    pub fn wire_membership(&self, known_version: u64) -> ClusterView {
+        let mut view = ClusterView {
+            directory_version: self.directory_version,
+            ..ClusterView::default()
+        };
+        let changed = match self.directory_since(known_version) {
+            DirectorySince::Current => return view,
+            DirectorySince::Whole => None,
+            DirectorySince::Changed(changed) => Some(changed),
+        };
+        if let Some(changed) = changed {
+            let mut delta = DirectoryDelta {
+                from_version: known_version,
+                joined: Vec::new(),
+                left: Vec::new(),
+            };
+            // Only departures: a node that joined or re-joined since gets its (new) entry to
+            // each scheduler with its key, in the first answer whose view names it, perhaps
+            // before this version; naming it here would have the scheduler drop that entry.
+            delta.left = changed
+                .into_iter()
+                .filter(|node| !self.nodes.contains_key(*node))
+                .cloned()
+                .collect();
+            view.delta = Some(delta);
+        }
+        view.cluster = Some(ClusterSummary::of(
+            self.nodes.values().map(|n| n.dir.capacity),
+        ));
+        view
     }
 
     /// What membership a scheduler whose directory is at `known_version` is sent: nothing when
@@ -650,7 +702,7 @@ impl CoordinatorState {
             directory: Vec::new(),
             delta: None,
             top_k,
-            top_k_slots: Vec::new(),
+            ..ClusterView::default()
         };
         (self.node_view_keys(node, view, sent), sent)
     }
@@ -658,16 +710,11 @@ impl CoordinatorState {
     fn node_view_keys(
         &mut self,
         node: &NodeId,
-        view: ClusterView,
+        mut view: ClusterView,
         sent: MembershipSent,
     ) -> NodeView {
         let whole = sent == MembershipSent::Whole;
-        if self.token_master.is_none() {
-            return NodeView {
-                view,
-                issuer_keys: None,
-            };
-        }
+        let signing = self.token_master.is_some();
         let Some(me) = self.nodes.get_mut(node) else {
             return NodeView {
                 view,
@@ -677,25 +724,46 @@ impl CoordinatorState {
         let generation = self.top_k_generation;
         let check = whole || me.keys_at_generation != Some(generation);
         if whole {
-            // The scheduler replaces its keys with these.
+            // The scheduler replaces its keys, and its directory but for its own entry, with
+            // these.
             me.keys_held.clear();
         }
+        me.keys_at_generation = Some(generation);
+        let issuer = me.issuer;
+        // Taken out while other nodes' entries are read.
+        let mut held = std::mem::take(&mut me.keys_held);
         let mut keys = Vec::new();
         if check {
             let round = &self.round;
-            for (&slot, deriver) in round.top_k_slots.iter().zip(&round.top_k_derivers) {
-                if me.keys_held.contains(slot) {
+            for ((&slot, deriver), load) in round
+                .top_k_slots
+                .iter()
+                .zip(&round.top_k_derivers)
+                .zip(&round.top_k)
+            {
+                if held.contains(slot) {
                     continue;
                 }
-                let Some(deriver) = &deriver.0 else {
+                let Some(entry) = self.nodes.get(&load.node_id) else {
                     continue;
                 };
-                keys.push(deriver.issuer_key(me.issuer));
-                me.keys_held.insert(slot);
+                if signing {
+                    // A node without a deriver (its secret could not be derived) is never
+                    // signed for: its entry would be of no use either.
+                    let Some(deriver) = &deriver.0 else {
+                        continue;
+                    };
+                    keys.push(deriver.issuer_key(issuer));
+                }
+                view.entries.push(entry.dir.clone());
+                held.insert(slot);
             }
         }
-        me.keys_at_generation = Some(generation);
-        let issuer_keys = (sent != MembershipSent::Nothing || !keys.is_empty()).then_some(keys);
+        if let Some(me) = self.nodes.get_mut(node) {
+            me.keys_held = held;
+        }
+        let issuer_keys =
+            (signing && (sent != MembershipSent::Nothing || !keys.is_empty())).then_some(keys);
         NodeView { view, issuer_keys }
     }
 

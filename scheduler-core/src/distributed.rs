@@ -107,16 +107,31 @@ pub struct SlotLoad {
 /// (`directory`, at join and when the version the worker reports is unknown or older than the
 /// coordinator's change log), or the changes since the reported version (`delta`). A membership
 /// change thus costs every node O(changes), not O(nodes).
+///
+/// On the wire (cluster protocol 9) the directory is *partial*: a scheduler only ever places on
+/// the nodes of its view, so it is sent the entries of those nodes only, with the keys that go
+/// with them (`entries`: the view's nodes it was not sent yet, [`crate::coordinator::NodeView`]),
+/// and what it needs of the rest in sum (`cluster`: how many nodes, the largest capacities).
+/// The "whole directory" of a join answer is then the joining node's own entry, and a delta
+/// names only the nodes that left. A join costs O(k), not O(nodes): at 10,000 nodes a join answer
+/// carried 266 KB of directory, and a join storm O(nodes²) bytes (docs/benchmarks.md §9).
+/// In-process views (the simulator, tests) may still carry the whole directory without
+/// `cluster`; the scheduler then takes both sums from its directory.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterView {
     /// The membership version this view brings the scheduler to. Bumped at most once per
     /// coordinator round however many nodes join or leave in it.
     pub directory_version: u64,
-    /// The whole directory when it is sent; empty otherwise.
+    /// The whole directory when it is sent (partial on the wire: the receiving node's own entry);
+    /// empty otherwise.
     pub directory: Vec<NodeDirectoryEntry>,
     /// The changes since the version the worker reported, when those are sent instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<DirectoryDelta>,
+    /// The cluster in sum, with every membership sent on the wire (protocol 9): the scheduler's
+    /// directory is partial. `None`: the directory is whole, or unchanged since the last sum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSummary>,
     /// Nodes of least queue delay, ascending (at most the coordinator's k), by name: how a view
     /// is handed over in-process (the simulator, tests). Never on the wire.
     #[serde(skip)]
@@ -128,6 +143,68 @@ pub struct ClusterView {
     /// at the view's version.
     #[serde(rename = "top_k", with = "top_k_columns")]
     pub top_k_slots: Vec<SlotLoad>,
+    /// Directory entries of view nodes this scheduler was not sent yet, or whose node re-joined
+    /// since (protocol 9): added to its directory, replacing an entry of the same node or slot,
+    /// after the membership above is applied. They travel with the nodes' QUEUEABLE keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entries: Vec<NodeDirectoryEntry>,
+}
+
+/// Largest number of capacities a [`ClusterSummary`] lists: past it the list is sent empty and
+/// schedulers do not refuse asks as larger than any node (the check is a courtesy to apps;
+/// an ask no node can hold stays unplaced with its reason).
+pub const SUMMARY_MAX_CAPACITIES: usize = 64;
+
+/// What a scheduler with a partial directory knows of the whole cluster (cluster protocol 9).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSummary {
+    /// Joined nodes: each runs a distributed scheduler that sees the same view, which a
+    /// scheduler counts in its own placements (see the module documentation).
+    pub nodes: u32,
+    /// The node capacities not exceeded in both CPU and memory by another node's: an ask fits on
+    /// some node exactly when it fits in one of these. Empty when there would be more than
+    /// [`SUMMARY_MAX_CAPACITIES`] (then not checked).
+    pub largest_capacities: Vec<Resources>,
+}
+
+impl ClusterSummary {
+    /// The summary of the nodes of `capacities` (one item per node).
+    pub fn of(capacities: impl Iterator<Item = Resources>) -> ClusterSummary {
+        let mut nodes = 0u32;
+        let mut distinct: Vec<Resources> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for c in capacities {
+            nodes = nodes.saturating_add(1);
+            if seen.insert(c) {
+                distinct.push(c);
+            }
+        }
+        ClusterSummary {
+            nodes,
+            largest_capacities: largest_capacities(distinct),
+        }
+    }
+}
+
+/// The Pareto front of distinct capacities (none holds another in both dimensions), or nothing
+/// when it has more than [`SUMMARY_MAX_CAPACITIES`]. Sorted by CPU descending: an element is on
+/// the front exactly when its memory exceeds that of every element with more CPU.
+fn largest_capacities(mut distinct: Vec<Resources>) -> Vec<Resources> {
+    distinct.sort_unstable_by(|a, b| {
+        b.cpu_millis
+            .cmp(&a.cpu_millis)
+            .then(b.memory_mib.cmp(&a.memory_mib))
+    });
+    let mut front: Vec<Resources> = Vec::new();
+    for c in distinct {
+        if front.last().is_none_or(|f| c.memory_mib > f.memory_mib) {
+            front.push(c);
+        }
+    }
+    if front.len() > SUMMARY_MAX_CAPACITIES {
+        front.clear();
+    }
+    front
 }
 
 /// The top-k list on the wire as two columns, `{node_slots: [..], queue_delays_ms: [..]}`,
@@ -388,8 +465,11 @@ pub struct DistributedScheduler {
     drawn: Vec<usize>,
     /// Scratch: the directory entries an ask already got an off-locality container on.
     used_off_locality: UsedNodes,
-    /// The distinct node capacities of the directory, for the "fits on some node" check.
-    capacities: Vec<Resources>,
+    /// The distinct node capacities of the directory, or the summary's largest ones, for the
+    /// "fits on some node" check; `None`: not known (a summary with too many), not checked.
+    capacities: Option<Vec<Resources>>,
+    /// The cluster in sum when the directory is partial (the last one sent).
+    summary: Option<ClusterSummary>,
     quotas: QuotaTracker,
 }
 
@@ -410,7 +490,8 @@ impl DistributedScheduler {
             view_positions_by_node: Vec::new(),
             drawn: Vec::new(),
             used_off_locality: UsedNodes::default(),
-            capacities: Vec::new(),
+            capacities: Some(Vec::new()),
+            summary: None,
             quotas: QuotaTracker::new(),
         }
     }
@@ -453,8 +534,10 @@ impl DistributedScheduler {
             directory_version,
             directory,
             delta,
+            cluster,
             top_k,
             top_k_slots,
+            entries,
         } = view;
         let update = match delta {
             Some(delta) => {
@@ -475,6 +558,23 @@ impl DistributedScheduler {
             }
             None => DirectoryUpdate::Unchanged,
         };
+        match &update {
+            DirectoryUpdate::Replaced | DirectoryUpdate::Patched { .. } => {
+                // A whole directory without a sum is whole (in-process views).
+                if cluster.is_some() || matches!(update, DirectoryUpdate::Replaced) {
+                    self.summary = cluster;
+                }
+                if entries.is_empty() {
+                    self.reindex_capacities();
+                }
+            }
+            DirectoryUpdate::Unchanged | DirectoryUpdate::Ignored => {}
+        }
+        if !entries.is_empty() {
+            // Current entries, counted as held by the coordinator: kept even with an ignored
+            // delta (each replaces its node's or slot's older entry).
+            self.add_entries(entries);
+        }
         if top_k_slots.is_empty() {
             self.update_top_k(top_k);
         } else if self.view.directory_version == directory_version {
@@ -563,11 +663,64 @@ impl DistributedScheduler {
     }
 
     fn reindex_capacities(&mut self) {
-        self.capacities.clear();
+        if let Some(summary) = &self.summary {
+            self.capacities = (!summary.largest_capacities.is_empty())
+                .then(|| summary.largest_capacities.clone());
+            return;
+        }
+        let mut capacities = Vec::new();
         for n in &self.view.directory {
-            if !self.capacities.contains(&n.capacity) {
-                self.capacities.push(n.capacity);
+            if !capacities.contains(&n.capacity) {
+                capacities.push(n.capacity);
             }
+        }
+        self.capacities = Some(capacities);
+    }
+
+    /// Add or replace directory entries (protocol 9's `entries`): an entry replaces the one of
+    /// the same node and any other holding its slot (whose node left or re-joined under another
+    /// slot: the coordinator gives a slot again only after announcing its previous node's
+    /// departure, and re-sends a re-joined node's entry). The directory stays in name order.
+    fn add_entries(&mut self, entries: Vec<NodeDirectoryEntry>) {
+        {
+            let names: std::collections::HashSet<&NodeId> =
+                entries.iter().map(|n| &n.node_id).collect();
+            let slots: std::collections::HashSet<u32> = entries.iter().map(|n| n.slot).collect();
+            self.view
+                .directory
+                .retain(|n| !names.contains(&n.node_id) && !slots.contains(&n.slot));
+        }
+        self.view.directory.extend(entries);
+        self.view.directory =
+            Self::in_name_order_last_wins(std::mem::take(&mut self.view.directory));
+        self.reindex_directory();
+    }
+
+    /// Whether `resources` fit on some node: in one of `capacities` (the directory's, or the
+    /// sum's largest), or, with a partial directory, on a node it holds (the sum is the one of
+    /// its version, built when first sent in that version, so it may lack a node joined since:
+    /// the receiving node's own entry, for one, comes with its join answer).
+    fn fits_some_node(&self, resources: &Resources, capacities: &[Resources]) -> bool {
+        capacities.iter().any(|c| resources.fits_in(c))
+            || (self.directory_is_partial()
+                && self
+                    .view
+                    .directory
+                    .iter()
+                    .any(|n| resources.fits_in(&n.capacity)))
+    }
+
+    /// Whether the directory holds only some of the cluster's nodes (cluster protocol 9: those
+    /// this scheduler's views named, and its own).
+    pub fn directory_is_partial(&self) -> bool {
+        self.summary.is_some()
+    }
+
+    /// How many nodes the cluster has: the summary's count, or the whole directory's length.
+    pub fn cluster_nodes(&self) -> usize {
+        match &self.summary {
+            Some(s) => s.nodes as usize,
+            None => self.view.directory.len(),
         }
     }
 
@@ -678,9 +831,10 @@ impl DistributedScheduler {
         if self.view.directory.is_empty() {
             return Err(PlacementError::NoView);
         }
-        if !self.capacities.iter().any(|c| ask.resources.fits_in(c)) {
-            let largest = self
-                .capacities
+        if let Some(capacities) = &self.capacities
+            && !self.fits_some_node(&ask.resources, capacities)
+        {
+            let largest = capacities
                 .iter()
                 .copied()
                 .max_by_key(|c| (c.memory_mib, c.cpu_millis))
@@ -783,7 +937,7 @@ impl DistributedScheduler {
     /// documentation: peers choose like this one, so this is the work expected to land there).
     fn account_placement(&mut self, node_index: usize, ask: &QueueableAsk) {
         let capacity = self.view.directory[node_index].capacity;
-        let peers = self.view.directory.len().max(1) as f64;
+        let peers = self.cluster_nodes().max(1) as f64;
         let work_ms = ask
             .runtime_estimate_ms
             .unwrap_or(DEFAULT_RUNTIME_ESTIMATE_MS) as f64
@@ -955,5 +1109,133 @@ impl UsedNodes {
 
     fn contains(&self, index: usize) -> bool {
         self.marks.get(index).copied().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// The summary's capacities are exactly the distinct capacities no other one holds in both
+    /// dimensions (checked against the definition on random clusters), so "fits in one of
+    /// them" is "fits on some node"; past the cap, none is listed.
+    #[test]
+    fn a_summary_lists_the_capacities_no_other_node_exceeds() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        for round in 0..300 {
+            let nodes = 1 + rng.random_range(0..40);
+            let capacities: Vec<Resources> = (0..nodes)
+                .map(|_| {
+                    Resources::new(
+                        1000 * rng.random_range(1..8u64),
+                        1024 * rng.random_range(1..8u64),
+                    )
+                })
+                .collect();
+            let summary = ClusterSummary::of(capacities.iter().copied());
+            assert_eq!(summary.nodes as usize, nodes, "round {round}");
+            let mut expected: Vec<Resources> = capacities
+                .iter()
+                .copied()
+                .filter(|c| !capacities.iter().any(|o| o != c && c.fits_in(o)))
+                .collect();
+            expected.sort_unstable_by_key(|c| (c.cpu_millis, c.memory_mib));
+            expected.dedup();
+            let mut listed = summary.largest_capacities.clone();
+            listed.sort_unstable_by_key(|c| (c.cpu_millis, c.memory_mib));
+            assert_eq!(listed, expected, "round {round}");
+            for _ in 0..20 {
+                let ask = Resources::new(rng.random_range(0..9000), rng.random_range(0..9000));
+                assert_eq!(
+                    listed.iter().any(|c| ask.fits_in(c)),
+                    capacities.iter().any(|c| ask.fits_in(c)),
+                    "round {round}: {ask}"
+                );
+            }
+        }
+        // Anti-correlated capacities: every one is on the front; past the cap none is listed.
+        let many =
+            (0..=SUMMARY_MAX_CAPACITIES as u64).map(|i| Resources::new(1000 + i, 100_000 - i));
+        assert!(ClusterSummary::of(many).largest_capacities.is_empty());
+        let enough =
+            (0..SUMMARY_MAX_CAPACITIES as u64).map(|i| Resources::new(1000 + i, 100_000 - i));
+        assert_eq!(
+            ClusterSummary::of(enough).largest_capacities.len(),
+            SUMMARY_MAX_CAPACITIES
+        );
+    }
+
+    fn entry(name: &str, slot: u32, capacity: Resources) -> NodeDirectoryEntry {
+        NodeDirectoryEntry {
+            node_id: NodeId::new(name.to_string()),
+            rack: "r0".to_string(),
+            capacity,
+            app_endpoint: format!("{name}:7000"),
+            slot,
+        }
+    }
+
+    /// With a partial directory the scheduler takes the cluster's size and largest capacities
+    /// from the sum, not from the entries it holds: an ask larger than every node it was sent
+    /// but not than some other node is placed as usual (here: unplaced, no view node fits), one
+    /// larger than every node of the cluster is refused; entries replace the entry of the same
+    /// node or slot.
+    #[test]
+    fn a_partial_directory_checks_asks_against_the_clusters_sum() {
+        let small = Resources::new(1000, 1024);
+        let big = Resources::new(8000, 8192);
+        let mut ds = DistributedScheduler::new(DistributedSchedulerConfig::default(), 1);
+        let update = ds.update_view(ClusterView {
+            directory_version: 3,
+            directory: vec![entry("own", 0, small)],
+            cluster: Some(ClusterSummary::of([small, small, big].into_iter())),
+            top_k_slots: vec![SlotLoad {
+                slot: 1,
+                queue_delay_ms: 0.0,
+            }],
+            entries: vec![entry("other", 1, small)],
+            ..ClusterView::default()
+        });
+        assert_eq!(update, DirectoryUpdate::Replaced);
+        assert!(ds.directory_is_partial());
+        assert_eq!(ds.cluster_nodes(), 3);
+        assert_eq!(ds.view().directory.len(), 2);
+        assert_eq!(ds.view().top_k.len(), 1, "the slot resolves to its entry");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let ask = |resources| QueueableAsk {
+            app_id: "a".into(),
+            job_id: "j".into(),
+            count: 1,
+            resources,
+            locality: None,
+            priority: 0,
+            runtime_estimate_ms: None,
+            job_submit_time_ms: 0,
+            replacements: Vec::new(),
+        };
+        let quota = QueueableQuota::default();
+        let placed = ds
+            .place(0, &ask(Resources::new(4000, 4096)), &quota, &mut rng)
+            .expect("fits on the big node elsewhere");
+        assert_eq!(placed.unplaced, 1);
+        assert!(matches!(
+            ds.place(0, &ask(Resources::new(9000, 4096)), &quota, &mut rng),
+            Err(PlacementError::LargerThanAnyNode { .. })
+        ));
+        // The node at slot 1 left and another took the slot; "own" re-joined elsewhere.
+        ds.update_view(ClusterView {
+            directory_version: 4,
+            entries: vec![entry("newcomer", 1, big), entry("own", 5, small)],
+            ..ClusterView::default()
+        });
+        let names: Vec<&str> = ds
+            .view()
+            .directory
+            .iter()
+            .map(|e| e.node_id.as_str())
+            .collect();
+        assert_eq!(names, ["newcomer", "own"]);
+        assert_eq!(ds.view().directory[1].slot, 5);
     }
 }

@@ -150,6 +150,31 @@ impl IssuedContainers {
         }
     }
 
+    /// Nodes that left (a delta's departures, cluster protocol 9's partial directories): what
+    /// was issued on them is lost, as [`IssuedContainers::on_directory`] does for the nodes a
+    /// whole directory no longer holds.
+    pub fn on_nodes_left(
+        &mut self,
+        quotas: &mut QuotaTracker,
+        left: &[NodeId],
+    ) -> Vec<IssuedAction> {
+        let mut out = Vec::new();
+        let mut left: Vec<&NodeId> = left.iter().collect();
+        left.sort();
+        left.dedup();
+        for node in left {
+            let mut ids: Vec<ContainerId> = self
+                .by_node
+                .remove(node)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            ids.sort_unstable();
+            out.extend(ids.into_iter().filter_map(|id| self.lost(quotas, id, node)));
+        }
+        out
+    }
+
     /// The directory changed: containers issued on nodes no longer in it are lost.
     pub fn on_directory<'a>(
         &mut self,
@@ -157,28 +182,13 @@ impl IssuedContainers {
         present: impl IntoIterator<Item = &'a NodeId>,
     ) -> Vec<IssuedAction> {
         let present: HashSet<&NodeId> = present.into_iter().collect();
-        let mut gone: Vec<NodeId> = self
+        let gone: Vec<NodeId> = self
             .by_node
             .keys()
             .filter(|n| !present.contains(n))
             .cloned()
             .collect();
-        gone.sort();
-        let mut out = Vec::new();
-        for node in gone {
-            let mut ids: Vec<ContainerId> = self
-                .by_node
-                .remove(&node)
-                .unwrap_or_default()
-                .into_iter()
-                .collect();
-            ids.sort_unstable();
-            out.extend(
-                ids.into_iter()
-                    .filter_map(|id| self.lost(quotas, id, &node)),
-            );
-        }
-        out
+        self.on_nodes_left(quotas, &gone)
     }
 
     /// `app` asks again for containers that nodes shed (Mercury §4.3: a shed returns a poorly

@@ -94,6 +94,7 @@ impl Worker {
     /// Apply one heartbeat answer; returns the membership entries it carried.
     fn apply(&mut self, answer: scheduler_core::coordinator::NodeView) -> usize {
         let carried = answer.view.directory.len()
+            + answer.view.entries.len()
             + answer
                 .view
                 .delta
@@ -120,16 +121,33 @@ impl Worker {
         carried
     }
 
-    /// The worker's directory is exactly the coordinator's (same entries in the same order),
-    /// and it holds the key of the current session of every node of the round's top-k, the
-    /// nodes it may place QUEUEABLE work on (a signature made with it equals one made with the
-    /// key the coordinator derives for that session), and no more keys than directory nodes.
+    /// The worker's directory is partial (cluster protocol 9) and right where it is used: it
+    /// holds the coordinator's current entry of every node of the round's top-k, the nodes it
+    /// may place QUEUEABLE work on, and the key of each one's current session (a signature made
+    /// with it equals one made with the key the coordinator derives for that session); every
+    /// other entry is of a joined node (an entry of a node that re-joined outside the top-k may
+    /// be of its previous session, even at its previous slot, and is replaced when a view
+    /// names the node or another node takes the slot), one entry per slot; and its sum of the
+    /// cluster is the coordinator's. No more keys than directory nodes.
     fn assert_matches(&self, c: &CoordinatorState) {
         let expected: Vec<NodeDirectoryEntry> = c.nodes().cloned().collect();
-        assert_eq!(self.scheduler.view().directory, expected);
+        let held = &self.scheduler.view().directory;
+        assert!(held.windows(2).all(|w| w[0].node_id < w[1].node_id));
+        let mut slots = std::collections::HashSet::new();
+        for e in held {
+            assert!(c.node(&e.node_id).is_some(), "{} left", e.node_id);
+            assert!(slots.insert(e.slot), "slot {} twice", e.slot);
+        }
+        assert!(self.scheduler.directory_is_partial());
+        assert_eq!(self.scheduler.cluster_nodes(), c.node_count());
         let issuer = self.signer.issuer();
         for l in &c.aggregate_round().top_k {
             let n = &l.node_id;
+            assert_eq!(
+                held.iter().find(|e| &e.node_id == n),
+                c.node(n),
+                "entry of top-k node {n}"
+            );
             assert_eq!(self.signer.node_epoch(n), c.issuer_of(n), "session of {n}");
             let reference = QueueableSigner::new(issuer, &[c.issuer_key_for(issuer, n).unwrap()]);
             let b = body(issuer, n);
@@ -139,7 +157,8 @@ impl Worker {
                 "key for {n}"
             );
         }
-        assert!(self.signer.nodes() <= expected.len());
+        assert!(held.len() <= expected.len());
+        assert!(self.signer.nodes() <= held.len());
         for n in &expected {
             if let Some(epoch) = self.signer.node_epoch(&n.node_id) {
                 assert!(epoch <= c.issuer_of(&n.node_id).unwrap());
@@ -241,6 +260,11 @@ fn membership_changes_of_one_round_are_one_version_sent_as_one_delta() {
     let top_k = c.aggregate_round().top_k.len();
     assert_eq!(top_k, CoordinatorConfig::default().top_k);
     assert_eq!(quiet.issuer_keys.as_ref().map(Vec::len), Some(top_k));
+    assert_eq!(
+        quiet.view.entries.len(),
+        top_k,
+        "and their entries (protocol 9)"
+    );
     w.apply(quiet);
     // The next round publishes all of it as one version and one delta.
     c.round(Time::from_millis(1000), ROUND, &mut rng);
@@ -249,12 +273,16 @@ fn membership_changes_of_one_round_are_one_version_sent_as_one_delta() {
     let delta = answer.view.delta.clone().expect("a delta");
     assert!(answer.view.directory.is_empty());
     assert_eq!(delta.from_version, v);
-    assert_eq!(delta.joined.len(), 199);
+    // Departures only (protocol 9): the 199 joins reach the worker as entries with their keys
+    // when its views name them.
+    assert!(delta.joined.is_empty());
     assert_eq!(delta.left, vec![NodeId::new("n007".to_string())]);
-    // Keys only for the new round's top-k nodes the worker was not sent yet: 199 joined, at
-    // most k keys.
+    assert_eq!(answer.view.cluster.as_ref().map(|s| s.nodes), Some(200));
+    // Keys and entries only for the new round's top-k nodes the worker was not sent yet: 199
+    // joined, at most k of each.
     let keys = answer.issuer_keys.as_ref().map_or(0, Vec::len);
     assert!(keys <= top_k, "{keys} keys for a top-{top_k}");
+    assert_eq!(answer.view.entries.len(), keys);
     w.apply(answer);
     w.assert_matches(&c);
     // A later round without changes publishes nothing.
@@ -280,18 +308,17 @@ fn the_change_log_is_bounded_and_an_older_version_gets_the_whole_directory() {
     // Within the log: the changes since.
     let recent = c.node_view(&w.node, oldest_covered, Vec::new());
     let delta = recent.view.delta.expect("a delta from a logged version");
-    assert_eq!(delta.joined.len(), DIRECTORY_LOG_VERSIONS);
+    // Joins only since: no departure to name (protocol 9).
+    assert!(delta.joined.is_empty() && delta.left.is_empty());
     assert!(recent.view.directory.is_empty());
     // Older than the log, unknown (0) or ahead of the coordinator (another incarnation's):
-    // the whole directory, with a key for every node of the top-k (here all of them).
+    // a whole directory — the node's own entry (protocol 9) — with an entry and a key for
+    // every node of the top-k (here all of them).
     for known in [oldest_covered - 1, 0, current + 1] {
         let whole = c.node_view(&w.node, known, Vec::new());
         assert!(whole.view.delta.is_none(), "version {known}");
-        assert_eq!(
-            whole.view.directory.len(),
-            c.node_count(),
-            "version {known}"
-        );
+        assert_eq!(whole.view.directory, vec![c.node(&w.node).unwrap().clone()]);
+        assert_eq!(whole.view.entries.len(), c.node_count(), "version {known}");
         assert_eq!(
             whole.issuer_keys.map(|k| k.len()),
             Some(c.aggregate_round().top_k.len())
@@ -301,7 +328,7 @@ fn the_change_log_is_bounded_and_an_older_version_gets_the_whole_directory() {
     // The worker, still at its join version (older than the log), catches up with it.
     assert!(w.version() < oldest_covered);
     let carried = w.apply(c.node_view(&w.node, w.version(), Vec::new()));
-    assert_eq!(carried, c.node_count());
+    assert_eq!(carried, 1 + c.node_count());
     w.assert_matches(&c);
 }
 
@@ -321,11 +348,28 @@ fn a_delta_that_does_not_start_at_or_before_the_schedulers_version_is_ignored_bu
     assert!(w.version() < v1);
     let before = w.scheduler.view().directory.clone();
     let version = w.version();
-    // The directory is left as it was; the answer's keys (current sessions' keys for the
-    // top-k, protocol 6) are kept all the same, as the worker's scheduler actor does, since
-    // the coordinator counts them as sent.
+    // The directory's membership is left as it was; the answer's keys (current sessions' keys
+    // for the top-k, protocol 6) and the entries that go with them (protocol 9) are kept all
+    // the same, as the worker's scheduler actor does, since the coordinator counts them as sent.
+    let sent: Vec<NodeId> = ahead
+        .view
+        .entries
+        .iter()
+        .map(|e| e.node_id.clone())
+        .collect();
     w.apply(ahead);
-    assert_eq!(w.scheduler.view().directory, before);
+    let mut expected: Vec<NodeId> = before.iter().map(|e| e.node_id.clone()).collect();
+    expected.extend(sent);
+    expected.sort();
+    expected.dedup();
+    let held: Vec<NodeId> = w
+        .scheduler
+        .view()
+        .directory
+        .iter()
+        .map(|e| e.node_id.clone())
+        .collect();
+    assert_eq!(held, expected);
     assert_eq!(w.version(), version);
     // Its own version's answer brings it up to date.
     let known = w.version();
@@ -581,7 +625,7 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
             };
             cache
                 .entry((c.directory_version(), sent))
-                .or_insert_with(|| (c.view_with(from, Vec::new()), c.membership_identity().1))
+                .or_insert_with(|| (c.wire_membership(from), c.membership_identity().1))
                 .clone()
         };
         let answer =
@@ -590,12 +634,13 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
              w: &Worker| {
                 let (mut parts, sent) = c.node_view_parts(&w.node, w.version(), Vec::new());
                 if sent != MembershipSent::Nothing {
-                    let (membership, built_at) = shared(c, sent);
+                    let (membership, _) = shared(c, sent);
                     parts.view.directory = membership.directory;
                     parts.view.delta = membership.delta;
-                    // As the live coordinator: a whole directory built before the node joined
-                    // gets its own entry appended.
-                    if sent == MembershipSent::Whole && c.joined_after_change(&w.node, built_at) {
+                    parts.view.cluster = membership.cluster;
+                    // As the live coordinator: a whole directory (protocol 9: none) gets the
+                    // node's own entry appended.
+                    if sent == MembershipSent::Whole {
                         parts.view.directory.push(c.node(&w.node).unwrap().clone());
                     }
                 }
@@ -612,11 +657,10 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
                 let issuer = c.join(now, dir);
                 let (mut parts, sent) = c.node_view_parts(&node, 0, Vec::new());
                 assert_eq!(sent, MembershipSent::Whole);
-                let (membership, built_at) = shared(c, sent);
+                let (membership, _) = shared(c, sent);
                 parts.view.directory = membership.directory;
-                if c.joined_after_change(&node, built_at) {
-                    parts.view.directory.push(c.node(&node).unwrap().clone());
-                }
+                parts.view.cluster = membership.cluster;
+                parts.view.directory.push(c.node(&node).unwrap().clone());
                 let mut scheduler =
                     DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
                 assert_eq!(scheduler.update_view(parts.view), DirectoryUpdate::Replaced);
@@ -845,5 +889,71 @@ fn a_top_k_sent_by_slot_resolves_only_to_joined_nodes_in_the_rounds_order() {
     assert!(
         resolved_entries > 1000,
         "{resolved_entries} entries resolved"
+    );
+}
+
+/// Cluster protocol 9: a join answer carries the node's own entry, the cluster's sum and the
+/// entries of its view's nodes (with their keys), not the directory, so its size does not grow
+/// with the cluster; a storm's deltas name no joined node; and workers that joined early and
+/// follow the answers through a storm of 2,000 joins hold every top-k node's current entry
+/// (checked by `assert_matches`) while each answer carried at most k entries (a joined node goes
+/// to the head of the top-k, so each round's k newest reach every worker: before protocol 9,
+/// every round's delta carried all of its 100 joins).
+#[test]
+fn join_answers_and_deltas_grow_with_the_view_not_with_the_cluster() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut c = coordinator();
+    let mut early: Vec<Worker> = (0..3)
+        .map(|i| Worker::join(&mut c, Time::ZERO, entry(i, 0)))
+        .collect();
+    c.round(Time::ZERO, ROUND, &mut rng);
+    let top_k = CoordinatorConfig::default().top_k;
+    let mut sent_to_early = vec![0usize; early.len()];
+    let mut largest_join_answer = 0;
+    for round in 1..=20u64 {
+        let now = Time::from_secs(round);
+        for i in 0..100usize {
+            let n = 3 + (round as usize - 1) * 100 + i;
+            let node = NodeId::new(format!("n{n:03}"));
+            let issuer = c.join(now, entry(n, 0));
+            let answer = c.node_view(&node, 0, Vec::new());
+            assert_eq!(answer.view.directory, vec![c.node(&node).unwrap().clone()]);
+            assert!(answer.view.cluster.is_some());
+            assert_eq!(
+                answer.issuer_keys.as_ref().map(Vec::len),
+                Some(answer.view.entries.len())
+            );
+            largest_join_answer = largest_join_answer.max(
+                scheduler_core::codec::to_payload(&answer.view)
+                    .unwrap()
+                    .len(),
+            );
+            assert!(issuer > 0);
+        }
+        for (w, sent) in early.iter_mut().zip(&mut sent_to_early) {
+            let answer = c.node_view(&w.node, w.version(), Vec::new());
+            if let Some(delta) = &answer.view.delta {
+                assert!(delta.joined.is_empty() && delta.left.is_empty());
+            }
+            let carried = w.apply(answer);
+            assert!(carried <= top_k, "{carried} entries in one answer");
+            *sent += carried;
+        }
+        c.round(now, ROUND, &mut rng);
+    }
+    let now = Time::from_secs(21);
+    c.round(now, ROUND, &mut rng);
+    for (w, sent) in early.iter_mut().zip(&mut sent_to_early) {
+        *sent += w.apply(c.node_view(&w.node, w.version(), Vec::new()));
+        w.assert_matches(&c);
+        assert!(*sent <= 21 * top_k, "{sent} entries");
+    }
+    assert_eq!(c.node_count(), 2003);
+    // The own entry and at most k entries with their sum: a few kilobytes at any cluster size
+    // (the whole directory of 2,003 nodes is ~90 KB).
+    let per_entry = 45;
+    assert!(
+        largest_join_answer < (top_k + 1) * per_entry + 200,
+        "{largest_join_answer} bytes"
     );
 }

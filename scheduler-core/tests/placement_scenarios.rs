@@ -592,6 +592,7 @@ fn a_whole_directory_naming_a_node_twice_keeps_the_last_entry_in_name_order() {
             slot: current.slot,
             queue_delay_ms: 0.0,
         }],
+        ..ClusterView::default()
     });
     assert_eq!(update, DirectoryUpdate::Replaced);
     assert_eq!(
@@ -635,6 +636,7 @@ fn a_top_k_by_slot_is_read_in_the_directory_at_the_views_version() {
         delta: None,
         top_k: Vec::new(),
         top_k_slots: by_slot(&[(3, 0.0), (9, 1.0), (1, 2.5)]),
+        ..ClusterView::default()
     });
     assert_eq!(update, DirectoryUpdate::Replaced);
     assert_eq!(
@@ -654,6 +656,7 @@ fn a_top_k_by_slot_is_read_in_the_directory_at_the_views_version() {
         }),
         top_k: Vec::new(),
         top_k_slots: by_slot(&[(9, 0.0), (3, 1.0)]),
+        ..ClusterView::default()
     });
     assert_eq!(update, DirectoryUpdate::Ignored);
     assert_eq!(
@@ -672,6 +675,7 @@ fn a_top_k_by_slot_is_read_in_the_directory_at_the_views_version() {
         }),
         top_k: Vec::new(),
         top_k_slots: by_slot(&[(9, 0.0), (3, 1.0), (2, 4.0)]),
+        ..ClusterView::default()
     });
     assert!(matches!(update, DirectoryUpdate::Patched { .. }));
     assert_eq!(

@@ -140,6 +140,9 @@ pub struct FleetReport {
     /// entries, over the run.
     pub delta_answers: u64,
     pub delta_entries: u64,
+    /// Directory entries sent with the views' keys (cluster protocol 9: a scheduler is sent the
+    /// entry of each node its views name once per session), join answers included.
+    pub view_entries: u64,
     /// QUIC traffic per heartbeat answered in the window, as the nodes' connections counted it
     /// (what the nodes received is what the coordinator sent).
     pub quic: QuicPerHeartbeat,
@@ -238,6 +241,7 @@ struct FleetShared {
     directory_entries: AtomicU64,
     delta_answers: AtomicU64,
     delta_entries: AtomicU64,
+    view_entries: AtomicU64,
     last_directory_at_us: AtomicU64,
     granted: AtomicU64,
     failed: AtomicU64,
@@ -380,11 +384,12 @@ fn print_report(r: &FleetReport) {
         r.lost.stopped, r.lost.detect_ms, r.lost.node_timeout_ms
     );
     println!(
-        "whole-directory answers {} ({} entries), delta answers {} ({} entries); coordinator counters: joined {:?}, lost {:?}, heartbeats {:?}",
+        "whole-directory answers {} ({} entries), delta answers {} ({} entries), view entries {}; coordinator counters: joined {:?}, lost {:?}, heartbeats {:?}",
         r.directory_answers,
         r.directory_entries,
         r.delta_answers,
         r.delta_entries,
+        r.view_entries,
         r.coordinator_nodes_joined,
         r.coordinator_nodes_lost,
         r.coordinator_heartbeats
@@ -695,6 +700,7 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         directory_entries: shared.directory_entries.load(Ordering::Relaxed),
         delta_answers: shared.delta_answers.load(Ordering::Relaxed),
         delta_entries: shared.delta_entries.load(Ordering::Relaxed),
+        view_entries: shared.view_entries.load(Ordering::Relaxed),
         quic,
         allocate: AllocateFigures {
             asked,
@@ -796,8 +802,12 @@ async fn session(
     record(&shared.join_waits, answer_wait.as_millis() as u64);
     let issuer = accepted.issuer;
     let mut known_version = accepted.view.directory_version;
-    // The join answer holds the whole directory and a key per node: kept for the session's
-    // life it made the fleet's memory O(nodes²) (3.8 GB at 4,000 of 5,000 nodes).
+    shared
+        .view_entries
+        .fetch_add(accepted.view.entries.len() as u64, Ordering::Relaxed);
+    // Before cluster protocol 9 the join answer held the whole directory and a key per node:
+    // kept for the session's life it made the fleet's memory O(nodes²) (3.8 GB at 4,000 of
+    // 5,000 nodes).
     drop(accepted);
     let mut seq = 0u64;
     let mut containers: Vec<ContainerStatus> = (0..plan.containers_per_node)
@@ -885,6 +895,9 @@ async fn session(
                                 .fetch_add(keys.node_epochs.len() as u64, Ordering::Relaxed);
                         }
                         let view = &ack.view;
+                        shared
+                            .view_entries
+                            .fetch_add(view.entries.len() as u64, Ordering::Relaxed);
                         // As the worker's scheduler does (`DistributedScheduler::update_view`): a
                         // delta moves the version only if it applies to the one held.
                         let applies = view.delta.as_ref().is_none_or(|d| {
@@ -919,7 +932,9 @@ async fn session(
                                             }
                                             gone.is_empty()
                                         }
-                                        None => !view.directory.iter().any(|d| gone.contains(&d.node_id)),
+                                        // A whole directory is partial (protocol 9): it
+                                        // says nothing of the others.
+                                        None => false,
                                     };
                                     if all_gone && !shared.lost_seen.swap(true, Ordering::AcqRel) {
                                         shared.lost_seen_us.store(now_us, Ordering::Release);
@@ -984,7 +999,7 @@ async fn session(
 }
 
 /// The coordinator's frames as a fleet node reads them: the parts of a heartbeat answer it
-/// counts (membership: versions, the whole directory's node ids, a delta's sizes and left ids),
+/// counts (membership: versions, the whole directory's length, a delta's sizes and left ids),
 /// grants and failures; anything else is skipped. A real worker decodes the whole answer,
 /// including the round's top-k list (most of its bytes); a fleet node does not use the list, and
 /// decoding it per answer was a large share of the driver's CPU, which shares the machine's
@@ -1014,38 +1029,11 @@ struct KeysSeen {
 #[derive(serde::Deserialize)]
 struct ViewSeen {
     directory_version: u64,
-    directory: Vec<EntrySeen>,
+    directory: Vec<serde::de::IgnoredAny>,
     #[serde(default)]
     delta: Option<DeltaSeen>,
-}
-
-/// A directory entry's node id (an entry is an array whose first element is the id, cluster
-/// protocol 7; the rest is skipped).
-struct EntrySeen {
-    node_id: NodeId,
-}
-
-impl<'de> serde::Deserialize<'de> for EntrySeen {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<EntrySeen, D::Error> {
-        struct EntryVisitor;
-        impl<'de> serde::de::Visitor<'de> for EntryVisitor {
-            type Value = EntrySeen;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a directory entry (an array, the node id first)")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<EntrySeen, A::Error> {
-                let node_id: NodeId = seq
-                    .next_element()?
-                    .ok_or_else(|| serde::de::Error::invalid_length(0, &self))?;
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(EntrySeen { node_id })
-            }
-        }
-        d.deserialize_seq(EntryVisitor)
-    }
+    #[serde(default)]
+    entries: Vec<serde::de::IgnoredAny>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1280,8 +1268,8 @@ mod tests {
                     directory_version: 9,
                     directory,
                     delta,
-                    top_k: Vec::new(),
-                    top_k_slots: Vec::new(),
+                    entries: vec![entry(4), entry(5), entry(6)],
+                    ..ClusterView::default()
                 },
                 shedding_threshold_ms: None,
                 queueable_limit: Resources::new(1, 1),
@@ -1298,13 +1286,8 @@ mod tests {
             panic!("a heartbeat answer");
         };
         assert_eq!(seen.view.directory_version, 9);
-        let ids: Vec<&str> = seen
-            .view
-            .directory
-            .iter()
-            .map(|e| e.node_id.as_str())
-            .collect();
-        assert_eq!(ids, ["fleet-1", "fleet-2"]);
+        assert_eq!(seen.view.directory.len(), 2);
+        assert_eq!(seen.view.entries.len(), 3);
         let delta = DirectoryDelta {
             from_version: 7,
             joined: vec![entry(3)],

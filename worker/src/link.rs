@@ -271,8 +271,8 @@ impl Link {
     }
 
     fn on_joined(&mut self, acc: JoinAccepted) {
-        // The join answer's whole directory holds this node's entry (appended last when the
-        // shared directory predates the join).
+        // The join answer's directory holds this node's entry (protocol 9: only it, the
+        // entries of its view's nodes come in `entries`).
         let own_slot = acc
             .view
             .directory
@@ -287,7 +287,8 @@ impl Link {
         };
         info!(
             issuer = acc.issuer,
-            nodes = acc.view.directory.len(),
+            nodes = acc.view.cluster.as_ref().map(|c| c.nodes),
+            entries = acc.view.entries.len(),
             "joined the cluster"
         );
         self.shared.connected.set(true);

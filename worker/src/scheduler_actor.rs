@@ -599,7 +599,15 @@ impl Handler<ViewUpdate> for SchedulerActor {
             .directory_version
             .set(self.ds.view().directory_version);
         let mut actions = Vec::new();
-        if matches!(
+        if self.ds.directory_is_partial() {
+            // Protocol 9: the directory holds the nodes this scheduler's views named, not every
+            // node, so only the departures a delta names end what was issued there (a reset
+            // after an unknown version names none: the coordinator routes the `lost` notices of
+            // a removed node's reported containers, and grants not yet started expire).
+            if let DirectoryUpdate::Patched { left } = &update {
+                actions = self.issued.on_nodes_left(self.ds.quotas_mut(), left);
+            }
+        } else if matches!(
             update,
             DirectoryUpdate::Replaced | DirectoryUpdate::Patched { .. }
         ) {

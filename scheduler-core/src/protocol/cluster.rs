@@ -29,7 +29,11 @@ use serde::{Deserialize, Serialize};
 /// as 32-bit floats. 8 (issue 17): each directory entry carries its node's slot, and the top-k
 /// names nodes by slot instead of by id (`distributed::SlotLoad`; the scheduler resolves them
 /// in its directory at the view's version).
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 8;
+/// 9 (issue 17): partial directories — a scheduler is sent the directory entries of the nodes
+/// its views name, with their keys (`ClusterView::entries`), and the cluster in sum
+/// (`ClusterView::cluster`); a join answer's directory is the node's own entry and a delta names
+/// only departures, so a join costs O(k) instead of O(nodes).
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 9;
 
 /// A list of QUEUEABLE keys on the wire as three columns (cluster protocol 7, issue 17):
 /// `{node_ids: [..], node_epochs: [..], secrets: bin}`, `secrets` being the 32 raw bytes of each
@@ -607,6 +611,8 @@ pub struct EncodedMembership {
     /// One entry appended to the shared ones for one answer ([`EncodedMembership::with_own`]).
     own_entry: Option<std::sync::Arc<[u8]>>,
     delta: Option<std::sync::Arc<[u8]>>,
+    /// The view's [`ClusterView::cluster`] (protocol 9).
+    cluster: Option<std::sync::Arc<[u8]>>,
 }
 
 impl EncodedMembership {
@@ -624,6 +630,7 @@ impl EncodedMembership {
             directory_entries: entries.into(),
             own_entry: None,
             delta: view.delta.as_ref().map(encode_value).transpose()?,
+            cluster: view.cluster.as_ref().map(encode_value).transpose()?,
         })
     }
 
@@ -648,11 +655,21 @@ impl EncodedMembership {
         self.directory_entries.len()
             + self.own_entry.as_ref().map_or(0, |e| e.len())
             + self.delta.as_ref().map_or(0, |d| d.len())
+            + self.cluster.as_ref().map_or(0, |c| c.len())
     }
 
     /// The directory's entries (what a whole directory holds; none with a delta).
     pub fn directory_len(&self) -> usize {
         self.directory_len
+    }
+
+    /// Write the view's `cluster` field (name and value) if there is one.
+    fn write_cluster(&self, out: &mut Vec<u8>) -> Result<(), rmp_serde::encode::Error> {
+        if let Some(cluster) = &self.cluster {
+            "cluster".serialize(&mut rmp_serde::Serializer::new(&mut *out).with_struct_map())?;
+            out.extend_from_slice(cluster);
+        }
+        Ok(())
     }
 
     /// Write the directory as a msgpack array: the shared entries, then the own entry if any.
@@ -748,16 +765,19 @@ fn write_heartbeat_ack(
         directory_version,
         directory,
         delta,
+        cluster,
         top_k: _,
         top_k_slots: _,
+        entries,
     } = view;
-    // fixmap headers: at most 15 entries each (10 and 4 here).
+    // fixmap headers: at most 15 entries each (10 and 6 here).
     let ack_fields = 9 + u8::from(top_k.is_some());
-    let has_delta = match shared_membership {
-        Some(m) => m.delta.is_some(),
-        None => delta.is_some(),
+    let (has_delta, has_cluster) = match shared_membership {
+        Some(m) => (m.delta.is_some(), m.cluster.is_some()),
+        None => (delta.is_some(), cluster.is_some()),
     };
-    let view_fields = 3 + u8::from(has_delta);
+    let view_fields =
+        3 + u8::from(has_delta) + u8::from(has_cluster) + u8::from(!entries.is_empty());
     let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
     ser.get_mut().push(0x80 | ack_fields);
     field(&mut ser, "type", "heartbeat_ack")?;
@@ -772,16 +792,23 @@ fn write_heartbeat_ack(
                 "delta".serialize(&mut ser)?;
                 ser.get_mut().extend_from_slice(delta);
             }
+            m.write_cluster(ser.get_mut())?;
         }
         None => {
             field(&mut ser, "directory", directory)?;
             if let Some(delta) = delta {
                 field(&mut ser, "delta", delta)?;
             }
+            if let Some(cluster) = cluster {
+                field(&mut ser, "cluster", cluster)?;
+            }
         }
     }
     "top_k".serialize(&mut ser)?;
     ser.get_mut().extend_from_slice(shared_top_k.bytes());
+    if !entries.is_empty() {
+        field(&mut ser, "entries", entries)?;
+    }
     field(&mut ser, "shedding_threshold_ms", shedding_threshold_ms)?;
     field(&mut ser, "queueable_limit", queueable_limit)?;
     field(&mut ser, "notices", notices)?;
@@ -837,11 +864,13 @@ fn write_join_accepted(
         directory_version,
         directory: _,
         delta: _,
+        cluster: _,
         top_k: _,
         top_k_slots,
+        entries,
     } = view;
     let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
-    // fixmap headers: 10 entries (the tag and nine fields), 3 in the view (no delta).
+    // fixmap headers: 10 entries (the tag and nine fields), 3 to 5 in the view (no delta).
     ser.get_mut().push(0x80 | 10);
     field(&mut ser, "type", "join_accepted")?;
     field(&mut ser, "protocol_version", protocol_version)?;
@@ -853,12 +882,17 @@ fn write_join_accepted(
     field(&mut ser, "apps", apps)?;
     field(&mut ser, "settings", settings)?;
     "view".serialize(&mut ser)?;
-    ser.get_mut().push(0x80 | 3);
+    let view_fields = 3 + u8::from(membership.cluster.is_some()) + u8::from(!entries.is_empty());
+    ser.get_mut().push(0x80 | view_fields);
     field(&mut ser, "directory_version", directory_version)?;
     "directory".serialize(&mut ser)?;
     membership.write_directory(ser.get_mut());
+    membership.write_cluster(ser.get_mut())?;
     "top_k".serialize(&mut ser)?;
     crate::distributed::top_k_columns::serialize(top_k_slots, &mut ser)?;
+    if !entries.is_empty() {
+        field(&mut ser, "entries", entries)?;
+    }
     field(&mut ser, "lost_containers", lost_containers)?;
     Ok(())
 }
@@ -897,10 +931,7 @@ mod shared_top_k_tests {
         let bare = HeartbeatAck {
             view: ClusterView {
                 directory_version: 7,
-                directory: Vec::new(),
-                delta: None,
-                top_k: Vec::new(),
-                top_k_slots: Vec::new(),
+                ..ClusterView::default()
             },
             shedding_threshold_ms: None,
             queueable_limit: Resources::new(1000, 512),
@@ -918,6 +949,11 @@ mod shared_top_k_tests {
             joined: vec![entry(3)],
             left: vec![NodeId::new("gone")],
         });
+        full.view.cluster = Some(crate::distributed::ClusterSummary {
+            nodes: 10_000,
+            largest_capacities: vec![Resources::new(4000, 4096), Resources::new(2000, 8192)],
+        });
+        full.view.entries = vec![entry(8), entry(9)];
         full.shedding_threshold_ms = Some(12.5);
         full.notices = vec![ContainerNotice {
             container_id: ContainerId::new(3, 9),
@@ -940,6 +976,10 @@ mod shared_top_k_tests {
         whole.view.delta = None;
         let mut delta_only = full.clone();
         delta_only.view.directory = Vec::new();
+        let mut entries_only = bare.clone();
+        entries_only.view.entries = vec![entry(4)];
+        let mut sum_only = bare.clone();
+        sum_only.view.cluster = full.view.cluster.clone();
         for (ack, n) in [
             (&bare, 0),
             (&bare, 200),
@@ -947,6 +987,8 @@ mod shared_top_k_tests {
             (&full, 3),
             (&whole, 5),
             (&delta_only, 5),
+            (&entries_only, 5),
+            (&sum_only, 5),
         ] {
             let list = top_k(n);
             let shared = EncodedTopK::encode(&list).unwrap();
@@ -966,6 +1008,7 @@ mod shared_top_k_tests {
             let mut without_membership = ack.clone();
             without_membership.view.directory = Vec::new();
             without_membership.view.delta = None;
+            without_membership.view.cluster = None;
             let mut out = Vec::new();
             encode_heartbeat_ack_frame_into(
                 &without_membership,
@@ -1051,9 +1094,13 @@ mod shared_top_k_tests {
             view: ClusterView {
                 directory_version: 9,
                 directory,
-                delta: None,
-                top_k: Vec::new(),
+                cluster: Some(crate::distributed::ClusterSummary {
+                    nodes: 70_002,
+                    largest_capacities: vec![Resources::new(4000, 4096)],
+                }),
                 top_k_slots: top_k(3),
+                entries: vec![entry(5), entry(6)],
+                ..ClusterView::default()
             },
             lost_containers: lost,
         };
@@ -1062,9 +1109,8 @@ mod shared_top_k_tests {
             let membership = EncodedMembership::encode(&ClusterView {
                 directory_version: 9,
                 directory: shared.clone(),
-                delta: None,
-                top_k: Vec::new(),
-                top_k_slots: Vec::new(),
+                cluster: accepted(Vec::new(), Vec::new()).view.cluster,
+                ..ClusterView::default()
             })
             .unwrap();
             assert_eq!(membership.directory_len(), n);
@@ -1118,10 +1164,8 @@ mod shared_top_k_tests {
         let list = top_k(200);
         let view = ClusterView {
             directory_version: 3,
-            directory: Vec::new(),
-            delta: None,
-            top_k: Vec::new(),
             top_k_slots: list.clone(),
+            ..ClusterView::default()
         };
         let bytes = crate::codec::to_payload(&view).unwrap();
         let back: ClusterView = from_payload(&bytes).unwrap();

@@ -9,7 +9,9 @@
 
 use scheduler_core::codec::to_payload;
 use scheduler_core::coordinator::{ContainerNotice, NoticeKind};
-use scheduler_core::distributed::{ClusterView, DirectoryDelta, NodeDirectoryEntry, SlotLoad};
+use scheduler_core::distributed::{
+    ClusterSummary, ClusterView, DirectoryDelta, NodeDirectoryEntry, SlotLoad,
+};
 use scheduler_core::node::{ContainerJob, ContainerStatus, Placement};
 use scheduler_core::protocol::app::{
     self, AcceptedState, Allocate, AppRequest, AppResponse, ContainerEvent, ContainerEventKind,
@@ -780,6 +782,13 @@ fn view(rng: &mut Rng) -> ClusterView {
                 queue_delay_ms: float(rng),
             })
             .collect(),
+        cluster: rng.chance(1, 2).then(|| ClusterSummary {
+            nodes: rng.below(10_000) as u32,
+            largest_capacities: (0..rng.below(3))
+                .map(|_| Resources::new(rng.below(64_000), rng.below(256_000)))
+                .collect(),
+        }),
+        entries: directory_entries(rng),
     }
 }
 

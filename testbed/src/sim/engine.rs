@@ -786,7 +786,7 @@ impl Simulation {
             directory: self.directory.clone(),
             delta: None,
             top_k: self.rounds[node.view_round as usize % ROUND_RING].clone(),
-            top_k_slots: Vec::new(),
+            ..ClusterView::default()
         });
         self.schedulers.push(HostedScheduler {
             scheduler,
