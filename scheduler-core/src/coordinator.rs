@@ -201,6 +201,10 @@ pub struct AggregateRound {
     /// largest single cost of a heartbeat answer while schedulers were still being sent keys).
     /// Kept in step with membership by [`CoordinatorState::patch_round_top_k`].
     top_k_derivers: Vec<RoundDeriver>,
+    /// The directory entry of each `top_k` entry's node, in the same order, for the schedulers
+    /// that lack it (cluster protocol 9), without a lookup in the node map per entry per answer.
+    /// Kept in step with membership as the derivers are.
+    top_k_entries: Vec<std::sync::Arc<NodeDirectoryEntry>>,
     /// When it was computed.
     at: Option<Time>,
 }
@@ -480,10 +484,12 @@ impl CoordinatorState {
             let mut top_k = Vec::with_capacity(listed.len());
             let mut top_k_slots = Vec::with_capacity(listed.len());
             let mut top_k_derivers = Vec::with_capacity(listed.len());
+            let mut top_k_entries = Vec::with_capacity(listed.len());
             for l in listed {
                 if let Some(n) = self.nodes.get(&l.node_id) {
                     top_k_slots.push(n.dir.slot);
                     top_k_derivers.push(RoundDeriver(n.issuer_keys.clone()));
+                    top_k_entries.push(std::sync::Arc::new(n.dir.clone()));
                     top_k.push(l);
                 }
             }
@@ -494,6 +500,7 @@ impl CoordinatorState {
                 outstanding_totals,
                 top_k_slots,
                 top_k_derivers,
+                top_k_entries,
                 at: Some(now),
             };
             self.top_k_generation += 1;
@@ -735,18 +742,15 @@ impl CoordinatorState {
         let mut keys = Vec::new();
         if check {
             let round = &self.round;
-            for ((&slot, deriver), load) in round
+            for ((&slot, deriver), entry) in round
                 .top_k_slots
                 .iter()
                 .zip(&round.top_k_derivers)
-                .zip(&round.top_k)
+                .zip(&round.top_k_entries)
             {
                 if held.contains(slot) {
                     continue;
                 }
-                let Some(entry) = self.nodes.get(&load.node_id) else {
-                    continue;
-                };
                 if signing {
                     // A node without a deriver (its secret could not be derived) is never
                     // signed for: its entry would be of no use either.
@@ -755,7 +759,7 @@ impl CoordinatorState {
                     };
                     keys.push(deriver.issuer_key(issuer));
                 }
-                view.entries.push(entry.dir.clone());
+                view.entries.push(NodeDirectoryEntry::clone(entry));
                 held.insert(slot);
             }
         }
@@ -976,18 +980,18 @@ impl CoordinatorState {
         }
         self.top_k_generation += 1;
         // A joined node's deriver is its new session's (a re-join derives new keys).
-        let deriver = RoundDeriver(
-            joined
-                .and_then(|_| self.nodes.get(node))
-                .and_then(|n| n.issuer_keys.clone()),
-        );
+        let joined_node = joined.and_then(|_| self.nodes.get(node));
+        let deriver = RoundDeriver(joined_node.and_then(|n| n.issuer_keys.clone()));
+        let entry = joined_node.map(|n| std::sync::Arc::new(n.dir.clone()));
         let round = &mut self.round;
         if let Some(i) = round.top_k.iter().position(|l| &l.node_id == node) {
             round.top_k.remove(i);
             round.top_k_slots.remove(i);
             round.top_k_derivers.remove(i);
+            round.top_k_entries.remove(i);
         }
         if let Some(slot) = joined
+            && let Some(entry) = entry
             && !self.draining.contains(node)
             && self.config.top_k > 0
         {
@@ -1000,9 +1004,11 @@ impl CoordinatorState {
             );
             round.top_k_slots.insert(0, slot);
             round.top_k_derivers.insert(0, deriver);
+            round.top_k_entries.insert(0, entry);
             round.top_k.truncate(self.config.top_k);
             round.top_k_slots.truncate(self.config.top_k);
             round.top_k_derivers.truncate(self.config.top_k);
+            round.top_k_entries.truncate(self.config.top_k);
         }
     }
 
