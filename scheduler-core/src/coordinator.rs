@@ -128,9 +128,6 @@ struct NodeEntry {
     /// The [`CoordinatorState::top_k_generation`] this node's scheduler was last sent the keys
     /// of every top-k node at: until the list changes, nothing is checked again.
     keys_at_generation: Option<u64>,
-    /// The membership change this join was ([`CoordinatorState::membership_identity`]'s
-    /// second part right after it).
-    joined_at_change: u64,
     /// Joined, no heartbeat yet, and its session still open: the node is still receiving its
     /// join answer (O(nodes) bytes, slow during a join storm) and cannot heartbeat before it has
     /// it, so its silence is measured against [`JOIN_ANSWER_LIMIT`] rather than the node
@@ -652,20 +649,18 @@ impl CoordinatorState {
             DirectorySince::Changed(changed) => Some(changed),
         };
         if let Some(changed) = changed {
-            let mut delta = DirectoryDelta {
-                from_version: known_version,
-                joined: Vec::new(),
-                left: Vec::new(),
-            };
             // Only departures: a node that joined or re-joined since gets its (new) entry to
             // each scheduler with its key, in the first answer whose view names it, perhaps
             // before this version; naming it here would have the scheduler drop that entry.
-            delta.left = changed
-                .into_iter()
-                .filter(|node| !self.nodes.contains_key(*node))
-                .cloned()
-                .collect();
-            view.delta = Some(delta);
+            view.delta = Some(DirectoryDelta {
+                from_version: known_version,
+                joined: Vec::new(),
+                left: changed
+                    .into_iter()
+                    .filter(|node| !self.nodes.contains_key(*node))
+                    .cloned()
+                    .collect(),
+            });
         }
         view.cluster = Some(ClusterSummary::of(
             self.nodes.values().map(|n| n.dir.capacity),
@@ -896,15 +891,6 @@ impl CoordinatorState {
         (self.directory_version, self.membership_changes)
     }
 
-    /// Whether `node` joined (this session) after the membership change `change`, i.e. a
-    /// directory built when [`CoordinatorState::membership_identity`] was `(_, change)` does
-    /// not hold its current entry. `false` for a node that is not joined.
-    pub fn joined_after_change(&self, node: &NodeId, change: u64) -> bool {
-        self.nodes
-            .get(node)
-            .is_some_and(|n| n.joined_at_change > change)
-    }
-
     pub fn issuer_of(&self, node: &NodeId) -> Option<u32> {
         self.nodes.get(node).map(|n| n.issuer)
     }
@@ -957,7 +943,6 @@ impl CoordinatorState {
                 issuer_keys,
                 keys_held: SlotSet::default(),
                 keys_at_generation: None,
-                joined_at_change: self.membership_changes + 1,
                 receiving_join_answer: true,
             },
         );

@@ -615,9 +615,8 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
             c.join(now, entry(i, *g));
         }
         c.round(now, ROUND, &mut rng);
-        // (version, what is sent) -> the membership as first built in that version, with the
-        // membership change it was built at.
-        let mut cache: HashMap<(u64, MembershipSent), (ClusterView, u64)> = HashMap::new();
+        // (version, what is sent) -> the membership as first built in that version.
+        let mut cache: HashMap<(u64, MembershipSent), ClusterView> = HashMap::new();
         let mut shared = |c: &CoordinatorState, sent: MembershipSent| {
             let from = match sent {
                 MembershipSent::DeltaFrom(v) => v,
@@ -625,57 +624,54 @@ fn membership_built_once_per_version_still_brings_every_worker_to_the_directory(
             };
             cache
                 .entry((c.directory_version(), sent))
-                .or_insert_with(|| (c.wire_membership(from), c.membership_identity().1))
+                .or_insert_with(|| c.wire_membership(from))
                 .clone()
         };
-        let answer =
-            |c: &mut CoordinatorState,
-             shared: &mut dyn FnMut(&CoordinatorState, MembershipSent) -> (ClusterView, u64),
-             w: &Worker| {
-                let (mut parts, sent) = c.node_view_parts(&w.node, w.version(), Vec::new());
-                if sent != MembershipSent::Nothing {
-                    let (membership, _) = shared(c, sent);
-                    parts.view.directory = membership.directory;
-                    parts.view.delta = membership.delta;
-                    parts.view.cluster = membership.cluster;
-                    // As the live coordinator: a whole directory (protocol 9: none) gets the
-                    // node's own entry appended.
-                    if sent == MembershipSent::Whole {
-                        parts.view.directory.push(c.node(&w.node).unwrap().clone());
-                    }
+        let answer = |c: &mut CoordinatorState,
+                      shared: &mut dyn FnMut(&CoordinatorState, MembershipSent) -> ClusterView,
+                      w: &Worker| {
+            let (mut parts, sent) = c.node_view_parts(&w.node, w.version(), Vec::new());
+            if sent != MembershipSent::Nothing {
+                let membership = shared(c, sent);
+                parts.view.directory = membership.directory;
+                parts.view.delta = membership.delta;
+                parts.view.cluster = membership.cluster;
+                // As the live coordinator: a whole directory (protocol 9: none) gets the
+                // node's own entry appended.
+                if sent == MembershipSent::Whole {
+                    parts.view.directory.push(c.node(&w.node).unwrap().clone());
                 }
-                parts
-            };
+            }
+            parts
+        };
         // Workers join as the live coordinator answers a join: the shared whole directory,
         // then the node's own entry if that directory was built before it joined.
-        let join =
-            |c: &mut CoordinatorState,
-             shared: &mut dyn FnMut(&CoordinatorState, MembershipSent) -> (ClusterView, u64),
-             now: Time,
-             dir: NodeDirectoryEntry| {
-                let node = dir.node_id.clone();
-                let issuer = c.join(now, dir);
-                let (mut parts, sent) = c.node_view_parts(&node, 0, Vec::new());
-                assert_eq!(sent, MembershipSent::Whole);
-                let (membership, _) = shared(c, sent);
-                parts.view.directory = membership.directory;
-                parts.view.cluster = membership.cluster;
-                parts.view.directory.push(c.node(&node).unwrap().clone());
-                let mut scheduler =
-                    DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
-                assert_eq!(scheduler.update_view(parts.view), DirectoryUpdate::Replaced);
-                assert!(
-                    scheduler.view().directory.iter().any(|e| e.node_id == node),
-                    "a joined worker's directory holds its own node"
-                );
-                let signer =
-                    QueueableSigner::new(issuer, &parts.issuer_keys.expect("keys at join"));
-                Worker {
-                    node,
-                    scheduler,
-                    signer,
-                }
-            };
+        let join = |c: &mut CoordinatorState,
+                    shared: &mut dyn FnMut(&CoordinatorState, MembershipSent) -> ClusterView,
+                    now: Time,
+                    dir: NodeDirectoryEntry| {
+            let node = dir.node_id.clone();
+            let issuer = c.join(now, dir);
+            let (mut parts, sent) = c.node_view_parts(&node, 0, Vec::new());
+            assert_eq!(sent, MembershipSent::Whole);
+            let membership = shared(c, sent);
+            parts.view.directory = membership.directory;
+            parts.view.cluster = membership.cluster;
+            parts.view.directory.push(c.node(&node).unwrap().clone());
+            let mut scheduler =
+                DistributedScheduler::new(DistributedSchedulerConfig::default(), issuer);
+            assert_eq!(scheduler.update_view(parts.view), DirectoryUpdate::Replaced);
+            assert!(
+                scheduler.view().directory.iter().any(|e| e.node_id == node),
+                "a joined worker's directory holds its own node"
+            );
+            let signer = QueueableSigner::new(issuer, &parts.issuer_keys.expect("keys at join"));
+            Worker {
+                node,
+                scheduler,
+                signer,
+            }
+        };
         let mut workers: Vec<Worker> = Vec::new();
         for i in 100..104 {
             workers.push(join(&mut c, &mut shared, now, entry(i, 0)));
