@@ -160,6 +160,9 @@ impl CoordinatorActor {
                 shedding: settings.shedding,
                 min_shedding_threshold_ms: settings.min_shedding_threshold_ms,
                 node_timeout: settings.node_timeout,
+                // The view's k least-loaded nodes are then always held by a scheduler after
+                // an answer (issue 17).
+                new_nodes_per_answer: settings.top_k,
             },
             issuer_reserved,
         )
@@ -1481,6 +1484,7 @@ impl Handler<SetTopK> for CoordinatorActor {
         info!(top_k = m.0, "top-k changed by the operator");
         self.settings.top_k = m.0;
         self.state.config_mut().top_k = scheduler_core::distributed::view_size(m.0);
+        self.state.config_mut().new_nodes_per_answer = m.0;
         self.state.invalidate_round();
         self.top_k_version += 1;
     }

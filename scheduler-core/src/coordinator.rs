@@ -66,6 +66,19 @@ pub struct CoordinatorConfig {
     pub min_shedding_threshold_ms: f64,
     /// A node silent for this long is declared lost.
     pub node_timeout: Duration,
+    /// At most this many nodes new to a scheduler (their directory entries and QUEUEABLE keys)
+    /// in one heartbeat answer, the least loaded first ([`CoordinatorState::node_view`]; a join
+    /// answer is not capped). Set to the schedulers' k: the view's k least-loaded nodes, the
+    /// ones a scheduler chooses among, are then always held after an answer, and only the
+    /// view's further candidates may come in later answers. Without it an answer carries up
+    /// to the whole view (4k) of new nodes whenever the list turns over (issue 17: ~97 per
+    /// answer at 10,000 nodes, most of an answer's bytes).
+    #[serde(default = "default_new_nodes_per_answer")]
+    pub new_nodes_per_answer: usize,
+}
+
+fn default_new_nodes_per_answer() -> usize {
+    50
 }
 
 impl Default for CoordinatorConfig {
@@ -75,6 +88,7 @@ impl Default for CoordinatorConfig {
             shedding: SheddingPolicy::MeanPlusSigma { n: 1.0 },
             min_shedding_threshold_ms: 100.0,
             node_timeout: Duration::from_secs(10),
+            new_nodes_per_answer: default_new_nodes_per_answer(),
         }
     }
 }
@@ -126,7 +140,8 @@ struct NodeEntry {
     /// often that node enters and leaves the top-k, for O(nodes) bits per node.
     keys_held: SlotSet,
     /// The [`CoordinatorState::top_k_generation`] this node's scheduler was last sent the keys
-    /// of every top-k node at: until the list changes, nothing is checked again.
+    /// of every top-k node at: until the list changes, nothing is checked again. Not set by an
+    /// answer that [`CoordinatorConfig::new_nodes_per_answer`] cut short.
     keys_at_generation: Option<u64>,
     /// Joined, no heartbeat yet, and its session still open: the node is still receiving its
     /// join answer (O(nodes) bytes, slow during a join storm) and cannot heartbeat before it has
@@ -730,11 +745,17 @@ impl CoordinatorState {
             // these.
             me.keys_held.clear();
         }
-        me.keys_at_generation = Some(generation);
         let issuer = me.issuer;
         // Taken out while other nodes' entries are read.
         let mut held = std::mem::take(&mut me.keys_held);
         let mut keys = Vec::new();
+        // A whole directory (a join answer or a reset) starts the scheduler's view: uncapped.
+        let cap = if whole {
+            usize::MAX
+        } else {
+            self.config.new_nodes_per_answer
+        };
+        let mut complete = true;
         if check {
             let round = &self.round;
             for ((&slot, deriver), entry) in round
@@ -745,6 +766,12 @@ impl CoordinatorState {
             {
                 if held.contains(slot) {
                     continue;
+                }
+                if view.entries.len() >= cap {
+                    // The rest of the list (more loaded) comes with the next answers while it
+                    // is still in the list: check again at the same generation.
+                    complete = false;
+                    break;
                 }
                 if signing {
                     // A node without a deriver (its secret could not be derived) is never
@@ -760,6 +787,9 @@ impl CoordinatorState {
         }
         if let Some(me) = self.nodes.get_mut(node) {
             me.keys_held = held;
+            if complete {
+                me.keys_at_generation = Some(generation);
+            }
         }
         let issuer_keys =
             (signing && (sent != MembershipSent::Nothing || !keys.is_empty())).then_some(keys);

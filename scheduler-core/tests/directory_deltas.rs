@@ -122,8 +122,9 @@ impl Worker {
     }
 
     /// The worker's directory is partial (cluster protocol 9) and right where it is used: it
-    /// holds the coordinator's current entry of every node of the round's top-k, the nodes it
-    /// may place QUEUEABLE work on, and the key of each one's current session (a signature made
+    /// holds the coordinator's current entry of every node of the round's top-k up to the
+    /// answers' cap of new nodes (the k least loaded, which its scheduler chooses among; the
+    /// whole list in these tests but one), and the key of each one's current session (a signature made
     /// with it equals one made with the key the coordinator derives for that session); every
     /// other entry is of a joined node (an entry of a node that re-joined outside the top-k may
     /// be of its previous session, even at its previous slot, and is replaced when a view
@@ -141,7 +142,8 @@ impl Worker {
         assert!(self.scheduler.directory_is_partial());
         assert_eq!(self.scheduler.cluster_nodes(), c.node_count());
         let issuer = self.signer.issuer();
-        for l in &c.aggregate_round().top_k {
+        let first = c.config().new_nodes_per_answer;
+        for l in c.aggregate_round().top_k.iter().take(first) {
             let n = &l.node_id;
             assert_eq!(
                 held.iter().find(|e| &e.node_id == n),
@@ -952,4 +954,77 @@ fn join_answers_and_deltas_grow_with_the_view_not_with_the_cluster() {
         largest_join_answer < (top_k + 1) * per_entry + 200,
         "{largest_join_answer} bytes"
     );
+}
+
+/// Issue 17: when the view turns over, an answer carries at most `new_nodes_per_answer` nodes
+/// new to the scheduler (entries with their keys), the least loaded first, so the scheduler
+/// holds the round's k least-loaded nodes after every answer and the rest of the view follows
+/// in the next answers of the same round; a join answer starts the view whole.
+#[test]
+fn an_answer_carries_at_most_k_new_nodes_the_least_loaded_first() {
+    let mut rng = StdRng::seed_from_u64(5);
+    // A view of 4k = 200 candidates for schedulers choosing among k = 50.
+    let mut c = coordinator_with_top_k(200);
+    let k = c.config().new_nodes_per_answer;
+    assert_eq!(k, 50);
+    let load = |ms: f64| QueueDelay {
+        tq_ms: ms,
+        tr_ms: 0.0,
+        tl_ms: 0.0,
+    };
+    let nodes: Vec<NodeId> = (0..400).map(|i| NodeId::new(format!("n{i:03}"))).collect();
+    for (i, n) in nodes.iter().enumerate() {
+        c.join(Time::ZERO, entry(i, 0));
+        c.heartbeat(Time::ZERO, n, load(1.0 + i as f64), Vec::new());
+    }
+    let worker_entry = NodeDirectoryEntry {
+        node_id: NodeId::new("w".to_string()),
+        ..entry(999, 0)
+    };
+    c.round(Time::ZERO, ROUND, &mut rng);
+    let mut w = Worker::join(&mut c, Time::ZERO, worker_entry);
+    c.heartbeat(Time::ZERO, &w.node, load(10_000.0), Vec::new());
+    // The join answer was whole: every view node (the joined worker's own node, put first,
+    // then 0..198 by load) without a cap.
+    assert_eq!(w.scheduler.view().directory.len(), 200);
+    // The loads turn over: the next round's view is nodes 399 down to 200, none of them held.
+    for (i, n) in nodes.iter().enumerate() {
+        c.heartbeat(Time::from_secs(1), n, load(400.0 - i as f64), Vec::new());
+    }
+    c.round(Time::from_secs(1), ROUND, &mut rng);
+    let generation = c.top_k_generation();
+    let view: Vec<NodeId> = c
+        .aggregate_round()
+        .top_k
+        .iter()
+        .map(|l| l.node_id.clone())
+        .collect();
+    assert_eq!(view.len(), 200);
+    assert_eq!(view[0], nodes[399]);
+    let version = w.version();
+    for answer_no in 0..4 {
+        let answer = c.node_view(&w.node, version, Vec::new());
+        let sent: Vec<NodeId> = answer
+            .view
+            .entries
+            .iter()
+            .map(|e| e.node_id.clone())
+            .collect();
+        // The next k of the list, in its order (least loaded first), each with its key.
+        assert_eq!(sent, view[answer_no * k..(answer_no + 1) * k], "answer {answer_no}");
+        assert_eq!(answer.issuer_keys.as_ref().map(Vec::len), Some(k));
+        w.apply(answer);
+        w.assert_matches(&c);
+        assert_eq!(c.top_k_generation(), generation);
+    }
+    // The whole view is held: nothing more to send in this round.
+    let quiet = c.node_view(&w.node, version, Vec::new());
+    assert!(quiet.view.entries.is_empty());
+    assert!(quiet.issuer_keys.as_ref().is_none_or(Vec::is_empty));
+    for n in &view {
+        assert!(
+            w.scheduler.view().directory.iter().any(|e| &e.node_id == n),
+            "{n} held"
+        );
+    }
 }

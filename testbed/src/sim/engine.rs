@@ -334,6 +334,7 @@ impl Simulation {
                 shedding: config.shedding,
                 min_shedding_threshold_ms: config.min_shedding_threshold_ms,
                 node_timeout: Duration::from_secs(u64::MAX / 4_000_000),
+                new_nodes_per_answer: config.top_k,
             },
             1,
         );
