@@ -1011,7 +1011,11 @@ fn an_answer_carries_at_most_k_new_nodes_the_least_loaded_first() {
             .map(|e| e.node_id.clone())
             .collect();
         // The next k of the list, in its order (least loaded first), each with its key.
-        assert_eq!(sent, view[answer_no * k..(answer_no + 1) * k], "answer {answer_no}");
+        assert_eq!(
+            sent,
+            view[answer_no * k..(answer_no + 1) * k],
+            "answer {answer_no}"
+        );
         assert_eq!(answer.issuer_keys.as_ref().map(Vec::len), Some(k));
         w.apply(answer);
         w.assert_matches(&c);
