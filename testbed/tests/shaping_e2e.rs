@@ -331,4 +331,6 @@ async fn shaping_frees_capacity_admits_a_waiting_container_and_a_burst_preempts_
         metrics.contains("coordinator_shaped_containers 2"),
         "{metrics}"
     );
+    // The 10-minute containers die with the test rather than outlive it as orphans.
+    worker.shutdown().await;
 }
