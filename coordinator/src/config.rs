@@ -48,6 +48,14 @@ pub struct CoordinatorSettings {
     /// the join pacing's budget ([`scheduler_core::join_pacing`]); joins past it wait for their
     /// turn.
     pub join_answer_bytes_in_flight: u64,
+    /// The share of the nodes silent at once from which silent nodes are no longer all
+    /// declared lost: the coordinator presumes the fault is its own or the network's
+    /// ([`scheduler_core::loss_guard`]; Kubernetes' unhealthy-zone threshold, 0.55). Above 1 the
+    /// rule is off.
+    pub mass_silence_share: f64,
+    /// Nodes declared lost per second while that share is silent and some nodes are still heard
+    /// (Kubernetes' secondary eviction rate, 0.01); with every node silent, none is.
+    pub declarations_per_s_in_mass_silence: f64,
     /// HTTP address of `GET /metrics` (Prometheus); off when absent.
     pub metrics_listen: Option<SocketAddr>,
     /// Pace's resource shaper for GUARANTEED containers that allow it; off when absent.
@@ -92,6 +100,11 @@ impl CoordinatorSettings {
             max_unjoined_connections: 256,
             max_unjoined_per_source: 32,
             join_answer_bytes_in_flight: scheduler_core::join_pacing::JOIN_ANSWER_BYTES_IN_FLIGHT,
+            mass_silence_share: scheduler_core::loss_guard::LossGuardConfig::default()
+                .mass_silence_share,
+            declarations_per_s_in_mass_silence:
+                scheduler_core::loss_guard::LossGuardConfig::default()
+                    .declarations_per_s_in_mass_silence,
             metrics_listen: None,
             shaping: None,
             threesigma: Some(Default::default()),
@@ -143,6 +156,20 @@ impl CoordinatorSettings {
         }
         if self.join_answer_bytes_in_flight == 0 {
             return bad("join_answer_bytes_in_flight", "must be at least 1");
+        }
+        if !self.mass_silence_share.is_finite() || self.mass_silence_share <= 0.0 {
+            return bad(
+                "mass_silence_share",
+                "must be a positive share of the nodes (0.55 by default; above 1 turns the rule off)",
+            );
+        }
+        if !self.declarations_per_s_in_mass_silence.is_finite()
+            || self.declarations_per_s_in_mass_silence < 0.0
+        {
+            return bad(
+                "declarations_per_s_in_mass_silence",
+                "must be a rate of at least 0 nodes per second",
+            );
         }
         if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
@@ -220,6 +247,8 @@ pub struct FileConfig {
     pub max_unjoined_connections: Option<usize>,
     pub max_unjoined_per_source: Option<usize>,
     pub join_answer_bytes_in_flight: Option<u64>,
+    pub mass_silence_share: Option<f64>,
+    pub declarations_per_s_in_mass_silence: Option<f64>,
     pub metrics_listen: Option<SocketAddr>,
     /// Turn the resource shaper on.
     pub shaping: Option<bool>,
@@ -291,6 +320,10 @@ impl FileConfig {
             join_answer_bytes_in_flight: self
                 .join_answer_bytes_in_flight
                 .or(lower.join_answer_bytes_in_flight),
+            mass_silence_share: self.mass_silence_share.or(lower.mass_silence_share),
+            declarations_per_s_in_mass_silence: self
+                .declarations_per_s_in_mass_silence
+                .or(lower.declarations_per_s_in_mass_silence),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
             shaping: self.shaping.or(lower.shaping),
             shaping_interval_ms: self.shaping_interval_ms.or(lower.shaping_interval_ms),
@@ -359,6 +392,12 @@ impl FileConfig {
         }
         if let Some(v) = self.join_answer_bytes_in_flight {
             s.join_answer_bytes_in_flight = v;
+        }
+        if let Some(v) = self.mass_silence_share {
+            s.mass_silence_share = v;
+        }
+        if let Some(v) = self.declarations_per_s_in_mass_silence {
+            s.declarations_per_s_in_mass_silence = v;
         }
         s.metrics_listen = self.metrics_listen;
         if self.shaping == Some(true) {

@@ -70,6 +70,8 @@ type Requester = (WorkerTx, u64);
 pub struct CoordinatorActor {
     settings: CoordinatorSettings,
     state: CoordinatorState,
+    /// The loss guard's verdict at the last tick, to log its changes once.
+    last_silence: scheduler_core::loss_guard::Silence,
     store: Arc<Store>,
     clock: Clock,
     rng: StdRng,
@@ -163,6 +165,11 @@ impl CoordinatorActor {
                 // The view's k least-loaded nodes are then always held by a scheduler after
                 // an answer (issue 17).
                 new_nodes_per_answer: settings.top_k,
+                loss_guard: scheduler_core::loss_guard::LossGuardConfig {
+                    check_interval: settings.tick_interval,
+                    mass_silence_share: settings.mass_silence_share,
+                    declarations_per_s_in_mass_silence: settings.declarations_per_s_in_mass_silence,
+                },
             },
             issuer_reserved,
         )
@@ -194,6 +201,7 @@ impl CoordinatorActor {
             signer,
             rotation,
             state,
+            last_silence: scheduler_core::loss_guard::Silence::Normal,
             join_token_sha256: store.join_token_sha256()?,
             keys,
             apps: store.apps()?,
@@ -860,6 +868,7 @@ impl CoordinatorActor {
                 self.guarantor()
                     .do_send(crate::guarantor_actor::SetNodeUnreachable {
                         node: node_id.clone(),
+                        unreachable: true,
                     });
             }
             self.state.hold_losses(
@@ -977,17 +986,65 @@ impl CoordinatorActor {
         }
     }
 
+    /// What the loss guard held this tick ([`scheduler_core::loss_guard`]): a coordinator that
+    /// was not listening does not blame its nodes, and nodes held silent get no new GUARANTEED
+    /// work until they are heard again or declared lost (their bookings stay either way).
+    fn guard_losses(&mut self, due: &scheduler_core::coordinator::LossesDue) {
+        use scheduler_core::loss_guard::Silence;
+        if !due.deaf_for.is_zero() {
+            warn!(
+                deaf_ms = due.deaf_for.as_millis() as u64,
+                "the coordinator was not listening (paused, frozen or blocked): that time is not counted against any node's silence"
+            );
+            self.metrics.own_stalls.inc();
+        }
+        if due.silence != self.last_silence {
+            match due.silence {
+                Silence::Normal => {
+                    info!("silence back to normal: silent nodes are declared lost again")
+                }
+                Silence::Mass { silent, nodes } => warn!(
+                    silent,
+                    nodes,
+                    "most nodes silent at once: presuming the coordinator's or the network's fault, declaring them lost at {}/s",
+                    self.settings.declarations_per_s_in_mass_silence
+                ),
+                Silence::Total { silent } => warn!(
+                    silent,
+                    "every node silent: presuming the coordinator's or the network's fault, declaring none lost"
+                ),
+            }
+            self.last_silence = due.silence;
+        }
+        for node in &due.newly_held {
+            self.guarantor()
+                .do_send(crate::guarantor_actor::SetNodeUnreachable {
+                    node: node.clone(),
+                    unreachable: true,
+                });
+        }
+        for node in &due.heard_again {
+            self.guarantor()
+                .do_send(crate::guarantor_actor::SetNodeUnreachable {
+                    node: node.clone(),
+                    unreachable: false,
+                });
+        }
+        self.metrics.losses_held_by_guard.set(due.held as i64);
+    }
+
     fn tick(&mut self) {
         let now = self.clock.now();
         self.publish_dashboard(now);
-        let silent = self.state.silent_nodes(now);
+        let due = self.state.losses_due(now);
+        self.guard_losses(&due);
         let why = format!(
             "silent for more than {} ms",
             self.settings.node_timeout.as_millis()
         );
         // Every node lost in this tick, and every node back whole whose removal a heartbeat
         // left for the tick (or a write that failed), in one store commit.
-        self.lose_nodes(silent, &why);
+        self.lose_nodes(due.declare, &why);
         self.persist_lost_nodes();
         self.lost_nodes_written_since_tick = false;
         let now_ms = now.as_millis();
@@ -1074,6 +1131,9 @@ impl Actor for CoordinatorActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
+        // The first silence check measures the coordinator's own pauses from here: a pause
+        // before the first tick is no less the coordinator's.
+        self.state.start_silence_checks(self.clock.now());
         ctx.run_interval(self.settings.tick_interval, |act, _| act.tick());
     }
 }

@@ -1195,18 +1195,24 @@ impl Handler<SetNodeDraining> for GuarantorActor {
     }
 }
 
-/// A node was declared lost but its loss is not stored yet (sent by the coordinator actor): no
-/// new GUARANTEED work goes there until the stored loss removes it ([`RemoveNode`]).
+/// A node gets no new GUARANTEED work (`unreachable`), or may again (sent by the coordinator
+/// actor): declared lost but its loss not stored yet (until the stored loss removes it,
+/// [`RemoveNode`]), or silent past the node timeout with its declaration held by the loss guard
+/// (until it is heard again or declared lost). Its bookings stay either way.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SetNodeUnreachable {
     pub node: NodeId,
+    pub unreachable: bool,
 }
 
 impl Handler<SetNodeUnreachable> for GuarantorActor {
     type Result = ();
     fn handle(&mut self, m: SetNodeUnreachable, _: &mut Context<Self>) {
-        self.core.set_unreachable(&m.node, true);
+        if self.core.set_unreachable(&m.node, m.unreachable) && !m.unreachable {
+            // Open again: waiting asks may fit there now.
+            self.schedule();
+        }
     }
 }
 

@@ -220,6 +220,15 @@ struct RunArgs {
     /// joins wait for their turn [default: 8388608].
     #[arg(long, env = "COORDINATOR_JOIN_ANSWER_BYTES_IN_FLIGHT")]
     join_answer_bytes_in_flight: Option<u64>,
+    /// Share of the nodes silent at once from which they are no longer all declared lost
+    /// (the coordinator presumes the fault is its own or the network's; above 1: off)
+    /// [default: 0.55].
+    #[arg(long, env = "COORDINATOR_MASS_SILENCE_SHARE")]
+    mass_silence_share: Option<f64>,
+    /// Nodes declared lost per second while that share is silent and some nodes are still
+    /// heard; with every node silent, none is [default: 0.01].
+    #[arg(long, env = "COORDINATOR_DECLARATIONS_PER_S_IN_MASS_SILENCE")]
+    declarations_per_s_in_mass_silence: Option<f64>,
     /// HTTP address serving Prometheus metrics at GET /metrics (e.g. 127.0.0.1:9400; port 0
     /// picks one) [default: off].
     #[arg(long, env = "COORDINATOR_METRICS_LISTEN")]
@@ -303,6 +312,8 @@ impl RunArgs {
             max_unjoined_connections: self.max_unjoined_connections,
             max_unjoined_per_source: self.max_unjoined_per_source,
             join_answer_bytes_in_flight: self.join_answer_bytes_in_flight,
+            mass_silence_share: self.mass_silence_share,
+            declarations_per_s_in_mass_silence: self.declarations_per_s_in_mass_silence,
             metrics_listen: self.metrics_listen,
             shaping: self.shaping,
             shaping_interval_ms: self.shaping_interval_ms,

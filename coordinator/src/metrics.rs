@@ -63,6 +63,12 @@ pub struct CoordinatorMetrics {
     /// Nodes declared lost whose loss the store has not recorded yet (a failed write): nothing
     /// of their loss is announced until it is ([`crate::coordinator_actor`], "lose_nodes").
     pub losses_not_stored: Gauge,
+    /// Nodes silent past the node timeout whose declaration the loss guard holds now (most of
+    /// the cluster silent at once, [`scheduler_core::loss_guard`]).
+    pub losses_held_by_guard: Gauge,
+    /// Ticks that found the coordinator had not been listening (paused, frozen, blocked): that
+    /// time is not counted against the nodes' silence.
+    pub own_stalls: Counter,
     pub heartbeats: Counter,
     pub promotions: Counter,
     /// Resource shaping (Pace): passes run, allocations changed, containers preempted by the
@@ -113,6 +119,8 @@ impl Default for CoordinatorMetrics {
             joins_waiting: Gauge::default(),
             lost_node_writes: Counter::default(),
             losses_not_stored: Gauge::default(),
+            losses_held_by_guard: Gauge::default(),
+            own_stalls: Counter::default(),
             heartbeats: Counter::default(),
             promotions: Counter::default(),
             shaping_passes: Counter::default(),
@@ -178,6 +186,16 @@ impl Default for CoordinatorMetrics {
             "coordinator_losses_not_stored",
             "Nodes declared lost whose loss the store refused so far: not announced until stored",
             m.losses_not_stored.clone(),
+        );
+        r.register(
+            "coordinator_losses_held_by_guard",
+            "Nodes silent past the node timeout not declared lost because most of the cluster is silent at once (presumed the coordinator's or the network's fault)",
+            m.losses_held_by_guard.clone(),
+        );
+        r.register(
+            "coordinator_own_stalls",
+            "Ticks that found the coordinator had not been listening (paused, frozen, blocked); that time is not counted against any node's silence",
+            m.own_stalls.clone(),
         );
         r.register(
             "coordinator_heartbeats",

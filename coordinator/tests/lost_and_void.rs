@@ -316,7 +316,9 @@ fn a_storm_of_losses_in_one_tick_is_stored_in_one_write() {
     const NODES: u32 = 1000;
     let dir = initialised_data_dir();
     let (dir, containers) = actix_rt::System::new().block_on(async {
-        let h = Harness::start_in(dir).await;
+        // Every node silent at once is a mass silence the loss guard would hold; this test is
+        // about storing a batch of losses, so the guard's share rule is off.
+        let h = Harness::start_in_with(dir, |s| s.mass_silence_share = 2.0).await;
         let (_queues, containers) = join_storm(&h, NODES).await;
         let writes = h.server.metrics.lost_node_writes.get();
         // Joined and never heard from: still receiving their join answers until the limit.
@@ -360,7 +362,8 @@ fn a_storm_of_rejoins_leaves_the_lost_set_in_one_write_per_tick() {
     const NODES: u32 = 200;
     let dir = initialised_data_dir();
     let dir = actix_rt::System::new().block_on(async {
-        let h = Harness::start_in(dir).await;
+        // As above: the guard's share rule is off, so the storm is lost in one tick.
+        let h = Harness::start_in_with(dir, |s| s.mass_silence_share = 2.0).await;
         let (_lost_queues, containers) = join_storm(&h, NODES).await;
         // Joined and never heard from: still receiving their join answers until the limit.
         h.clock.advance(JOIN_ANSWER_LIMIT + Duration::from_secs(1));
@@ -571,4 +574,79 @@ async fn a_loss_the_store_refused_is_announced_only_once_it_is_stored() {
     .await;
     assert_eq!(accepted.lost_containers, vec![from_a], "told to kill it");
     h.server.shutdown();
+}
+
+/// Three of four nodes fall silent past the node timeout at once (the coordinator cut off from
+/// most of the cluster): presumed the coordinator's or the network's fault, they are held, not
+/// declared lost (`scheduler_core::loss_guard`), and get no new GUARANTEED work while held; one
+/// heard again is open to work at the next tick, and a waiting ask is placed there.
+#[actix_rt::test]
+async fn most_nodes_silent_at_once_are_held_not_lost_and_closed_to_new_work_until_heard_again() {
+    let h = Harness::start().await;
+    let mut workers = Vec::new();
+    for name in ["node-a", "node-b", "node-c", "node-d"] {
+        let (mut w, _) = h.join(name, 1000, 1024).await;
+        w.send(&heartbeat(name, 0, 0.0, vec![], vec![], vec![]))
+            .await;
+        w.expect_ack().await;
+        workers.push(w);
+    }
+    let mut b = workers.remove(1);
+    let mut a = workers.remove(0);
+    h.clock.advance(Duration::from_secs(11));
+    a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    a.expect_ack().await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(h.server.metrics.nodes_lost.get(), 0, "nobody declared lost");
+    assert_eq!(h.server.metrics.losses_held_by_guard.get(), 3);
+
+    // Two containers of a whole node each: one fits on node-a, the other must not go to a held
+    // node, so it waits.
+    a.send(&allocate_guaranteed(1, "demo", 1000, 1024, 2)).await;
+    let first = a
+        .expect(
+            "a grant on node-a",
+            |m| matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == 1),
+        )
+        .await;
+    let CoordinatorToWorker::GuaranteedAllocated(first) = first else {
+        unreachable!()
+    };
+    assert_eq!(first.containers.len(), 1);
+    assert_eq!(first.containers[0].node_id.as_str(), "node-a");
+    assert_eq!(first.remaining, 1);
+    for held in ["node-b", "node-c", "node-d"] {
+        assert_eq!(booked(&h, held).await, Resources::ZERO, "{held} got work");
+    }
+
+    // node-b is heard again: two of four silent is no mass silence, the episode ends (the two
+    // still silent get a fresh node timeout), and the waiting container goes to node-b.
+    b.send(&heartbeat("node-b", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    b.expect_ack().await;
+    h.server.coordinator.send(Tick).await.unwrap();
+    let second = a
+        .expect(
+            "the waiting container on node-b",
+            |m| matches!(m, CoordinatorToWorker::GuaranteedAllocated(g) if g.correlation_id == 1),
+        )
+        .await;
+    let CoordinatorToWorker::GuaranteedAllocated(second) = second else {
+        unreachable!()
+    };
+    assert_eq!(second.containers[0].node_id.as_str(), "node-b");
+    assert_eq!(second.remaining, 0);
+    assert_eq!(h.server.metrics.nodes_lost.get(), 0);
+    // node-c and node-d stay closed to new work until heard again or declared lost.
+    assert_eq!(h.server.metrics.losses_held_by_guard.get(), 2);
+    // Still silent a whole node timeout after that: node-c and node-d are lost then.
+    h.clock.advance(Duration::from_secs(11));
+    for (w, name) in [(&mut a, "node-a"), (&mut b, "node-b")] {
+        w.send(&heartbeat(name, 0, 0.0, vec![], vec![], vec![]))
+            .await;
+        w.expect_ack().await;
+    }
+    h.server.coordinator.send(Tick).await.unwrap();
+    assert_eq!(h.server.metrics.nodes_lost.get(), 2);
 }

@@ -6,6 +6,7 @@ use crate::distributed::{
     ClusterSummary, ClusterView, DirectoryDelta, NodeDirectoryEntry, NodeLoad,
 };
 use crate::liveness::JOIN_ANSWER_LIMIT;
+use crate::loss_guard::{LossGuard, LossGuardConfig, Silence};
 use crate::node::ContainerStatus;
 use crate::queue_delay::QueueDelay;
 use crate::quota::AppOutstanding;
@@ -75,6 +76,10 @@ pub struct CoordinatorConfig {
     /// answer at 10,000 nodes, most of an answer's bytes).
     #[serde(default = "default_new_nodes_per_answer")]
     pub new_nodes_per_answer: usize,
+    /// When a node's silence is not held against it: the coordinator's own pauses and mass
+    /// silence ([`crate::loss_guard`]).
+    #[serde(default)]
+    pub loss_guard: LossGuardConfig,
 }
 
 fn default_new_nodes_per_answer() -> usize {
@@ -89,6 +94,7 @@ impl Default for CoordinatorConfig {
             min_shedding_threshold_ms: 100.0,
             node_timeout: Duration::from_secs(10),
             new_nodes_per_answer: default_new_nodes_per_answer(),
+            loss_guard: LossGuardConfig::default(),
         }
     }
 }
@@ -236,6 +242,15 @@ impl PartialEq for RoundDeriver {
     }
 }
 
+/// How long `n` may be silent before it is lost ([`CoordinatorState::silent_nodes`]).
+fn silence_limit(config: &CoordinatorConfig, n: &NodeEntry) -> Duration {
+    if n.receiving_join_answer {
+        config.node_timeout.max(JOIN_ANSWER_LIMIT)
+    } else {
+        config.node_timeout
+    }
+}
+
 /// The coordinator's aggregate view.
 #[derive(Clone, Debug)]
 pub struct CoordinatorState {
@@ -289,6 +304,29 @@ pub struct CoordinatorState {
     slots_leaving: Vec<u32>,
     /// The slots in use or freed are below this.
     next_slot: u32,
+    /// Whether silent nodes are declared lost now ([`CoordinatorState::losses_due`]).
+    loss_guard: LossGuard,
+    /// Nodes silent past the timeout whose declaration the guard holds (bounded by the nodes).
+    losses_guarded: BTreeSet<NodeId>,
+}
+
+/// What a silence check decided ([`CoordinatorState::losses_due`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LossesDue {
+    /// Declare these lost now (longest silent first).
+    pub declare: Vec<NodeId>,
+    /// Silent past the timeout, their declaration held by the guard from this check on: keep
+    /// new GUARANTEED work off them.
+    pub newly_held: Vec<NodeId>,
+    /// Held at the previous check and heard from again since: open them to new work again.
+    pub heard_again: Vec<NodeId>,
+    /// All nodes whose declaration the guard holds now.
+    pub held: usize,
+    /// How the cluster's silence looked.
+    pub silence: Silence,
+    /// How long the coordinator was not listening before this check (taken off every node's
+    /// silence).
+    pub deaf_for: Duration,
 }
 
 /// A view for one node's scheduler, with the QUEUEABLE keys it needs for the view's top-k.
@@ -367,6 +405,8 @@ impl CoordinatorState {
             free_slots: Vec::new(),
             slots_leaving: Vec::new(),
             next_slot: 0,
+            loss_guard: LossGuard::new(),
+            losses_guarded: BTreeSet::new(),
         }
     }
 
@@ -1180,20 +1220,92 @@ impl CoordinatorState {
     /// no heartbeat yet, session open) is silent only past [`JOIN_ANSWER_LIMIT`], the time its
     /// worker waits for that answer while it keeps arriving: declaring it lost sooner would
     /// cut the answer off and have the worker join again, sending the whole answer once more.
+    /// Which of them to declare lost is [`CoordinatorState::losses_due`]'s decision.
     pub fn silent_nodes(&self, now: Time) -> Vec<NodeId> {
-        let receiving_limit = self.config.node_timeout.max(JOIN_ANSWER_LIMIT);
-        self.nodes
-            .values()
-            .filter(|n| {
-                let limit = if n.receiving_join_answer {
-                    receiving_limit
-                } else {
-                    self.config.node_timeout
-                };
-                now.saturating_since(n.last_seen) > limit
-            })
-            .map(|n| n.dir.node_id.clone())
+        self.silent_since(now)
+            .into_iter()
+            .map(|(_, node)| node)
             .collect()
+    }
+
+    /// The silent nodes with when each was last heard, longest silent first (ties by id).
+    fn silent_since(&self, now: Time) -> Vec<(Time, NodeId)> {
+        let mut silent: Vec<(Time, NodeId)> = self
+            .nodes
+            .values()
+            .filter(|n| now.saturating_since(n.last_seen) > silence_limit(&self.config, n))
+            .map(|n| (n.last_seen, n.dir.node_id.clone()))
+            .collect();
+        silent.sort_unstable();
+        silent
+    }
+
+    /// The silence check (the coordinator's tick): which silent nodes to declare lost now,
+    /// through the [`crate::loss_guard`]. Time the coordinator itself was not listening (a
+    /// gap between checks of more than two check intervals) is first taken off every node's
+    /// silence; then, if most of the cluster is silent at once, declarations are held or slowed.
+    /// O(nodes).
+    pub fn losses_due(&mut self, now: Time) -> LossesDue {
+        let previous = self.loss_guard.last_check();
+        let deaf_for = self.loss_guard.deaf_for(&self.config.loss_guard, now);
+        if !deaf_for.is_zero() {
+            for n in self.nodes.values_mut() {
+                n.last_seen = n.last_seen.saturating_add(deaf_for).min(now);
+            }
+        }
+        let elapsed = previous
+            .map_or(Duration::ZERO, |p| now.saturating_since(p))
+            .saturating_sub(deaf_for);
+        let suspected = self
+            .nodes
+            .values()
+            .filter(|n| now.saturating_since(n.last_seen) > silence_limit(&self.config, n) / 2)
+            .count();
+        let silent = self.silent_since(now);
+        let admitted = self.loss_guard.admit(
+            &self.config.loss_guard,
+            now,
+            self.config.node_timeout,
+            silent.len(),
+            suspected,
+            self.nodes.len(),
+            elapsed,
+        );
+        let mut silent: Vec<NodeId> = silent.into_iter().map(|(_, n)| n).collect();
+        let held: BTreeSet<NodeId> = silent.drain(admitted..).collect();
+        let declare = silent;
+        let newly_held = held.difference(&self.losses_guarded).cloned().collect();
+        // Held before, not held now, and neither declared now nor gone: heard from again.
+        let heard_again = if self.losses_guarded.is_empty() {
+            Vec::new()
+        } else {
+            let declared: HashSet<&NodeId> = declare.iter().collect();
+            self.losses_guarded
+                .difference(&held)
+                .filter(|n| self.nodes.contains_key(*n) && !declared.contains(n))
+                .cloned()
+                .collect()
+        };
+        self.losses_guarded = held;
+        LossesDue {
+            declare,
+            newly_held,
+            heard_again,
+            held: self.losses_guarded.len(),
+            silence: self.loss_guard.silence(),
+            deaf_for,
+        }
+    }
+
+    /// The coordinator starts listening at `now`: the first [`CoordinatorState::losses_due`]
+    /// measures a pause of its own from here (without it, from its first check only).
+    pub fn start_silence_checks(&mut self, now: Time) {
+        self.loss_guard.start(now);
+    }
+
+    /// Checks that found the coordinator had not been listening ([`CoordinatorState::losses_due`]).
+    pub fn own_stalls(&self) -> u64 {
+        self.loss_guard.stalls()
     }
 
     /// The node's session closed before its first heartbeat: it is no longer receiving its

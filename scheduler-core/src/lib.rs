@@ -16,6 +16,7 @@ pub mod ids;
 pub mod issued;
 pub mod join_pacing;
 pub mod liveness;
+pub mod loss_guard;
 pub mod node;
 pub mod promotion;
 pub mod protocol;

@@ -1159,7 +1159,7 @@ pub fn rss_mib(pid: u32) -> anyhow::Result<f64> {
 }
 
 /// `GET /metrics` of the coordinator's HTTP server (HTTP/1.0, read to the end).
-fn scrape(addr: &str) -> anyhow::Result<String> {
+pub fn scrape(addr: &str) -> anyhow::Result<String> {
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
@@ -1177,7 +1177,7 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 }
 
 /// [`sample`] of a counter or gauge, as a whole number.
-fn metric(text: &str, name: &str) -> Option<u64> {
+pub fn metric(text: &str, name: &str) -> Option<u64> {
     sample(text, name).map(|v| v as u64)
 }
 

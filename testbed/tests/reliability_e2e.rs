@@ -183,6 +183,90 @@ async fn allocate_when_joined(
     }
 }
 
+/// A coordinator paused past the node timeout (SIGSTOP for three node timeouts) blames no node
+/// when it resumes: the time it was not listening is not counted against the nodes' silence
+/// (`scheduler_core::loss_guard`). Before, its first tick after the pause declared every node
+/// lost, every app was told its containers were lost, and every worker killed them on
+/// re-joining: a pause of the coordinator cost the whole cluster's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_paused_past_the_node_timeout_declares_no_node_lost() {
+    let mut c = LocalCluster::start(&LocalArgs {
+        workers: 2,
+        cpu_millis: 2000,
+        memory_mib: 2048,
+        heartbeat_interval_ms: 100,
+        node_timeout_ms: 1000,
+        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join("deaf")),
+        ..LocalArgs::default()
+    })
+    .expect("local cluster starts");
+    let metrics_addr = c.coordinator_http.clone().expect("coordinator metrics");
+    let (pool, mut events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
+    let home = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    let target = c.workers[1].node_id.clone();
+    let granted = tokio::time::timeout(GUARD, home.allocate(guaranteed_ask_of(500, Some(&target))))
+        .await
+        .expect("answered")
+        .expect("granted");
+    let grant = &granted.containers[0];
+    let marker = format!("deaf-coordinator-{}", grant.container_id);
+    pool.start(grant, marked_sleeper(&marker))
+        .await
+        .expect("started");
+    wait_for_processes(&marker, 1, &c, "worker-2").await;
+
+    c.signal("coordinator", libc::SIGSTOP).unwrap();
+    // The fault: three node timeouts without the coordinator (a duration, not a wait for an
+    // event).
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    c.signal("coordinator", libc::SIGCONT).unwrap();
+    // Its first tick after the pause sees that it was not listening.
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        let text = testbed::fleet::scrape(&metrics_addr).expect("metrics");
+        if testbed::fleet::metric(&text, "coordinator_own_stalls_total").unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the coordinator never counted its pause; its log:\n{}",
+            c.log_tail("coordinator")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The worker re-joined (its link gave the silent session up) and is whole: the rest of its
+    // capacity is granted beside the running container, which it still holds.
+    let again = allocate_when_joined(&home, guaranteed_ask_of(1500, Some(&target)), &c).await;
+    assert_eq!(again.containers[0].node_id.as_str(), target);
+    assert_eq!(
+        processes_with(&marker).len(),
+        1,
+        "the container must run on; worker-2's log:\n{}",
+        c.log_tail("worker-2")
+    );
+    let text = testbed::fleet::scrape(&metrics_addr).expect("metrics");
+    assert_eq!(
+        testbed::fleet::metric(&text, "coordinator_nodes_lost_total"),
+        Some(0),
+        "no node may be declared lost; the coordinator's log:\n{}",
+        c.log_tail("coordinator")
+    );
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            !matches!(
+                e.event,
+                ContainerEventKind::Killed {
+                    reason: KillReason::Lost,
+                    ..
+                }
+            ),
+            "an app was told a container is lost: {e:?}"
+        );
+    }
+    c.stop();
+}
+
 /// Lost means gone: a worker paused (SIGSTOP) past the node timeout is declared lost and its
 /// containers are reported `lost` to their app; when it resumes and re-joins, it must kill them
 /// instead of running on (and reporting them running) as if nothing happened.

@@ -335,6 +335,8 @@ impl Simulation {
                 min_shedding_threshold_ms: config.min_shedding_threshold_ms,
                 node_timeout: Duration::from_secs(u64::MAX / 4_000_000),
                 new_nodes_per_answer: config.top_k,
+                // Never consulted: the simulator's nodes do not go silent.
+                loss_guard: Default::default(),
             },
             1,
         );

@@ -1,0 +1,419 @@
+//! When silence is not the node's fault: the coordinator's guard on declaring nodes lost
+//! (sans-IO: the caller passes `now`).
+//!
+//! A node silent past the node timeout is declared lost, and "lost means gone": its containers
+//! are reported `lost` and it must kill them when it re-joins. That rule blames the node for a
+//! silence that may be the coordinator's own, and then it destroys the whole cluster's work at
+//! once:
+//!
+//! - **The coordinator stopped listening** (its process paused, its VM frozen or swapping, its
+//!   thread blocked): on resuming, every node looks silent since before the pause. Without this
+//!   guard a coordinator paused past the node timeout declared every node lost at its next tick.
+//!   Now a gap between two silence checks longer than two check intervals counts as time the
+//!   coordinator was deaf: every node's silence is shortened by it ([`LossGuard::deaf_for`]),
+//!   so a node is declared lost only after a whole node timeout of silence the coordinator was
+//!   there to hear.
+//! - **Most of the cluster goes silent at once** (the coordinator cut off from the nodes'
+//!   network, or overloaded past the point of answering them, issue 17's congestion collapse at
+//!   10,000 nodes): it is far more likely the coordinator's or the network's fault than that of
+//!   thousands of nodes failing together. This is the rule of Kubernetes' node lifecycle
+//!   controller for a zone (`ComputeZoneState`, defaults `--unhealthy-zone-threshold=0.55`,
+//!   `--secondary-node-eviction-rate=0.01`): with more than two nodes suspected (silent for
+//!   more than half their timeout, so the share is judged before the first of them is due:
+//!   nodes cut off together fall silent over a heartbeat interval) and at least 55 % of the
+//!   nodes suspected ("partial disruption"), nodes past the timeout are declared lost at 0.01
+//!   per second, the longest silent first; with every node suspected ("full disruption") none
+//!   is. When the share falls back below the threshold, every node still silent gets a whole
+//!   node timeout from then, as after a pause of the coordinator's own (Kubernetes resets every
+//!   node's timestamps on leaving full disruption): a healing partition brings nodes back over
+//!   a heartbeat interval, and the last of them must not be declared lost the moment the
+//!   first ones are heard. One deviation from Kubernetes: it stops evictions entirely in a
+//!   partial disruption of a zone of at most 50 nodes; here the slow rate applies at every
+//!   size, so a small cluster that really lost most of its nodes still frees their GUARANTEED
+//!   capacity, one node per 100 s.
+//!
+//! Holding a declaration never over-commits GUARANTEED capacity: a silent node's bookings stay
+//! until it is declared lost (the coordinator also keeps new GUARANTEED work off it while it is
+//! held). What it costs is time: an app learns later that containers on a node that really died
+//! are gone.
+
+use crate::time::Time;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The guard's settings ([`crate::coordinator::CoordinatorConfig::loss_guard`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LossGuardConfig {
+    /// How often the caller checks for silent nodes (the coordinator's tick). A gap between two
+    /// checks longer than twice this is time the coordinator was not listening; everything past
+    /// one interval of it is taken off every node's silence.
+    pub check_interval: Duration,
+    /// The share of the nodes silent at once from which the coordinator presumes the fault is
+    /// its own or the network's (Kubernetes `--unhealthy-zone-threshold`, 0.55). Above 1.0 the
+    /// mass-silence rule is off.
+    pub mass_silence_share: f64,
+    /// Nodes declared lost per second while the share is reached but some nodes are still heard
+    /// (Kubernetes `--secondary-node-eviction-rate`, 0.01).
+    pub declarations_per_s_in_mass_silence: f64,
+}
+
+/// More silent nodes than this are needed for mass silence (Kubernetes: "more than 2").
+pub const MASS_SILENCE_MIN_NODES: usize = 3;
+
+impl Default for LossGuardConfig {
+    fn default() -> Self {
+        LossGuardConfig {
+            check_interval: Duration::from_millis(500),
+            mass_silence_share: 0.55,
+            declarations_per_s_in_mass_silence: 0.01,
+        }
+    }
+}
+
+impl LossGuardConfig {
+    /// A clear error naming what is wrong, or `Ok`.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.check_interval.is_zero() {
+            return Err("check_interval must be positive".into());
+        }
+        if !self.mass_silence_share.is_finite() || self.mass_silence_share <= 0.0 {
+            return Err(format!(
+                "mass_silence_share must be a positive share of the nodes (0.55 by default, above 1 to turn the rule off), got {}",
+                self.mass_silence_share
+            ));
+        }
+        if !self.declarations_per_s_in_mass_silence.is_finite()
+            || self.declarations_per_s_in_mass_silence < 0.0
+        {
+            return Err(format!(
+                "declarations_per_s_in_mass_silence must be a rate ≥ 0, got {}",
+                self.declarations_per_s_in_mass_silence
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How the cluster's silence looks at a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Silence {
+    /// Fewer than the share (or at most two nodes) silent: every silent node is declared lost.
+    Normal,
+    /// At least the share silent, some nodes still heard: declared at the slow rate.
+    Mass { silent: usize, nodes: usize },
+    /// Every node silent (more than two): none declared.
+    Total { silent: usize },
+}
+
+/// The guard's state between checks.
+#[derive(Clone, Debug)]
+pub struct LossGuard {
+    last_check: Option<Time>,
+    /// Time in mass silence not yet spent on a declaration (at most one period of the slow
+    /// rate banked); kept in whole nanoseconds so a period is earned exactly.
+    banked: Duration,
+    /// After a mass or total silence: nothing is declared before this.
+    grace_until: Option<Time>,
+    silence: Silence,
+    stalls: u64,
+}
+
+impl Default for LossGuard {
+    fn default() -> Self {
+        LossGuard::new()
+    }
+}
+
+impl LossGuard {
+    pub fn new() -> LossGuard {
+        LossGuard {
+            last_check: None,
+            banked: Duration::ZERO,
+            grace_until: None,
+            silence: Silence::Normal,
+            stalls: 0,
+        }
+    }
+
+    /// The caller starts listening at `now`: a gap before the first check counts as well.
+    pub fn start(&mut self, now: Time) {
+        self.last_check.get_or_insert(now);
+    }
+
+    /// When the last check was.
+    pub fn last_check(&self) -> Option<Time> {
+        self.last_check
+    }
+
+    /// A check at `now`: how long the coordinator was deaf since the previous check (zero
+    /// unless the gap is longer than two check intervals; then all of it past one interval).
+    pub fn deaf_for(&mut self, config: &LossGuardConfig, now: Time) -> Duration {
+        let previous = self.last_check.replace(now);
+        let Some(previous) = previous else {
+            return Duration::ZERO;
+        };
+        let gap = now.saturating_since(previous);
+        let interval = config.check_interval;
+        if gap > interval * 2 {
+            self.stalls += 1;
+            gap - interval
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Checks that found the coordinator had been deaf ([`LossGuard::deaf_for`]).
+    pub fn stalls(&self) -> u64 {
+        self.stalls
+    }
+
+    /// The silence found by the last [`LossGuard::admit`].
+    pub fn silence(&self) -> Silence {
+        self.silence
+    }
+
+    /// Of `past_timeout` silent nodes (longest silent first), how many to declare lost at
+    /// `now`, judging the cluster's silence by the `suspected` nodes (silent for more than half
+    /// their timeout, `past_timeout` included) out of `nodes`. In mass silence the time since
+    /// the previous check (`elapsed`) is banked towards the next declaration at the slow rate.
+    /// When a mass or total silence ends, nothing is declared for one `node_timeout`: every
+    /// node still silent then gets a whole timeout from the end of the episode.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit(
+        &mut self,
+        config: &LossGuardConfig,
+        now: Time,
+        node_timeout: Duration,
+        past_timeout: usize,
+        suspected: usize,
+        nodes: usize,
+        elapsed: Duration,
+    ) -> usize {
+        let share = if nodes == 0 {
+            0.0
+        } else {
+            suspected as f64 / nodes as f64
+        };
+        let silence = if suspected < MASS_SILENCE_MIN_NODES || share < config.mass_silence_share {
+            Silence::Normal
+        } else if suspected >= nodes {
+            Silence::Total { silent: suspected }
+        } else {
+            Silence::Mass {
+                silent: suspected,
+                nodes,
+            }
+        };
+        let before = std::mem::replace(&mut self.silence, silence);
+        match silence {
+            Silence::Normal => {
+                self.banked = Duration::ZERO;
+                if before != Silence::Normal {
+                    // The episode ends: nodes come back over a heartbeat interval when a
+                    // partition heals, and the last ones must not be declared lost the moment
+                    // the first ones are heard.
+                    self.grace_until = Some(now.saturating_add(node_timeout));
+                }
+                match self.grace_until {
+                    Some(until) if now < until => 0,
+                    _ => {
+                        self.grace_until = None;
+                        past_timeout
+                    }
+                }
+            }
+            Silence::Total { .. } => {
+                self.banked = Duration::ZERO;
+                0
+            }
+            Silence::Mass { .. } => {
+                let rate = config.declarations_per_s_in_mass_silence;
+                let period = if rate > 0.0 {
+                    Duration::from_secs_f64(1.0 / rate)
+                } else {
+                    Duration::MAX
+                };
+                // Nothing banked on entering: the first node goes after a whole period of the
+                // slow rate, so a coordinator that recovers within it loses nobody.
+                if matches!(before, Silence::Mass { .. }) {
+                    self.banked = self.banked.saturating_add(elapsed).min(period);
+                }
+                if rate > 0.0 && self.banked >= period && past_timeout > 0 {
+                    self.banked -= period;
+                    1
+                } else {
+                    0
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: &LossGuardConfig = &LossGuardConfig {
+        check_interval: Duration::from_millis(500),
+        mass_silence_share: 0.55,
+        declarations_per_s_in_mass_silence: 0.01,
+    };
+
+    fn guard() -> LossGuard {
+        LossGuard::new()
+    }
+
+    #[test]
+    fn a_gap_of_more_than_two_checks_is_deaf_time_past_one_interval() {
+        let mut g = guard();
+        assert_eq!(g.deaf_for(C, Time::from_millis(0)), Duration::ZERO);
+        assert_eq!(g.deaf_for(C, Time::from_millis(500)), Duration::ZERO);
+        // A late tick (up to two intervals) is not a stall.
+        assert_eq!(g.deaf_for(C, Time::from_millis(1_500)), Duration::ZERO);
+        assert_eq!(g.stalls(), 0);
+        // Paused 30 s: 29.5 s of it deaf.
+        assert_eq!(
+            g.deaf_for(C, Time::from_millis(31_500)),
+            Duration::from_millis(29_500)
+        );
+        assert_eq!(g.stalls(), 1);
+        assert_eq!(g.deaf_for(C, Time::from_millis(32_000)), Duration::ZERO);
+        // Paused before its first check: measured from the start.
+        let mut g = guard();
+        g.start(Time::from_millis(0));
+        assert_eq!(
+            g.deaf_for(C, Time::from_millis(3_000)),
+            Duration::from_millis(2_500)
+        );
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// `admit` at 1,000 s.
+    fn declared(
+        g: &mut LossGuard,
+        past: usize,
+        suspected: usize,
+        nodes: usize,
+        elapsed: Duration,
+    ) -> usize {
+        g.admit(
+            C,
+            Time::from_secs(1_000),
+            TIMEOUT,
+            past,
+            suspected,
+            nodes,
+            elapsed,
+        )
+    }
+
+    #[test]
+    fn up_to_two_silent_nodes_or_less_than_the_share_are_all_declared() {
+        let mut g = guard();
+        let tick = Duration::from_millis(500);
+        // Two of two silent: a tiny cluster is never held (more than two are needed).
+        assert_eq!(declared(&mut g, 2, 2, 2, tick), 2);
+        assert_eq!(g.silence(), Silence::Normal);
+        // 54 of 100 suspected, 40 of them past the timeout.
+        assert_eq!(declared(&mut g, 40, 54, 100, tick), 40);
+        assert_eq!(g.silence(), Silence::Normal);
+        assert_eq!(declared(&mut g, 0, 0, 0, tick), 0);
+    }
+
+    #[test]
+    fn every_node_silent_declares_none_and_its_end_gives_the_rest_a_fresh_timeout() {
+        let mut g = guard();
+        for _ in 0..1_000 {
+            assert_eq!(declared(&mut g, 3, 3, 3, Duration::from_secs(10)), 0);
+        }
+        assert_eq!(g.silence(), Silence::Total { silent: 3 });
+        // Two heard again at 1,000 s: one still silent, not declared at once but a whole node
+        // timeout later.
+        assert_eq!(declared(&mut g, 1, 1, 3, Duration::from_millis(500)), 0);
+        assert_eq!(g.silence(), Silence::Normal);
+        let at = |s: u64| Time::from_millis(s);
+        let half = Duration::from_millis(500);
+        assert_eq!(g.admit(C, at(1_009_500), TIMEOUT, 1, 1, 3, half), 0);
+        assert_eq!(g.admit(C, at(1_010_000), TIMEOUT, 1, 1, 3, half), 1);
+    }
+
+    #[test]
+    fn mass_silence_declares_one_node_per_hundred_seconds() {
+        let mut g = guard();
+        let tick = Duration::from_millis(500);
+        let mut total = 0;
+        let mut first_at = None;
+        // 300 s of 60 of 100 nodes silent (nothing declared leaves them silent in this test).
+        for t in 0..600 {
+            let n = declared(&mut g, 60, 60, 100, tick);
+            if n > 0 && first_at.is_none() {
+                first_at = Some(t);
+            }
+            total += n;
+        }
+        assert_eq!(
+            g.silence(),
+            Silence::Mass {
+                silent: 60,
+                nodes: 100
+            }
+        );
+        // Nothing banked on entering; one declaration per 100 s after that.
+        assert_eq!(first_at, Some(200));
+        assert_eq!(total, 2);
+        // Back under the share: the episode ends (the rest get a fresh timeout, no burst), the
+        // bank is emptied, and a new mass silence starts with nothing banked.
+        assert_eq!(declared(&mut g, 40, 40, 100, tick), 0);
+        assert_eq!(g.silence(), Silence::Normal);
+        assert_eq!(declared(&mut g, 60, 60, 100, tick), 0);
+        assert_eq!(declared(&mut g, 60, 60, 100, tick), 0);
+    }
+
+    #[test]
+    fn at_most_one_declaration_is_banked() {
+        let mut g = guard();
+        assert_eq!(declared(&mut g, 10, 10, 12, Duration::ZERO), 0);
+        // 1,000 s in one step earn one, not ten: a coordinator that was away does not then
+        // declare a burst.
+        assert_eq!(declared(&mut g, 10, 10, 12, Duration::from_secs(1_000)), 1);
+        assert_eq!(declared(&mut g, 9, 9, 11, Duration::from_millis(500)), 0);
+        // Suspected but none past the timeout yet: the bank waits for one.
+        let mut g = guard();
+        declared(&mut g, 0, 10, 12, Duration::ZERO);
+        assert_eq!(declared(&mut g, 0, 10, 12, Duration::from_secs(200)), 0);
+        assert_eq!(declared(&mut g, 1, 10, 12, Duration::from_millis(500)), 1);
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert_eq!(
+            &LossGuardConfig::default(),
+            C,
+            "the tests run on the defaults"
+        );
+        assert!(LossGuardConfig::default().validate().is_ok());
+        let bad = |c: LossGuardConfig| c.validate().unwrap_err();
+        assert!(
+            bad(LossGuardConfig {
+                mass_silence_share: 0.0,
+                ..LossGuardConfig::default()
+            })
+            .contains("mass_silence_share")
+        );
+        assert!(
+            bad(LossGuardConfig {
+                declarations_per_s_in_mass_silence: f64::NAN,
+                ..LossGuardConfig::default()
+            })
+            .contains("declarations_per_s_in_mass_silence")
+        );
+        assert!(
+            bad(LossGuardConfig {
+                check_interval: Duration::ZERO,
+                ..LossGuardConfig::default()
+            })
+            .contains("check_interval")
+        );
+    }
+}
