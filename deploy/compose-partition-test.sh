@@ -11,7 +11,10 @@
 #     GUARANTEED container, started and running, and a QUEUEABLE grant (--phase after);
 #   - GUARANTEED work never exceeded worker-3's capacity: the node refuses GUARANTEED work past
 #     its capacity, the full-capacity container started, and `ps` shows only it (the lost 1,500-
-#     millicore container's processes are gone), so 2,000 of 2,000 and never 3,500.
+#     millicore container's processes are gone), so 2,000 of 2,000 and never 3,500;
+#   - then all three workers cut off at once for twice the node timeout: every node silent is
+#     presumed the coordinator's or the network's fault, none is declared lost, all re-join, and
+#     the GUARANTEED container runs on.
 # Waits are bounded polls for a condition, never fixed sleeps standing in for one.
 # IMAGE (default hybrid-scheduler:partition-test) is the image tag built and run, so that a run
 # does not replace the image another compose run on the same engine is using.
@@ -145,4 +148,35 @@ assert r["ok"] and r["guaranteed_cpu_millis"] == 2000, r
 '
 poll "the new full-capacity container's processes" has_count partition-new 1
 [ "$(count_in_victim partition-old)" -eq 0 ] || { echo "partition-test: the lost container is back" >&2; exit 1; }
-echo "partition-test: OK in $(( $(date +%s) - started )) s: lost reported, processes gone after the re-join, full capacity granted and running again (2000/2000 millicores GUARANTEED on $victim)"
+echo "partition-test: full capacity granted and running again (2000/2000 millicores GUARANTEED on $victim)"
+
+# Phase 3: the coordinator cut off from every worker at once (all three disconnected together)
+# for twice the node timeout. Every node silent is presumed the coordinator's or the network's
+# fault (the loss guard, docs/reliability.md "Silence the coordinator caused is not blamed on
+# its nodes"): nobody is declared lost, the workers re-join when the network heals, and the
+# GUARANTEED container on the victim runs on.
+lost_lines() { "${compose[@]}" logs --no-color coordinator 2>/dev/null | grep -c 'node lost' || true; }
+lost_before=$(lost_lines)
+declare -A rejoins_before cids
+for w in worker-1 worker-2 "$victim"; do
+  rejoins_before[$w]=$(joins "$w")
+  cids[$w]=$("${compose[@]}" ps -q "$w")
+done
+for w in worker-1 worker-2 "$victim"; do docker network disconnect "$network" "${cids[$w]}"; done
+cut_at=$(date +%s.%N)
+echo "partition-test: disconnected all three workers from $network"
+# The length of the outage is what is under test: this wait is on the clock.
+while python3 -c "import sys, time; sys.exit(0 if time.time() - $cut_at < 2 * $node_timeout_s + 1 else 1)"; do
+  sleep 0.2
+done
+for w in worker-1 worker-2 "$victim"; do docker network connect --alias "$w" "$network" "${cids[$w]}"; done
+echo "partition-test: reconnected all three after $(python3 -c "import time; print(round(time.time() - $cut_at, 1))") s"
+for w in worker-1 worker-2 "$victim"; do poll "$w to re-join" joined_at_least "$w" $((rejoins_before[$w] + 1)); done
+"${compose[@]}" logs --no-color coordinator | grep -q 'every node silent' \
+  || { echo "partition-test: the coordinator did not notice that every node was silent" >&2; exit 1; }
+[ "$(lost_lines)" -eq "$lost_before" ] \
+  || { echo "partition-test: the coordinator declared nodes lost while cut off from all of them" >&2; exit 1; }
+[ "$(count_in_victim partition-new)" -eq 1 ] \
+  || { echo "partition-test: the GUARANTEED container did not survive the coordinator's partition" >&2; exit 1; }
+echo "partition-test: cut off from every worker for $((2 * node_timeout_s)) s, the coordinator declared no node lost and the container runs on"
+echo "partition-test: OK in $(( $(date +%s) - started )) s: lost reported, processes gone after the re-join, full capacity granted and running again, nobody lost when every node went silent"
