@@ -183,25 +183,30 @@ async fn allocate_when_joined(
     }
 }
 
-/// A coordinator paused past the node timeout (SIGSTOP for three node timeouts) blames no node
-/// when it resumes: the time it was not listening is not counted against the nodes' silence
-/// (`scheduler_core::loss_guard`). Before, its first tick after the pause declared every node
-/// lost, every app was told its containers were lost, and every worker killed them on
-/// re-joining: a pause of the coordinator cost the whole cluster's work.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_coordinator_paused_past_the_node_timeout_declares_no_node_lost() {
-    let mut c = LocalCluster::start(&LocalArgs {
+/// Two workers (100 ms heartbeats, node timeout 1 s) and a GUARANTEED container running on
+/// worker-2, granted through worker-1: a long sleeper whose command line carries a marker.
+struct SleeperOnWorker2 {
+    c: LocalCluster,
+    pool: ClientPool,
+    events: tokio::sync::mpsc::UnboundedReceiver<scheduler_core::protocol::app::ContainerEvent>,
+    home: std::sync::Arc<testbed::client::AppClient>,
+    target: String,
+    grant: scheduler_core::protocol::app::GrantedContainer,
+    marker: String,
+}
+
+async fn sleeper_on_worker_2(data_dir_name: &str, marker_prefix: &str) -> SleeperOnWorker2 {
+    let c = LocalCluster::start(&LocalArgs {
         workers: 2,
         cpu_millis: 2000,
         memory_mib: 2048,
         heartbeat_interval_ms: 100,
         node_timeout_ms: 1000,
-        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join("deaf")),
+        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join(data_dir_name)),
         ..LocalArgs::default()
     })
     .expect("local cluster starts");
-    let metrics_addr = c.coordinator_http.clone().expect("coordinator metrics");
-    let (pool, mut events) =
+    let (pool, events) =
         ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
     let home = pool.get(&c.workers[0].app_endpoint).await.unwrap();
     let target = c.workers[1].node_id.clone();
@@ -209,12 +214,40 @@ async fn a_coordinator_paused_past_the_node_timeout_declares_no_node_lost() {
         .await
         .expect("answered")
         .expect("granted");
-    let grant = &granted.containers[0];
-    let marker = format!("deaf-coordinator-{}", grant.container_id);
-    pool.start(grant, marked_sleeper(&marker))
+    let grant = granted.containers[0].clone();
+    let marker = format!("{marker_prefix}-{}", grant.container_id);
+    pool.start(&grant, marked_sleeper(&marker))
         .await
         .expect("started");
     wait_for_processes(&marker, 1, &c, "worker-2").await;
+    SleeperOnWorker2 {
+        c,
+        pool,
+        events,
+        home,
+        target,
+        grant,
+        marker,
+    }
+}
+
+/// A coordinator paused past the node timeout (SIGSTOP for three node timeouts) blames no node
+/// when it resumes: the time it was not listening is not counted against the nodes' silence
+/// (`scheduler_core::loss_guard`). Before, its first tick after the pause declared every node
+/// lost, every app was told its containers were lost, and every worker killed them on
+/// re-joining: a pause of the coordinator cost the whole cluster's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_paused_past_the_node_timeout_declares_no_node_lost() {
+    let SleeperOnWorker2 {
+        mut c,
+        pool: _pool,
+        mut events,
+        home,
+        target,
+        grant: _,
+        marker,
+    } = sleeper_on_worker_2("deaf", "deaf-coordinator").await;
+    let metrics_addr = c.coordinator_http.clone().expect("coordinator metrics");
 
     c.signal("coordinator", libc::SIGSTOP).unwrap();
     // The fault: three node timeouts without the coordinator (a duration, not a wait for an
@@ -272,30 +305,15 @@ async fn a_coordinator_paused_past_the_node_timeout_declares_no_node_lost() {
 /// instead of running on (and reporting them running) as if nothing happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_paused_past_the_node_timeout_kills_its_containers_when_it_resumes() {
-    let mut c = LocalCluster::start(&LocalArgs {
-        workers: 2,
-        cpu_millis: 2000,
-        memory_mib: 2048,
-        heartbeat_interval_ms: 100,
-        node_timeout_ms: 1000,
-        data_dir: std::env::var_os("E2E_DATA_DIR").map(|d| PathBuf::from(d).join("lost")),
-        ..LocalArgs::default()
-    })
-    .expect("local cluster starts");
-    let (pool, mut events) =
-        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
-    let home = pool.get(&c.workers[0].app_endpoint).await.unwrap();
-    let target = c.workers[1].node_id.clone();
-    let granted = tokio::time::timeout(GUARD, home.allocate(guaranteed_ask_of(500, Some(&target))))
-        .await
-        .expect("answered")
-        .expect("granted");
-    let grant = &granted.containers[0];
-    let marker = format!("lost-means-gone-{}", grant.container_id);
-    pool.start(grant, marked_sleeper(&marker))
-        .await
-        .expect("started");
-    wait_for_processes(&marker, 1, &c, "worker-2").await;
+    let SleeperOnWorker2 {
+        mut c,
+        pool: _pool,
+        mut events,
+        home,
+        target,
+        grant,
+        marker,
+    } = sleeper_on_worker_2("lost", "lost-means-gone").await;
 
     c.signal("worker-2", libc::SIGSTOP).unwrap();
     // The app is told its container is lost (through the worker that obtained the grant).
