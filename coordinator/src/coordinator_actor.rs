@@ -72,6 +72,8 @@ pub struct CoordinatorActor {
     state: CoordinatorState,
     /// The loss guard's verdict at the last tick, to log its changes once.
     last_silence: scheduler_core::loss_guard::Silence,
+    /// When the last "not listening" warning was logged (ms).
+    last_stall_warning_ms: Option<u64>,
     store: Arc<Store>,
     clock: Clock,
     rng: StdRng,
@@ -202,6 +204,7 @@ impl CoordinatorActor {
             rotation,
             state,
             last_silence: scheduler_core::loss_guard::Silence::Normal,
+            last_stall_warning_ms: None,
             join_token_sha256: store.join_token_sha256()?,
             keys,
             apps: store.apps()?,
@@ -864,13 +867,13 @@ impl CoordinatorActor {
             // a crash before it forgets the losses, and nobody was told of them.
             for (node_id, containers) in &declared {
                 warn!(node = %node_id, containers, "node lost: {why}; not announced until the loss is stored");
-                // Silent: no new GUARANTEED work there meanwhile (its bookings stay).
-                self.guarantor()
-                    .do_send(crate::guarantor_actor::SetNodeUnreachable {
-                        node: node_id.clone(),
-                        unreachable: true,
-                    });
             }
+            // Silent: no new GUARANTEED work there meanwhile (their bookings stay).
+            self.guarantor()
+                .do_send(crate::guarantor_actor::SetNodesUnreachable {
+                    nodes: declared.iter().map(|(n, _)| n.clone()).collect(),
+                    unreachable: true,
+                });
             self.state.hold_losses(
                 declared
                     .into_iter()
@@ -992,11 +995,24 @@ impl CoordinatorActor {
     fn guard_losses(&mut self, due: &scheduler_core::coordinator::LossesDue) {
         use scheduler_core::loss_guard::Silence;
         if !due.deaf_for.is_zero() {
-            warn!(
-                deaf_ms = due.deaf_for.as_millis() as u64,
-                "the coordinator was not listening (paused, frozen or blocked): that time is not counted against any node's silence"
-            );
             self.metrics.own_stalls.inc();
+            // At most one warning per 10 s: a coordinator overloaded for long would otherwise
+            // warn at every tick.
+            let now_ms = self.clock.now_ms();
+            let deaf_ms = due.deaf_for.as_millis() as u64;
+            if self
+                .last_stall_warning_ms
+                .is_none_or(|at| now_ms.saturating_sub(at) >= 10_000)
+            {
+                self.last_stall_warning_ms = Some(now_ms);
+                warn!(
+                    deaf_ms,
+                    stalls = self.state.own_stalls(),
+                    "the coordinator was not listening (paused, frozen, overloaded or blocked): that time is not counted against any node's silence"
+                );
+            } else {
+                debug!(deaf_ms, "the coordinator was not listening");
+            }
         }
         if due.silence != self.last_silence {
             match due.silence {
@@ -1016,19 +1032,14 @@ impl CoordinatorActor {
             }
             self.last_silence = due.silence;
         }
-        for node in &due.newly_held {
-            self.guarantor()
-                .do_send(crate::guarantor_actor::SetNodeUnreachable {
-                    node: node.clone(),
-                    unreachable: true,
-                });
-        }
-        for node in &due.heard_again {
-            self.guarantor()
-                .do_send(crate::guarantor_actor::SetNodeUnreachable {
-                    node: node.clone(),
-                    unreachable: false,
-                });
+        for (nodes, unreachable) in [(&due.newly_held, true), (&due.heard_again, false)] {
+            if !nodes.is_empty() {
+                self.guarantor()
+                    .do_send(crate::guarantor_actor::SetNodesUnreachable {
+                        nodes: nodes.clone(),
+                        unreachable,
+                    });
+            }
         }
         self.metrics.losses_held_by_guard.set(due.held as i64);
     }

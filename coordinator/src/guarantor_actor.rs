@@ -1195,22 +1195,28 @@ impl Handler<SetNodeDraining> for GuarantorActor {
     }
 }
 
-/// A node gets no new GUARANTEED work (`unreachable`), or may again (sent by the coordinator
-/// actor): declared lost but its loss not stored yet (until the stored loss removes it,
-/// [`RemoveNode`]), or silent past the node timeout with its declaration held by the loss guard
-/// (until it is heard again or declared lost). Its bookings stay either way.
+/// Nodes get no new GUARANTEED work (`unreachable`), or may again (sent by the coordinator
+/// actor, one message per tick and kind): declared lost but their loss not stored yet (until the
+/// stored loss removes them, [`RemoveNode`]), or silent past the node timeout with their
+/// declaration held by the loss guard (until heard again or declared lost). Their bookings stay
+/// either way.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct SetNodeUnreachable {
-    pub node: NodeId,
+pub struct SetNodesUnreachable {
+    pub nodes: Vec<NodeId>,
     pub unreachable: bool,
 }
 
-impl Handler<SetNodeUnreachable> for GuarantorActor {
+impl Handler<SetNodesUnreachable> for GuarantorActor {
     type Result = ();
-    fn handle(&mut self, m: SetNodeUnreachable, _: &mut Context<Self>) {
-        if self.core.set_unreachable(&m.node, m.unreachable) && !m.unreachable {
-            // Open again: waiting asks may fit there now.
+    fn handle(&mut self, m: SetNodesUnreachable, _: &mut Context<Self>) {
+        let mut reopened = false;
+        for node in &m.nodes {
+            reopened |= self.core.set_unreachable(node, m.unreachable) && !m.unreachable;
+        }
+        if reopened {
+            // Open again: waiting asks may fit there now (one pass for the whole batch, so a
+            // healed partition of thousands of nodes is not thousands of passes).
             self.schedule();
         }
     }

@@ -53,12 +53,17 @@ pub struct LossGuardConfig {
     /// mass-silence rule is off.
     pub mass_silence_share: f64,
     /// Nodes declared lost per second while the share is reached but some nodes are still heard
-    /// (Kubernetes `--secondary-node-eviction-rate`, 0.01).
+    /// (Kubernetes `--secondary-node-eviction-rate`, 0.01); at most one per check.
     pub declarations_per_s_in_mass_silence: f64,
 }
 
 /// More silent nodes than this are needed for mass silence (Kubernetes: "more than 2").
 pub const MASS_SILENCE_MIN_NODES: usize = 3;
+
+/// After a mass silence ends, the grace (one node timeout without declarations) is granted
+/// again only this many node timeouts later: a share that keeps crossing the threshold delays a
+/// dead node's declaration by at most one node timeout in this many.
+pub const GRACE_REARM_TIMEOUTS: u32 = 10;
 
 impl Default for LossGuardConfig {
     fn default() -> Self {
@@ -114,6 +119,8 @@ pub struct LossGuard {
     banked: Duration,
     /// After a mass or total silence: nothing is declared before this.
     grace_until: Option<Time>,
+    /// When the last grace was granted.
+    grace_granted_at: Option<Time>,
     silence: Silence,
     stalls: u64,
 }
@@ -130,6 +137,7 @@ impl LossGuard {
             last_check: None,
             banked: Duration::ZERO,
             grace_until: None,
+            grace_granted_at: None,
             silence: Silence::Normal,
             stalls: 0,
         }
@@ -194,7 +202,11 @@ impl LossGuard {
         } else {
             suspected as f64 / nodes as f64
         };
-        let silence = if suspected < MASS_SILENCE_MIN_NODES || share < config.mass_silence_share {
+        // A share that is not a number (a config not validated) turns the rule off.
+        let silence = if suspected < MASS_SILENCE_MIN_NODES
+            || config.mass_silence_share.is_nan()
+            || share < config.mass_silence_share
+        {
             Silence::Normal
         } else if suspected >= nodes {
             Silence::Total { silent: suspected }
@@ -208,14 +220,24 @@ impl LossGuard {
         match silence {
             Silence::Normal => {
                 self.banked = Duration::ZERO;
-                if before != Silence::Normal {
+                let rearm_after = node_timeout.saturating_mul(GRACE_REARM_TIMEOUTS);
+                if before != Silence::Normal
+                    && self
+                        .grace_granted_at
+                        .is_none_or(|at| now.saturating_since(at) >= rearm_after)
+                {
                     // The episode ends: nodes come back over a heartbeat interval when a
                     // partition heals, and the last ones must not be declared lost the moment
-                    // the first ones are heard.
+                    // the first ones are heard. At most one grace per GRACE_REARM_TIMEOUTS node
+                    // timeouts, so a share that keeps crossing the threshold cannot keep a
+                    // dead node from being declared.
                     self.grace_until = Some(now.saturating_add(node_timeout));
+                    self.grace_granted_at = Some(now);
                 }
                 match self.grace_until {
-                    Some(until) if now < until => 0,
+                    // Never more than one node timeout ahead, even after the wall clock
+                    // stepped back.
+                    Some(until) if now < until && until.saturating_since(now) <= node_timeout => 0,
                     _ => {
                         self.grace_until = None;
                         past_timeout
@@ -228,8 +250,9 @@ impl LossGuard {
             }
             Silence::Mass { .. } => {
                 let rate = config.declarations_per_s_in_mass_silence;
+                // A rate too small for a Duration's period (or 0) never declares.
                 let period = if rate > 0.0 {
-                    Duration::from_secs_f64(1.0 / rate)
+                    Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::MAX)
                 } else {
                     Duration::MAX
                 };
@@ -383,6 +406,66 @@ mod tests {
         declared(&mut g, 0, 10, 12, Duration::ZERO);
         assert_eq!(declared(&mut g, 0, 10, 12, Duration::from_secs(200)), 0);
         assert_eq!(declared(&mut g, 1, 10, 12, Duration::from_millis(500)), 1);
+    }
+
+    #[test]
+    fn a_share_crossing_the_threshold_again_and_again_gets_one_grace_per_ten_timeouts() {
+        let mut g = guard();
+        let half = Duration::from_millis(500);
+        let at = |ms: u64| Time::from_millis(ms);
+        // Mass at 0 s, back at 1 s: grace until 11 s.
+        assert_eq!(g.admit(C, at(0), TIMEOUT, 2, 6, 10, half), 0);
+        assert_eq!(g.admit(C, at(1_000), TIMEOUT, 2, 2, 10, half), 0);
+        // Mass again at 5 s and back at 6 s: no new grace, so the two dead nodes are declared
+        // when the first grace ends.
+        assert_eq!(g.admit(C, at(5_000), TIMEOUT, 2, 6, 10, half), 0);
+        assert_eq!(g.admit(C, at(6_000), TIMEOUT, 2, 2, 10, half), 0);
+        assert_eq!(g.admit(C, at(11_000), TIMEOUT, 2, 2, 10, half), 2);
+        // Ten timeouts after the first grace, an episode's end gets one again.
+        assert_eq!(g.admit(C, at(101_000), TIMEOUT, 2, 6, 10, half), 0);
+        assert_eq!(g.admit(C, at(101_500), TIMEOUT, 2, 2, 10, half), 0);
+        assert_eq!(g.admit(C, at(111_500), TIMEOUT, 2, 2, 10, half), 2);
+    }
+
+    #[test]
+    fn a_grace_never_reaches_more_than_a_timeout_ahead_and_odd_settings_do_not_panic() {
+        let mut g = guard();
+        let half = Duration::from_millis(500);
+        assert_eq!(
+            g.admit(C, Time::from_secs(1_000), TIMEOUT, 1, 3, 3, half),
+            0
+        );
+        assert_eq!(
+            g.admit(C, Time::from_secs(1_001), TIMEOUT, 1, 1, 3, half),
+            0
+        );
+        // The wall clock steps back an hour: the grace does not last an hour more.
+        assert_eq!(g.admit(C, Time::from_secs(1), TIMEOUT, 1, 1, 3, half), 1);
+        // A rate too small for a period, and a share that is not a number.
+        let odd = LossGuardConfig {
+            declarations_per_s_in_mass_silence: 1e-300,
+            ..C.clone()
+        };
+        let mut g = guard();
+        for _ in 0..3 {
+            assert_eq!(
+                g.admit(
+                    &odd,
+                    Time::ZERO,
+                    TIMEOUT,
+                    5,
+                    5,
+                    6,
+                    Duration::from_secs(1_000_000)
+                ),
+                0
+            );
+        }
+        let nan = LossGuardConfig {
+            mass_silence_share: f64::NAN,
+            ..C.clone()
+        };
+        assert_eq!(guard().admit(&nan, Time::ZERO, TIMEOUT, 5, 5, 6, half), 5);
     }
 
     #[test]
