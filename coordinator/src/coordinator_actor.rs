@@ -293,6 +293,14 @@ impl CoordinatorActor {
                 ),
             };
         }
+        // The issuer id this join takes is stored as reserved before anything of the join
+        // happens: a failure then leaves the node, its old session and its containers as they
+        // were (before, the node was removed after the fact, which reported its containers
+        // `lost` without declaring it lost and left the guarantor booking it).
+        if let Err(e) = self.reserve_issuers() {
+            error!("cannot persist the issuer counter: {e}");
+            return reject(format!("coordinator store failure: {e}"));
+        }
         let now = self.clock.now();
         let node_id = j.node_id.clone();
         if let Some(old) = self.sessions.remove(&node_id) {
@@ -327,11 +335,6 @@ impl CoordinatorActor {
         } else {
             Vec::new()
         };
-        if let Err(e) = self.reserve_issuers() {
-            error!("cannot persist the issuer counter: {e}");
-            self.state.remove_node(&node_id);
-            return reject(format!("coordinator store failure: {e}"));
-        }
         self.hosted.report(&node_id, containers.clone());
         self.guarantor().do_send(AddNode {
             node_id: node_id.clone(),
@@ -353,7 +356,12 @@ impl CoordinatorActor {
             // The master key was checked at start; this cannot happen, but never admit a node
             // that could not check its tokens.
             error!(node = %node_id, "no QUEUEABLE session secret for the join");
-            self.state.remove_node(&node_id);
+            // Joined and handed to the guarantor already: declared lost, so nothing of it is
+            // left half-removed (its containers are reported lost and killed at its re-join).
+            self.lose_nodes(
+                vec![node_id],
+                "the coordinator had no session secret for its join",
+            );
             return reject("coordinator key failure: no session secret".into());
         };
         // The membership of a join answer, shared with the other joins and answers of this
@@ -371,7 +379,11 @@ impl CoordinatorActor {
             Ok(Some(m)) => m,
             Ok(None) | Err(_) => {
                 error!(node = %node_id, ?sent, "cannot encode the directory for a join answer");
-                self.state.remove_node(&node_id);
+                // As above: declared lost rather than left half-removed.
+                self.lose_nodes(
+                    vec![node_id],
+                    "the coordinator could not encode its join answer",
+                );
                 return reject("coordinator encoding failure: the directory".into());
             }
         };
@@ -429,8 +441,10 @@ impl CoordinatorActor {
 
     /// Keep the stored issuer counter above every issuer handed out: written once per
     /// [`ISSUER_RESERVATION_BLOCK`] joins, not at every join.
+    /// Store the reserved issuer ids past the one the next join takes (a block at a time).
     fn reserve_issuers(&mut self) -> Result<(), crate::store::StoreError> {
-        let next = self.state.next_issuer();
+        // After the next join takes `next_issuer`, the counter is one past it.
+        let next = self.state.next_issuer().saturating_add(1);
         if next <= self.issuer_reserved {
             return Ok(());
         }

@@ -650,3 +650,68 @@ async fn most_nodes_silent_at_once_are_held_not_lost_and_closed_to_new_work_unti
     h.server.coordinator.send(Tick).await.unwrap();
     assert_eq!(h.server.metrics.nodes_lost.get(), 2);
 }
+
+/// A re-join whose issuer id the store cannot reserve is refused before anything of it happens:
+/// the node keeps its session, its containers and its GUARANTEED booking, and it is not lost.
+/// Before, the node was removed after the fact: its old session was closed as replaced, its
+/// containers were reported lost without the node being declared lost (so a later re-join
+/// re-adopted them), and the guarantor went on booking it.
+#[actix_rt::test]
+async fn a_rejoin_the_store_cannot_record_leaves_the_node_as_it_was() {
+    use coordinator::coordinator_actor::{JoinOutcome, WorkerJoined};
+    use scheduler_core::coordinator::NoticeKind;
+    let h = Harness::start().await;
+    let g = ContainerId::new(0, 77);
+    let (mut a, _) = rejoin(
+        &h,
+        "node-a",
+        vec![running(g, ContainerType::Guaranteed, 1000, 1024)],
+    )
+    .await;
+    assert_eq!(booked(&h, "node-a").await, Resources::new(1000, 1024));
+    // Use up the issuer ids reserved with node-a's join (a block of 1,024): the next join must
+    // store a new reservation.
+    let (_queues, _) =
+        join_storm(&h, coordinator::coordinator_actor::ISSUER_RESERVATION_BLOCK).await;
+    h.server.store.refuse_writes(true);
+    let WorkerToCoordinator::Join(join) = rejoin_msg(
+        &h,
+        "node-a",
+        vec![running(g, ContainerType::Guaranteed, 1000, 1024)],
+    ) else {
+        unreachable!()
+    };
+    let (tx, _rx) = coordinator::session::WorkerTx::bounded(64, None);
+    let outcome = h
+        .server
+        .coordinator
+        .send(WorkerJoined {
+            session_id: 9_999_999,
+            join,
+            tx,
+            connection: None,
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, JoinOutcome::Rejected { reason } if reason.contains("store failure")),
+        "{outcome:?}"
+    );
+    // The old session still works, the node is not lost, the booking stands.
+    a.send(&heartbeat(
+        "node-a",
+        0,
+        0.0,
+        vec![running(g, ContainerType::Guaranteed, 1000, 1024)],
+        vec![],
+        vec![],
+    ))
+    .await;
+    let ack = a.expect_ack().await;
+    assert!(
+        ack.notices.iter().all(|n| n.kind != NoticeKind::Lost),
+        "{ack:?}"
+    );
+    assert_eq!(h.server.metrics.nodes_lost.get(), 0);
+    assert_eq!(booked(&h, "node-a").await, Resources::new(1000, 1024));
+}
