@@ -267,6 +267,35 @@ async fn a_reported_guaranteed_container_the_books_do_not_hold_is_booked() {
 /// Joins `count` nodes `storm-N` straight into the coordinator actor (no QUIC: the storm is
 /// about the actor's store writes), each reporting one running QUEUEABLE container; returns the
 /// sessions' queues (kept open) and each node's container.
+/// A join sent to the coordinator actor directly (no QUIC session): its outcome and the
+/// session's queue.
+async fn join_in_process(
+    h: &Harness,
+    session_id: u64,
+    node: &str,
+    containers: Vec<scheduler_core::node::ContainerStatus>,
+) -> (
+    coordinator::coordinator_actor::JoinOutcome,
+    tokio::sync::mpsc::Receiver<coordinator::session::ToWorker>,
+) {
+    let WorkerToCoordinator::Join(join) = rejoin_msg(h, node, containers) else {
+        unreachable!()
+    };
+    let (tx, rx) = coordinator::session::WorkerTx::bounded(64, None);
+    let outcome = h
+        .server
+        .coordinator
+        .send(coordinator::coordinator_actor::WorkerJoined {
+            session_id,
+            join,
+            tx,
+            connection: None,
+        })
+        .await
+        .unwrap();
+    (outcome, rx)
+}
+
 async fn join_storm(
     h: &Harness,
     count: u32,
@@ -274,29 +303,17 @@ async fn join_storm(
     Vec<tokio::sync::mpsc::Receiver<coordinator::session::ToWorker>>,
     Vec<ContainerId>,
 ) {
-    use coordinator::coordinator_actor::{JoinOutcome, WorkerJoined};
+    use coordinator::coordinator_actor::JoinOutcome;
     let (mut queues, mut containers) = (Vec::new(), Vec::new());
     for i in 0..count {
         let id = ContainerId::new(7, u64::from(i) + 1);
-        let WorkerToCoordinator::Join(join) = rejoin_msg(
+        let (outcome, rx) = join_in_process(
             h,
+            1_000_000 + u64::from(i),
             &format!("storm-{i}"),
             vec![running(id, ContainerType::Queueable, 100, 100)],
-        ) else {
-            unreachable!()
-        };
-        let (tx, rx) = coordinator::session::WorkerTx::bounded(64, None);
-        let outcome = h
-            .server
-            .coordinator
-            .send(WorkerJoined {
-                session_id: 1_000_000 + u64::from(i),
-                join,
-                tx,
-                connection: None,
-            })
-            .await
-            .unwrap();
+        )
+        .await;
         assert!(
             matches!(outcome, JoinOutcome::Accepted { .. }),
             "{outcome:?}"
@@ -658,7 +675,7 @@ async fn most_nodes_silent_at_once_are_held_not_lost_and_closed_to_new_work_unti
 /// re-adopted them), and the guarantor went on booking it.
 #[actix_rt::test]
 async fn a_rejoin_the_store_cannot_record_leaves_the_node_as_it_was() {
-    use coordinator::coordinator_actor::{JoinOutcome, WorkerJoined};
+    use coordinator::coordinator_actor::JoinOutcome;
     use scheduler_core::coordinator::NoticeKind;
     let h = Harness::start().await;
     let g = ContainerId::new(0, 77);
@@ -674,25 +691,13 @@ async fn a_rejoin_the_store_cannot_record_leaves_the_node_as_it_was() {
     let (_queues, _) =
         join_storm(&h, coordinator::coordinator_actor::ISSUER_RESERVATION_BLOCK).await;
     h.server.store.refuse_writes(true);
-    let WorkerToCoordinator::Join(join) = rejoin_msg(
+    let (outcome, _rx) = join_in_process(
         &h,
+        9_999_999,
         "node-a",
         vec![running(g, ContainerType::Guaranteed, 1000, 1024)],
-    ) else {
-        unreachable!()
-    };
-    let (tx, _rx) = coordinator::session::WorkerTx::bounded(64, None);
-    let outcome = h
-        .server
-        .coordinator
-        .send(WorkerJoined {
-            session_id: 9_999_999,
-            join,
-            tx,
-            connection: None,
-        })
-        .await
-        .unwrap();
+    )
+    .await;
     assert!(
         matches!(&outcome, JoinOutcome::Rejected { reason } if reason.contains("store failure")),
         "{outcome:?}"
