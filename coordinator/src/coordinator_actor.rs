@@ -439,9 +439,9 @@ impl CoordinatorActor {
         }
     }
 
-    /// Keep the stored issuer counter above every issuer handed out: written once per
-    /// [`ISSUER_RESERVATION_BLOCK`] joins, not at every join.
-    /// Store the reserved issuer ids past the one the next join takes (a block at a time).
+    /// Keep the stored issuer counter above every issuer handed out, the one the next join
+    /// takes included (called before the join): written once per [`ISSUER_RESERVATION_BLOCK`]
+    /// joins, not at every join.
     fn reserve_issuers(&mut self) -> Result<(), crate::store::StoreError> {
         // After the next join takes `next_issuer`, the counter is one past it.
         let next = self.state.next_issuer().saturating_add(1);
