@@ -3,6 +3,7 @@
 
 use inference::forecast::shaping::ForecasterKind;
 use scheduler_core::coordinator::SheddingPolicy;
+use scheduler_core::loss_guard::LossGuardConfig;
 use scheduler_core::reservation::dra::Dra;
 use scheduler_core::reservation::{Algorithm, PlanConfig};
 use scheduler_core::shaper::PreemptionPolicy;
@@ -100,16 +101,24 @@ impl CoordinatorSettings {
             max_unjoined_connections: 256,
             max_unjoined_per_source: 32,
             join_answer_bytes_in_flight: scheduler_core::join_pacing::JOIN_ANSWER_BYTES_IN_FLIGHT,
-            mass_silence_share: scheduler_core::loss_guard::LossGuardConfig::default()
-                .mass_silence_share,
-            declarations_per_s_in_mass_silence:
-                scheduler_core::loss_guard::LossGuardConfig::default()
-                    .declarations_per_s_in_mass_silence,
+            mass_silence_share: LossGuardConfig::default().mass_silence_share,
+            declarations_per_s_in_mass_silence: LossGuardConfig::default()
+                .declarations_per_s_in_mass_silence,
             metrics_listen: None,
             shaping: None,
             threesigma: Some(Default::default()),
             plan: PlanConfig::default(),
             dra: Dra::default(),
+        }
+    }
+
+    /// The loss guard's settings ([`scheduler_core::loss_guard`]): silence is checked at every
+    /// tick.
+    pub fn loss_guard(&self) -> LossGuardConfig {
+        LossGuardConfig {
+            check_interval: self.tick_interval,
+            mass_silence_share: self.mass_silence_share,
+            declarations_per_s_in_mass_silence: self.declarations_per_s_in_mass_silence,
         }
     }
 
@@ -157,19 +166,8 @@ impl CoordinatorSettings {
         if self.join_answer_bytes_in_flight == 0 {
             return bad("join_answer_bytes_in_flight", "must be at least 1");
         }
-        if !self.mass_silence_share.is_finite() || self.mass_silence_share <= 0.0 {
-            return bad(
-                "mass_silence_share",
-                "must be a positive share of the nodes (0.55 by default; above 1 turns the rule off)",
-            );
-        }
-        if !self.declarations_per_s_in_mass_silence.is_finite()
-            || self.declarations_per_s_in_mass_silence < 0.0
-        {
-            return bad(
-                "declarations_per_s_in_mass_silence",
-                "must be a rate of at least 0 nodes per second",
-            );
+        if let Err((field, reason)) = self.loss_guard().validate() {
+            return bad(field, &reason);
         }
         if !self.min_shedding_threshold_ms.is_finite() || self.min_shedding_threshold_ms < 0.0 {
             return bad("min_shedding_threshold_ms", "must be a non-negative number");
@@ -726,6 +724,21 @@ mod tests {
         .into_settings()
         .unwrap_err();
         assert!(err.to_string().contains("node_timeout_ms"), "{err}");
+        for (share, rate, field) in [
+            (0.0, 0.01, "mass_silence_share"),
+            (f64::NAN, 0.01, "mass_silence_share"),
+            (0.55, -1.0, "declarations_per_s_in_mass_silence"),
+        ] {
+            let err = FileConfig {
+                data_dir: Some("/d".into()),
+                mass_silence_share: Some(share),
+                declarations_per_s_in_mass_silence: Some(rate),
+                ..Default::default()
+            }
+            .into_settings()
+            .unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
         assert!(matches!(
             FileConfig::default().into_settings(),
             Err(ConfigError::Missing("data_dir"))

@@ -167,11 +167,7 @@ impl CoordinatorActor {
                 // The view's k least-loaded nodes are then always held by a scheduler after
                 // an answer (issue 17).
                 new_nodes_per_answer: settings.top_k,
-                loss_guard: scheduler_core::loss_guard::LossGuardConfig {
-                    check_interval: settings.tick_interval,
-                    mass_silence_share: settings.mass_silence_share,
-                    declarations_per_s_in_mass_silence: settings.declarations_per_s_in_mass_silence,
-                },
+                loss_guard: settings.loss_guard(),
             },
             issuer_reserved,
         )

@@ -76,23 +76,29 @@ impl Default for LossGuardConfig {
 }
 
 impl LossGuardConfig {
-    /// A clear error naming what is wrong, or `Ok`.
-    pub fn validate(&self) -> Result<(), String> {
+    /// `Ok`, or the setting that is wrong with a clear reason.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if self.check_interval.is_zero() {
-            return Err("check_interval must be positive".into());
+            return Err(("check_interval", "must be positive".into()));
         }
         if !self.mass_silence_share.is_finite() || self.mass_silence_share <= 0.0 {
-            return Err(format!(
-                "mass_silence_share must be a positive share of the nodes (0.55 by default, above 1 to turn the rule off), got {}",
-                self.mass_silence_share
+            return Err((
+                "mass_silence_share",
+                format!(
+                    "must be a positive share of the nodes (0.55 by default, above 1 to turn the rule off), got {}",
+                    self.mass_silence_share
+                ),
             ));
         }
         if !self.declarations_per_s_in_mass_silence.is_finite()
             || self.declarations_per_s_in_mass_silence < 0.0
         {
-            return Err(format!(
-                "declarations_per_s_in_mass_silence must be a rate ≥ 0, got {}",
-                self.declarations_per_s_in_mass_silence
+            return Err((
+                "declarations_per_s_in_mass_silence",
+                format!(
+                    "must be a rate of at least 0 nodes per second, got {}",
+                    self.declarations_per_s_in_mass_silence
+                ),
             ));
         }
         Ok(())
@@ -476,7 +482,7 @@ mod tests {
             "the tests run on the defaults"
         );
         assert!(LossGuardConfig::default().validate().is_ok());
-        let bad = |c: LossGuardConfig| c.validate().unwrap_err();
+        let bad = |c: LossGuardConfig| c.validate().unwrap_err().0;
         assert!(
             bad(LossGuardConfig {
                 mass_silence_share: 0.0,
