@@ -613,7 +613,10 @@ async fn most_nodes_silent_at_once_are_held_not_lost_and_closed_to_new_work_unti
     h.clock.advance(Duration::from_secs(11));
     a.send(&heartbeat("node-a", 0, 0.0, vec![], vec![], vec![]))
         .await;
-    a.expect_ack().await;
+    let ack = a.expect_ack().await;
+    // The silent nodes are out of the top-k sent to schedulers: QUEUEABLE work is not sent
+    // to nodes that stopped reporting.
+    assert_eq!(ack.view.top_k_slots.len(), 1, "{:?}", ack.view.top_k_slots);
     h.server.coordinator.send(Tick).await.unwrap();
     assert_eq!(h.server.metrics.nodes_lost.get(), 0, "nobody declared lost");
     assert_eq!(h.server.metrics.losses_held_by_guard.get(), 3);
@@ -643,6 +646,11 @@ async fn most_nodes_silent_at_once_are_held_not_lost_and_closed_to_new_work_unti
         .await;
     b.expect_ack().await;
     h.server.coordinator.send(Tick).await.unwrap();
+    // Listed again from the next round.
+    h.clock.advance(Duration::from_secs(2));
+    b.send(&heartbeat("node-b", 0, 0.0, vec![], vec![], vec![]))
+        .await;
+    assert_eq!(b.expect_ack().await.view.top_k_slots.len(), 2);
     let second = a
         .expect(
             "the waiting container on node-b",

@@ -532,7 +532,7 @@ impl CoordinatorState {
             let shedding = self.shedding_round();
             // The list is made of joined nodes, so every entry has a slot; pairing them here
             // keeps the two lists in step without a placeholder slot.
-            let listed = self.top_k(rng);
+            let listed = self.top_k(now, rng);
             let mut top_k = Vec::with_capacity(listed.len());
             let mut top_k_slots = Vec::with_capacity(listed.len());
             let mut top_k_derivers = Vec::with_capacity(listed.len());
@@ -1316,13 +1316,29 @@ impl CoordinatorState {
         }
     }
 
-    /// The k nodes of least R, ascending; ties broken at random so an idle cluster spreads work
-    /// over all nodes rather than the first k by name.
-    pub fn top_k<R: Rng + ?Sized>(&self, rng: &mut R) -> Vec<NodeLoad> {
+    /// The k nodes of least R at `now`, ascending; ties broken at random so an idle cluster
+    /// spreads work over all nodes rather than the first k by name.
+    ///
+    /// Left out: draining nodes, nodes the loss guard holds, and nodes silent for more than half
+    /// their silence limit (the guard's "suspected", as Kubernetes' node lifecycle controller
+    /// counts them). Mercury §4.2 ranks nodes by the R they last reported; a node that stopped
+    /// reporting keeps its last R, and one that died idle (R ≈ 0) would head every scheduler's
+    /// list for a whole node timeout — or indefinitely while a mass silence holds it — drawing
+    /// QUEUEABLE work it can never start. A node is listed again from the first round after it
+    /// is heard. While a silence check is overdue (the coordinator itself was not listening,
+    /// [`crate::loss_guard::LossGuard::overdue`]) silence is not held against any node here
+    /// either: after a pause of its own the first round would otherwise list nobody.
+    pub fn top_k<R: Rng + ?Sized>(&self, now: Time, rng: &mut R) -> Vec<NodeLoad> {
+        let silence_counts = !self.loss_guard.overdue(&self.config.loss_guard, now);
         let mut ranked: Vec<(f64, u64, &NodeEntry)> = self
             .nodes
             .values()
             .filter(|n| !self.draining.contains(&n.dir.node_id))
+            .filter(|n| {
+                !silence_counts
+                    || now.saturating_since(n.last_seen) <= silence_limit(&self.config, n) / 2
+            })
+            .filter(|n| !self.losses_guarded.contains(&n.dir.node_id))
             .map(|n| (n.load.total_ms(), rng.random::<u64>(), n))
             .collect();
         let order = |a: &(f64, u64, &NodeEntry), b: &(f64, u64, &NodeEntry)| {
@@ -1347,8 +1363,13 @@ impl CoordinatorState {
 
     /// The view for a distributed scheduler whose directory is at `known_version`, with a
     /// freshly computed top-k (O(nodes); the coordinator uses [`CoordinatorState::round`]).
-    pub fn view_for<R: Rng + ?Sized>(&self, known_version: u64, rng: &mut R) -> ClusterView {
-        self.view_with(known_version, self.top_k(rng))
+    pub fn view_for<R: Rng + ?Sized>(
+        &self,
+        known_version: u64,
+        now: Time,
+        rng: &mut R,
+    ) -> ClusterView {
+        self.view_with(known_version, self.top_k(now, rng))
     }
 
     /// Mercury §4.3: the targeted maximal queue delay, mean + n·σ of the nodes' R (population σ),
@@ -1688,7 +1709,7 @@ mod tests {
             };
             assert!(c.heartbeat(Time::ZERO, &NodeId::from(*name), load, vec![]));
         }
-        let top = c.top_k(&mut rng);
+        let top = c.top_k(Time::ZERO, &mut rng);
         assert_eq!(
             top.iter().map(|l| l.node_id.as_str()).collect::<Vec<_>>(),
             vec!["c", "b"]
@@ -1707,10 +1728,10 @@ mod tests {
         let notices = c.take_notices_for(&NodeId::from("a"));
         assert_eq!(notices.len(), 1);
         assert_eq!(notices[0].kind, NoticeKind::Lost);
-        let v = c.view_for(0, &mut rng);
+        let v = c.view_for(0, Time::ZERO, &mut rng);
         assert_eq!(v.directory.len(), 2);
         assert!(
-            c.view_for(v.directory_version, &mut rng)
+            c.view_for(v.directory_version, Time::ZERO, &mut rng)
                 .directory
                 .is_empty()
         );
@@ -1879,7 +1900,7 @@ mod tests {
             };
             c.heartbeat(Time::ZERO, &NodeId::from(name.as_str()), load, vec![]);
         }
-        let top = c.top_k(&mut StdRng::seed_from_u64(9));
+        let top = c.top_k(Time::ZERO, &mut StdRng::seed_from_u64(9));
         // Reference: draw the same tie-break numbers in the same order, sort everything.
         let mut rng = StdRng::seed_from_u64(9);
         let mut all: Vec<(f64, u64, String)> = c
@@ -1898,7 +1919,106 @@ mod tests {
         let got: Vec<String> = top.iter().map(|l| l.node_id.to_string()).collect();
         assert_eq!(got, expected);
         c.config_mut().top_k = 100;
-        assert_eq!(c.top_k(&mut StdRng::seed_from_u64(1)).len(), 60);
+        assert_eq!(c.top_k(Time::ZERO, &mut StdRng::seed_from_u64(1)).len(), 60);
+    }
+
+    fn listed(c: &CoordinatorState, now_ms: u64) -> Vec<String> {
+        let mut rng = StdRng::seed_from_u64(1);
+        c.top_k(Time::from_millis(now_ms), &mut rng)
+            .into_iter()
+            .map(|l| l.node_id.to_string())
+            .collect()
+    }
+
+    fn listed_by_name(c: &CoordinatorState, now_ms: u64) -> Vec<String> {
+        let mut names = listed(c, now_ms);
+        names.sort();
+        names
+    }
+
+    /// A node that stopped reporting keeps its last R: one that died idle would head every
+    /// scheduler's list for a whole node timeout. It leaves the top-k once silent for more than
+    /// half its timeout and is listed again from its next report.
+    #[test]
+    fn a_silent_node_leaves_the_top_k_until_heard_again() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        for (name, r_s) in [("died-idle", 0.0), ("busy-1", 5.0), ("busy-2", 9.0)] {
+            c.join(Time::ZERO, dir(name));
+            assert!(c.heartbeat(Time::ZERO, &NodeId::from(name), delay(r_s), vec![]));
+        }
+        assert_eq!(listed(&c, 5_000), vec!["died-idle", "busy-1", "busy-2"]);
+        for s in 1..=6 {
+            for name in ["busy-1", "busy-2"] {
+                c.heartbeat(Time::from_secs(s), &NodeId::from(name), delay(5.0), vec![]);
+            }
+        }
+        // Half of the 10-s node timeout has passed for died-idle: out.
+        assert_eq!(listed_by_name(&c, 5_001), vec!["busy-1", "busy-2"]);
+        let round = c.round(
+            Time::from_secs(6),
+            Duration::from_secs(1),
+            &mut StdRng::seed_from_u64(2),
+        );
+        assert!(
+            round
+                .top_k
+                .iter()
+                .all(|l| l.node_id.as_str() != "died-idle")
+        );
+        // Heard again: listed from the next round.
+        assert!(c.heartbeat(
+            Time::from_secs(7),
+            &NodeId::from("died-idle"),
+            delay(0.0),
+            vec![]
+        ));
+        assert_eq!(listed(&c, 7_000)[0], "died-idle");
+        let round = c.round(
+            Time::from_secs(7),
+            Duration::from_secs(1),
+            &mut StdRng::seed_from_u64(2),
+        );
+        assert_eq!(round.top_k[0].node_id.as_str(), "died-idle");
+    }
+
+    /// After a pause of the coordinator's own, every node looks silent until the overdue check
+    /// takes the pause off their silence; the top-k does not drop them meanwhile. Nodes held by
+    /// the loss guard in a mass silence stay out.
+    #[test]
+    fn the_top_k_does_not_blame_the_coordinators_pause_and_leaves_held_nodes_out() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let names = ["a", "b", "c", "d", "e"];
+        for name in names {
+            c.join(Time::ZERO, dir(name));
+            c.heartbeat(Time::ZERO, &NodeId::from(name), delay(1.0), vec![]);
+        }
+        c.start_silence_checks(Time::ZERO);
+        assert!(c.losses_due(Time::from_millis(500)).declare.is_empty());
+        // The coordinator stops for 8 s; the first round after it still lists every node.
+        assert_eq!(listed(&c, 8_500).len(), 5);
+        let due = c.losses_due(Time::from_millis(8_500));
+        assert!(due.deaf_for > Duration::ZERO);
+        assert_eq!(listed(&c, 8_500).len(), 5);
+        // Only a and b are heard from then on: c, d and e (3 of 5, past the 55 % share) are
+        // held, not lost, and not listed.
+        let mut at = 8_500;
+        while at < 20_000 {
+            at += 500;
+            for name in ["a", "b"] {
+                c.heartbeat(
+                    Time::from_millis(at),
+                    &NodeId::from(name),
+                    delay(1.0),
+                    vec![],
+                );
+            }
+            assert!(
+                c.losses_due(Time::from_millis(at)).declare.is_empty(),
+                "at {at} ms"
+            );
+        }
+        assert_eq!(c.losses_guarded.len(), 3);
+        assert_eq!(listed_by_name(&c, at), vec!["a", "b"]);
     }
 
     #[test]

@@ -159,6 +159,14 @@ impl LossGuard {
         self.last_check
     }
 
+    /// Whether a check is overdue at `now` (more than two check intervals since the last one):
+    /// the coordinator has not been listening, and the silence it sees is not yet known to be
+    /// the nodes'. Nothing is overdue before the first check or start.
+    pub fn overdue(&self, config: &LossGuardConfig, now: Time) -> bool {
+        self.last_check
+            .is_some_and(|last| now.saturating_since(last) > config.check_interval * 2)
+    }
+
     /// A check at `now`: how long the coordinator was deaf since the previous check (zero
     /// unless the gap is longer than two check intervals; then all of it past one interval).
     pub fn deaf_for(&mut self, config: &LossGuardConfig, now: Time) -> Duration {

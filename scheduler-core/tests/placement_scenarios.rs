@@ -57,7 +57,7 @@ fn cluster(n: usize, k: usize) -> (CoordinatorState, DistributedScheduler, StdRn
         },
         issuer,
     );
-    ds.update_view(coord.view_for(0, &mut rng));
+    ds.update_view(coord.view_for(0, Time::ZERO, &mut rng));
     (coord, ds, rng)
 }
 
@@ -510,16 +510,31 @@ fn a_draining_node_gets_no_new_work_and_comes_back_when_undrained() {
     // The coordinator leaves a draining node out of top-k until it is undrained.
     let (mut coord, _, mut rng) = cluster(6, 6);
     let n0 = NodeId::new("n0");
-    assert!(coord.top_k(&mut rng).iter().any(|l| l.node_id == n0));
+    assert!(
+        coord
+            .top_k(Time::ZERO, &mut rng)
+            .iter()
+            .any(|l| l.node_id == n0)
+    );
     assert!(coord.set_draining(&n0, true));
-    assert!(coord.top_k(&mut rng).iter().all(|l| l.node_id != n0));
+    assert!(
+        coord
+            .top_k(Time::ZERO, &mut rng)
+            .iter()
+            .all(|l| l.node_id != n0)
+    );
     let round = coord.round(Time::ZERO, std::time::Duration::from_secs(3600), &mut rng);
     assert!(
         round.top_k.iter().all(|l| l.node_id != n0),
         "the round recomputes"
     );
     assert!(coord.set_draining(&n0, false));
-    assert!(coord.top_k(&mut rng).iter().any(|l| l.node_id == n0));
+    assert!(
+        coord
+            .top_k(Time::ZERO, &mut rng)
+            .iter()
+            .any(|l| l.node_id == n0)
+    );
 }
 
 /// A node declared lost whose loss the coordinator's store has not taken yet (the loss is held,

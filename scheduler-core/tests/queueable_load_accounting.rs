@@ -63,7 +63,7 @@ impl Cluster {
             },
             issuer,
         );
-        scheduler.update_view(coordinator.view_for(0, &mut rng));
+        scheduler.update_view(coordinator.view_for(0, Time::ZERO, &mut rng));
         Cluster {
             coordinator,
             scheduler,
@@ -94,7 +94,7 @@ impl Cluster {
     }
 
     fn fresh_view(&mut self) {
-        let view = self.coordinator.view_for(1, &mut self.rng);
+        let view = self.coordinator.view_for(1, Time::ZERO, &mut self.rng);
         self.scheduler.update_view(view);
     }
 }

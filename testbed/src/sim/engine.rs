@@ -402,7 +402,7 @@ impl Simulation {
             nodes[h as usize].hosts_job_managers = true;
         }
         let mut coordinator_rng = seeded(config.seed, 3);
-        let first_round = coordinator.top_k(&mut coordinator_rng);
+        let first_round = coordinator.top_k(Time::ZERO, &mut coordinator_rng);
         let mut rounds = vec![Vec::new(); ROUND_RING];
         rounds[0] = first_round;
         let mut sim = Simulation {
@@ -1492,7 +1492,7 @@ impl Simulation {
 
     fn coordinator_round(&mut self) {
         let started = Instant::now();
-        let top = self.coordinator.top_k(&mut self.coordinator_rng);
+        let top = self.coordinator.top_k(self.now, &mut self.coordinator_rng);
         self.round += 1;
         self.rounds[self.round as usize % ROUND_RING] = top;
         self.shedding = self.coordinator.shedding_round();
