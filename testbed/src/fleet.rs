@@ -22,6 +22,10 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame_into};
+use scheduler_core::liveness::{
+    DEFAULT_LINK_TIMEOUT_HEARTBEATS, LinkLiveness, REJOIN_BACKOFF_START, jittered_rejoin_delay,
+    next_rejoin_backoff,
+};
 use scheduler_core::node::{ContainerStatus, Placement};
 use scheduler_core::protocol::app::Allocate;
 use scheduler_core::protocol::cluster::{
@@ -29,7 +33,7 @@ use scheduler_core::protocol::cluster::{
     WorkerToCoordinator,
 };
 use scheduler_core::queue_delay::QueueDelay;
-use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources};
+use scheduler_core::{AppId, ContainerId, ContainerType, NodeId, Resources, Time};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -76,6 +80,11 @@ pub struct FleetArgs {
     /// Give up if the fleet has not joined (or the directory not settled) within this.
     #[arg(long, default_value_t = 600)]
     pub ready_timeout_s: u64,
+    /// After the window, stop the coordinator process (SIGSTOP) for this long and time the
+    /// fleet's recovery (0: skip). Nodes declare the link dead after three silent heartbeat
+    /// intervals and re-join with the worker's backoff, as real workers do.
+    #[arg(long, default_value_t = 0)]
+    pub pause_coordinator_ms: u64,
     /// Data dir of the coordinator [default: a fresh temporary dir].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -101,6 +110,7 @@ impl Default for FleetArgs {
             joins_per_s: 1000.0,
             threads: 1,
             ready_timeout_s: 600,
+            pause_coordinator_ms: 0,
             data_dir: None,
             seed: 1,
             json: false,
@@ -148,6 +158,10 @@ pub struct FleetReport {
     pub quic: QuicPerHeartbeat,
     pub allocate: AllocateFigures,
     pub lost: LostFigures,
+    /// The coordinator paused and resumed (`--pause-coordinator-ms`).
+    pub pause: Option<PauseFigures>,
+    /// Sessions that ended and re-joined over the run (a link declared dead, or closed).
+    pub rejoins: u64,
     pub join_answers: JoinAnswerFigures,
     /// The coordinator's own counters at the end (`GET /metrics`).
     pub coordinator_nodes_joined: Option<u64>,
@@ -230,10 +244,44 @@ pub struct LostFigures {
     pub node_timeout_ms: u64,
 }
 
+/// The coordinator stopped for a while and resumed: how the fleet came back.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PauseFigures {
+    pub paused_ms: u64,
+    /// Sessions that declared their link dead (silent for three heartbeat intervals) or saw it
+    /// closed, from the pause until recovery.
+    pub links_ended: u64,
+    /// Of those, re-joined (a whole join each).
+    pub rejoined: u64,
+    /// Join attempts given up and retried meanwhile.
+    pub join_attempts_given_up: u64,
+    /// From the resume until every node had been answered by the resumed coordinator and
+    /// was connected; `None` if that did not happen within the ready timeout.
+    pub recovered_s: Option<f64>,
+    /// Nodes answered after the resume, when the wait ended.
+    pub answered_after_resume: u64,
+    /// Nodes the coordinator declared lost from the pause until two node timeouts after
+    /// recovery (`coordinator_nodes_lost_total`).
+    pub nodes_lost: Option<u64>,
+    /// Checks at which the coordinator found it had not been listening
+    /// (`coordinator_own_stalls_total`, over the same span).
+    pub own_stalls: Option<u64>,
+}
+
 /// What the sessions share with the driver.
 #[derive(Default)]
 struct FleetShared {
+    /// Sessions that joined the first time (re-joins are counted in `rejoined`).
     joined: AtomicU64,
+    rejoined: AtomicU64,
+    /// Sessions joined and not ended now.
+    connected: AtomicU64,
+    /// Sessions that ended otherwise than by a stop: the link declared dead or closed.
+    links_ended: AtomicU64,
+    /// Bumped when the coordinator resumes; a node counts itself in `answered_after_resume`
+    /// at its first answer after each bump.
+    resume_generation: AtomicU64,
+    answered_after_resume: AtomicU64,
     acks: AtomicU64,
     /// QUEUEABLE issuer keys the answers carried.
     issuer_keys: AtomicU64,
@@ -379,6 +427,19 @@ fn print_report(r: &FleetReport) {
         r.quic.node_ping_frames_sent,
         r.quic.coordinator_ping_frames_sent
     );
+    if let Some(p) = &r.pause {
+        println!(
+            "coordinator paused {} ms: {} links ended, {} re-joined, {} join attempts given up; every node answered again after {:?} s ({} answered); {:?} nodes declared lost, {:?} own stalls",
+            p.paused_ms,
+            p.links_ended,
+            p.rejoined,
+            p.join_attempts_given_up,
+            p.recovered_s,
+            p.answered_after_resume,
+            p.nodes_lost,
+            p.own_stalls
+        );
+    }
     println!(
         "lost: {} stopped, detected after {:?} ms (node timeout {} ms)",
         r.lost.stopped, r.lost.detect_ms, r.lost.node_timeout_ms
@@ -619,6 +680,12 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         },
     };
 
+    let pause = if args.pause_coordinator_ms > 0 {
+        Some(pause_and_recover(args, cluster, pid, &shared).await?)
+    } else {
+        None
+    };
+
     // Lost nodes: the last `lose` sessions stop (their connections close; the coordinator
     // keeps a node until it has been silent for the node timeout).
     let mut lost = LostFigures {
@@ -712,10 +779,106 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
             in_coordinator: histogram(&metrics, "coordinator_guaranteed_grant_seconds"),
         },
         lost,
+        pause,
+        rejoins: shared.rejoined.load(Ordering::Relaxed),
         join_answers,
         coordinator_nodes_joined: metric(&metrics, "coordinator_nodes_joined_total"),
         coordinator_nodes_lost: metric(&metrics, "coordinator_nodes_lost_total"),
         coordinator_heartbeats: metric(&metrics, "coordinator_heartbeats_total"),
+    })
+}
+
+/// Resumes a stopped process when dropped, so no error path leaves the coordinator stopped.
+struct ResumeOnDrop(u32);
+
+impl Drop for ResumeOnDrop {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill(2) with a pid this process started; no memory is shared.
+    unsafe { libc::kill(pid, sig) == 0 }
+}
+
+/// `--pause-coordinator-ms`: SIGSTOP the coordinator, SIGCONT it after the pause, and wait
+/// until every node has been answered by it again and is connected; then two node timeouts
+/// more, so declarations the pause caused late are counted too.
+async fn pause_and_recover(
+    args: &FleetArgs,
+    cluster: &LocalCluster,
+    pid: u32,
+    shared: &FleetShared,
+) -> anyhow::Result<PauseFigures> {
+    let counters = || {
+        let text = cluster
+            .coordinator_http
+            .as_deref()
+            .and_then(|addr| scrape(addr).ok())
+            .unwrap_or_default();
+        (
+            metric(&text, "coordinator_nodes_lost_total"),
+            metric(&text, "coordinator_own_stalls_total"),
+        )
+    };
+    let (lost0, stalls0) = counters();
+    let ended0 = shared.links_ended.load(Ordering::Relaxed);
+    let rejoined0 = shared.rejoined.load(Ordering::Relaxed);
+    let given_up0 = shared.joins_given_up.load(Ordering::Relaxed);
+    let paused = Duration::from_millis(args.pause_coordinator_ms);
+    eprintln!("fleet: stopping the coordinator for {paused:?}");
+    if !signal(pid, libc::SIGSTOP) {
+        bail!("could not stop the coordinator (pid {pid})");
+    }
+    let resume = ResumeOnDrop(pid);
+    tokio::time::sleep(paused).await;
+    shared.resume_generation.fetch_add(1, Ordering::AcqRel);
+    let resumed = Instant::now();
+    drop(resume);
+    let nodes = args.nodes as u64;
+    let deadline = resumed + Duration::from_secs(args.ready_timeout_s);
+    let mut progress_at = Instant::now() + PROGRESS_PERIOD;
+    let recovered = loop {
+        if shared.answered_after_resume.load(Ordering::Acquire) >= nodes
+            && shared.connected.load(Ordering::Acquire) >= nodes
+        {
+            break Some(resumed.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        if Instant::now() > progress_at {
+            progress_at += PROGRESS_PERIOD;
+            eprintln!(
+                "fleet: {} of {} nodes answered since the resume, {} connected, {} re-joined",
+                shared.answered_after_resume.load(Ordering::Relaxed),
+                nodes,
+                shared.connected.load(Ordering::Relaxed),
+                shared.rejoined.load(Ordering::Relaxed) - rejoined0
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let answered = shared.answered_after_resume.load(Ordering::Acquire);
+    eprintln!(
+        "fleet: recovered after {recovered:?} s; waiting two node timeouts for late declarations"
+    );
+    tokio::time::sleep(Duration::from_millis(2 * args.node_timeout_ms)).await;
+    let (lost1, stalls1) = counters();
+    let delta = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
+    Ok(PauseFigures {
+        paused_ms: args.pause_coordinator_ms,
+        links_ended: shared.links_ended.load(Ordering::Relaxed) - ended0,
+        rejoined: shared.rejoined.load(Ordering::Relaxed) - rejoined0,
+        join_attempts_given_up: shared.joins_given_up.load(Ordering::Relaxed) - given_up0,
+        recovered_s: recovered,
+        answered_after_resume: answered,
+        nodes_lost: delta(lost0, lost1),
+        own_stalls: delta(stalls0, stalls1),
     })
 }
 
@@ -752,8 +915,19 @@ async fn quic_snapshot(
     }
 }
 
+/// How a joined session ended.
+enum SessionEnd {
+    /// The driver stopped the node.
+    Stopped,
+    /// Silent for the link timeout, a write that did not complete within it, or the stream
+    /// closed: the node re-joins, as a worker does.
+    LinkEnded,
+}
+
 /// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
-/// commands, until stopped.
+/// commands, until stopped. A link that goes silent for three heartbeat intervals (the worker's
+/// rule, `scheduler_core::liveness`) or closes is given up and the node re-joins with the
+/// worker's jittered backoff.
 async fn session(
     plan: SessionPlan,
     endpoint: quinn::Endpoint,
@@ -765,27 +939,128 @@ async fn session(
     tokio::time::sleep_until(plan.start_at).await;
     let mut rng =
         rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(1_000_003) ^ plan.index as u64);
+    let mut node = NodeState {
+        seq: 0,
+        seen_generation: 0,
+    };
+    let mut first_join = true;
     let mut backoff = Duration::from_millis(200);
-    let joined = loop {
-        match join_cluster(&endpoint, &plan.identity, Vec::new()).await {
-            Ok(j) => break j,
+    loop {
+        let joined = match join_cluster(&endpoint, &plan.identity, Vec::new()).await {
+            Ok(j) => j,
             Err(JoinError::Rejected(r)) => {
                 *shared.fatal.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                 return;
             }
             Err(JoinError::Lost(_)) => {
                 shared.joins_given_up.fetch_add(1, Ordering::Relaxed);
-                // Drop commands sent meanwhile; stop if asked.
-                while let Ok(c) = commands.try_recv() {
-                    if matches!(c, Command::Stop) {
-                        return;
-                    }
+                let delay = if first_join {
+                    backoff
+                } else {
+                    jittered_rejoin_delay(backoff, &mut rng)
+                };
+                if stopped_while_waiting(&mut commands, &shared, delay).await {
+                    return;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = if first_join {
+                    (backoff * 2).min(Duration::from_secs(2))
+                } else {
+                    next_rejoin_backoff(backoff, false)
+                };
+                continue;
+            }
+        };
+        if first_join {
+            shared.joined.fetch_add(1, Ordering::Relaxed);
+            first_join = false;
+        } else {
+            shared.rejoined.fetch_add(1, Ordering::Relaxed);
+        }
+        shared.connected.fetch_add(1, Ordering::AcqRel);
+        node.answered(&shared);
+        let end = joined_session(
+            &plan,
+            joined,
+            &mut commands,
+            &shared,
+            period,
+            &mut rng,
+            &mut node,
+        )
+        .await;
+        shared.connected.fetch_sub(1, Ordering::AcqRel);
+        match end {
+            SessionEnd::Stopped => return,
+            SessionEnd::LinkEnded => {
+                shared.links_ended.fetch_add(1, Ordering::Relaxed);
             }
         }
-    };
+        // As the worker: after a session that joined, the backoff starts over.
+        backoff = REJOIN_BACKOFF_START;
+        if stopped_while_waiting(
+            &mut commands,
+            &shared,
+            jittered_rejoin_delay(backoff, &mut rng),
+        )
+        .await
+        {
+            return;
+        }
+        backoff = next_rejoin_backoff(backoff, false);
+    }
+}
+
+/// What a node keeps across its sessions.
+struct NodeState {
+    /// Container ids issued so far (a re-joined node reports new synthetic containers).
+    seq: u64,
+    /// The resume generation this node was last answered in.
+    seen_generation: u64,
+}
+
+impl NodeState {
+    /// The coordinator answered (a join or a heartbeat): counted once per resume.
+    fn answered(&mut self, shared: &FleetShared) {
+        let generation = shared.resume_generation.load(Ordering::Acquire);
+        if generation > self.seen_generation {
+            self.seen_generation = generation;
+            shared.answered_after_resume.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Sleep `delay` unless the driver stops the node meanwhile (`true`). Other commands are
+/// dropped: there is no session to carry them (a QUIC snapshot counts this node as reported).
+async fn stopped_while_waiting(
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    shared: &FleetShared,
+    delay: Duration,
+) -> bool {
+    let until = tokio::time::Instant::now() + delay;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return false,
+            command = commands.recv() => match command {
+                Some(Command::Stop) | None => return true,
+                Some(Command::AddQuicStats(i)) => {
+                    shared.quic[i].reported.fetch_add(1, Ordering::Release);
+                }
+                Some(Command::Allocate { .. }) => {}
+            },
+        }
+    }
+}
+
+/// One joined session of a node, until it is stopped or its link ends.
+async fn joined_session(
+    plan: &SessionPlan,
+    joined: JoinedSession,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    shared: &FleetShared,
+    period: Duration,
+    rng: &mut rand::rngs::StdRng,
+    node: &mut NodeState,
+) -> SessionEnd {
     let JoinedSession {
         connection,
         mut send,
@@ -795,7 +1070,6 @@ async fn session(
         answer_bytes,
         answer_wait,
     } = joined;
-    shared.joined.fetch_add(1, Ordering::Relaxed);
     shared
         .join_answer_bytes
         .fetch_add(answer_bytes, Ordering::Relaxed);
@@ -805,15 +1079,24 @@ async fn session(
     shared
         .view_entries
         .fetch_add(accepted.view.entries.len() as u64, Ordering::Relaxed);
+    // The worker's liveness rule, on a monotonic clock.
+    let epoch = tokio::time::Instant::now();
+    let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
+    let mut liveness = LinkLiveness::joining(mono());
+    liveness.joined(
+        mono(),
+        Duration::from_millis(accepted.settings.heartbeat_interval_ms),
+        DEFAULT_LINK_TIMEOUT_HEARTBEATS,
+    );
+    let link_timeout = liveness.timeout();
     // Before cluster protocol 9 the join answer held the whole directory and a key per node:
     // kept for the session's life it made the fleet's memory O(nodes²) (3.8 GB at 4,000 of
     // 5,000 nodes).
     drop(accepted);
-    let mut seq = 0u64;
     let mut containers: Vec<ContainerStatus> = (0..plan.containers_per_node)
         .map(|_| {
-            seq += 1;
-            synthetic(ContainerId::new(issuer, seq), &plan.app_id)
+            node.seq += 1;
+            synthetic(ContainerId::new(issuer, node.seq), &plan.app_id)
         })
         .collect();
     let mut pending: HashMap<u64, Instant> = HashMap::new();
@@ -842,6 +1125,16 @@ async fn session(
             issued: Vec::new(),
         })
     };
+    // A write bounded by the link timeout: a paused coordinator stops granting flow-control
+    // credit, and the worker gives the link up then rather than block.
+    macro_rules! write_or_end {
+        ($write:expr) => {
+            match tokio::time::timeout(link_timeout, $write).await {
+                Ok(Ok(_)) => {}
+                _ => return SessionEnd::LinkEnded,
+            }
+        };
+    }
     // The heartbeat's encoding, reused.
     let mut out = Vec::new();
     // As the worker's node actor does, report at once on joining: the coordinator counts the
@@ -852,10 +1145,10 @@ async fn session(
         &mut out,
     )
     .is_err()
-        || send.write_all(&out).await.is_err()
     {
-        return;
+        return SessionEnd::LinkEnded;
     }
+    write_or_end!(send.write_all(&out));
     // Then a random phase, so heartbeats spread over the period as real nodes' do.
     let phase = Duration::from_micros(rng.random_range(0..period.as_micros() as u64));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + phase, period);
@@ -864,31 +1157,37 @@ async fn session(
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                // Checked at each heartbeat (a worker checks every 100 ms; a timer per node
+                // that often would cost the fleet's process more than the coordinator's).
+                if liveness.check(mono()).is_err() {
+                    return SessionEnd::LinkEnded;
+                }
                 round += 1;
                 let mut started = Vec::new();
                 let mut finished = Vec::new();
                 if !containers.is_empty() {
                     // One container ends and another starts each heartbeat.
                     let slot = (round as usize) % containers.len();
-                    seq += 1;
-                    let new = synthetic(ContainerId::new(issuer, seq), &plan.app_id);
+                    node.seq += 1;
+                    let new = synthetic(ContainerId::new(issuer, node.seq), &plan.app_id);
                     finished.push(containers[slot].id);
                     started.push(new.id);
                     containers[slot] = new;
                 }
                 let hb = heartbeat(known_version, round, &containers, started, finished);
                 out.clear();
-                if encode_frame_into(&hb, CLUSTER_MAX_FRAME, &mut out).is_err()
-                    || send.write_all(&out).await.is_err()
-                {
-                    return;
+                if encode_frame_into(&hb, CLUSTER_MAX_FRAME, &mut out).is_err() {
+                    return SessionEnd::LinkEnded;
                 }
+                write_or_end!(send.write_all(&out));
             }
             frame = read_fleet_frame(&mut recv, &mut decoder) => {
-                let Ok(frame) = frame else { return };
+                let Ok(frame) = frame else { return SessionEnd::LinkEnded };
+                liveness.heard(mono());
                 match frame {
                     FleetFrame::HeartbeatAck(ack) => {
                         shared.acks.fetch_add(1, Ordering::Relaxed);
+                        node.answered(shared);
                         if let Some(keys) = &ack.issuer_keys {
                             shared
                                 .issuer_keys
@@ -957,9 +1256,7 @@ async fn session(
                                 app_id: plan.app_id.as_str().to_string(),
                                 container_id: c.container_id,
                             });
-                            if write_frame(&mut send, &release).await.is_err() {
-                                return;
-                            }
+                            write_or_end!(write_frame(&mut send, &release));
                         }
                     }
                     FleetFrame::RequestFailed(f) if pending.remove(&f.correlation_id).is_some() => {
@@ -987,12 +1284,10 @@ async fn session(
                         app_id: plan.app_id.as_str().to_string(),
                         allocate: ask,
                     });
-                    if write_frame(&mut send, &msg).await.is_err() {
-                        return;
-                    }
+                    write_or_end!(write_frame(&mut send, &msg));
                 }
                 Some(Command::AddQuicStats(i)) => shared.quic[i].add(&connection.stats()),
-                Some(Command::Stop) | None => return,
+                Some(Command::Stop) | None => return SessionEnd::Stopped,
             },
         }
     }

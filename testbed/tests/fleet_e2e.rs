@@ -25,14 +25,15 @@ fn the_coordinator_sees_every_fleet_node_and_declares_the_stopped_ones_lost() {
     .expect("the fleet runs");
     assert_eq!(report.joined, 50);
     // Each session's join answer is measured once, whole: it carries at least the node's own
-    // directory entry.
-    assert_eq!(report.join_answers.answered, 50);
+    // directory entry. (A node re-joins only if its link went silent for a second, which a
+    // loaded machine can cause; the counts allow for it.)
+    assert_eq!(report.join_answers.answered, 50 + report.rejoins);
     assert!(
         report.join_answers.bytes_mean > 20.0,
         "{:?}",
         report.join_answers
     );
-    assert_eq!(report.coordinator_nodes_joined, Some(50));
+    assert_eq!(report.coordinator_nodes_joined, Some(50 + report.rejoins));
     assert_eq!(report.coordinator_nodes_lost, Some(5));
     assert!(
         report.lost.detect_ms.is_some(),
@@ -50,6 +51,39 @@ fn the_coordinator_sees_every_fleet_node_and_declares_the_stopped_ones_lost() {
         "{} delta answers",
         report.delta_answers
     );
+}
+
+/// The coordinator stopped (SIGSTOP) for three node timeouts: every fleet node gives its link
+/// up after three silent heartbeat intervals and re-joins with the worker's backoff once the
+/// coordinator resumes; every node is answered again and none is declared lost (the loss guard
+/// takes the coordinator's own pause off the nodes' silence).
+#[test]
+fn a_fleet_rejoins_after_a_coordinator_pause_and_nobody_is_lost() {
+    let report = measure(&FleetArgs {
+        nodes: 30,
+        heartbeat_ms: 200,
+        duration_s: 1,
+        node_timeout_ms: 1000,
+        lose: 0,
+        allocate_per_s: 0.0,
+        containers_per_node: 2,
+        sessions_per_endpoint: 10,
+        joins_per_s: 500.0,
+        threads: 2,
+        ready_timeout_s: 120,
+        pause_coordinator_ms: 3000,
+        ..FleetArgs::default()
+    })
+    .expect("the fleet runs");
+    let pause = report.pause.expect("a pause was asked for");
+    assert!(pause.recovered_s.is_some(), "{pause:?}");
+    assert_eq!(pause.answered_after_resume, 30, "{pause:?}");
+    // Silent for 3 s against a 1-s link timeout: every link ended, every node re-joined.
+    assert!(pause.links_ended >= 30, "{pause:?}");
+    assert!(pause.rejoined >= 30, "{pause:?}");
+    assert_eq!(pause.nodes_lost, Some(0), "{pause:?}");
+    assert!(pause.own_stalls >= Some(1), "{pause:?}");
+    assert_eq!(report.coordinator_nodes_lost, Some(0));
 }
 
 /// `testbed quic-floor`, the fleet's transport floor, run as a user runs it (the binary starts
