@@ -81,8 +81,9 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 600)]
     pub ready_timeout_s: u64,
     /// After the window, stop the coordinator process (SIGSTOP) for this long and time the
-    /// fleet's recovery (0: skip). Nodes declare the link dead after three silent heartbeat
-    /// intervals and re-join with the worker's backoff, as real workers do.
+    /// fleet's recovery (0: skip). Nodes give a link up as real workers do (its QUIC connection
+    /// idle for 6 s, or ten heartbeat intervals without a frame) and re-join with the worker's
+    /// backoff.
     #[arg(long, default_value_t = 0)]
     pub pause_coordinator_ms: u64,
     /// Data dir of the coordinator [default: a fresh temporary dir].
@@ -248,8 +249,8 @@ pub struct LostFigures {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PauseFigures {
     pub paused_ms: u64,
-    /// Sessions that declared their link dead (silent for three heartbeat intervals) or saw it
-    /// closed, from the pause until recovery.
+    /// Sessions that gave their link up (silent past the give-up limit) or saw it closed
+    /// (QUIC's idle timeout), from the pause until recovery.
     pub links_ended: u64,
     /// Of those, re-joined (a whole join each).
     pub rejoined: u64,
@@ -576,10 +577,13 @@ async fn drive(args: &FleetArgs, cluster: &LocalCluster, pid: u32) -> anyhow::Re
         if Instant::now() > progress_at {
             progress_at += PROGRESS_PERIOD;
             eprintln!(
-                "fleet: {} of {} nodes joined after {:.0} s",
+                "fleet: {} of {} nodes joined after {:.0} s ({} links ended, {} re-joined, {} join attempts given up)",
                 shared.joined.load(Ordering::Relaxed),
                 args.nodes,
-                start.elapsed().as_secs_f64()
+                start.elapsed().as_secs_f64(),
+                shared.links_ended.load(Ordering::Relaxed),
+                shared.rejoined.load(Ordering::Relaxed),
+                shared.joins_given_up.load(Ordering::Relaxed)
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -919,15 +923,16 @@ async fn quic_snapshot(
 enum SessionEnd {
     /// The driver stopped the node.
     Stopped,
-    /// Silent for the link timeout, a write that did not complete within it, or the stream
+    /// Silent past the give-up limit, a write that did not complete within it, or the stream
     /// closed: the node re-joins, as a worker does.
     LinkEnded,
 }
 
 /// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
-/// commands, until stopped. A link that goes silent for three heartbeat intervals (the worker's
-/// rule, `scheduler_core::liveness`) or closes is given up and the node re-joins with the
-/// worker's jittered backoff.
+/// commands, until stopped. A link that closes, or goes silent past the worker's give-up limit
+/// (`scheduler_core::liveness`: ten heartbeat intervals, the QUIC idle timeout first if the
+/// coordinator is stopped altogether), is given up and the node re-joins with the worker's
+/// jittered backoff.
 async fn session(
     plan: SessionPlan,
     endpoint: quinn::Endpoint,
@@ -1088,7 +1093,7 @@ async fn joined_session(
         Duration::from_millis(accepted.settings.heartbeat_interval_ms),
         DEFAULT_LINK_TIMEOUT_HEARTBEATS,
     );
-    let link_timeout = liveness.timeout();
+    let link_timeout = liveness.give_up_after();
     // Before cluster protocol 9 the join answer held the whole directory and a key per node:
     // kept for the session's life it made the fleet's memory O(nodes²) (3.8 GB at 4,000 of
     // 5,000 nodes).

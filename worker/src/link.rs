@@ -150,7 +150,9 @@ impl Link {
             let end = self.session(&endpoint, &mut on_first_join).await;
             let session_joined = self.shared.connected.get();
             self.shared.connected.set(false);
-            self.scheduler.do_send(LinkDown);
+            self.scheduler.do_send(LinkDown {
+                why: "the connection to the coordinator was lost before it answered; retry",
+            });
             match &end {
                 SessionEnd::Rejected(reason) => {
                     warn!("the coordinator rejected the join: {reason}");
@@ -222,6 +224,10 @@ impl Link {
             if let Err(e) = dispatched {
                 return SessionEnd::Lost(e);
             }
+            if !self.shared.coordinator_responsive.get() && liveness.responsive(mono()).is_ok() {
+                self.shared.coordinator_responsive.set(true);
+                info!("the coordinator answers again; GUARANTEED asks are forwarded again");
+            }
             // At the bound, nothing more is read (QUIC flow control then holds the
             // coordinator) until the node thread has handled a command.
             let reading = inbox.has_room();
@@ -236,13 +242,13 @@ impl Link {
                     Outgoing::Frame(msg) => {
                         // A paused coordinator stops granting flow-control credit: bound the
                         // write by the same silence limit instead of blocking the session.
-                        match tokio::time::timeout(liveness.timeout(), write_frame(&mut send, &msg)).await {
+                        match tokio::time::timeout(liveness.give_up_after(), write_frame(&mut send, &msg)).await {
                             Ok(Ok(())) => {}
                             Ok(Err(e)) => return SessionEnd::Lost(e),
                             Err(_) => {
                                 return SessionEnd::Lost(format!(
                                     "a write to the coordinator did not complete within {:?}",
-                                    liveness.timeout()
+                                    liveness.give_up_after()
                                 ));
                             }
                         }
@@ -264,6 +270,20 @@ impl Link {
                             ));
                         }
                         return SessionEnd::Lost(dead.to_string());
+                    }
+                    // Unresponsive is not dead (scheduler_core::liveness): asks are refused
+                    // at once, the session and its heartbeats go on.
+                    if self.shared.coordinator_responsive.get()
+                        && let Err(silent) = liveness.responsive(mono())
+                    {
+                        self.shared.coordinator_responsive.set(false);
+                        warn!(
+                            "{silent}: GUARANTEED asks are answered coordinator_unavailable until it answers again; the session is kept (given up after {:?})",
+                            liveness.give_up_after()
+                        );
+                        self.scheduler.do_send(LinkDown {
+                            why: "the coordinator has not answered for several heartbeats; retry",
+                        });
                     }
                 }
             }
@@ -291,6 +311,7 @@ impl Link {
             entries = acc.view.entries.len(),
             "joined the cluster"
         );
+        self.shared.coordinator_responsive.set(true);
         self.shared.connected.set(true);
         self.shared.session.set(acc.issuer);
         self.scheduler.do_send(SchedulerJoined {

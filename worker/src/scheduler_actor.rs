@@ -165,6 +165,14 @@ impl SchedulerActor {
             ));
             return;
         }
+        if !self.shared.coordinator_responsive.get() {
+            let _ = reply.send(error(
+                request_id,
+                ErrorCode::CoordinatorUnavailable,
+                "the coordinator has not answered this worker for several heartbeats; retry shortly",
+            ));
+            return;
+        }
         let correlation_id = self.next_correlation;
         self.next_correlation += 1;
         self.pending.insert(
@@ -806,13 +814,14 @@ impl Handler<ConnectionClosed> for SchedulerActor {
 /// The cluster link dropped: forwarded requests will not be answered.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct LinkDown;
+pub struct LinkDown {
+    /// What the apps whose requests were pending are told.
+    pub why: &'static str,
+}
 
 impl Handler<LinkDown> for SchedulerActor {
     type Result = ();
-    fn handle(&mut self, _: LinkDown, _: &mut Context<Self>) {
-        self.fail_all_pending(
-            "the connection to the coordinator was lost before it answered; retry",
-        );
+    fn handle(&mut self, msg: LinkDown, _: &mut Context<Self>) {
+        self.fail_all_pending(msg.why);
     }
 }

@@ -322,6 +322,10 @@ pub struct Shared {
     pub directory_version: SyncU64,
     /// Whether the cluster link is joined right now.
     pub connected: SyncFlag,
+    /// Whether the coordinator of the joined session has answered within the link's
+    /// unresponsive limit (`scheduler_core::liveness`): while not, requests that need it are
+    /// refused at once, though the session and its heartbeats go on.
+    pub coordinator_responsive: SyncFlag,
     /// Events of adopted containers held for apps with no subscription yet ([`Shared::notify_or_hold`]).
     held_events: Mutex<HashMap<AppId, Vec<ContainerEvent>>>,
     /// The node's session (its issuer number at the last join; 0 before the first), for
