@@ -550,6 +550,59 @@ pub fn secure(dir: &DataDir) -> Result<Vec<String>, InitError> {
 pub const ACK_ELICITING_THRESHOLD: u32 = 16;
 
 /// The rustls/quinn server configuration from the data dir's server certificate (ring only).
+/// The coordinator's QUIC endpoint configuration, the same after a restart on the same data
+/// dir: its stateless reset key (RFC 9000 §10.3) and the key its connection ids are hashed
+/// with are derived (SHA-256, domain-separated) from the server's TLS key, which is as secret
+/// and as lasting. A worker whose connection belongs to the coordinator's previous life then
+/// gets a reset it can verify at its next packet and re-joins at once, instead of waiting out
+/// QUIC's idle timeout (6 s) while its asks are refused. quinn's defaults are random keys per
+/// process: a restarted endpoint drops such a packet as one with an invalid connection id, and
+/// a reset from it would not verify. Changing the TLS key changes both (workers then wait for
+/// the idle timeout once).
+pub fn quic_endpoint_config(dir: &DataDir) -> Result<quinn::EndpointConfig, InitError> {
+    let key_path = dir.server_key();
+    let pem = std::fs::read(&key_path).map_err(|e| InitError::Tls {
+        path: key_path.clone(),
+        message: e.to_string(),
+    })?;
+    let derive = |purpose: &[u8]| {
+        let mut digest = Sha256::new();
+        digest.update(b"hybrid-scheduler coordinator QUIC endpoint v1\0");
+        digest.update(purpose);
+        digest.update(b"\0");
+        digest.update(&pem);
+        digest.finalize()
+    };
+    let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &derive(b"stateless reset"));
+    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    config.cid_generator(|| Box::new(RandomConnectionIds));
+    Ok(config)
+}
+
+/// Random 8-byte connection ids that any later life of the endpoint accepts as its own (quinn's
+/// default hashes them with a key random per process, so a restarted endpoint would drop a
+/// packet of its previous life instead of resetting the connection). Without the hash check an
+/// endpoint answers stray short-header packets with resets too, which quinn bounds (at most one
+/// per 20 ms, each smaller than the packet that caused it).
+struct RandomConnectionIds;
+
+impl quinn::ConnectionIdGenerator for RandomConnectionIds {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        use rand::Rng as _;
+        let mut id = [0u8; 8];
+        rand::rng().fill_bytes(&mut id);
+        quinn::ConnectionId::new(&id)
+    }
+
+    fn cid_len(&self) -> usize {
+        8
+    }
+
+    fn cid_lifetime(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
 pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};

@@ -171,7 +171,7 @@ pub async fn start(
     let runtime = quinn::default_runtime()
         .ok_or_else(|| bind_error(std::io::Error::other("no async runtime for QUIC")))?;
     let endpoint = quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+        datadir::quic_endpoint_config(&dir)?,
         Some(server_config),
         socket,
         runtime,

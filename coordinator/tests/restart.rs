@@ -179,3 +179,70 @@ fn a_drain_outlives_a_coordinator_restart() {
     let s = coordinator::store::Store::open(&store).unwrap();
     assert!(s.draining_nodes().unwrap().is_empty());
 }
+
+/// A coordinator restarted on the same data dir and address resets, at the worker's next
+/// packet, a connection of its previous life (its stateless reset key is derived from the data
+/// dir, `datadir::quic_endpoint_config`): the worker learns at once that its session is gone and
+/// re-joins, instead of waiting out QUIC's idle timeout. The first life runs on a runtime of
+/// its own that is dropped, as a crash would end it: its tasks are never polled again, so no
+/// close frame reaches the worker. With quinn's defaults (random keys per endpoint) the second
+/// life drops the worker's packet as one with an invalid connection id, and the worker hears
+/// nothing until its idle timeout (this test then fails at its failure timeout).
+#[test]
+fn a_restarted_coordinator_resets_the_connections_of_its_previous_life() {
+    use coordinator::datadir::{DataDir, quic_endpoint_config, quic_server_config};
+    let dir = initialised_data_dir();
+    let data = DataDir::new(dir.path());
+    let endpoint_on = |socket: std::net::UdpSocket| {
+        quinn::Endpoint::new(
+            quic_endpoint_config(&data).unwrap(),
+            Some(quic_server_config(&data).unwrap()),
+            socket,
+            quinn::default_runtime().unwrap(),
+        )
+        .unwrap()
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first_life = runtime();
+    let client = runtime();
+    let first = first_life
+        .block_on(async { endpoint_on(std::net::UdpSocket::bind("127.0.0.1:0").unwrap()) });
+    let addr = first.local_addr().unwrap();
+    let (got, mut got_rx) = tokio::sync::mpsc::unbounded_channel();
+    first_life.spawn(async move {
+        let connection = first.accept().await.unwrap().await.unwrap();
+        let (_send, mut recv) = connection.accept_bi().await.unwrap();
+        let mut buf = [0u8; 64];
+        while let Ok(Some(n)) = recv.read(&mut buf).await {
+            let _ = got.send(n);
+        }
+    });
+    let mut w = client.block_on(async {
+        let mut w = TestWorker::connect(addr, &data.ca_cert()).await;
+        w.send_raw(&[0u8; 48]).await;
+        w
+    });
+    assert!(
+        got_rx.blocking_recv().is_some(),
+        "the first life hears the worker"
+    );
+    // The crash: the first life's tasks and socket are dropped without another packet.
+    drop(first_life);
+    let second_life = runtime();
+    let _second = second_life.block_on(async {
+        endpoint_on(std::net::UdpSocket::bind(addr).expect("the first life's address is free"))
+    });
+    let ended = client.block_on(async {
+        w.send_raw(&[0u8; 48]).await;
+        tokio::time::timeout(FAILURE_TIMEOUT, w.connection.closed())
+            .await
+            .expect("the connection ends well before the failure timeout")
+    });
+    assert!(matches!(ended, quinn::ConnectionError::Reset), "{ended:?}");
+}
