@@ -555,7 +555,7 @@ pub const ACK_ELICITING_THRESHOLD: u32 = 16;
 /// with are derived (SHA-256, domain-separated) from the server's TLS key, which is as secret
 /// and as lasting. A worker whose connection belongs to the coordinator's previous life then
 /// gets a reset it can verify at its next packet and re-joins at once, instead of waiting out
-/// QUIC's idle timeout (6 s) while its asks are refused. quinn's defaults are random keys per
+/// the link's give-up limit (10 s at 1-s heartbeats) while its asks are refused. quinn's defaults are random keys per
 /// process: a restarted endpoint drops such a packet as one with an invalid connection id, and
 /// a reset from it would not verify. Changing the TLS key changes both (workers then wait for
 /// the idle timeout once).

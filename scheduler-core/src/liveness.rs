@@ -6,18 +6,16 @@
 //!   *unresponsive*: the worker answers GUARANTEED asks with the retryable
 //!   `coordinator_unavailable` instead of leaving them hanging, but keeps the session, and keeps
 //!   heartbeating on it;
-//! - the session is given up (and the worker re-joins) only when the transport closes (QUIC's
-//!   idle timeout: no packet at all, keep-alives included) or after
-//!   [`DEFAULT_LINK_GIVE_UP_HEARTBEATS`] silent intervals.
+//! - the session is given up (and the worker re-joins) only after
+//!   [`DEFAULT_LINK_GIVE_UP_HEARTBEATS`] silent intervals, or when the transport closes (a
+//!   restarted coordinator's stateless reset, or QUIC's idle timeout, a backstop at 15 s).
 //!
-//! Why not re-join at the first limit: a slow coordinator is not a dead one. Measured with
-//! `testbed fleet` at 10,000 nodes, a coordinator saturated by a join storm answered some
-//! heartbeats more than three intervals late; nodes that re-joined then added whole joins to
-//! the storm, and it collapsed (6,416 sessions ended, 160,000 join attempts given up, 9,469 of
-//! 10,000 joined after 130 s, against all joined in 55 s without the rule). Every coordinator
-//! pause of more than three intervals also made every worker re-join at once. YARN's node
-//! managers likewise re-register only when the resource manager tells them to, not on a slow
-//! heartbeat.
+//! Why not re-join at the first limit: a slow or briefly paused coordinator is not a dead one,
+//! and every session given up costs it a whole join when it is already behind. With that rule
+//! every coordinator pause of more than three intervals made every worker re-join at once, and
+//! in a 10,000-node join storm that saturated the coordinator (`testbed fleet`) the re-joins
+//! were added to the storm. YARN's node managers likewise re-register only when the resource
+//! manager asks them to.
 
 use crate::time::Time;
 use std::time::Duration;
@@ -37,9 +35,8 @@ pub const MIN_LINK_TIMEOUT: Duration = Duration::from_secs(1);
 /// session is the only way on either way.
 pub const DEFAULT_LINK_GIVE_UP_HEARTBEATS: u32 = 10;
 
-/// Floor of the give-up limit: the transport's idle timeout (6 s, `worker::link`), which ends a
-/// session whose coordinator stopped altogether; the application-level limit only has to catch
-/// a coordinator whose transport answers while it does not.
+/// Floor of the give-up limit: with very short heartbeat intervals (tests) a coordinator
+/// catching up after a pause of a few seconds must not lose every session.
 pub const MIN_LINK_GIVE_UP: Duration = Duration::from_secs(6);
 
 /// How long a join may go without progress before the worker gives up on that attempt and

@@ -81,9 +81,9 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 600)]
     pub ready_timeout_s: u64,
     /// After the window, stop the coordinator process (SIGSTOP) for this long and time the
-    /// fleet's recovery (0: skip). Nodes give a link up as real workers do (its QUIC connection
-    /// idle for 6 s, or ten heartbeat intervals without a frame) and re-join with the worker's
-    /// backoff.
+    /// fleet's recovery (0: skip). Nodes give a link up as real workers do (ten heartbeat
+    /// intervals without a frame, floor 6 s, or the connection closed) and re-join with the
+    /// worker's backoff.
     #[arg(long, default_value_t = 0)]
     pub pause_coordinator_ms: u64,
     /// Data dir of the coordinator [default: a fresh temporary dir].
@@ -249,8 +249,8 @@ pub struct LostFigures {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PauseFigures {
     pub paused_ms: u64,
-    /// Sessions that gave their link up (silent past the give-up limit) or saw it closed
-    /// (QUIC's idle timeout), from the pause until recovery.
+    /// Sessions that gave their link up (silent past the give-up limit) or saw it closed,
+    /// from the pause until recovery.
     pub links_ended: u64,
     /// Of those, re-joined (a whole join each).
     pub rejoined: u64,
@@ -930,8 +930,7 @@ enum SessionEnd {
 
 /// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
 /// commands, until stopped. A link that closes, or goes silent past the worker's give-up limit
-/// (`scheduler_core::liveness`: ten heartbeat intervals, the QUIC idle timeout first if the
-/// coordinator is stopped altogether), is given up and the node re-joins with the worker's
+/// (`scheduler_core::liveness`: ten heartbeat intervals, floor 6 s), is given up and the node re-joins with the worker's
 /// jittered backoff.
 async fn session(
     plan: SessionPlan,

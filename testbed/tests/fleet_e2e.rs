@@ -90,8 +90,9 @@ fn a_fleet_keeps_its_sessions_through_a_short_coordinator_pause_and_nobody_is_lo
     assert_eq!(pause.rejoined, 0, "{pause:?}");
 }
 
-/// Stopped for longer than QUIC's 6-s idle timeout: every session ends, every node re-joins
-/// with the worker's backoff once the coordinator resumes, and none is declared lost.
+/// Stopped for longer than the link's give-up limit (6 s at these heartbeats): every session
+/// ends, every node re-joins with the worker's backoff once the coordinator resumes, and none
+/// is declared lost.
 #[test]
 fn a_fleet_rejoins_after_a_long_coordinator_pause_and_nobody_is_lost() {
     let pause = paused_fleet(8_000);

@@ -76,13 +76,18 @@ pub fn client_config(ca_pem: &Path) -> anyhow::Result<quinn::ClientConfig> {
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();
-    // Keep-alives every second and a 6 s idle timeout: the link's own liveness check (three
-    // heartbeats of silence, scheduler_core::liveness) usually fires first; the idle timeout
-    // reclaims a connection whose peer vanished without a word (negotiated: the minimum of
-    // both ends applies to the coordinator too, and the keep-alives keep a live worker in).
+    // Keep-alives every second and a 15 s idle timeout, a backstop behind the link's own
+    // give-up limit (ten heartbeats of silence, floor 6 s, scheduler_core::liveness): a
+    // coordinator that stopped answering ends the session by that limit, a restarted one by a
+    // stateless reset (`coordinator::datadir::quic_endpoint_config`). With a 6 s idle timeout
+    // (until 2026-11-29) a 5-s coordinator pause at 5,000 fleet nodes ended 3,250 sessions:
+    // the coordinator's catching up after the pause took the silence past 6 s. Negotiated: the
+    // minimum of both ends applies to the coordinator too, and the keep-alives keep a live
+    // worker in.
     transport.keep_alive_interval(Some(Duration::from_secs(1)));
     transport.max_idle_timeout(Some(
-        quinn::IdleTimeout::try_from(Duration::from_secs(6)).expect("6 s is a valid idle timeout"),
+        quinn::IdleTimeout::try_from(Duration::from_secs(15))
+            .expect("15 s is a valid idle timeout"),
     ));
     config.transport_config(Arc::new(transport));
     Ok(config)
