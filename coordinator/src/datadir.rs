@@ -549,16 +549,15 @@ pub fn secure(dir: &DataDir) -> Result<Vec<String>, InitError> {
 /// [`quic_server_config`]): more than one heartbeat answer's packets.
 pub const ACK_ELICITING_THRESHOLD: u32 = 16;
 
-/// The rustls/quinn server configuration from the data dir's server certificate (ring only).
 /// The coordinator's QUIC endpoint configuration, the same after a restart on the same data
-/// dir: its stateless reset key (RFC 9000 §10.3) and the key its connection ids are hashed
-/// with are derived (SHA-256, domain-separated) from the server's TLS key, which is as secret
-/// and as lasting. A worker whose connection belongs to the coordinator's previous life then
-/// gets a reset it can verify at its next packet and re-joins at once, instead of waiting out
-/// the link's give-up limit (10 s at 1-s heartbeats) while its asks are refused. quinn's defaults are random keys per
-/// process: a restarted endpoint drops such a packet as one with an invalid connection id, and
-/// a reset from it would not verify. Changing the TLS key changes both (workers then wait for
-/// the idle timeout once).
+/// dir: its stateless reset key (RFC 9000 §10.3) is derived (SHA-256, domain-separated) from
+/// the server's TLS key, which is as secret and as lasting, and its connection ids are random
+/// and not checked against a per-process key. A worker whose connection belongs to the
+/// coordinator's previous life then gets a reset it can verify at its next packet and re-joins
+/// at once, instead of waiting out the link's give-up limit (10 s at 1-s heartbeats) while its
+/// asks are refused. quinn's defaults are random keys per process: a restarted endpoint drops
+/// such a packet as one with an invalid connection id, and a reset from it would not verify.
+/// Changing the TLS key changes the reset key (workers then wait for the give-up limit once).
 pub fn quic_endpoint_config(dir: &DataDir) -> Result<quinn::EndpointConfig, InitError> {
     let key_path = dir.server_key();
     let pem = std::fs::read(&key_path).map_err(|e| InitError::Tls {
@@ -603,6 +602,7 @@ impl quinn::ConnectionIdGenerator for RandomConnectionIds {
     }
 }
 
+/// The rustls/quinn server configuration from the data dir's server certificate (ring only).
 pub fn quic_server_config(dir: &DataDir) -> Result<quinn::ServerConfig, InitError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};

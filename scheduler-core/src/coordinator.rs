@@ -1325,11 +1325,15 @@ impl CoordinatorState {
     /// reporting keeps its last R, and one that died idle (R ≈ 0) would head every scheduler's
     /// list for a whole node timeout — or indefinitely while a mass silence holds it — drawing
     /// QUEUEABLE work it can never start. A node is listed again from the first round after it
-    /// is heard. While a silence check is overdue (the coordinator itself was not listening,
-    /// [`crate::loss_guard::LossGuard::overdue`]) silence is not held against any node here
-    /// either: after a pause of its own the first round would otherwise list nobody.
+    /// is heard (a held one from the first round after the next silence check). While a
+    /// silence check is overdue (the coordinator itself was not listening,
+    /// [`crate::loss_guard::LossGuard::overdue`]), or while the guard finds most of the cluster
+    /// silent at once, silence is not held against any node here either (only held nodes stay
+    /// out): after a pause of its own, or when it falls behind on heartbeats, the coordinator
+    /// would otherwise list only the few nodes it heard last and pile QUEUEABLE work on them.
     pub fn top_k<R: Rng + ?Sized>(&self, now: Time, rng: &mut R) -> Vec<NodeLoad> {
-        let silence_counts = !self.loss_guard.overdue(&self.config.loss_guard, now);
+        let silence_counts = !self.loss_guard.overdue(&self.config.loss_guard, now)
+            && self.loss_guard.silence() == crate::loss_guard::Silence::Normal;
         let mut ranked: Vec<(f64, u64, &NodeEntry)> = self
             .nodes
             .values()

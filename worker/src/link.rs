@@ -10,7 +10,8 @@ use crate::node_actor::{
     NodeJoined, ResizeMsg, Statuses, StopOnBehalf,
 };
 use crate::scheduler_actor::{
-    CoordinatorAnswer, LinkDown, SchedulerActor, SchedulerJoined, ViewUpdate,
+    CoordinatorAnswer, CoordinatorUnresponsive, LinkDown, SchedulerActor, SchedulerJoined,
+    ViewUpdate,
 };
 use crate::shared::Shared;
 use actix::Addr;
@@ -286,9 +287,7 @@ impl Link {
                             "{silent}: GUARANTEED asks are answered coordinator_unavailable until it answers again; the session is kept (given up after {:?})",
                             liveness.give_up_after()
                         );
-                        self.scheduler.do_send(LinkDown {
-                            why: "the coordinator has not answered for several heartbeats; retry",
-                        });
+                        self.scheduler.do_send(CoordinatorUnresponsive);
                     }
                 }
             }

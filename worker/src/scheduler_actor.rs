@@ -519,7 +519,11 @@ impl Handler<ReleaseRemote> for SchedulerActor {
         let unstarted_grant =
             self.issued
                 .release_unstarted(self.ds.quotas_mut(), id, &app, expires_at_ms);
-        if unstarted_grant && !self.shared.connected.get() {
+        // Without a coordinator that answers, the release is ours alone: acknowledged here (the
+        // grant is freed when its token expires), as a retry would find nothing to release.
+        if unstarted_grant
+            && (!self.shared.connected.get() || !self.shared.coordinator_responsive.get())
+        {
             let _ = reply.send(AppResponse::Ack(Ack {
                 request_id: req.request_id,
             }));
@@ -802,6 +806,44 @@ impl Handler<ConnectionClosed> for SchedulerActor {
             // Best effort, bounded like an app's request (a closed connection can leave a
             // thousand waiting asks): an ask whose cancel is not sent is granted to nobody
             // later, and that grant is released as an orphan or freed when its token expires.
+            let _ = self
+                .link
+                .push_request(WorkerToCoordinator::CancelAllocate(CancelAllocate {
+                    correlation_id,
+                }));
+        }
+    }
+}
+
+/// The coordinator has not answered for the link's unresponsive limit (the session stands):
+/// its waiting GUARANTEED asks are answered `coordinator_unavailable` and cancelled at the
+/// coordinator (the cancels reach it when it answers again, after the asks; a grant already on
+/// its way is released as an orphan), so an app's retry does not compete with a leftover ask.
+/// Other forwarded requests (releases, promotions, reservation calls) stay pending: they take
+/// effect when the coordinator gets them, so they are answered then, or failed if the session
+/// is given up.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CoordinatorUnresponsive;
+
+impl Handler<CoordinatorUnresponsive> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, _: CoordinatorUnresponsive, _: &mut Context<Self>) {
+        let waiting: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.guaranteed_ask)
+            .map(|(correlation_id, _)| *correlation_id)
+            .collect();
+        for correlation_id in waiting {
+            if let Some(p) = self.pending.remove(&correlation_id) {
+                let _ = p.reply.send(error(
+                    p.request_id,
+                    ErrorCode::CoordinatorUnavailable,
+                    "the coordinator has not answered this worker for several heartbeats; retry",
+                ));
+            }
+            // Best effort, bounded like an app's request (see `ConnectionClosed`).
             let _ = self
                 .link
                 .push_request(WorkerToCoordinator::CancelAllocate(CancelAllocate {
