@@ -142,6 +142,14 @@ impl LinkLiveness {
             .max(self.timeout);
     }
 
+    /// A session whose join was accepted at `now`, with the default limits
+    /// ([`DEFAULT_LINK_TIMEOUT_HEARTBEATS`], [`DEFAULT_LINK_GIVE_UP_HEARTBEATS`]).
+    pub fn after_join(now: Time, heartbeat_interval: Duration) -> LinkLiveness {
+        let mut liveness = LinkLiveness::joining(now);
+        liveness.joined(now, heartbeat_interval, DEFAULT_LINK_TIMEOUT_HEARTBEATS);
+        liveness
+    }
+
     /// Any frame from the coordinator arrived at `now`.
     pub fn heard(&mut self, now: Time) {
         if self.last_heard.is_some() {

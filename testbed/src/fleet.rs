@@ -23,8 +23,7 @@ use hdrhistogram::Histogram;
 use rand::{RngExt, SeedableRng};
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame_into};
 use scheduler_core::liveness::{
-    DEFAULT_LINK_TIMEOUT_HEARTBEATS, LinkLiveness, REJOIN_BACKOFF_START, jittered_rejoin_delay,
-    next_rejoin_backoff,
+    LinkLiveness, REJOIN_BACKOFF_START, jittered_rejoin_delay, next_rejoin_backoff,
 };
 use scheduler_core::node::{ContainerStatus, Placement};
 use scheduler_core::protocol::app::Allocate;
@@ -1086,11 +1085,9 @@ async fn joined_session(
     // The worker's liveness rule, on a monotonic clock.
     let epoch = tokio::time::Instant::now();
     let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
-    let mut liveness = LinkLiveness::joining(mono());
-    liveness.joined(
+    let mut liveness = LinkLiveness::after_join(
         mono(),
         Duration::from_millis(accepted.settings.heartbeat_interval_ms),
-        DEFAULT_LINK_TIMEOUT_HEARTBEATS,
     );
     let link_timeout = liveness.give_up_after();
     // Before cluster protocol 9 the join answer held the whole directory and a key per node:

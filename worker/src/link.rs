@@ -23,8 +23,7 @@ use rustls::pki_types::pem::PemObject;
 use scheduler_core::codec::{CLUSTER_MAX_FRAME, FrameDecoder, encode_frame};
 use scheduler_core::distributed::replacement_wait_bound_ms_by_slot;
 use scheduler_core::liveness::{
-    DEFAULT_LINK_TIMEOUT_HEARTBEATS, JoinAnswerWait, LinkLiveness, REJOIN_BACKOFF_START,
-    jittered_rejoin_delay, next_rejoin_backoff,
+    JoinAnswerWait, LinkLiveness, REJOIN_BACKOFF_START, jittered_rejoin_delay, next_rejoin_backoff,
 };
 use scheduler_core::protocol::cluster::{
     CLUSTER_PROTOCOL_VERSION, CoordinatorToWorker, Join, JoinAccepted, WorkerToCoordinator,
@@ -156,9 +155,7 @@ impl Link {
             let end = self.session(&endpoint, &mut on_first_join).await;
             let session_joined = self.shared.connected.get();
             self.shared.connected.set(false);
-            self.scheduler.do_send(LinkDown {
-                why: "the connection to the coordinator was lost before it answered; retry",
-            });
+            self.scheduler.do_send(LinkDown);
             match &end {
                 SessionEnd::Rejected(reason) => {
                     warn!("the coordinator rejected the join: {reason}");
@@ -208,11 +205,9 @@ impl Link {
         // A monotonic clock for the liveness rule (never the wall clock: it can jump).
         let epoch = tokio::time::Instant::now();
         let mono = || Time::from_micros(epoch.elapsed().as_micros() as u64);
-        let mut liveness = LinkLiveness::joining(mono());
-        liveness.joined(
+        let mut liveness = LinkLiveness::after_join(
             mono(),
             Duration::from_millis(accepted.settings.heartbeat_interval_ms),
-            DEFAULT_LINK_TIMEOUT_HEARTBEATS,
         );
         self.on_joined(accepted);
         if let Some(tx) = on_first_join.take() {

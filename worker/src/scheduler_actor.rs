@@ -157,20 +157,17 @@ impl SchedulerActor {
         unknown_is_success: bool,
         make: impl FnOnce(u64) -> WorkerToCoordinator,
     ) {
-        if !self.shared.connected.get() {
-            let _ = reply.send(error(
-                request_id,
-                ErrorCode::CoordinatorUnavailable,
-                "this worker is not connected to the coordinator right now; retry shortly",
-            ));
-            return;
-        }
-        if !self.shared.coordinator_responsive.get() {
-            let _ = reply.send(error(
-                request_id,
-                ErrorCode::CoordinatorUnavailable,
+        let refused = if !self.shared.connected.get() {
+            Some("this worker is not connected to the coordinator right now; retry shortly")
+        } else if !self.shared.coordinator_responsive.get() {
+            Some(
                 "the coordinator has not answered this worker for several heartbeats; retry shortly",
-            ));
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            let _ = reply.send(error(request_id, ErrorCode::CoordinatorUnavailable, why));
             return;
         }
         let correlation_id = self.next_correlation;
@@ -319,6 +316,31 @@ impl SchedulerActor {
                 },
             ),
         }
+    }
+
+    /// Take the waiting GUARANTEED asks `which` selects out of `pending` and cancel each at the
+    /// coordinator. Best effort, bounded like an app's request (a closed connection can leave a
+    /// thousand waiting asks): an ask whose cancel is not sent is granted to nobody later, and
+    /// that grant is released as an orphan or freed when its token expires.
+    fn cancel_waiting_asks(&mut self, which: impl Fn(&Pending) -> bool) -> Vec<Pending> {
+        let ids: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.guaranteed_ask && which(p))
+            .map(|(correlation_id, _)| *correlation_id)
+            .collect();
+        let mut cancelled = Vec::with_capacity(ids.len());
+        for correlation_id in ids {
+            if let Some(p) = self.pending.remove(&correlation_id) {
+                cancelled.push(p);
+            }
+            let _ = self
+                .link
+                .push_request(WorkerToCoordinator::CancelAllocate(CancelAllocate {
+                    correlation_id,
+                }));
+        }
+        cancelled
     }
 
     fn fail_all_pending(&mut self, why: &str) {
@@ -791,26 +813,12 @@ pub struct ConnectionClosed {
 impl Handler<ConnectionClosed> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, msg: ConnectionClosed, _: &mut Context<Self>) {
-        let cancelled: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.guaranteed_ask && p.reply.same_channel(&msg.reply))
-            .map(|(correlation_id, _)| *correlation_id)
-            .collect();
-        for correlation_id in cancelled {
-            self.pending.remove(&correlation_id);
+        let cancelled = self.cancel_waiting_asks(|p| p.reply.same_channel(&msg.reply));
+        if !cancelled.is_empty() {
             debug!(
-                correlation = correlation_id,
-                "cancelling the waiting GUARANTEED ask of a closed connection"
+                asks = cancelled.len(),
+                "cancelled the waiting GUARANTEED asks of a closed connection"
             );
-            // Best effort, bounded like an app's request (a closed connection can leave a
-            // thousand waiting asks): an ask whose cancel is not sent is granted to nobody
-            // later, and that grant is released as an orphan or freed when its token expires.
-            let _ = self
-                .link
-                .push_request(WorkerToCoordinator::CancelAllocate(CancelAllocate {
-                    correlation_id,
-                }));
         }
     }
 }
@@ -829,26 +837,12 @@ pub struct CoordinatorUnresponsive;
 impl Handler<CoordinatorUnresponsive> for SchedulerActor {
     type Result = ();
     fn handle(&mut self, _: CoordinatorUnresponsive, _: &mut Context<Self>) {
-        let waiting: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| p.guaranteed_ask)
-            .map(|(correlation_id, _)| *correlation_id)
-            .collect();
-        for correlation_id in waiting {
-            if let Some(p) = self.pending.remove(&correlation_id) {
-                let _ = p.reply.send(error(
-                    p.request_id,
-                    ErrorCode::CoordinatorUnavailable,
-                    "the coordinator has not answered this worker for several heartbeats; retry",
-                ));
-            }
-            // Best effort, bounded like an app's request (see `ConnectionClosed`).
-            let _ = self
-                .link
-                .push_request(WorkerToCoordinator::CancelAllocate(CancelAllocate {
-                    correlation_id,
-                }));
+        for p in self.cancel_waiting_asks(|_| true) {
+            let _ = p.reply.send(error(
+                p.request_id,
+                ErrorCode::CoordinatorUnavailable,
+                "the coordinator has not answered this worker for several heartbeats; retry",
+            ));
         }
     }
 }
@@ -856,14 +850,13 @@ impl Handler<CoordinatorUnresponsive> for SchedulerActor {
 /// The cluster link dropped: forwarded requests will not be answered.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct LinkDown {
-    /// What the apps whose requests were pending are told.
-    pub why: &'static str,
-}
+pub struct LinkDown;
 
 impl Handler<LinkDown> for SchedulerActor {
     type Result = ();
-    fn handle(&mut self, msg: LinkDown, _: &mut Context<Self>) {
-        self.fail_all_pending(msg.why);
+    fn handle(&mut self, _: LinkDown, _: &mut Context<Self>) {
+        self.fail_all_pending(
+            "the connection to the coordinator was lost before it answered; retry",
+        );
     }
 }
