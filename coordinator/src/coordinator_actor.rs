@@ -1052,6 +1052,13 @@ impl CoordinatorActor {
             }
         }
         self.metrics.losses_held_by_guard.set(due.held as i64);
+        let extensions = self.state.loss_grace_extensions();
+        let counted = self.metrics.loss_grace_extensions.get();
+        if extensions > counted {
+            self.metrics
+                .loss_grace_extensions
+                .inc_by(extensions - counted);
+        }
     }
 
     fn tick(&mut self) {

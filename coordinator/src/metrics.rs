@@ -69,6 +69,9 @@ pub struct CoordinatorMetrics {
     /// Ticks that found the coordinator had not been listening (paused, frozen, blocked): that
     /// time is not counted against the nodes' silence.
     pub own_stalls: Counter,
+    /// Graces of the loss guard extended because a node came back (re-joined) within them:
+    /// a recovery in progress holds the declarations of the nodes still on their way.
+    pub loss_grace_extensions: Counter,
     pub heartbeats: Counter,
     pub promotions: Counter,
     /// Resource shaping (Pace): passes run, allocations changed, containers preempted by the
@@ -121,6 +124,7 @@ impl Default for CoordinatorMetrics {
             losses_not_stored: Gauge::default(),
             losses_held_by_guard: Gauge::default(),
             own_stalls: Counter::default(),
+            loss_grace_extensions: Counter::default(),
             heartbeats: Counter::default(),
             promotions: Counter::default(),
             shaping_passes: Counter::default(),
@@ -196,6 +200,11 @@ impl Default for CoordinatorMetrics {
             "coordinator_own_stalls",
             "Ticks that found the coordinator had not been listening (paused, frozen, blocked); that time is not counted against any node's silence",
             m.own_stalls.clone(),
+        );
+        r.register(
+            "coordinator_loss_grace_extensions",
+            "Graces of the loss guard (after a pause of the coordinator's own or a mass silence) extended because a node came back within them: nodes still re-joining are not declared lost",
+            m.loss_grace_extensions.clone(),
         );
         r.register(
             "coordinator_heartbeats",

@@ -983,6 +983,7 @@ impl CoordinatorState {
         // [`NodeEntry::keys_held`] marks and how the top-k names the node on the wire. A re-join
         // keeps its slot; a new node takes a freed one or the next. Either way the slot's
         // session is new: no scheduler holds its key yet.
+        let reused_slot_of_known_node = self.nodes.contains_key(&dir.node_id);
         let (slot, reused) = match self.nodes.get(&dir.node_id) {
             Some(n) => (n.dir.slot, true),
             None => match self.free_slots.pop() {
@@ -999,6 +1000,12 @@ impl CoordinatorState {
             }
         }
         dir.slot = slot;
+        // A node the coordinator knew comes back: within a grace of the loss guard (after a
+        // pause of the coordinator's own or a mass silence) the recovery is in progress, and
+        // the nodes still on their way back are not declared lost while it lasts.
+        if reused_slot_of_known_node || self.lost_nodes.contains(&node_id) {
+            self.loss_guard.node_returned(now, self.config.node_timeout);
+        }
         let previous = self.nodes.insert(
             dir.node_id.clone(),
             NodeEntry {
@@ -1247,7 +1254,9 @@ impl CoordinatorState {
     /// O(nodes).
     pub fn losses_due(&mut self, now: Time) -> LossesDue {
         let previous = self.loss_guard.last_check();
-        let deaf_for = self.loss_guard.deaf_for(&self.config.loss_guard, now);
+        let deaf_for =
+            self.loss_guard
+                .deaf_for(&self.config.loss_guard, now, self.config.node_timeout);
         if !deaf_for.is_zero() {
             for n in self.nodes.values_mut() {
                 n.last_seen = n.last_seen.saturating_add(deaf_for).min(now);
@@ -1306,6 +1315,12 @@ impl CoordinatorState {
     /// Checks that found the coordinator had not been listening ([`CoordinatorState::losses_due`]).
     pub fn own_stalls(&self) -> u64 {
         self.loss_guard.stalls()
+    }
+
+    /// Graces of the loss guard extended by a node coming back
+    /// ([`crate::loss_guard::LossGuard::node_returned`]).
+    pub fn loss_grace_extensions(&self) -> u64 {
+        self.loss_guard.grace_extensions()
     }
 
     /// The node's session closed before its first heartbeat: it is no longer receiving its
@@ -1983,6 +1998,56 @@ mod tests {
             &mut StdRng::seed_from_u64(2),
         );
         assert_eq!(round.top_k[0].node_id.as_str(), "died-idle");
+    }
+
+    /// After a pause of the coordinator's own long enough for every worker to give its session
+    /// up, the nodes re-join one by one over longer than a node timeout (the coordinator
+    /// answers re-joins only so fast): none of them is declared lost while they keep coming
+    /// back, and the one that never comes back is declared a node timeout after the last one
+    /// did. Before the loss guard extended its grace by returning nodes, the four nodes due
+    /// back after the grace of the mass silence's end (a node timeout after half of them were
+    /// back: 44 s) were declared lost with the dead one while they waited to be answered.
+    #[test]
+    fn nodes_still_coming_back_after_a_pause_are_not_declared_lost() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
+        for name in &names {
+            c.join(Time::ZERO, dir(name));
+            c.heartbeat(Time::ZERO, &NodeId::from(name.as_str()), delay(1.0), vec![]);
+        }
+        c.start_silence_checks(Time::ZERO);
+        assert!(c.losses_due(Time::from_millis(500)).declare.is_empty());
+        // Paused from 0.5 s to 16 s; the workers gave their sessions up meanwhile.
+        let mut back: Vec<&str> = Vec::new();
+        let mut declared: Vec<(u64, String)> = Vec::new();
+        let mut at = 16_000;
+        while at <= 80_000 {
+            // n00..n18 come back one every 2 s from 16 s (the last at 52 s); n19 is dead.
+            if at % 2_000 == 0 {
+                let i = ((at - 16_000) / 2_000) as usize;
+                if i < 19 {
+                    c.join(Time::from_millis(at), dir(&names[i]));
+                    back.push(&names[i]);
+                }
+            }
+            if at % 1_000 == 0 {
+                for name in &back {
+                    c.heartbeat(
+                        Time::from_millis(at),
+                        &NodeId::from(*name),
+                        delay(1.0),
+                        vec![],
+                    );
+                }
+            }
+            for node in c.losses_due(Time::from_millis(at)).declare {
+                declared.push((at, node.as_str().to_string()));
+                c.declare_lost(&node);
+            }
+            at += 500;
+        }
+        // Only the dead node, a node timeout after the last one came back (52 s).
+        assert_eq!(declared, vec![(62_000, "n19".to_string())]);
     }
 
     /// After a pause of the coordinator's own, every node looks silent until the overdue check

@@ -32,6 +32,21 @@
 //!   size, so a small cluster that really lost most of its nodes still frees their GUARANTEED
 //!   capacity, one node per 100 s.
 //!
+//! - **Nodes are still coming back.** A coordinator that was away long enough for its nodes to
+//!   give their sessions up (a pause past the workers' give-up limit, a restart) gets every one
+//!   of them re-joining at once, and re-joins are answered only as fast as the coordinator
+//!   handshakes and answers them: at 5,000 nodes on this project's 2-core VM it took 10–18 s,
+//!   longer than the node timeout, and 183–470 live nodes were declared lost (and their work
+//!   killed) while they waited in the coordinator's own queue (docs/benchmarks.md §9, session
+//!   24). So a grace is granted after a pause of the coordinator's own too (one of at least
+//!   half a node timeout: shorter ones end no session), and while one
+//!   lasts, every node that comes back (a re-join of a node the coordinator knew) extends it to
+//!   a node timeout from then: declarations resume a node timeout after the *last* node came
+//!   back, i.e. once the recovery has stopped, not while it is in progress. A grace with its
+//!   extensions lasts at most [`GRACE_MAX_TIMEOUTS`] node timeouts, and is granted for the same
+//!   cause (a pause, a mass silence's end) at most once per [`GRACE_REARM_TIMEOUTS`], so nodes
+//!   that keep re-joining cannot hold a dead node's declaration back for long.
+//!
 //! Holding a declaration never over-commits GUARANTEED capacity: a silent node's bookings stay
 //! until it is declared lost (the coordinator also keeps new GUARANTEED work off it while it is
 //! held). What it costs is time: an app learns later that containers on a node that really died
@@ -60,10 +75,20 @@ pub struct LossGuardConfig {
 /// More silent nodes than this are needed for mass silence (Kubernetes: "more than 2").
 pub const MASS_SILENCE_MIN_NODES: usize = 3;
 
-/// After a mass silence ends, the grace (one node timeout without declarations) is granted
-/// again only this many node timeouts later: a share that keeps crossing the threshold delays a
-/// dead node's declaration by at most one node timeout in this many.
-pub const GRACE_REARM_TIMEOUTS: u32 = 10;
+/// After a grace (one node timeout without declarations, after a mass silence ends or a long
+/// pause of the coordinator's own) is granted, another for the same cause is granted only this
+/// many node timeouts later: twice [`GRACE_MAX_TIMEOUTS`], so even grace after grace of one
+/// cause holds declarations back at most half the time, and a share that keeps crossing the
+/// threshold delays a dead node's declaration by at most one node timeout in this many.
+pub const GRACE_REARM_TIMEOUTS: u32 = 2 * GRACE_MAX_TIMEOUTS;
+
+/// A grace, extended by nodes coming back ([`LossGuard::node_returned`]), ends at the latest
+/// this many node timeouts after it was granted (100 s at the default 10-s node timeout): a
+/// dead node is declared at most this much late. Measured: 7,000 fleet nodes re-joining after
+/// a 15-s pause took 50 s to be answered on this project's 2-core VM (docs/benchmarks.md §9,
+/// session 25), so half of this would already bind there; Kubernetes, for comparison, evicts a
+/// NotReady node's pods only after 300 s (`tolerationSeconds` of its not-ready taint).
+pub const GRACE_MAX_TIMEOUTS: u32 = 10;
 
 impl Default for LossGuardConfig {
     fn default() -> Self {
@@ -105,6 +130,13 @@ impl LossGuardConfig {
     }
 }
 
+/// Why a grace was granted: each cause has its own re-arm clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GraceCause {
+    MassSilenceEnded = 0,
+    OwnStall = 1,
+}
+
 /// How the cluster's silence looks at a check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Silence {
@@ -123,12 +155,20 @@ pub struct LossGuard {
     /// Time in mass silence not yet spent on a declaration (at most one period of the slow
     /// rate banked); kept in whole nanoseconds so a period is earned exactly.
     banked: Duration,
-    /// After a mass or total silence: nothing is declared before this.
+    /// Within a grace (after a mass or total silence, or a long pause of the coordinator's
+    /// own, extended while nodes come back): nothing is declared before this.
     grace_until: Option<Time>,
-    /// When the last grace was granted.
+    /// When the grace in progress (or the last one) was granted: its extensions end
+    /// [`GRACE_MAX_TIMEOUTS`] node timeouts later.
     grace_granted_at: Option<Time>,
+    /// When a grace was last granted for each cause ([`GraceCause`]): each cause is re-armed
+    /// on its own clock, so a pause of the coordinator's own does not use up the grace the end
+    /// of a later mass silence needs (and the other way round).
+    granted_for: [Option<Time>; 2],
     silence: Silence,
     stalls: u64,
+    /// Graces extended by a node coming back ([`LossGuard::node_returned`]).
+    extensions: u64,
 }
 
 impl Default for LossGuard {
@@ -144,8 +184,10 @@ impl LossGuard {
             banked: Duration::ZERO,
             grace_until: None,
             grace_granted_at: None,
+            granted_for: [None; 2],
             silence: Silence::Normal,
             stalls: 0,
+            extensions: 0,
         }
     }
 
@@ -169,7 +211,16 @@ impl LossGuard {
 
     /// A check at `now`: how long the coordinator was deaf since the previous check (zero
     /// unless the gap is longer than two check intervals; then all of it past one interval).
-    pub fn deaf_for(&mut self, config: &LossGuardConfig, now: Time) -> Duration {
+    /// A stall of at least half a `node_timeout` also grants a grace of one `node_timeout` (as
+    /// the end of a mass silence does, at most once per [`GRACE_REARM_TIMEOUTS`]): nodes that
+    /// gave their sessions up while the coordinator was away come back over the next seconds,
+    /// and nodes coming back extend it ([`LossGuard::node_returned`]).
+    pub fn deaf_for(
+        &mut self,
+        config: &LossGuardConfig,
+        now: Time,
+        node_timeout: Duration,
+    ) -> Duration {
         let previous = self.last_check.replace(now);
         let Some(previous) = previous else {
             return Duration::ZERO;
@@ -178,10 +229,64 @@ impl LossGuard {
         let interval = config.check_interval;
         if gap > interval * 2 {
             self.stalls += 1;
-            gap - interval
+            let deaf = gap - interval;
+            // Only a stall long enough for nodes to have given their sessions up: short ones
+            // (an overloaded coordinator's late ticks) must not use up the grace a mass
+            // silence's end may need.
+            if deaf >= node_timeout / 2 {
+                self.grant_grace(now, node_timeout, GraceCause::OwnStall);
+            }
+            deaf
         } else {
             Duration::ZERO
         }
+    }
+
+    /// One node timeout without declarations from `now`, unless a grace is in progress (it
+    /// covers this) or one was granted for the same cause within the last
+    /// [`GRACE_REARM_TIMEOUTS`] node timeouts.
+    fn grant_grace(&mut self, now: Time, node_timeout: Duration, cause: GraceCause) {
+        if self.in_grace(now, node_timeout) {
+            return;
+        }
+        let rearm_after = node_timeout.saturating_mul(GRACE_REARM_TIMEOUTS);
+        let last = &mut self.granted_for[cause as usize];
+        if last.is_none_or(|at| now.saturating_since(at) >= rearm_after) {
+            *last = Some(now);
+            self.grace_until = Some(now.saturating_add(node_timeout));
+            self.grace_granted_at = Some(now);
+        }
+    }
+
+    /// Whether a grace holds declarations back at `now`. Never more than one node timeout
+    /// ahead, even after the wall clock stepped back.
+    fn in_grace(&self, now: Time, node_timeout: Duration) -> bool {
+        self.grace_until
+            .is_some_and(|until| now < until && until.saturating_since(now) <= node_timeout)
+    }
+
+    /// A node the coordinator knew came back at `now` (it re-joined): within a grace, the
+    /// recovery is still in progress, so the grace is extended to one `node_timeout` from now,
+    /// but not past [`GRACE_MAX_TIMEOUTS`] node timeouts from when it was granted. Outside a
+    /// grace (a worker restarting in a quiet cluster) nothing changes.
+    pub fn node_returned(&mut self, now: Time, node_timeout: Duration) {
+        if !self.in_grace(now, node_timeout) {
+            return;
+        }
+        let (Some(until), Some(granted)) = (self.grace_until, self.grace_granted_at) else {
+            return;
+        };
+        let latest = granted.saturating_add(node_timeout.saturating_mul(GRACE_MAX_TIMEOUTS));
+        let extended = now.saturating_add(node_timeout).min(latest);
+        if extended > until {
+            self.grace_until = Some(extended);
+            self.extensions += 1;
+        }
+    }
+
+    /// Graces extended by a node coming back ([`LossGuard::node_returned`]).
+    pub fn grace_extensions(&self) -> u64 {
+        self.extensions
     }
 
     /// Checks that found the coordinator had been deaf ([`LossGuard::deaf_for`]).
@@ -234,28 +339,19 @@ impl LossGuard {
         match silence {
             Silence::Normal => {
                 self.banked = Duration::ZERO;
-                let rearm_after = node_timeout.saturating_mul(GRACE_REARM_TIMEOUTS);
-                if before != Silence::Normal
-                    && self
-                        .grace_granted_at
-                        .is_none_or(|at| now.saturating_since(at) >= rearm_after)
-                {
+                if before != Silence::Normal {
                     // The episode ends: nodes come back over a heartbeat interval when a
                     // partition heals, and the last ones must not be declared lost the moment
                     // the first ones are heard. At most one grace per GRACE_REARM_TIMEOUTS node
                     // timeouts, so a share that keeps crossing the threshold cannot keep a
                     // dead node from being declared.
-                    self.grace_until = Some(now.saturating_add(node_timeout));
-                    self.grace_granted_at = Some(now);
+                    self.grant_grace(now, node_timeout, GraceCause::MassSilenceEnded);
                 }
-                match self.grace_until {
-                    // Never more than one node timeout ahead, even after the wall clock
-                    // stepped back.
-                    Some(until) if now < until && until.saturating_since(now) <= node_timeout => 0,
-                    _ => {
-                        self.grace_until = None;
-                        past_timeout
-                    }
+                if self.in_grace(now, node_timeout) {
+                    0
+                } else {
+                    self.grace_until = None;
+                    past_timeout
                 }
             }
             Silence::Total { .. } => {
@@ -303,23 +399,32 @@ mod tests {
     #[test]
     fn a_gap_of_more_than_two_checks_is_deaf_time_past_one_interval() {
         let mut g = guard();
-        assert_eq!(g.deaf_for(C, Time::from_millis(0)), Duration::ZERO);
-        assert_eq!(g.deaf_for(C, Time::from_millis(500)), Duration::ZERO);
+        assert_eq!(g.deaf_for(C, Time::from_millis(0), TIMEOUT), Duration::ZERO);
+        assert_eq!(
+            g.deaf_for(C, Time::from_millis(500), TIMEOUT),
+            Duration::ZERO
+        );
         // A late tick (up to two intervals) is not a stall.
-        assert_eq!(g.deaf_for(C, Time::from_millis(1_500)), Duration::ZERO);
+        assert_eq!(
+            g.deaf_for(C, Time::from_millis(1_500), TIMEOUT),
+            Duration::ZERO
+        );
         assert_eq!(g.stalls(), 0);
         // Paused 30 s: 29.5 s of it deaf.
         assert_eq!(
-            g.deaf_for(C, Time::from_millis(31_500)),
+            g.deaf_for(C, Time::from_millis(31_500), TIMEOUT),
             Duration::from_millis(29_500)
         );
         assert_eq!(g.stalls(), 1);
-        assert_eq!(g.deaf_for(C, Time::from_millis(32_000)), Duration::ZERO);
+        assert_eq!(
+            g.deaf_for(C, Time::from_millis(32_000), TIMEOUT),
+            Duration::ZERO
+        );
         // Paused before its first check: measured from the start.
         let mut g = guard();
         g.start(Time::from_millis(0));
         assert_eq!(
-            g.deaf_for(C, Time::from_millis(3_000)),
+            g.deaf_for(C, Time::from_millis(3_000), TIMEOUT),
             Duration::from_millis(2_500)
         );
     }
@@ -423,7 +528,7 @@ mod tests {
     }
 
     #[test]
-    fn a_share_crossing_the_threshold_again_and_again_gets_one_grace_per_ten_timeouts() {
+    fn a_share_crossing_the_threshold_again_and_again_gets_one_grace_per_twenty_timeouts() {
         let mut g = guard();
         let half = Duration::from_millis(500);
         let at = |ms: u64| Time::from_millis(ms);
@@ -435,10 +540,74 @@ mod tests {
         assert_eq!(g.admit(C, at(5_000), TIMEOUT, 2, 6, 10, half), 0);
         assert_eq!(g.admit(C, at(6_000), TIMEOUT, 2, 2, 10, half), 0);
         assert_eq!(g.admit(C, at(11_000), TIMEOUT, 2, 2, 10, half), 2);
-        // Ten timeouts after the first grace, an episode's end gets one again.
+        // Still none 100 s later: graces are twenty timeouts apart.
         assert_eq!(g.admit(C, at(101_000), TIMEOUT, 2, 6, 10, half), 0);
-        assert_eq!(g.admit(C, at(101_500), TIMEOUT, 2, 2, 10, half), 0);
-        assert_eq!(g.admit(C, at(111_500), TIMEOUT, 2, 2, 10, half), 2);
+        assert_eq!(g.admit(C, at(101_500), TIMEOUT, 2, 2, 10, half), 2);
+        // Twenty timeouts after the first grace, an episode's end gets one again.
+        assert_eq!(g.admit(C, at(201_000), TIMEOUT, 2, 6, 10, half), 0);
+        assert_eq!(g.admit(C, at(201_500), TIMEOUT, 2, 2, 10, half), 0);
+        assert_eq!(g.admit(C, at(211_500), TIMEOUT, 2, 2, 10, half), 2);
+    }
+
+    #[test]
+    fn a_pause_grants_a_grace_that_nodes_coming_back_extend_up_to_ten_timeouts() {
+        let mut g = guard();
+        let half = Duration::from_millis(500);
+        let at = |ms: u64| Time::from_millis(ms);
+        assert_eq!(g.deaf_for(C, at(0), TIMEOUT), Duration::ZERO);
+        // Paused from 0 to 20 s: a grace until 30 s.
+        assert!(g.deaf_for(C, at(20_000), TIMEOUT) > Duration::ZERO);
+        assert_eq!(g.admit(C, at(20_000), TIMEOUT, 1, 1, 10, half), 0);
+        assert_eq!(g.admit(C, at(29_500), TIMEOUT, 1, 1, 10, half), 0);
+        // A node comes back at 29.5 s: the grace lasts until 39.5 s.
+        g.node_returned(at(29_500), TIMEOUT);
+        assert_eq!(g.grace_extensions(), 1);
+        assert_eq!(g.admit(C, at(39_000), TIMEOUT, 1, 1, 10, half), 0);
+        assert_eq!(g.admit(C, at(39_500), TIMEOUT, 1, 1, 10, half), 1);
+        // Once it has ended, a node coming back does not open it again.
+        g.node_returned(at(40_000), TIMEOUT);
+        assert_eq!(g.grace_extensions(), 1);
+        assert_eq!(g.admit(C, at(40_000), TIMEOUT, 1, 1, 10, half), 1);
+
+        // Nodes coming back every 5 s for ever: the grace ends 10 timeouts after it was granted.
+        let mut g = guard();
+        g.deaf_for(C, at(0), TIMEOUT);
+        g.deaf_for(C, at(20_000), TIMEOUT);
+        let mut first_declared = None;
+        for t in (20_000..200_000).step_by(500) {
+            if t % 5_000 == 0 {
+                g.node_returned(at(t), TIMEOUT);
+            }
+            if g.admit(C, at(t), TIMEOUT, 1, 1, 10, half) > 0 && first_declared.is_none() {
+                first_declared = Some(t);
+            }
+        }
+        assert_eq!(first_declared, Some(120_000));
+        // A short stall (a late tick of an overloaded coordinator) grants no grace: it ends no
+        // session, and must not use up the grace a mass silence's end may need.
+        let mut g = guard();
+        g.deaf_for(C, at(0), TIMEOUT);
+        assert_eq!(
+            g.deaf_for(C, at(3_000), TIMEOUT),
+            Duration::from_millis(2_500)
+        );
+        assert_eq!(g.admit(C, at(3_000), TIMEOUT, 1, 1, 10, half), 1);
+        assert_eq!(g.admit(C, at(3_500), TIMEOUT, 1, 6, 10, half), 0);
+        assert_eq!(g.admit(C, at(4_000), TIMEOUT, 1, 1, 10, half), 0);
+        // A pause's grace that lapsed (nobody came back within it) does not use up the grace
+        // of a mass silence that ends later: the causes are re-armed apart.
+        let mut g = guard();
+        g.deaf_for(C, at(0), TIMEOUT);
+        g.deaf_for(C, at(20_000), TIMEOUT);
+        assert_eq!(g.admit(C, at(30_000), TIMEOUT, 6, 6, 10, half), 0);
+        assert_eq!(g.admit(C, at(40_000), TIMEOUT, 4, 4, 10, half), 0);
+        assert_eq!(g.admit(C, at(49_500), TIMEOUT, 4, 4, 10, half), 0);
+        assert_eq!(g.admit(C, at(50_000), TIMEOUT, 4, 4, 10, half), 4);
+        // A quiet cluster: a node re-joining (a worker restart) outside any grace holds nothing.
+        let mut g = guard();
+        g.node_returned(at(1_000), TIMEOUT);
+        assert_eq!(g.admit(C, at(1_000), TIMEOUT, 1, 1, 10, half), 1);
+        assert_eq!(g.grace_extensions(), 0);
     }
 
     #[test]

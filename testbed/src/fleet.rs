@@ -266,6 +266,9 @@ pub struct PauseFigures {
     /// Checks at which the coordinator found it had not been listening
     /// (`coordinator_own_stalls_total`, over the same span).
     pub own_stalls: Option<u64>,
+    /// Graces of the coordinator's loss guard extended by nodes re-joining within them
+    /// (`coordinator_loss_grace_extensions_total`, over the same span).
+    pub loss_grace_extensions: Option<u64>,
 }
 
 /// What the sessions share with the driver.
@@ -429,7 +432,7 @@ fn print_report(r: &FleetReport) {
     );
     if let Some(p) = &r.pause {
         println!(
-            "coordinator paused {} ms: {} links ended, {} re-joined, {} join attempts given up; every node answered again after {:?} s ({} answered); {:?} nodes declared lost, {:?} own stalls",
+            "coordinator paused {} ms: {} links ended, {} re-joined, {} join attempts given up; every node answered again after {:?} s ({} answered); {:?} nodes declared lost, {:?} own stalls, {:?} loss-guard grace extensions",
             p.paused_ms,
             p.links_ended,
             p.rejoined,
@@ -437,7 +440,8 @@ fn print_report(r: &FleetReport) {
             p.recovered_s,
             p.answered_after_resume,
             p.nodes_lost,
-            p.own_stalls
+            p.own_stalls,
+            p.loss_grace_extensions
         );
     }
     println!(
@@ -826,9 +830,10 @@ async fn pause_and_recover(
         (
             metric(&text, "coordinator_nodes_lost_total"),
             metric(&text, "coordinator_own_stalls_total"),
+            metric(&text, "coordinator_loss_grace_extensions_total"),
         )
     };
-    let (lost0, stalls0) = counters();
+    let (lost0, stalls0, extensions0) = counters();
     let ended0 = shared.links_ended.load(Ordering::Relaxed);
     let rejoined0 = shared.rejoined.load(Ordering::Relaxed);
     let given_up0 = shared.joins_given_up.load(Ordering::Relaxed);
@@ -871,7 +876,7 @@ async fn pause_and_recover(
         "fleet: recovered after {recovered:?} s; waiting two node timeouts for late declarations"
     );
     tokio::time::sleep(Duration::from_millis(2 * args.node_timeout_ms)).await;
-    let (lost1, stalls1) = counters();
+    let (lost1, stalls1, extensions1) = counters();
     let delta = |a: Option<u64>, b: Option<u64>| Some(b?.saturating_sub(a?));
     Ok(PauseFigures {
         paused_ms: args.pause_coordinator_ms,
@@ -882,6 +887,7 @@ async fn pause_and_recover(
         answered_after_resume: answered,
         nodes_lost: delta(lost0, lost1),
         own_stalls: delta(stalls0, stalls1),
+        loss_grace_extensions: delta(extensions0, extensions1),
     })
 }
 
