@@ -983,7 +983,6 @@ impl CoordinatorState {
         // [`NodeEntry::keys_held`] marks and how the top-k names the node on the wire. A re-join
         // keeps its slot; a new node takes a freed one or the next. Either way the slot's
         // session is new: no scheduler holds its key yet.
-        let reused_slot_of_known_node = self.nodes.contains_key(&dir.node_id);
         let (slot, reused) = match self.nodes.get(&dir.node_id) {
             Some(n) => (n.dir.slot, true),
             None => match self.free_slots.pop() {
@@ -1003,8 +1002,10 @@ impl CoordinatorState {
         // A node the coordinator knew comes back: within a grace of the loss guard (after a
         // pause of the coordinator's own or a mass silence) the recovery is in progress, and
         // the nodes still on their way back are not declared lost while it lasts.
-        if reused_slot_of_known_node || self.lost_nodes.contains(&node_id) {
-            self.loss_guard.node_returned(now, self.config.node_timeout);
+        if self.nodes.contains_key(&node_id) || self.lost_nodes.contains(&node_id) {
+            let last_heard = self.nodes.get(&node_id).map(|n| n.last_seen);
+            self.loss_guard
+                .node_returned(now, self.config.node_timeout, last_heard);
         }
         let previous = self.nodes.insert(
             dir.node_id.clone(),
@@ -2048,6 +2049,60 @@ mod tests {
         }
         // Only the dead node, a node timeout after the last one came back (52 s).
         assert_eq!(declared, vec![(62_000, "n19".to_string())]);
+    }
+
+    /// The same pause, but most nodes are back before the rest are even suspected, so the
+    /// share never reaches a mass silence: the pause's own grace, extended by each node that
+    /// comes back, keeps the slow ones. Before, every node not back within a node timeout of
+    /// the resume (here the last four) was declared lost.
+    #[test]
+    fn nodes_slow_to_come_back_after_a_pause_without_a_mass_silence_are_not_declared_lost() {
+        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
+        let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
+        for name in &names {
+            c.join(Time::ZERO, dir(name));
+            c.heartbeat(Time::ZERO, &NodeId::from(name.as_str()), delay(1.0), vec![]);
+        }
+        c.start_silence_checks(Time::ZERO);
+        assert!(c.losses_due(Time::from_millis(500)).declare.is_empty());
+        // Paused from 0.5 s to 16 s. n00..n11 are back by 18.75 s; n12..n18 one every 2 s
+        // from 20 s (the last at 32 s); n19 is dead.
+        let due_at = |i: usize| {
+            if i < 12 {
+                16_000 + 250 * i as u64
+            } else {
+                20_000 + 2_000 * (i as u64 - 12)
+            }
+        };
+        let mut back: Vec<&str> = Vec::new();
+        let mut declared: Vec<(u64, String)> = Vec::new();
+        let mut at = 16_000;
+        while at <= 60_000 {
+            for (i, name) in names.iter().enumerate().take(19) {
+                if due_at(i) > at - 250 && due_at(i) <= at {
+                    c.join(Time::from_millis(at), dir(name));
+                    back.push(name);
+                }
+            }
+            if at % 1_000 == 0 {
+                for name in &back {
+                    c.heartbeat(
+                        Time::from_millis(at),
+                        &NodeId::from(*name),
+                        delay(1.0),
+                        vec![],
+                    );
+                }
+            }
+            let due = c.losses_due(Time::from_millis(at));
+            assert_eq!(due.silence, Silence::Normal, "at {at} ms");
+            for node in due.declare {
+                declared.push((at, node.as_str().to_string()));
+                c.declare_lost(&node);
+            }
+            at += 250;
+        }
+        assert_eq!(declared, vec![(42_000, "n19".to_string())]);
     }
 
     /// After a pause of the coordinator's own, every node looks silent until the overdue check

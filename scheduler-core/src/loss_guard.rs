@@ -33,25 +33,30 @@
 //!   capacity, one node per 100 s.
 //!
 //! - **Nodes are still coming back.** A coordinator that was away long enough for its nodes to
-//!   give their sessions up (a pause past the workers' give-up limit, a restart) gets every one
+//!   give their sessions up (a pause past the workers' give-up limit) gets every one
 //!   of them re-joining at once, and re-joins are answered only as fast as the coordinator
 //!   handshakes and answers them: at 5,000 nodes on this project's 2-core VM it took 10–18 s,
 //!   longer than the node timeout, and 183–470 live nodes were declared lost (and their work
 //!   killed) while they waited in the coordinator's own queue (docs/benchmarks.md §9, session
-//!   24). So a grace is granted after a pause of the coordinator's own too (one of at least
-//!   half a node timeout: shorter ones end no session), and while one
-//!   lasts, every node that comes back (a re-join of a node the coordinator knew) extends it to
+//!   24). So a grace is granted after a pause of the coordinator's own too (one long enough
+//!   for a worker to give its session up), and while one
+//!   lasts, every node that comes back (a re-join of a node the coordinator knew and had not
+//!   heard since the grace began) extends it to
 //!   a node timeout from then: declarations resume a node timeout after the *last* node came
 //!   back, i.e. once the recovery has stopped, not while it is in progress. A grace with its
-//!   extensions lasts at most [`GRACE_MAX_TIMEOUTS`] node timeouts, and is granted for the same
-//!   cause (a pause, a mass silence's end) at most once per [`GRACE_REARM_TIMEOUTS`], so nodes
-//!   that keep re-joining cannot hold a dead node's declaration back for long.
+//!   extensions lasts at most [`GRACE_MAX_TIMEOUTS`] node timeouts (a grace granted for the
+//!   other cause while one lasts gives the silent nodes a whole node timeout from then, but
+//!   does not restart that cap), and is granted for the same cause (a pause, a mass silence's
+//!   end) at most once per [`GRACE_REARM_TIMEOUTS`]: a dead node's declaration is held back at
+//!   most [`GRACE_MAX_TIMEOUTS`] + 1 node timeouts at a time, and for roughly half of any long
+//!   span at worst.
 //!
 //! Holding a declaration never over-commits GUARANTEED capacity: a silent node's bookings stay
 //! until it is declared lost (the coordinator also keeps new GUARANTEED work off it while it is
 //! held). What it costs is time: an app learns later that containers on a node that really died
 //! are gone.
 
+use crate::liveness::MIN_LINK_GIVE_UP;
 use crate::time::Time;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -79,7 +84,8 @@ pub const MASS_SILENCE_MIN_NODES: usize = 3;
 /// pause of the coordinator's own) is granted, another for the same cause is granted only this
 /// many node timeouts later: twice [`GRACE_MAX_TIMEOUTS`], so even grace after grace of one
 /// cause holds declarations back at most half the time, and a share that keeps crossing the
-/// threshold delays a dead node's declaration by at most one node timeout in this many.
+/// threshold delays a dead node's declaration by at most one node timeout in this many (ten,
+/// if nodes keep re-joining within each of those graces).
 pub const GRACE_REARM_TIMEOUTS: u32 = 2 * GRACE_MAX_TIMEOUTS;
 
 /// A grace, extended by nodes coming back ([`LossGuard::node_returned`]), ends at the latest
@@ -211,7 +217,9 @@ impl LossGuard {
 
     /// A check at `now`: how long the coordinator was deaf since the previous check (zero
     /// unless the gap is longer than two check intervals; then all of it past one interval).
-    /// A stall of at least half a `node_timeout` also grants a grace of one `node_timeout` (as
+    /// A stall of at least half a `node_timeout` (or [`MIN_LINK_GIVE_UP`], the shortest time a
+    /// worker waits before giving its session up, if that is less) also grants a grace of one
+    /// `node_timeout` (as
     /// the end of a mass silence does, at most once per [`GRACE_REARM_TIMEOUTS`]): nodes that
     /// gave their sessions up while the coordinator was away come back over the next seconds,
     /// and nodes coming back extend it ([`LossGuard::node_returned`]).
@@ -230,10 +238,10 @@ impl LossGuard {
         if gap > interval * 2 {
             self.stalls += 1;
             let deaf = gap - interval;
-            // Only a stall long enough for nodes to have given their sessions up: short ones
-            // (an overloaded coordinator's late ticks) must not use up the grace a mass
-            // silence's end may need.
-            if deaf >= node_timeout / 2 {
+            // Only a stall long enough for nodes to have given their sessions up (the shortest
+            // give-up limit a worker uses, or half a node timeout if that is shorter): short
+            // ones (an overloaded coordinator's late ticks) must not use up the pause's grace.
+            if deaf >= (node_timeout / 2).min(MIN_LINK_GIVE_UP) {
                 self.grant_grace(now, node_timeout, GraceCause::OwnStall);
             }
             deaf
@@ -246,14 +254,20 @@ impl LossGuard {
     /// covers this) or one was granted for the same cause within the last
     /// [`GRACE_REARM_TIMEOUTS`] node timeouts.
     fn grant_grace(&mut self, now: Time, node_timeout: Duration, cause: GraceCause) {
-        if self.in_grace(now, node_timeout) {
-            return;
-        }
         let rearm_after = node_timeout.saturating_mul(GRACE_REARM_TIMEOUTS);
         let last = &mut self.granted_for[cause as usize];
-        if last.is_none_or(|at| now.saturating_since(at) >= rearm_after) {
-            *last = Some(now);
-            self.grace_until = Some(now.saturating_add(node_timeout));
+        if !last.is_none_or(|at| now.saturating_since(at) >= rearm_after) {
+            return;
+        }
+        *last = Some(now);
+        let until = now.saturating_add(node_timeout);
+        if self.in_grace(now, node_timeout) {
+            // Within the grace in progress: the nodes still silent get a whole node timeout
+            // from now, but the grace keeps the start its extensions are capped from, so the
+            // two causes cannot chain their caps.
+            self.grace_until = self.grace_until.max(Some(until));
+        } else {
+            self.grace_until = Some(until);
             self.grace_granted_at = Some(now);
         }
     }
@@ -265,17 +279,23 @@ impl LossGuard {
             .is_some_and(|until| now < until && until.saturating_since(now) <= node_timeout)
     }
 
-    /// A node the coordinator knew came back at `now` (it re-joined): within a grace, the
-    /// recovery is still in progress, so the grace is extended to one `node_timeout` from now,
-    /// but not past [`GRACE_MAX_TIMEOUTS`] node timeouts from when it was granted. Outside a
-    /// grace (a worker restarting in a quiet cluster) nothing changes.
-    pub fn node_returned(&mut self, now: Time, node_timeout: Duration) {
+    /// A node the coordinator knew came back at `now` (it re-joined), last heard at
+    /// `last_heard` (`None`: it had been declared lost). Within a grace, if it had not been
+    /// heard since the grace began, the recovery is still in progress, so the grace is extended
+    /// to one `node_timeout` from now, but not past [`GRACE_MAX_TIMEOUTS`] node timeouts from
+    /// when it was granted. A node heard within the grace (a worker restarting, a node
+    /// re-joining again and again) extends nothing, so each node extends a grace at most once;
+    /// and outside a grace (a quiet cluster) nothing changes.
+    pub fn node_returned(&mut self, now: Time, node_timeout: Duration, last_heard: Option<Time>) {
         if !self.in_grace(now, node_timeout) {
             return;
         }
         let (Some(until), Some(granted)) = (self.grace_until, self.grace_granted_at) else {
             return;
         };
+        if last_heard.is_some_and(|heard| heard > granted) {
+            return;
+        }
         let latest = granted.saturating_add(node_timeout.saturating_mul(GRACE_MAX_TIMEOUTS));
         let extended = now.saturating_add(node_timeout).min(latest);
         if extended > until {
@@ -560,12 +580,12 @@ mod tests {
         assert_eq!(g.admit(C, at(20_000), TIMEOUT, 1, 1, 10, half), 0);
         assert_eq!(g.admit(C, at(29_500), TIMEOUT, 1, 1, 10, half), 0);
         // A node comes back at 29.5 s: the grace lasts until 39.5 s.
-        g.node_returned(at(29_500), TIMEOUT);
+        g.node_returned(at(29_500), TIMEOUT, None);
         assert_eq!(g.grace_extensions(), 1);
         assert_eq!(g.admit(C, at(39_000), TIMEOUT, 1, 1, 10, half), 0);
         assert_eq!(g.admit(C, at(39_500), TIMEOUT, 1, 1, 10, half), 1);
         // Once it has ended, a node coming back does not open it again.
-        g.node_returned(at(40_000), TIMEOUT);
+        g.node_returned(at(40_000), TIMEOUT, None);
         assert_eq!(g.grace_extensions(), 1);
         assert_eq!(g.admit(C, at(40_000), TIMEOUT, 1, 1, 10, half), 1);
 
@@ -576,7 +596,7 @@ mod tests {
         let mut first_declared = None;
         for t in (20_000..200_000).step_by(500) {
             if t % 5_000 == 0 {
-                g.node_returned(at(t), TIMEOUT);
+                g.node_returned(at(t), TIMEOUT, None);
             }
             if g.admit(C, at(t), TIMEOUT, 1, 1, 10, half) > 0 && first_declared.is_none() {
                 first_declared = Some(t);
@@ -603,9 +623,38 @@ mod tests {
         assert_eq!(g.admit(C, at(40_000), TIMEOUT, 4, 4, 10, half), 0);
         assert_eq!(g.admit(C, at(49_500), TIMEOUT, 4, 4, 10, half), 0);
         assert_eq!(g.admit(C, at(50_000), TIMEOUT, 4, 4, 10, half), 4);
+        // A node heard within the grace (a worker restarting, one re-joining again and again)
+        // extends nothing: each node extends a grace at most once.
+        let mut g = guard();
+        g.deaf_for(C, at(0), TIMEOUT);
+        g.deaf_for(C, at(20_000), TIMEOUT);
+        g.node_returned(at(25_000), TIMEOUT, Some(at(21_000)));
+        assert_eq!(g.grace_extensions(), 0);
+        g.node_returned(at(25_000), TIMEOUT, Some(at(20_000)));
+        assert_eq!(g.grace_extensions(), 1);
+        assert_eq!(g.admit(C, at(34_500), TIMEOUT, 1, 1, 10, half), 0);
+        assert_eq!(g.admit(C, at(35_000), TIMEOUT, 1, 1, 10, half), 1);
+        // A mass silence ending within a pause's grace gives the nodes still silent a whole
+        // node timeout from then, but the cap on extensions still counts from the pause.
+        let mut g = guard();
+        g.deaf_for(C, at(0), TIMEOUT);
+        g.deaf_for(C, at(20_000), TIMEOUT);
+        for t in (20_000..200_000).step_by(500) {
+            if t == 100_000 {
+                assert_eq!(g.admit(C, at(t), TIMEOUT, 6, 6, 10, half), 0);
+                continue;
+            }
+            if t % 5_000 == 0 {
+                g.node_returned(at(t), TIMEOUT, None);
+            }
+            let declared = g.admit(C, at(t), TIMEOUT, 1, 1, 10, half);
+            // The pause's grace, extended to its cap at 120 s; the episode's end at 100.5 s
+            // reaches 110.5 s only.
+            assert_eq!(declared, usize::from(t >= 120_000), "at {t} ms");
+        }
         // A quiet cluster: a node re-joining (a worker restart) outside any grace holds nothing.
         let mut g = guard();
-        g.node_returned(at(1_000), TIMEOUT);
+        g.node_returned(at(1_000), TIMEOUT, None);
         assert_eq!(g.admit(C, at(1_000), TIMEOUT, 1, 1, 10, half), 1);
         assert_eq!(g.grace_extensions(), 0);
     }

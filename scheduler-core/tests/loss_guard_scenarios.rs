@@ -142,7 +142,8 @@ fn a_coordinator_paused_past_the_node_timeout_declares_no_live_node_lost() {
     assert_eq!(c.state.own_stalls(), 1);
     c.run_until(60_000);
     // Only the dead node is lost, a whole node timeout of listening after the pause (it was
-    // last heard before the pause began), and nothing else.
+    // last heard before the pause began; the pause's grace, which nobody here extends, ends
+    // at the same time: 45 s), and nothing else.
     assert_eq!(c.declared.len(), 1, "{:?}", c.declared);
     let (at_ms, lost) = &c.declared[0];
     assert_eq!(lost, &node(3));
