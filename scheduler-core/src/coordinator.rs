@@ -1003,9 +1003,7 @@ impl CoordinatorState {
         // pause of the coordinator's own or a mass silence) the recovery is in progress, and
         // the nodes still on their way back are not declared lost while it lasts.
         if self.nodes.contains_key(&node_id) || self.lost_nodes.contains(&node_id) {
-            let last_heard = self.nodes.get(&node_id).map(|n| n.last_seen);
-            self.loss_guard
-                .node_returned(now, self.config.node_timeout, last_heard);
+            self.loss_guard.node_returned(now, self.config.node_timeout);
         }
         let previous = self.nodes.insert(
             dir.node_id.clone(),
