@@ -218,10 +218,10 @@ impl LossGuard {
     /// unless the gap is longer than two check intervals; then all of it past one interval).
     /// A stall of at least half a `node_timeout` (or [`MIN_LINK_GIVE_UP`], the shortest time a
     /// worker waits before giving its session up, if that is less) also grants a grace of one
-    /// `node_timeout` (as
-    /// the end of a mass silence does, at most once per [`GRACE_REARM_TIMEOUTS`]): nodes that
-    /// gave their sessions up while the coordinator was away come back over the next seconds,
-    /// and nodes coming back extend it ([`LossGuard::node_returned`]).
+    /// `node_timeout` (as the end of a mass silence does, at most once per
+    /// [`GRACE_REARM_TIMEOUTS`]): nodes that gave their sessions up while the coordinator was
+    /// away come back over the next seconds, and nodes coming back extend it
+    /// ([`LossGuard::node_returned`]).
     pub fn deaf_for(
         &mut self,
         config: &LossGuardConfig,
@@ -249,9 +249,9 @@ impl LossGuard {
         }
     }
 
-    /// One node timeout without declarations from `now`, unless a grace is in progress (it
-    /// covers this) or one was granted for the same cause within the last
-    /// [`GRACE_REARM_TIMEOUTS`] node timeouts.
+    /// One node timeout without declarations from `now`, unless a grace was granted for the
+    /// same cause within the last [`GRACE_REARM_TIMEOUTS`] node timeouts. Within a grace in
+    /// progress (of the other cause) it only makes sure of the whole node timeout.
     fn grant_grace(&mut self, now: Time, node_timeout: Duration, cause: GraceCause) {
         let rearm_after = node_timeout.saturating_mul(GRACE_REARM_TIMEOUTS);
         let last = &mut self.granted_for[cause as usize];
@@ -287,10 +287,11 @@ impl LossGuard {
     /// recovery nodes that were answered lose their sessions again and re-join (measured:
     /// 9,339–11,959 sessions ended for 7,000 nodes, docs/benchmarks.md §9, session 25), and
     /// a version that let each node extend a grace only once declared 5,243 live nodes lost in
-    /// such a run where this rule, on the same seed, declared none. The price: in a cluster where workers re-join often anyway (restarts,
-    /// crash loops, a token holder re-joining on purpose) a grace lasts to its cap, i.e. a dead
-    /// node is declared up to [`GRACE_MAX_TIMEOUTS`] node timeouts late after a pause or a
-    /// mass silence, never later.
+    /// such a run where this rule, on the same seed, declared none. The price: in a cluster
+    /// where workers re-join often anyway (restarts, crash loops, a token holder re-joining on
+    /// purpose) a grace lasts to its cap, i.e. a dead node is declared up to
+    /// [`GRACE_MAX_TIMEOUTS`] node timeouts late after a pause or a mass silence, never
+    /// later.
     pub fn node_returned(&mut self, now: Time, node_timeout: Duration) {
         if !self.in_grace(now, node_timeout) {
             return;
