@@ -1999,15 +1999,16 @@ mod tests {
         assert_eq!(round.top_k[0].node_id.as_str(), "died-idle");
     }
 
-    /// After a pause of the coordinator's own long enough for every worker to give its session
-    /// up, the nodes re-join one by one over longer than a node timeout (the coordinator
-    /// answers re-joins only so fast): none of them is declared lost while they keep coming
-    /// back, and the one that never comes back is declared a node timeout after the last one
-    /// did. Before the loss guard extended its grace by returning nodes, the four nodes due
-    /// back after the grace of the mass silence's end (a node timeout after half of them were
-    /// back: 44 s) were declared lost with the dead one while they waited to be answered.
-    #[test]
-    fn nodes_still_coming_back_after_a_pause_are_not_declared_lost() {
+    /// A recovery after a pause: 20 nodes heard at 0 s, the coordinator paused from 0.5 s to
+    /// 16 s (the workers gave their sessions up meanwhile), node `i` of the first 19 re-joining
+    /// at `due_at(i)` ms and heartbeating every second from then, n19 dead. Silence checks every
+    /// `step_ms` from 16 s to `until_ms`; what each check declared is declared lost. Returns the
+    /// declarations and each check's silence, with their times in ms.
+    fn recovery_after_a_pause(
+        due_at: impl Fn(usize) -> u64,
+        step_ms: u64,
+        until_ms: u64,
+    ) -> (Vec<(u64, String)>, Vec<(u64, Silence)>) {
         let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
         let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
         for name in &names {
@@ -2016,68 +2017,13 @@ mod tests {
         }
         c.start_silence_checks(Time::ZERO);
         assert!(c.losses_due(Time::from_millis(500)).declare.is_empty());
-        // Paused from 0.5 s to 16 s; the workers gave their sessions up meanwhile.
         let mut back: Vec<&str> = Vec::new();
-        let mut declared: Vec<(u64, String)> = Vec::new();
+        let mut declared = Vec::new();
+        let mut silences = Vec::new();
         let mut at = 16_000;
-        while at <= 80_000 {
-            // n00..n18 come back one every 2 s from 16 s (the last at 52 s); n19 is dead.
-            if at % 2_000 == 0 {
-                let i = ((at - 16_000) / 2_000) as usize;
-                if i < 19 {
-                    c.join(Time::from_millis(at), dir(&names[i]));
-                    back.push(&names[i]);
-                }
-            }
-            if at % 1_000 == 0 {
-                for name in &back {
-                    c.heartbeat(
-                        Time::from_millis(at),
-                        &NodeId::from(*name),
-                        delay(1.0),
-                        vec![],
-                    );
-                }
-            }
-            for node in c.losses_due(Time::from_millis(at)).declare {
-                declared.push((at, node.as_str().to_string()));
-                c.declare_lost(&node);
-            }
-            at += 500;
-        }
-        // Only the dead node, a node timeout after the last one came back (52 s).
-        assert_eq!(declared, vec![(62_000, "n19".to_string())]);
-    }
-
-    /// The same pause, but most nodes are back before the rest are even suspected, so the
-    /// share never reaches a mass silence: the pause's own grace, extended by each node that
-    /// comes back, keeps the slow ones. Before, every node not back within a node timeout of
-    /// the resume (here the last four) was declared lost.
-    #[test]
-    fn nodes_slow_to_come_back_after_a_pause_without_a_mass_silence_are_not_declared_lost() {
-        let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
-        let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
-        for name in &names {
-            c.join(Time::ZERO, dir(name));
-            c.heartbeat(Time::ZERO, &NodeId::from(name.as_str()), delay(1.0), vec![]);
-        }
-        c.start_silence_checks(Time::ZERO);
-        assert!(c.losses_due(Time::from_millis(500)).declare.is_empty());
-        // Paused from 0.5 s to 16 s. n00..n11 are back by 18.75 s; n12..n18 one every 2 s
-        // from 20 s (the last at 32 s); n19 is dead.
-        let due_at = |i: usize| {
-            if i < 12 {
-                16_000 + 250 * i as u64
-            } else {
-                20_000 + 2_000 * (i as u64 - 12)
-            }
-        };
-        let mut back: Vec<&str> = Vec::new();
-        let mut declared: Vec<(u64, String)> = Vec::new();
-        let mut at = 16_000;
-        while at <= 60_000 {
+        while at <= until_ms {
             for (i, name) in names.iter().enumerate().take(19) {
-                if due_at(i) > at - 250 && due_at(i) <= at {
+                if due_at(i) + step_ms > at && due_at(i) <= at {
                     c.join(Time::from_millis(at), dir(name));
                     back.push(name);
                 }
@@ -2093,12 +2039,48 @@ mod tests {
                 }
             }
             let due = c.losses_due(Time::from_millis(at));
-            assert_eq!(due.silence, Silence::Normal, "at {at} ms");
+            silences.push((at, due.silence));
             for node in due.declare {
                 declared.push((at, node.as_str().to_string()));
                 c.declare_lost(&node);
             }
-            at += 250;
+            at += step_ms;
+        }
+        (declared, silences)
+    }
+
+    /// After a pause of the coordinator's own long enough for every worker to give its session
+    /// up, the nodes re-join one by one over longer than a node timeout (the coordinator
+    /// answers re-joins only so fast): none of them is declared lost while they keep coming
+    /// back, and the one that never comes back is declared a node timeout after the last one
+    /// did. Before the loss guard extended its grace by returning nodes, the four nodes due
+    /// back after the grace of the mass silence's end (a node timeout after half of them were
+    /// back: 44 s) were declared lost with the dead one while they waited to be answered.
+    #[test]
+    fn nodes_still_coming_back_after_a_pause_are_not_declared_lost() {
+        // n00..n18 come back one every 2 s from 16 s (the last at 52 s).
+        let (declared, _) = recovery_after_a_pause(|i| 16_000 + 2_000 * i as u64, 500, 80_000);
+        // Only the dead node, a node timeout after the last one came back (52 s).
+        assert_eq!(declared, vec![(62_000, "n19".to_string())]);
+    }
+
+    /// The same pause, but most nodes are back before the rest are even suspected, so the
+    /// share never reaches a mass silence: the pause's own grace, extended by each node that
+    /// comes back, keeps the slow ones. Before, every node not back within a node timeout of
+    /// the resume (here the last four) was declared lost.
+    #[test]
+    fn nodes_slow_to_come_back_after_a_pause_without_a_mass_silence_are_not_declared_lost() {
+        // n00..n11 are back by 18.75 s; n12..n18 one every 2 s from 20 s (the last at 32 s).
+        let due_at = |i: usize| {
+            if i < 12 {
+                16_000 + 250 * i as u64
+            } else {
+                20_000 + 2_000 * (i as u64 - 12)
+            }
+        };
+        let (declared, silences) = recovery_after_a_pause(due_at, 250, 60_000);
+        for (at, silence) in silences {
+            assert_eq!(silence, Silence::Normal, "at {at} ms");
         }
         assert_eq!(declared, vec![(42_000, "n19".to_string())]);
     }

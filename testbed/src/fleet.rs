@@ -935,8 +935,8 @@ enum SessionEnd {
 
 /// One lightweight node: join (retrying), then heartbeat every period and answer the driver's
 /// commands, until stopped. A link that closes, or goes silent past the worker's give-up limit
-/// (`scheduler_core::liveness`: ten heartbeat intervals, floor 6 s), is given up and the node re-joins with the worker's
-/// jittered backoff.
+/// (`scheduler_core::liveness`: ten heartbeat intervals, floor 6 s), is given up and the node
+/// re-joins with the worker's jittered backoff.
 async fn session(
     plan: SessionPlan,
     endpoint: quinn::Endpoint,
