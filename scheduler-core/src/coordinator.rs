@@ -1999,6 +1999,9 @@ mod tests {
         assert_eq!(round.top_k[0].node_id.as_str(), "died-idle");
     }
 
+    /// What a recovery's silence checks did: (ms, node declared lost) and (ms, silence found).
+    type Recovery = (Vec<(u64, String)>, Vec<(u64, Silence)>);
+
     /// A recovery after a pause: 20 nodes heard at 0 s, the coordinator paused from 0.5 s to
     /// 16 s (the workers gave their sessions up meanwhile), node `i` of the first 19 re-joining
     /// at `due_at(i)` ms and heartbeating every second from then, n19 dead. Silence checks every
@@ -2008,7 +2011,7 @@ mod tests {
         due_at: impl Fn(usize) -> u64,
         step_ms: u64,
         until_ms: u64,
-    ) -> (Vec<(u64, String)>, Vec<(u64, Silence)>) {
+    ) -> Recovery {
         let mut c = CoordinatorState::new(CoordinatorConfig::default(), 1);
         let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
         for name in &names {
