@@ -36,7 +36,7 @@ use std::sync::Arc;
 use tracing::{debug, error, info, warn};
 
 #[path = "guarantor_threesigma.rs"]
-mod threesigma;
+pub mod threesigma;
 
 /// Container sequence numbers reserved per store write: a restart skips at most this many ids,
 /// and a grant never waits for a disk write.

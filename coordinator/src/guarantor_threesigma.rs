@@ -7,15 +7,35 @@ use crate::store::JobHistoryRecord;
 use actix::prelude::*;
 use inference::predictor::{JobFeatures, RuntimePredictor, SubmittedEstimates};
 use scheduler_core::threesigma::{
-    CompletedJob, JobDescription, LiveThreeSigma, LiveThreeSigmaConfig, RuntimeBelief,
+    BeliefPiece, CompletedJob, JobDescription, LiveThreeSigma, LiveThreeSigmaConfig, RuntimeBelief,
 };
 use std::collections::{HashMap, HashSet};
 use tracing::{debug, error, info, warn};
 
-/// Equal-mass pieces a 3σPredict distribution is handed to 3σSched as: its quantiles at
-/// `0, 1/20, …, 1` (support minimum and maximum included, so no tail is cut; exact for
-/// 3σPredict's calibrated distributions, `inference::distribution::CALIBRATED_PIECES`).
-pub const BELIEF_PIECES: usize = 20;
+/// Uniform pieces each sloped piece of a 3σPredict distribution (its falling upper tail, or a
+/// histogram's trapezoid) is handed to 3σSched as (`RuntimeDistribution::uniform_pieces`).
+pub const SLOPED_PIECE_SPLIT: usize = 8;
+
+/// 3σPredict's distribution as 3σSched's belief, with runtimes of at least `min_runtime`:
+/// its own pieces (the whole support, so no tail is cut: Eq. 1 and §3.2 integrate over the
+/// whole distribution), exact for its calibrated body of uniform pieces, the upper tail as
+/// [`SLOPED_PIECE_SPLIT`] uniform pieces of equal mass. `None` for a distribution without
+/// mass. The live guarantor and the simulator's 3Sigma both build beliefs with it.
+pub fn belief_of(
+    distribution: &inference::distribution::RuntimeDistribution,
+    min_runtime: f64,
+) -> Option<RuntimeBelief> {
+    let pieces = distribution
+        .uniform_pieces(SLOPED_PIECE_SPLIT)
+        .into_iter()
+        .map(|p| BeliefPiece {
+            lo: p.lo.max(min_runtime),
+            hi: p.hi.max(min_runtime),
+            mass: p.mass,
+        })
+        .collect();
+    RuntimeBelief::from_pieces(pieces).ok()
+}
 
 /// The 3Sigma state the actor keeps beside the core: the predictor and finished jobs not yet
 /// written to the store.
@@ -98,26 +118,20 @@ impl ActorThreeSigma {
     ) -> (RuntimeBelief, String, SubmittedEstimates) {
         let features = job_features(&description.features);
         let (prediction, submitted) = self.predictor.predict_with_submitted(&features);
-        if let Some(p) = prediction {
-            let quantiles: Vec<f64> = p
-                .distribution
-                .equal_mass_quantiles(BELIEF_PIECES)
-                .into_iter()
-                .map(|r| r.max(0.1))
-                .collect();
-            if let Ok(b) = RuntimeBelief::from_quantiles(&quantiles) {
-                return (
-                    b,
-                    format!(
-                        "3σPredict: {}={} ({} runs, {})",
-                        p.expert.feature,
-                        p.expert.value,
-                        p.expert.observations,
-                        p.expert.estimator.name()
-                    ),
-                    submitted,
-                );
-            }
+        if let Some(p) = prediction
+            && let Some(b) = belief_of(&p.distribution, 0.1)
+        {
+            return (
+                b,
+                format!(
+                    "3σPredict: {}={} ({} runs, {})",
+                    p.expert.feature,
+                    p.expert.value,
+                    p.expert.observations,
+                    p.expert.estimator.name()
+                ),
+                submitted,
+            );
         }
         if let Some(ms) = runtime_estimate_ms.filter(|ms| *ms > 0)
             && let Ok(b) = RuntimeBelief::point(ms as f64 / 1000.0)

@@ -297,6 +297,54 @@ impl RuntimeDistribution {
         quantiles
     }
 
+    /// The distribution as pieces of uniform density (or atoms), what 3σSched's beliefs are
+    /// made of (`RuntimeBelief::from_pieces`): a uniform piece or an atom is kept as it is (so
+    /// a calibrated distribution, [`CALIBRATED_PIECES`] uniform pieces, is handed over exactly),
+    /// and a piece whose density slopes (a histogram's trapezoid, the falling upper tail of
+    /// [`RuntimeDistribution::with_upper_tail`]) becomes `split` (≥ 1) uniform pieces of equal
+    /// mass between its own quantiles. Massless pieces are left out.
+    pub fn uniform_pieces(&self, split: usize) -> Vec<Piece> {
+        let split = split.max(1);
+        let mut out = Vec::with_capacity(self.pieces.len() + split);
+        for piece in self.pieces.iter().filter(|p| p.mass > 0.0) {
+            let sloped = !piece.is_atom()
+                && (piece.density_lo - piece.density_hi).abs()
+                    > 1e-9 * piece.density_lo.max(piece.density_hi);
+            if !sloped || split == 1 {
+                let density = if piece.is_atom() {
+                    0.0
+                } else {
+                    piece.mass / (piece.hi - piece.lo)
+                };
+                out.push(Piece {
+                    density_lo: density,
+                    density_hi: density,
+                    ..*piece
+                });
+                continue;
+            }
+            let mass = piece.mass / split as f64;
+            let mut lo = piece.lo;
+            for j in 1..=split {
+                let hi = if j == split {
+                    piece.hi
+                } else {
+                    (piece.lo + piece.offset_for_mass(mass * j as f64)).clamp(lo, piece.hi)
+                };
+                let density = if hi > lo { mass / (hi - lo) } else { 0.0 };
+                out.push(Piece {
+                    lo,
+                    hi,
+                    density_lo: density,
+                    density_hi: density,
+                    mass,
+                });
+                lo = hi;
+            }
+        }
+        out
+    }
+
     /// Quantiles at increasing levels `levels` into `out` (as many as both hold) in one sweep
     /// over the pieces: O(pieces + levels), where calling [`RuntimeDistribution::quantile`] for
     /// each is O(pieces × levels).
@@ -375,6 +423,81 @@ impl RuntimeDistribution {
         Self {
             pieces,
             largest_observed: self.largest_observed * scale,
+            observations: self.observations,
+        }
+    }
+
+    /// The distribution with probability `mass` (< ½) moved above its support maximum. It is
+    /// taken from the upper half only — every piece above the median keeps its shape with
+    /// `(½ − mass) / ½` of its probability, the lower half and so the median are unchanged
+    /// (the median is the point estimate, and moving it would trade within-2× accuracy for the
+    /// tail) — and one piece of `mass` is added on `[top, top · ratio]` (`top` the old support
+    /// maximum), its density falling linearly to 0 (mean `top · (2 + ratio) / 3`: most of it
+    /// just past the top). An empirical distribution gives probability 0 to anything longer
+    /// than the longest runtime it has seen, yet the next run exceeds the maximum of `n`
+    /// exchangeable runs with probability `1/(n + 1)`, and more often when runtimes drift;
+    /// `RuntimePredictor::upper_tail` measures how often and by how much. `largest_observed` is
+    /// kept (exp-inc's start, 3Sigma §4.2.1). A `mass` outside (0, ½) or a `ratio` not above 1
+    /// changes nothing.
+    pub fn with_upper_tail(&self, mass: f64, ratio: f64) -> Self {
+        let top = self.support_max();
+        if !(mass > 0.0 && mass < 0.5 && ratio.is_finite() && ratio > 1.0 && top > 0.0) {
+            return self.clone();
+        }
+        let keep = (0.5 - mass) / 0.5;
+        let scaled = |p: &Piece, factor: f64| Piece {
+            density_lo: p.density_lo * factor,
+            density_hi: p.density_hi * factor,
+            mass: p.mass * factor,
+            ..*p
+        };
+        let mut pieces: Vec<Piece> = Vec::with_capacity(self.pieces.len() + 2);
+        let mut below = 0.0_f64;
+        for piece in self.pieces.iter().filter(|p| p.mass > 0.0) {
+            let lower = (0.5 - below).clamp(0.0, piece.mass);
+            below += piece.mass;
+            if lower >= piece.mass - MASS_TOLERANCE {
+                pieces.push(*piece);
+            } else if lower <= MASS_TOLERANCE {
+                pieces.push(scaled(piece, keep));
+            } else if piece.is_atom() {
+                // An atom across the median: its upper part is scaled.
+                pieces.push(Piece {
+                    mass: lower + (piece.mass - lower) * keep,
+                    ..*piece
+                });
+            } else {
+                // Split at the median: a linear density stays linear on each side.
+                let at = piece.lo + piece.offset_for_mass(lower);
+                let density_at = piece.density_at(at);
+                pieces.push(Piece {
+                    hi: at,
+                    density_hi: density_at,
+                    mass: lower,
+                    ..*piece
+                });
+                pieces.push(scaled(
+                    &Piece {
+                        lo: at,
+                        density_lo: density_at,
+                        mass: piece.mass - lower,
+                        ..*piece
+                    },
+                    keep,
+                ));
+            }
+        }
+        let hi = top * ratio;
+        pieces.push(Piece {
+            lo: top,
+            hi,
+            density_lo: 2.0 * mass / (hi - top),
+            density_hi: 0.0,
+            mass,
+        });
+        Self {
+            pieces,
+            largest_observed: self.largest_observed,
             observations: self.observations,
         }
     }
@@ -924,6 +1047,84 @@ mod tests {
         let fast = RuntimeDistribution::uniform(10.0, 40.0);
         let utility = policy.slo_utility(&fast, 0.0, 50.0, 1.0);
         assert_eq!(utility.value_at(50.1), 0.0);
+    }
+
+    #[test]
+    fn an_upper_tail_moves_its_mass_above_the_old_maximum() {
+        let body = RuntimeDistribution::uniform(10.0, 20.0);
+        let tailed = body.with_upper_tail(0.1, 3.0);
+        assert!(close(tailed.cdf(20.0), 0.9, 1e-12), "{}", tailed.cdf(20.0));
+        // Falling linearly to 0 at 60: a quarter of the tail's mass lies past 40.
+        assert!(
+            close(tailed.survival(40.0), 0.025, 1e-12),
+            "{}",
+            tailed.survival(40.0)
+        );
+        assert_eq!(tailed.support_max(), 60.0);
+        assert_eq!(
+            tailed.largest_observed(),
+            20.0,
+            "exp-inc still starts at the history's top"
+        );
+        // The lower half and the median stay; the upper half holds 0.4 instead of 0.5.
+        assert!(close(tailed.median(), 15.0, 1e-9));
+        assert!(close(tailed.quantile(0.25), 12.5, 1e-9));
+        assert!(close(tailed.cdf(17.5), 0.5 + 0.2, 1e-9));
+        assert!(close(
+            tailed.mean(),
+            0.5 * 12.5 + 0.4 * 17.5 + 0.1 * (20.0 + 40.0 / 3.0),
+            1e-9
+        ));
+        assert!(close(
+            tailed.pieces().iter().map(|p| p.mass).sum::<f64>(),
+            1.0,
+            1e-12
+        ));
+        // A sloped piece across the median is split where the median is, and stays linear.
+        let skewed = RuntimeDistribution::from_samples(&[1.0, 2.0, 2.0, 3.0, 9.0]).unwrap();
+        let tailed = skewed.with_upper_tail(0.2, 2.0);
+        assert!(close(tailed.median(), skewed.median(), 1e-9));
+        assert!(close(tailed.cdf(9.0), 0.8, 1e-9));
+        for q in [0.1, 0.3, 0.5] {
+            assert!(close(tailed.quantile(q), skewed.quantile(q), 1e-9), "{q}");
+        }
+        for (mass, ratio) in [
+            (0.0, 2.0),
+            (0.5, 2.0),
+            (0.1, 1.0),
+            (0.1, f64::NAN),
+            (-0.1, 2.0),
+        ] {
+            assert_eq!(body.with_upper_tail(mass, ratio), body, "{mass} {ratio}");
+        }
+    }
+
+    #[test]
+    fn uniform_pieces_keep_uniform_ones_and_split_sloped_ones_by_mass() {
+        let calibrated = RuntimeDistribution::uniform(10.0, 20.0).widened(1.0, 0.1);
+        assert_eq!(calibrated.uniform_pieces(8), calibrated.pieces().to_vec());
+        let tailed = calibrated.with_upper_tail(0.1, 3.0);
+        let pieces = tailed.uniform_pieces(8);
+        assert_eq!(pieces.len(), CALIBRATED_PIECES + 8);
+        let top = calibrated.support_max();
+        for piece in &pieces[CALIBRATED_PIECES..] {
+            assert!(close(piece.mass, 0.1 / 8.0, 1e-12));
+            assert!(piece.lo >= top && piece.hi <= 3.0 * top && piece.hi > piece.lo);
+        }
+        // The split pieces' bounds are the tail's own quantiles: survival agrees at each.
+        let split = RuntimeDistribution {
+            pieces: pieces.clone(),
+            largest_observed: tailed.largest_observed(),
+            observations: 0.0,
+        };
+        for piece in &pieces[CALIBRATED_PIECES..] {
+            assert!(close(
+                split.survival(piece.lo),
+                tailed.survival(piece.lo),
+                1e-9
+            ));
+        }
+        assert!(close(split.mean(), tailed.mean(), 0.01 * tailed.mean()));
     }
 
     #[test]

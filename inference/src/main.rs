@@ -75,6 +75,10 @@ enum Command {
         /// Only the first N jobs by submit time.
         #[arg(long)]
         limit: Option<usize>,
+        /// Predict without the online upper tail (distributions end at their history's
+        /// widened maximum, as 3Sigma §4.1's histograms do): the ablation.
+        #[arg(long)]
+        no_upper_tail: bool,
         #[arg(long)]
         json: bool,
     },
@@ -537,9 +541,14 @@ fn run(arguments: Arguments) -> Result<()> {
             trace,
             format,
             limit,
+            no_upper_tail,
             json,
         } => {
-            let report = cli::predict_eval::run(&trace, &format, limit)?;
+            let config = inference::predictor::PredictorConfig {
+                upper_tail: !no_upper_tail,
+                ..Default::default()
+            };
+            let report = cli::predict_eval::run(&trace, &format, limit, config)?;
             if json {
                 return print_json(&report);
             }

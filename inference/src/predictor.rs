@@ -100,6 +100,15 @@ pub struct PredictorConfig {
     /// Log-normal floor of every predicted distribution's spread (σ of ln runtime before
     /// calibration), so a history of identical runtimes still has an interval to calibrate.
     pub spread_floor: f64,
+    /// Give every distribution the upper tail measured online ([`RuntimePredictor::upper_tail`]);
+    /// off, a distribution ends at its history's (widened) maximum, as 3Sigma §4.1's empirical
+    /// histograms do.
+    #[serde(default = "upper_tail_on")]
+    pub upper_tail: bool,
+}
+
+fn upper_tail_on() -> bool {
+    true
 }
 
 impl Default for PredictorConfig {
@@ -113,6 +122,7 @@ impl Default for PredictorConfig {
             coverage_target: 0.8,
             calibration_rate: 0.05,
             spread_floor: 0.1,
+            upper_tail: true,
         }
     }
 }
@@ -496,6 +506,10 @@ pub struct Expert {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RuntimePrediction {
     pub distribution: RuntimeDistribution,
+    /// Support maximum of `distribution` before its upper tail
+    /// ([`RuntimePredictor::upper_tail`]): the longest runtime its history suggests.
+    #[serde(default)]
+    pub body_support_max: f64,
     /// The chosen expert's point estimate (what a PointRealEst scheduler would use).
     pub point_estimate: f64,
     pub expert: Expert,
@@ -537,6 +551,57 @@ pub struct RuntimePredictor {
     /// Recent within-2× hit rate of the selection rules, in [`Selection::ALL`] order.
     #[serde(default)]
     selection_hits: [HitRecord; SELECTIONS],
+    /// How often, and by how much, outcomes exceeded their distribution's support maximum.
+    #[serde(default)]
+    upper_tail: UpperTailRecord,
+}
+
+/// Decayed record of outcomes above the support maximum of the distribution their job was
+/// given at submission (an effective window of ~1,000 finished jobs, as the per-feature
+/// within-2× records).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpperTailRecord {
+    /// Outcomes scored.
+    pub scored: f64,
+    /// Outcomes above the support maximum.
+    pub exceeded: f64,
+    /// Sum of ln(outcome / support maximum) over those.
+    pub log_ratio_sum: f64,
+}
+
+/// Decay per finished job of [`UpperTailRecord`].
+const UPPER_TAIL_DECAY: f64 = 0.001;
+
+impl UpperTailRecord {
+    fn record(&mut self, support_max: f64, runtime: f64) {
+        let keep = 1.0 - UPPER_TAIL_DECAY;
+        self.scored = self.scored * keep + 1.0;
+        self.exceeded *= keep;
+        self.log_ratio_sum *= keep;
+        if runtime > support_max {
+            self.exceeded += 1.0;
+            self.log_ratio_sum += (runtime / support_max).ln();
+        }
+    }
+
+    /// `(mass, ratio)` of the tail to add: the share of outcomes that exceeded (at most 0.4),
+    /// and the end of a density falling linearly from the support maximum to zero at `ratio ×`
+    /// it, whose mean is the exceeding outcomes' geometric-mean ratio `g` (`ratio = 1 +
+    /// 3 (g − 1)`): most exceeding runs end just past the maximum, a few far beyond. The
+    /// geometric mean, not the arithmetic one: on the traces the ratios run up to 10⁶ (a
+    /// history of seconds-long runs, then a job of days), and their arithmetic mean
+    /// (7–500,000× by trace) would stretch every tail over days. `(0, 1)`, no tail, before any
+    /// exceeded.
+    pub fn tail(&self) -> (f64, f64) {
+        if self.exceeded <= 0.0 || self.scored <= 0.0 {
+            return (0.0, 1.0);
+        }
+        let geometric_mean_ratio = (self.log_ratio_sum / self.exceeded).exp().max(1.0);
+        (
+            (self.exceeded / self.scored).min(0.4),
+            1.0 + 3.0 * (geometric_mean_ratio - 1.0),
+        )
+    }
 }
 
 /// How the expert of a job is selected.
@@ -596,6 +661,7 @@ impl RuntimePredictor {
             feature_records: HashMap::new(),
             spread: 1.0,
             selection_hits: [HitRecord::default(); SELECTIONS],
+            upper_tail: UpperTailRecord::default(),
         }
     }
 
@@ -712,6 +778,23 @@ impl RuntimePredictor {
         self.spread
     }
 
+    /// The upper tail every prediction gets: `(mass, ratio)` of
+    /// [`RuntimeDistribution::with_upper_tail`] with a linearly falling density
+    /// ([`UpperTailRecord::tail`]), learnt online from finished jobs — how often their runtime
+    /// exceeded the support maximum of the distribution given at submission. An empirical
+    /// distribution puts no mass past the longest runtime it has seen; measured on the traces
+    /// (docs/benchmarks-inference.md, "The upper tail") outcomes exceed it often enough that a
+    /// scheduler which defers a job until "deadline − longest runtime" (3Sigma §4.3) misses
+    /// its deadline for most of the 3Sigma misses that a priority scheduler met
+    /// (docs/experiments/3sigma/missed-jobs.md).
+    pub fn upper_tail(&self) -> (f64, f64) {
+        if self.config.upper_tail {
+            self.upper_tail.tail()
+        } else {
+            (0.0, 1.0)
+        }
+    }
+
     /// The central `coverage_target` interval of `distribution`.
     fn central_interval(&self, distribution: &RuntimeDistribution) -> (f64, f64) {
         let tail = ((1.0 - self.config.coverage_target) / 2.0).clamp(0.0, 0.5);
@@ -816,6 +899,7 @@ impl RuntimePredictor {
                 observations,
                 interval: None,
                 selections: [None; SELECTIONS],
+                support_max: None,
             },
         )
     }
@@ -901,6 +985,7 @@ impl RuntimePredictor {
         submitted.interval = prediction
             .as_ref()
             .map(|p| self.central_interval(&p.distribution));
+        submitted.support_max = prediction.as_ref().map(|p| p.body_support_max);
         (prediction, submitted)
     }
 
@@ -924,9 +1009,13 @@ impl RuntimePredictor {
         } else {
             feature.scale()
         };
-        let distribution = histogram.calibrated(scale, self.spread, self.config.spread_floor);
+        let body = histogram.calibrated(scale, self.spread, self.config.spread_floor);
+        let body_support_max = body.support_max();
+        let (tail_mass, tail_ratio) = self.upper_tail();
+        let distribution = body.with_upper_tail(tail_mass, tail_ratio);
         Some(RuntimePrediction {
             distribution,
+            body_support_max,
             point_estimate: chosen.estimate,
             expert: Expert {
                 feature: feature.name.clone(),
@@ -968,6 +1057,7 @@ impl RuntimePredictor {
             observations: histories.iter().map(|h| h.map_or(0, |h| h.count)).collect(),
             interval: None,
             selections: [None; SELECTIONS],
+            support_max: None,
         }
     }
 
@@ -1005,6 +1095,11 @@ impl RuntimePredictor {
         }
         if let Some(interval) = submitted.and_then(|s| s.interval) {
             self.calibrate(interval, runtime);
+        }
+        if let Some(support_max) = submitted.and_then(|s| s.support_max)
+            && support_max > 0.0
+        {
+            self.upper_tail.record(support_max, runtime);
         }
         if let Some(submitted) = submitted
             && submitted.selections.iter().all(Option::is_some)
@@ -1080,6 +1175,10 @@ pub struct SubmittedEstimates {
     /// What each selection rule estimated at submission (their hit rates are kept from these).
     #[serde(default)]
     selections: [Option<f64>; SELECTIONS],
+    /// Support maximum of the prediction's distribution before its upper tail: its outcome
+    /// calibrates the tail ([`RuntimePredictor::upper_tail`]).
+    #[serde(default)]
+    support_max: Option<f64>,
 }
 
 #[cfg(test)]
@@ -1191,6 +1290,67 @@ mod tests {
         );
     }
 
+    /// Runtimes that keep growing exceed their history's maximum again and again, which an
+    /// empirical distribution gives probability 0. The online upper tail learns how often and
+    /// by how much: its mass tracks the share that exceeded, and the predicted 99th percentile
+    /// is exceeded about 1 % of the time instead of by every job past the maximum.
+    #[test]
+    fn the_upper_tail_learns_how_often_outcomes_exceed_the_history() {
+        let run = |upper_tail: bool| {
+            let mut predictor = RuntimePredictor::new(PredictorConfig {
+                upper_tail,
+                ..PredictorConfig::default()
+            });
+            let mut seed = 5u64;
+            let mut uniform = || {
+                seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (seed >> 11) as f64 / (1u64 << 53) as f64
+            };
+            let (mut exceeded, mut above_p99, mut scored) = (0u32, 0u32, 0u32);
+            for i in 0..6000 {
+                // A drift of 2 % per job, and one job in 10 runs 2–4× its level.
+                let level = 100.0 * 1.02f64.powi(i % 600);
+                let burst = if uniform() < 0.1 {
+                    2.0 + 2.0 * uniform()
+                } else {
+                    1.0
+                };
+                let runtime = level * burst * (0.4 * (uniform() - 0.5)).exp();
+                let features = job("frank", &format!("batch-{}", i / 600));
+                let (prediction, submitted) = predictor.predict_with_submitted(&features);
+                if let (Some(prediction), true) = (prediction, i >= 2000) {
+                    scored += 1;
+                    exceeded += u32::from(runtime > prediction.body_support_max);
+                    above_p99 += u32::from(runtime > prediction.distribution.quantile(0.99));
+                }
+                predictor.observe_submitted(&features, runtime, &submitted);
+            }
+            let scored = f64::from(scored);
+            (
+                f64::from(exceeded) / scored,
+                f64::from(above_p99) / scored,
+                predictor.upper_tail().0,
+            )
+        };
+        let (exceeded_without, above_p99_without, mass_without) = run(false);
+        let (exceeded, above_p99, mass) = run(true);
+        assert_eq!(mass_without, 0.0, "off, no tail");
+        assert!(
+            exceeded_without > 0.04,
+            "the stream exceeds its history: {exceeded_without}"
+        );
+        assert!(
+            (mass - exceeded).abs() < 0.5 * exceeded,
+            "tail mass {mass} against {exceeded} of outcomes past the body's maximum"
+        );
+        assert!(
+            above_p99 < 0.025 && above_p99 < 0.5 * above_p99_without,
+            "above the 99th percentile: {above_p99} with the tail, {above_p99_without} without"
+        );
+    }
+
     #[test]
     fn the_selection_rule_right_more_often_lately_is_followed() {
         let mut predictor = RuntimePredictor::default();
@@ -1207,6 +1367,7 @@ mod tests {
             interval: None,
             // The learned rule said what the ranked one said.
             selections: [Some(ranked), Some(specific), Some(ranked), Some(ranked)],
+            support_max: None,
         };
         // The most-specific lookup said 10, the ranked expert 1000; it took 10.
         for _ in 0..50 {

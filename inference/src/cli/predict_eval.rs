@@ -340,6 +340,19 @@ pub struct PredictReport {
     pub within_2x: f64,
     /// Actual runtime inside the predicted 10th–90th percentile.
     pub coverage_80: f64,
+    /// Actual runtime above the support maximum of the predicted distribution's body (the
+    /// longest runtime its history suggests, before the upper tail of
+    /// `RuntimePredictor::upper_tail`; without that tail the distribution gives it probability
+    /// 0): what a scheduler deferring a job until "deadline − longest runtime" (3Sigma §4.3) is
+    /// exposed to.
+    pub above_support_max: f64,
+    /// Geometric mean of actual runtime / that maximum over those jobs (1 when there are
+    /// none), and their median.
+    pub above_support_max_ratio_geomean: f64,
+    pub above_support_max_ratio_median: f64,
+    /// Actual runtime above the predicted 95th and 99th percentiles (calibrated: 0.05, 0.01).
+    pub above_p95: f64,
+    pub above_p99: f64,
     /// NMAE of the distribution median.
     pub nmae: f64,
     /// The chosen expert's own point estimate (what PointRealEst would use).
@@ -381,7 +394,13 @@ fn error_bucket(percent: f64) -> usize {
     }
 }
 
-pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictReport> {
+/// Replays `path` through a predictor configured by `config`.
+pub fn run(
+    path: &Path,
+    format: &str,
+    limit: Option<usize>,
+    config: PredictorConfig,
+) -> Result<PredictReport> {
     let mut jobs =
         load_jobs(path, format).with_context(|| format!("reading {}", path.display()))?;
     jobs.sort_by(|a, b| a.submit.total_cmp(&b.submit));
@@ -403,11 +422,15 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
     timeline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
 
     let started = Instant::now();
-    let mut predictor = RuntimePredictor::new(PredictorConfig::default());
+    let mut predictor = RuntimePredictor::new(config);
     let mut median = Accuracy::default();
     let mut point = Accuracy::default();
     let mut singles: Vec<Accuracy> = vec![Accuracy::default(); Estimator::ALL.len()];
     let mut covered = 0u64;
+    let mut above_support = 0u64;
+    let mut above_support_ratios: Vec<f64> = Vec::new();
+    let mut above_p95 = 0u64;
+    let mut above_p99 = 0u64;
     let mut rules: Vec<Accuracy> = vec![Accuracy::default(); Selection::ALL.len()];
     let mut baseline = RecentMedianBaseline::default();
     let mut baseline_accuracy = Accuracy::default();
@@ -459,6 +482,15 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         if distribution.quantile(0.1) <= job.runtime && job.runtime <= distribution.quantile(0.9) {
             covered += 1;
         }
+        let support_max = prediction.body_support_max;
+        if job.runtime > support_max {
+            above_support += 1;
+            above_support_ratios.push(job.runtime / support_max);
+        }
+        let mut upper = [0.0; 2];
+        distribution.quantiles_into(&[0.95, 0.99], &mut upper);
+        above_p95 += u64::from(job.runtime > upper[0]);
+        above_p99 += u64::from(job.runtime > upper[1]);
         histogram[error_bucket((estimate - job.runtime) / job.runtime * 100.0)] += 1;
         for (slot, estimator) in singles.iter_mut().zip(Estimator::ALL) {
             if let Some(chosen) = predictor.choose_with_estimator(&candidates, estimator) {
@@ -515,6 +547,23 @@ pub fn run(path: &Path, format: &str, limit: Option<usize>) -> Result<PredictRep
         predicted,
         within_2x: median.within_2x,
         coverage_80: covered as f64 / predicted.max(1) as f64,
+        above_support_max: above_support as f64 / predicted.max(1) as f64,
+        above_support_max_ratio_geomean: if above_support_ratios.is_empty() {
+            1.0
+        } else {
+            (above_support_ratios.iter().map(|r| r.ln()).sum::<f64>()
+                / above_support_ratios.len() as f64)
+                .exp()
+        },
+        above_support_max_ratio_median: {
+            above_support_ratios.sort_by(f64::total_cmp);
+            above_support_ratios
+                .get(above_support_ratios.len() / 2)
+                .copied()
+                .unwrap_or(1.0)
+        },
+        above_p95: above_p95 as f64 / predicted.max(1) as f64,
+        above_p99: above_p99 as f64 / predicted.max(1) as f64,
         nmae: median.nmae,
         expert_point_estimate: point,
         best_single_point_estimator: single_point_estimators
@@ -547,6 +596,16 @@ pub fn print_table(report: &PredictReport) {
     println!("predicted             {}", report.predicted);
     println!("within_2x (median)    {:.4}", report.within_2x);
     println!("coverage_80 (p10-p90) {:.4}", report.coverage_80);
+    println!(
+        "above support max     {:.4} (ratio geometric mean {:.2}, median {:.2})",
+        report.above_support_max,
+        report.above_support_max_ratio_geomean,
+        report.above_support_max_ratio_median
+    );
+    println!(
+        "above p95 / p99       {:.4} / {:.4}",
+        report.above_p95, report.above_p99
+    );
     println!("nmae (median)         {:.4}", report.nmae);
     println!(
         "expert point estimate within_2x {:.4}  nmae {:.4}",
@@ -715,10 +774,10 @@ mod tests {
             "3 500 0 100 1 -1 -1 1 -1 -1 1 1 1 1 1 1 -1 -1",
         ];
         std::fs::write(&path, lines.join("\n")).unwrap();
-        let report = run(&path, "swf", None).unwrap();
+        let report = run(&path, "swf", None, PredictorConfig::default()).unwrap();
         assert_eq!(report.jobs, 3);
         assert_eq!(report.predicted, 1);
         assert_eq!(report.within_2x, 1.0);
-        assert!(run(&path, "nope", None).is_err());
+        assert!(run(&path, "nope", None, PredictorConfig::default()).is_err());
     }
 }

@@ -59,6 +59,9 @@ pub struct ExperimentArgs {
     /// `cycle_interval_s` (docs/experiments/3sigma/parameters.md).
     #[arg(long)]
     pub cycle_interval_s: Option<f64>,
+    /// 3sigma: 3σPredict without its online upper tail (the ablation; parameters.md).
+    #[arg(long)]
+    pub no_upper_tail: bool,
 }
 
 impl ExperimentArgs {

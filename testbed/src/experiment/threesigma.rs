@@ -7,7 +7,9 @@
 //! (strict SLO priority, no runtime knowledge). Parameters and their sources are in
 //! docs/experiments/3sigma/parameters.md; they were fixed before the first run.
 
-use inference::predictor::{JobFeatures, RuntimePrediction, RuntimePredictor, SubmittedEstimates};
+use inference::predictor::{
+    JobFeatures, PredictorConfig, RuntimePrediction, RuntimePredictor, SubmittedEstimates,
+};
 use inference::traces::{
     GoogleJob, google_jobs, read_google_job_events_path, read_google_task_events_path,
 };
@@ -59,10 +61,12 @@ pub struct ThreeSigmaParams {
     pub max_runtime_s: f64,
     /// Share of the trace (in submission order) used to pre-train 3σPredict (§5 "Estimates").
     pub pretrain_fraction: f64,
-    /// Equal-mass pieces of 3σPredict's distribution handed to 3σSched: its quantiles at
-    /// levels `i / belief_pieces`, `i = 0..=belief_pieces`, support minimum and maximum
-    /// included (`RuntimeBelief::from_quantiles`; until the fifth report: the mid-bin
-    /// quantiles `(i + ½) / 20`, which cut the top and bottom 2.5 %).
+    /// Equal-mass pieces of the prior belief of jobs without history (the pre-training
+    /// runtimes' quantiles at levels `i / belief_pieces`, `i = 0..=belief_pieces`). Until the
+    /// seventh report also the pieces 3σPredict's distributions were handed over as (their
+    /// quantiles at the same levels; until the fifth report the mid-bin quantiles
+    /// `(i + ½) / 20`, which cut the top and bottom 2.5 %); now their own pieces are
+    /// (`belief_from`).
     #[serde(alias = "belief_quantiles")]
     pub belief_pieces: usize,
     /// Simulated seconds between cycles: 2 s, the top of the paper's 1-2 s (§4.3.1: "at the
@@ -70,7 +74,16 @@ pub struct ThreeSigmaParams {
     /// exp-inc's step, the same. Until the sixth report 10 s, for run time (parameters file);
     /// `--cycle-interval-s S` sets both.
     pub cycle_interval_s: f64,
+    /// 3σPredict's distributions carry the upper tail learnt online
+    /// (`RuntimePredictor::upper_tail`); `--no-upper-tail` runs the ablation (distributions end
+    /// at their history's widened maximum, as until the seventh report).
+    #[serde(default = "upper_tail_on")]
+    pub predictor_upper_tail: bool,
     pub scheduler: ThreeSigmaConfig,
+}
+
+fn upper_tail_on() -> bool {
+    true
 }
 
 impl Default for ThreeSigmaParams {
@@ -94,6 +107,7 @@ impl Default for ThreeSigmaParams {
             pretrain_fraction: 0.3,
             belief_pieces: 20,
             cycle_interval_s: 2.0,
+            predictor_upper_tail: true,
             scheduler: ThreeSigmaConfig {
                 cycle_s: 2.0,
                 // Decisions must not depend on how loaded the machine running the simulation
@@ -245,6 +259,14 @@ impl OnlinePredictor {
     /// the same instant, as `inference predict-eval` replays a trace). Jobs still running at the
     /// last submission are learnt too, so the whole pre-training part is history.
     pub fn pretrain<'a>(jobs: impl IntoIterator<Item = (&'a JobFeatures, f64, f64, f64)>) -> Self {
+        Self::pretrain_with(PredictorConfig::default(), jobs)
+    }
+
+    /// [`Self::pretrain`] with a predictor configured by `config`.
+    pub fn pretrain_with<'a>(
+        config: PredictorConfig,
+        jobs: impl IntoIterator<Item = (&'a JobFeatures, f64, f64, f64)>,
+    ) -> Self {
         let jobs: Vec<(&JobFeatures, f64, f64, f64)> = jobs.into_iter().collect();
         let mut timeline: Vec<(f64, bool, usize)> = Vec::with_capacity(jobs.len() * 2);
         for (i, (_, submit, end, _)) in jobs.iter().enumerate() {
@@ -252,7 +274,10 @@ impl OnlinePredictor {
             timeline.push((end.max(*submit), false, i));
         }
         timeline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let mut online = Self::default();
+        let mut online = Self {
+            predictor: RuntimePredictor::new(config),
+            submitted: HashMap::new(),
+        };
         for (_, is_submit, i) in timeline {
             let (features, _, _, runtime) = jobs[i];
             if is_submit {
@@ -395,20 +420,13 @@ pub struct SystemResult {
     pub slo_jobs_by_runtime: BTreeMap<String, usize>,
 }
 
-/// 3σPredict's distribution as 3σSched's belief: its quantiles at `0, 1/n, …, 1` (the whole
-/// support: Eq. 1 and §3.2 integrate over the full distribution), `n` uniform pieces of mass
-/// `1/n` between them — exact for 3σPredict's calibrated distributions, which are 20 such
-/// pieces (`inference::distribution::CALIBRATED_PIECES`).
-fn belief_from(
-    prediction: &inference::distribution::RuntimeDistribution,
-    n: usize,
-) -> RuntimeBelief {
-    let quantiles: Vec<f64> = prediction
-        .equal_mass_quantiles(n)
-        .into_iter()
-        .map(|r| r.max(1.0))
-        .collect();
-    RuntimeBelief::from_quantiles(&quantiles).unwrap_or_else(|_| {
+/// 3σPredict's distribution as 3σSched's belief, as the live guarantor builds it
+/// (`coordinator::guarantor_actor::threesigma::belief_of`; runtimes of at least 1 s): the
+/// distribution's own pieces, exact for its calibrated body, the upper tail split into uniform
+/// pieces of equal mass. Until the seventh report: its quantiles at `0, 1/n, …, 1`, `n`
+/// uniform pieces of mass `1/n` — the same belief for a distribution without a tail.
+fn belief_from(prediction: &inference::distribution::RuntimeDistribution) -> RuntimeBelief {
+    coordinator::guarantor_actor::threesigma::belief_of(prediction, 1.0).unwrap_or_else(|| {
         RuntimeBelief::point(prediction.median().max(1.0)).expect("positive point")
     })
 }
@@ -518,7 +536,7 @@ fn simulate(
             let prediction = predictor.submit(next_arrival as u64, &job.features);
             beliefs[next_arrival] = Some(match system {
                 System::ThreeSigma => prediction
-                    .map(|p| belief_from(&p.distribution, params.belief_pieces))
+                    .map(|p| belief_from(&p.distribution))
                     .unwrap_or_else(|| prior.clone()),
                 System::PointPerfEst => RuntimeBelief::point(job.runtime).expect("positive"),
                 System::PointRealEst | System::Prio => prediction
@@ -1073,16 +1091,23 @@ pub fn run(
     }
     let began = Instant::now();
     let pool = load_trace(trace_dir, params)?;
-    let pretrained = OnlinePredictor::pretrain(
+    let pretrained = OnlinePredictor::pretrain_with(
+        PredictorConfig {
+            upper_tail: params.predictor_upper_tail,
+            ..PredictorConfig::default()
+        },
         pool.pretrain
             .iter()
             .map(|j| (&j.features, j.submit, j.end, j.runtime)),
     );
+    let (tail_mass, tail_ratio) = pretrained.predictor().upper_tail();
     eprintln!(
-        "  3σPredict pre-trained on {} jobs: spread {:.3}, selection {:?}",
+        "  3σPredict pre-trained on {} jobs: spread {:.3}, selection {:?}, upper tail {:.3} to {:.2}x",
         pool.pretrain.len(),
         pretrained.predictor().spread(),
-        pretrained.predictor().selection()
+        pretrained.predictor().selection(),
+        tail_mass,
+        tail_ratio
     );
     let mut prior_runtimes: Vec<f64> = pool.pretrain.iter().map(|j| j.runtime).collect();
     prior_runtimes.sort_by(f64::total_cmp);
@@ -1403,7 +1428,7 @@ pub fn write(report: &ThreeSigmaReport, dir: &Path) -> anyhow::Result<()> {
 fn missed_jobs_md(report: &ThreeSigmaReport) -> String {
     let step = report.params.scheduler.step_s;
     let mut md = format!(
-        "# 3Sigma: SLO jobs it missed and Prio met, cycle by cycle\n\nCommand: `{}`\n\nPer job: the 3σPredict belief (its quantiles at levels 0, 1/{n}, …, 1: {n} pieces of equal mass, uniform between consecutive quantiles) against the true runtime; then each cycle it waited: the expected utility (Eq. 1, with the utility 3σSched plans with after §4.2.3) of starting at each step of the plan-ahead window ({} starts, {step:.0} s apart) on each rack (`*` preferred), the decision, the free slots per rack after the cycle, the slots running work is expected to hold one step later (Eq. 2 / exp-inc), and the best-effort jobs started.\n",
+        "# 3Sigma: SLO jobs it missed and Prio met, cycle by cycle\n\nCommand: `{}`\n\nPer job: the 3σPredict belief (its quantiles at levels 0, 1/{n}, …, 1) against the true runtime; then each cycle it waited: the expected utility (Eq. 1, with the utility 3σSched plans with after §4.2.3) of starting at each step of the plan-ahead window ({} starts, {step:.0} s apart) on each rack (`*` preferred), the decision, the free slots per rack after the cycle, the slots running work is expected to hold one step later (Eq. 2 / exp-inc), and the best-effort jobs started.\n",
         report.command,
         report.params.scheduler.starts,
         n = report.params.belief_pieces
@@ -1476,6 +1501,7 @@ pub fn run_cli(args: &super::cli::ExperimentArgs) -> anyhow::Result<()> {
         params.cycle_interval_s = interval;
         params.scheduler.cycle_s = interval;
     }
+    params.predictor_upper_tail = !args.no_upper_tail;
     let report = run(
         &args.trace_dir,
         &params,
@@ -1604,7 +1630,7 @@ mod tests {
             .predict(&history[7].0)
             .expect("history for the user");
         let d = &p.distribution;
-        let belief = belief_from(d, ThreeSigmaParams::default().belief_pieces);
+        let belief = belief_from(d);
         let (lo, hi) = (d.support_min().max(1.0), d.support_max());
         assert!(
             (belief.min() - lo).abs() < 1e-6 * lo,
@@ -1616,30 +1642,41 @@ mod tests {
             "{} vs {hi}",
             belief.max()
         );
-        // The top 2.5 % of the predicted mass is still there, in the same place.
-        let top = d.quantile(0.99);
-        assert!(
-            (belief.survival(top) - d.survival(top)).abs() < 2e-3,
-            "P(runtime > p99): belief {} vs 3σPredict {}",
-            belief.survival(top),
-            d.survival(top)
-        );
-        // Eq. 1 for an SLO job whose deadline sits at the predicted p99: 1 % of the runs miss.
-        let slo = Utility::Slo {
-            deadline: top,
-            value: 10.0,
-        };
-        let expected = belief.expected_utility(&slo, 0.0);
-        assert!((expected - 9.9).abs() < 0.02, "expected utility {expected}");
-        // The expected consumption of §3.2 at every step matches 3σPredict's survival.
-        for i in 0..=40 {
-            let t = lo + (hi - lo) * i as f64 / 40.0;
+        // Exact at every bound of the pieces handed over (the calibrated body's knots and the
+        // upper tail's own quantiles), and off by less than one split piece's mass between.
+        let split = coordinator::guarantor_actor::threesigma::SLOPED_PIECE_SPLIT;
+        let pieces = d.uniform_pieces(split);
+        let largest_piece = pieces.iter().map(|p| p.mass).fold(0.0, f64::max);
+        for piece in &pieces {
+            let t = piece.lo.max(1.0);
             assert!(
-                (belief.survival(t) - d.survival(t)).abs() < 0.03,
+                (belief.survival(t) - d.survival(t)).abs() < 1e-9,
+                "survival at the bound {t}: {} vs {}",
+                belief.survival(t),
+                d.survival(t)
+            );
+        }
+        for i in 0..=400 {
+            let t = lo + (hi - lo) * i as f64 / 400.0;
+            assert!(
+                (belief.survival(t) - d.survival(t)).abs() <= largest_piece,
                 "survival at {t}: {} vs {}",
                 belief.survival(t),
                 d.survival(t)
             );
         }
+        // The upper tail is there: Eq. 1 for an SLO job whose deadline is the longest runtime
+        // the history suggests misses with the tail's probability.
+        let tail = d.survival(p.body_support_max);
+        assert!(tail > 0.0, "this history exceeds its maximum now and then");
+        let slo = Utility::Slo {
+            deadline: p.body_support_max,
+            value: 10.0,
+        };
+        let expected = belief.expected_utility(&slo, 0.0);
+        assert!(
+            (expected - 10.0 * (1.0 - tail)).abs() < 1e-6,
+            "expected utility {expected}, tail {tail}"
+        );
     }
 }
