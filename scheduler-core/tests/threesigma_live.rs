@@ -5,7 +5,10 @@
 mod common;
 
 use common::guaranteed_ask;
-use scheduler_core::guarantor::{BestFit, Guarantor, GuarantorConfig, GuarantorError};
+use scheduler_core::guarantor::{
+    BestFit, GuaranteedPlacer, Guarantor, GuarantorConfig, GuarantorError, QueueableAware,
+    QueueableLoad,
+};
 use scheduler_core::threesigma::{
     JobDescription, LiveThreeSigma, LiveThreeSigmaConfig, NodeConstraint, RuntimeBelief, Utility,
 };
@@ -188,6 +191,68 @@ fn constraints_pick_the_nodes_and_a_gang_never_over_commits() {
     let e = &g.explain_jobs(Some("8"), 1)[0];
     assert!(e.reason.contains("capacity"), "{}", e.reason);
     g.check_invariants().unwrap();
+}
+
+/// A job the cycle starts lands where the guarantor's placer puts a plain GUARANTEED container:
+/// with the QUEUEABLE-aware placer, on the node where it preempts no running QUEUEABLE work,
+/// not on the tighter fit that would kill a QUEUEABLE container for it (what plain best fit
+/// over the members did before).
+#[test]
+fn a_started_job_goes_where_the_placer_preempts_no_queueable_work() {
+    let nodes = |g: &mut Guarantor| {
+        g.add_node(NodeId::from("busy"), "r".into(), Resources::new(2000, 2048));
+        g.add_node(NodeId::from("idle"), "r".into(), Resources::new(3000, 3072));
+        g.report_queueable_load(
+            &NodeId::from("busy"),
+            QueueableLoad {
+                running: Resources::new(2000, 2048),
+                queued_count: 0,
+            },
+        );
+    };
+    for (placer, expected) in [
+        (
+            Box::new(QueueableAware::default()) as Box<dyn GuaranteedPlacer>,
+            "idle",
+        ),
+        (Box::new(BestFit), "busy"),
+    ] {
+        let name = placer.name();
+        let mut g = Guarantor::new(GuarantorConfig::default(), placer, 0)
+            .with_threesigma(LiveThreeSigma::new(LiveThreeSigmaConfig::default()).unwrap());
+        nodes(&mut g);
+        g.submit_job(
+            guaranteed_ask(1, slot(), 1),
+            description(best_effort(), 1),
+            RuntimeBelief::point(5.0).unwrap(),
+            "t".into(),
+            NOW_MS,
+        )
+        .unwrap();
+        let (placements, report) = g.run_threesigma_cycle(NOW_MS).unwrap();
+        assert_eq!(placements.len(), 1, "{name}: {report:?}");
+        assert_eq!(
+            placements[0].token_body.node_id.as_str(),
+            expected,
+            "{name}"
+        );
+        g.check_invariants().unwrap();
+        // A plain GUARANTEED ask goes the same way.
+        let mut plain = Guarantor::new(
+            GuarantorConfig::default(),
+            if name == "best-fit" {
+                Box::new(BestFit) as Box<dyn GuaranteedPlacer>
+            } else {
+                Box::new(QueueableAware::default())
+            },
+            0,
+        );
+        nodes(&mut plain);
+        plain.submit(guaranteed_ask(2, slot(), 1)).unwrap();
+        let granted = plain.schedule(NOW_MS);
+        assert_eq!(granted.len(), 1, "{name}");
+        assert_eq!(granted[0].token_body.node_id.as_str(), expected, "{name}");
+    }
 }
 
 #[test]

@@ -13,7 +13,7 @@
 //! A cycle is three steps so an actor can solve off its thread: [`Guarantor::prepare_threesigma_cycle`]
 //! (snapshot), [`LiveCycle::solve`] (HiGHS, `Send`), [`Guarantor::apply_threesigma_cycle`].
 
-use super::{GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorError};
+use super::{GuaranteedAsk, GuaranteedPlacement, Guarantor, GuarantorError, GuarantorNode};
 use crate::threesigma::{
     CycleDecision, CycleInput, CycleModel, CycleRecord, HighsSolver, JobDescription,
     NodeConstraint, PartitionState, PendingJob, RunningJob, RuntimeBelief, ThreeSigmaConfig,
@@ -869,7 +869,10 @@ impl Guarantor {
         Some(self.apply_threesigma_cycle(cycle.solve(), now_ms))
     }
 
-    /// Grant every container of waiting job `ask_key` on `members`, best fit, or none.
+    /// Grant every container of waiting job `ask_key` on `members`, or none. Each container
+    /// goes where the guarantor's placer puts a plain GUARANTEED container (with the
+    /// QUEUEABLE-aware placer: least QUEUEABLE work preempted or delayed, then best fit), among
+    /// the members it fits on after the gang's earlier containers.
     fn place_gang(
         &mut self,
         now_ms: u64,
@@ -879,12 +882,13 @@ impl Guarantor {
         let live = self.threesigma.as_ref()?;
         let index = live.waiting.iter().position(|w| w.ask.ask_key == ask_key)?;
         let ask = live.waiting[index].ask.clone();
-        // Plan on a copy of the free capacities first: all or nothing.
-        let mut free: Vec<(NodeId, Resources)> = members
+        // Plan on copies of the member nodes first: all or nothing.
+        let mut planned: Vec<GuarantorNode> = members
             .iter()
             .filter(|id| !self.closed().contains(id))
-            .filter_map(|id| self.nodes.get(id).map(|n| (id.clone(), n.free())))
+            .filter_map(|id| self.nodes.get(id).cloned())
             .collect();
+        planned.sort_by(|a, b| a.node_id.cmp(&b.node_id));
         let mut chosen = Vec::with_capacity(ask.count as usize);
         let mut plain = Resources::ZERO;
         for _ in 0..ask.count {
@@ -895,18 +899,14 @@ impl Guarantor {
             {
                 return None;
             }
-            // Best fit: the fitting node left with the least room (then name order).
-            let best = free
-                .iter()
-                .enumerate()
-                .filter(|(_, (_, f))| ask.resources.fits_in(f))
-                .min_by_key(|(_, (id, f))| {
-                    let left = f.saturating_sub(&ask.resources);
-                    (left.memory_mib, left.cpu_millis, (*id).clone())
-                })
-                .map(|(i, _)| i)?;
-            free[best].1 = free[best].1.saturating_sub(&ask.resources);
-            chosen.push(free[best].0.clone());
+            let fitting: Vec<usize> = (0..planned.len())
+                .filter(|&i| ask.resources.fits_in(&planned[i].free()))
+                .collect();
+            let candidates: Vec<&GuarantorNode> = fitting.iter().map(|&i| &planned[i]).collect();
+            let pick = fitting[self.placer.choose(&ask, &candidates)?];
+            let node = &mut planned[pick];
+            node.guaranteed = node.guaranteed.saturating_add(&ask.resources);
+            chosen.push(node.node_id.clone());
         }
         let live = self.threesigma.as_mut()?;
         let waiting = live.waiting.remove(index);
