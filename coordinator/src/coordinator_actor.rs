@@ -7,12 +7,12 @@
 use crate::clock::Clock;
 use crate::config::CoordinatorSettings;
 use crate::datadir::new_token_key;
-use crate::guarantor_actor::ReservationRequest;
 use crate::guarantor_actor::{
     AddNode, BookPromotion, CancelAsk, CancelSession, ContainerEvents, ExpireGrants,
     GuarantorActor, ObserveUsage, ReleaseGrant, RemoveNode, ReportQueueableLoad, SetKeys,
     ShapeIfDue, Submit, UndoPromotion,
 };
+use crate::guarantor_actor::{ExplainRequest, ReservationRequest};
 use crate::metrics::CoordinatorMetrics;
 use crate::session::{CloseCode, SessionId, WorkerTx};
 use crate::store::{KeyState, Store};
@@ -29,13 +29,13 @@ use scheduler_core::hosted::{HostedContainers, ReleaseRoute};
 use scheduler_core::node::{ContainerStatus, Placement};
 use scheduler_core::promotion::{PromotionAction, Promotions};
 use scheduler_core::protocol::app::ErrorCode;
-use scheduler_core::protocol::cluster::ReservationCall;
 use scheduler_core::protocol::cluster::{
     AllocateGuaranteed, AppRecord, ApplyPromotion, CLUSTER_PROTOCOL_VERSION, ClusterSettings,
     CoordinatorToWorker, EncodedMembership, EncodedTopK, Heartbeat, HeartbeatAck, Join,
     JoinAccepted, JoinRejected, PromoteContainer, PromoteResult, PromotionApplied,
     ReleaseContainer, Released, RequestFailed, StopContainerOnNode, WorkerToCoordinator,
 };
+use scheduler_core::protocol::cluster::{ExplainCall, ReservationCall};
 use scheduler_core::token::{GuaranteedSigner, RotationSchedule};
 use scheduler_core::{AppId, ContainerId, ContainerType, JobId, NodeId, Resources};
 use std::collections::HashMap;
@@ -713,6 +713,22 @@ impl CoordinatorActor {
         });
     }
 
+    /// An app's `explain` of its waiting 3Sigma job, for the guarantor.
+    fn explain(&mut self, tx: WorkerTx, call: ExplainCall) {
+        if self.app(&call.app_id).is_none() {
+            return Self::fail(
+                &tx,
+                call.correlation_id,
+                ErrorCode::BadCredentials,
+                format!(
+                    "app {:?} is not registered with the coordinator",
+                    call.app_id
+                ),
+            );
+        }
+        self.guarantor().do_send(ExplainRequest { tx, call });
+    }
+
     /// A promotion asked through `requester`'s worker. The container is located by the
     /// requester's own report when it hosts it (fresher than any heartbeat), else by the nodes'
     /// last heartbeats; the promotion protocol itself is `scheduler_core::promotion`.
@@ -1271,6 +1287,7 @@ impl Handler<FromWorker> for CoordinatorActor {
                 correlation_id: c.correlation_id,
             }),
             WorkerToCoordinator::Reservation(r) => self.reservation(m.session_id, tx, r),
+            WorkerToCoordinator::Explain(e) => self.explain(tx, e),
             WorkerToCoordinator::ContainerResized(r) => match &r.error {
                 None => {
                     debug!(node = %node_id, container = %r.container_id, resources = %r.resources, enforced_by = %r.enforced_by, "container resized")

@@ -22,8 +22,9 @@ use scheduler_core::protocol::app::{
     ErrorCode, GrantedContainer, ReservationCancelled, ReservationReprovisioned, ReservationSummary,
 };
 use scheduler_core::protocol::cluster::{
-    CoordinatorToWorker, GuaranteedAllocated, Released, RequestFailed, ReservationCall,
-    ReservationDone, ReservationNotice, ReservationNoticeKind, ReservationOp, ReservationReply,
+    CoordinatorToWorker, ExplainCall, ExplainDone, GuaranteedAllocated, Released, RequestFailed,
+    ReservationCall, ReservationDone, ReservationNotice, ReservationNoticeKind, ReservationOp,
+    ReservationReply,
 };
 use scheduler_core::protocol::limits::MAX_RESERVATIONS_PER_APP;
 use scheduler_core::reservation::Rejection;
@@ -980,6 +981,37 @@ pub struct ReservationRequest {
     pub session_id: SessionId,
     pub tx: WorkerTx,
     pub call: ReservationCall,
+}
+
+/// An app's `explain` of its waiting 3Sigma job, forwarded by its worker.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ExplainRequest {
+    pub tx: WorkerTx,
+    pub call: ExplainCall,
+}
+
+/// Most jobs one `explain` answer lists (an app may have several waiting jobs of one id); each
+/// is at most a few KiB (8 options), so the answer stays far below the app frame cap.
+pub const MAX_EXPLAINED_JOBS: usize = 16;
+
+impl Handler<ExplainRequest> for GuarantorActor {
+    type Result = ();
+    fn handle(&mut self, msg: ExplainRequest, _: &mut Context<Self>) {
+        let ExplainRequest { tx, call } = msg;
+        // Only the asking app's own jobs, by job id (not by ask key: keys are the guarantor's).
+        let jobs = self
+            .core
+            .explain_jobs(Some(&call.job_id), usize::MAX)
+            .into_iter()
+            .filter(|j| j.app_id.as_str() == call.app_id && j.job_id.as_str() == call.job_id)
+            .take(MAX_EXPLAINED_JOBS)
+            .collect();
+        let _ = tx.send(CoordinatorToWorker::Explained(ExplainDone {
+            correlation_id: call.correlation_id,
+            jobs,
+        }));
+    }
 }
 
 /// The error answer of a refused reservation request: a bad definition names its field.

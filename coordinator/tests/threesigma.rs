@@ -139,3 +139,85 @@ fn a_job_is_planned_as_a_gang_and_its_runtime_feeds_predictions_after_a_restart(
     let dir = actix_rt::System::new().block_on(first_run(dir));
     actix_rt::System::new().block_on(second_run(dir));
 }
+
+/// `explain` over the cluster protocol (what a worker forwards for an app's `explain`): the
+/// asking app gets its waiting job's distribution, options and reason; another app asking for
+/// the same job id gets nothing (an app sees only its own jobs); an unregistered app is refused.
+#[actix_rt::test]
+async fn an_app_explains_its_own_waiting_job_and_no_other_apps() {
+    use scheduler_core::protocol::cluster::ExplainCall;
+    let dir = tempfile::tempdir().unwrap();
+    coordinator::datadir::init(
+        &coordinator::datadir::DataDir::new(dir.path()),
+        &[
+            ("demo".to_string(), Default::default()),
+            ("other".to_string(), Default::default()),
+        ],
+        1_700_000_000_000,
+    )
+    .unwrap();
+    let h = Harness::start_in_with(dir, |s| {
+        s.threesigma.as_mut().expect("on by default").cycle_ms = CYCLE_MS;
+    })
+    .await;
+    let (mut w, _) = h.join("node-a", 2000, 2048).await;
+    // Plain GUARANTEED work fills the node: the job waits.
+    w.send(&allocate_guaranteed(1, "demo", 2000, 2048, 1)).await;
+    w.expect("the plain grant", |m| {
+        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
+    })
+    .await;
+    let now = h.clock.now_ms();
+    w.send(&job_ask(2, now + 60_000)).await;
+    let guarantor = h.server.guarantor.clone();
+    let clock = h.clock.clone();
+    until("a cycle to explain the waiting job", async || {
+        clock.advance(Duration::from_millis(CYCLE_MS));
+        let g = guarantor.send(AdminGuarantor).await.unwrap();
+        g.threesigma.is_some_and(|t| {
+            t.waiting_jobs
+                .first()
+                .is_some_and(|j| j.cycle_at_ms.is_some())
+        })
+    })
+    .await;
+    let explain = |correlation_id: u64, app_id: &str| {
+        WorkerToCoordinator::Explain(ExplainCall {
+            correlation_id,
+            app_id: app_id.into(),
+            job_id: "job-1".into(),
+        })
+    };
+    let explained = async |w: &mut TestWorker, correlation_id: u64| match w
+        .expect("an explain answer", |m| match m {
+            CoordinatorToWorker::Explained(d) => d.correlation_id == correlation_id,
+            CoordinatorToWorker::RequestFailed(f) => f.correlation_id == correlation_id,
+            _ => false,
+        })
+        .await
+    {
+        CoordinatorToWorker::Explained(d) => Ok(d.jobs),
+        CoordinatorToWorker::RequestFailed(f) => Err(f.code),
+        _ => unreachable!(),
+    };
+    w.send(&explain(10, "demo")).await;
+    let jobs = explained(&mut w, 10).await.expect("answered");
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].app_id.as_str(), "demo");
+    assert_eq!(jobs[0].job_id.as_str(), "job-1");
+    assert!(jobs[0].reason.contains("capacity"), "{}", jobs[0].reason);
+    assert!(!jobs[0].options.is_empty(), "options with expected utility");
+    assert!(jobs[0].belief.p90_s >= jobs[0].belief.p10_s);
+    w.send(&explain(11, "other")).await;
+    assert_eq!(
+        explained(&mut w, 11).await.expect("answered"),
+        vec![],
+        "another app's job is not shown"
+    );
+    w.send(&explain(12, "ghost")).await;
+    assert_eq!(
+        explained(&mut w, 12).await,
+        Err(scheduler_core::protocol::app::ErrorCode::BadCredentials)
+    );
+    h.server.shutdown();
+}

@@ -10,7 +10,6 @@
 use crate::client::AppClient;
 use crate::local::{LocalArgs, LocalCluster};
 use anyhow::{Context, bail};
-use coordinator::admin::{self, AdminRequest};
 use scheduler_core::protocol::app::{
     Allocate, Allocated, ContainerEvent, ContainerEventKind, JobSpec, JobUtility, LaunchSpec,
 };
@@ -68,7 +67,6 @@ struct Demo {
     events: mpsc::UnboundedReceiver<ContainerEvent>,
     deadline: tokio::time::Instant,
     job_ms: u64,
-    admin_socket: std::path::PathBuf,
 }
 
 impl Demo {
@@ -110,19 +108,6 @@ impl Demo {
             }
         }
         Ok(())
-    }
-
-    /// `coordinator explain JOB` for a waiting 3Sigma job, over the admin socket.
-    async fn explain(&self, job_id: &str) -> Option<serde_json::Value> {
-        let socket = self.admin_socket.clone();
-        let job = job_id.to_string();
-        let v = tokio::task::spawn_blocking(move || {
-            admin::call(&socket, &AdminRequest::Explain { job })
-        })
-        .await
-        .ok()?
-        .ok()?;
-        v["threesigma"].get(0).cloned()
     }
 
     /// The two jobs wait behind a plain container; returns which was granted first.
@@ -174,23 +159,24 @@ impl Demo {
             }
             anyhow::Ok((ids, at))
         };
+        // The app asks why its SLO job waits (`explain` on the app protocol, as any app can).
         let (report_run, etl_run, explained) = tokio::join!(run(report), run(etl), async {
             tokio::time::sleep(Duration::from_millis(1200)).await;
-            self.explain(&etl_id).await
+            client.explain(&etl_id).await
         });
         let (report_ids, report_at) = report_run?;
         let (etl_ids, etl_at) = etl_run?;
-        if let Some(e) = explained {
-            let b = &e["belief"];
+        if let Some(e) = explained?.jobs.first() {
+            let b = &e.belief;
             println!(
                 "   explain {etl_id} while both wait: runtime p10/p50/p90 = {:.1}/{:.1}/{:.1} s \
                  ({}); {} options considered; why it waits: {}",
-                b["p10_s"].as_f64().unwrap_or(0.0),
-                b["p50_s"].as_f64().unwrap_or(0.0),
-                b["p90_s"].as_f64().unwrap_or(0.0),
-                b["source"].as_str().unwrap_or(""),
-                e["options"].as_array().map_or(0, |o| o.len()),
-                e["reason"].as_str().unwrap_or("")
+                b.p10_s,
+                b.p50_s,
+                b.p90_s,
+                b.source,
+                e.options.len(),
+                e.reason
             );
         }
         let first = if etl_at < report_at {
@@ -259,7 +245,6 @@ async fn workload(
         events,
         deadline: tokio::time::Instant::now() + Duration::from_secs(args.timeout_s),
         job_ms: args.job_ms,
-        admin_socket: admin::socket_path(&cluster.data_dir.join("coordinator")),
     };
     println!(
         "== 1. Warm-up: one run each of \"etl\" and \"report\" ({} ms containers), so 3σPredict \

@@ -360,6 +360,67 @@ async fn reservations_are_made_and_used_through_the_worker() {
     }
 }
 
+/// `explain` on the app protocol, through the worker to the coordinator's guarantor and back:
+/// a 3Sigma job waiting behind plain GUARANTEED work that fills the node is explained to its
+/// app (distribution, options, reason); an id with no waiting job gives an empty answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_asks_why_its_3sigma_job_waits() {
+    use scheduler_core::protocol::app::{JobSpec, JobUtility};
+    let c = cluster(1);
+    let (pool, _events) =
+        ClientPool::with_options(&c.app_id, &c.app_secret, c.client_options().unwrap());
+    let client = pool.get(&c.workers[0].app_endpoint).await.unwrap();
+    // Plain GUARANTEED grants fill the node (the worker may not have joined yet: retry).
+    let mut blocker = ask(ContainerType::Guaranteed, 1);
+    blocker.resources = Resources::new(2000, 1024);
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        match client.allocate(blocker.clone()).await {
+            Ok(_) => break,
+            Err(testbed::client::ClientError::Server(e))
+                if e.retryable && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("blocker: {e}"),
+        }
+    }
+    let mut job = ask(ContainerType::Guaranteed, 1);
+    job.job_id = "nightly".into();
+    job.job = Some(JobSpec {
+        utility: JobUtility::BestEffort {
+            value: 1.0,
+            zero_after_ms: 600_000,
+        },
+        features: Default::default(),
+        required: vec![],
+        preferred: vec![],
+        non_preferred_slowdown: None,
+    });
+    let _waiting = client.allocate_frames(job).unwrap();
+    // Bounded polling: the answer appears once a cycle (every second) has planned the job.
+    let explained = loop {
+        let e = client.explain("nightly").await.expect("explain answered");
+        if e.jobs.first().is_some_and(|j| j.cycle_at_ms.is_some()) {
+            break e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline + GUARD,
+            "no cycle explained the job: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let j = &explained.jobs[0];
+    assert_eq!(
+        (j.app_id.as_str(), j.job_id.as_str()),
+        (c.app_id.as_str(), "nightly")
+    );
+    assert!(j.reason.contains("capacity"), "{}", j.reason);
+    assert!(j.belief.p50_s > 0.0, "{:?}", j.belief);
+    let none = client.explain("no-such-job").await.unwrap();
+    assert!(none.jobs.is_empty(), "{none:?}");
+}
+
 /// The operator's end of the Morpheus loop with the real binaries: signed-off SLO contracts
 /// (inference's JSON) become recurring reservations through `testbed reservations submit`
 /// (again: updated), and `testbed reservations list` shows them with the plan's free capacity.

@@ -8,7 +8,8 @@
 use crate::config::AppLimits;
 use crate::node_actor::{NodeActor, StartMsg, StatusOf, StopLocal, error};
 use crate::scheduler_actor::{
-    AllocateMsg, ConnectionClosed, PromoteMsg, ReleaseRemote, ReservationMsg, SchedulerActor,
+    AllocateMsg, ConnectionClosed, ExplainMsg, PromoteMsg, ReleaseRemote, ReservationMsg,
+    SchedulerActor,
 };
 use crate::shared::{
     AuthError, ConnState, ConnTx, GRANT_ANSWER_BYTES, InFlight, OTHER_ANSWER_BYTES, OutboundLimits,
@@ -532,6 +533,9 @@ use std::ops::ControlFlow;
 /// Estimated bytes of a `reservation` or `reservations` answer (an allocation of up to a day of
 /// one-minute steps, or a list of up to 64 definitions).
 const RESERVATION_ANSWER_BYTES: usize = 128 * 1024;
+/// What an `explained` answer may take in the connection's outbound budget (16 jobs of 8
+/// options each, a few KiB per job).
+const EXPLAIN_ANSWER_BYTES: usize = 64 * 1024;
 
 impl Session<'_> {
     fn send(&self, r: AppResponse) {
@@ -819,6 +823,13 @@ impl Session<'_> {
                 ReservationOp::List,
                 RESERVATION_ANSWER_BYTES,
             ),
+            AppRequest::Explain(req) => self.ep.scheduler.do_send(ExplainMsg {
+                app,
+                request_id: req.request_id,
+                job_id: req.job_id,
+                reply: self.tx.clone(),
+                in_flight: InFlight::new(&self.state, EXPLAIN_ANSWER_BYTES),
+            }),
             AppRequest::Subscribe(req) => {
                 self.ep.shared.subscribe(app, self.conn, self.tx.clone());
                 self.send(AppResponse::Ack(Ack {

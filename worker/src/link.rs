@@ -378,7 +378,8 @@ impl Link {
             | CoordinatorToWorker::Released(_)
             | CoordinatorToWorker::RequestFailed(_)
             | CoordinatorToWorker::ReservationDone(_)
-            | CoordinatorToWorker::ReservationNotice(_)) => {
+            | CoordinatorToWorker::ReservationNotice(_)
+            | CoordinatorToWorker::Explained(_)) => {
                 self.scheduler.do_send(CoordinatorAnswer(other))
             }
             CoordinatorToWorker::JoinAccepted(_) | CoordinatorToWorker::JoinRejected(_) => {

@@ -17,12 +17,12 @@ use scheduler_core::issued::{IssuedAction, IssuedContainers};
 use scheduler_core::node::ContainerStatus;
 use scheduler_core::protocol::app::{
     Ack, Allocate, Allocated, AppResponse, ContainerEvent, ContainerEventKind, ErrorCode,
-    GrantedContainer, Promote, Promoted, Release, ReservationAccepted, ReservationList,
+    Explained, GrantedContainer, Promote, Promoted, Release, ReservationAccepted, ReservationList,
 };
 use scheduler_core::protocol::cluster::{
-    AllocateGuaranteed, AppRecord, CancelAllocate, CoordinatorToWorker, PromoteContainer,
-    ReleaseContainer, ReservationCall, ReservationNoticeKind, ReservationOp, ReservationReply,
-    WorkerToCoordinator,
+    AllocateGuaranteed, AppRecord, CancelAllocate, CoordinatorToWorker, ExplainCall,
+    PromoteContainer, ReleaseContainer, ReservationCall, ReservationNoticeKind, ReservationOp,
+    ReservationReply, WorkerToCoordinator,
 };
 use scheduler_core::protocol::limits::MAX_WAITING_GUARANTEED_ASKS_PER_APP;
 use scheduler_core::token::{IssuerNodeKey, QueueableSigner};
@@ -517,6 +517,40 @@ impl Handler<ReservationMsg> for SchedulerActor {
     }
 }
 
+/// `explain` from an application connection: forwarded to the coordinator's guarantor, which
+/// answers for the app's own waiting 3Sigma jobs of that id.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ExplainMsg {
+    pub app: AppId,
+    pub request_id: u64,
+    pub job_id: String,
+    pub reply: ConnTx,
+    /// Counts in the connection's requests in flight until handled.
+    pub in_flight: InFlight,
+}
+
+impl Handler<ExplainMsg> for SchedulerActor {
+    type Result = ();
+    fn handle(&mut self, msg: ExplainMsg, _: &mut Context<Self>) {
+        let ExplainMsg {
+            app,
+            request_id,
+            job_id,
+            reply,
+            ..
+        } = msg;
+        let app_id = app.to_string();
+        self.forward(app, request_id, reply, move |correlation_id| {
+            WorkerToCoordinator::Explain(ExplainCall {
+                correlation_id,
+                app_id,
+                job_id,
+            })
+        });
+    }
+}
+
 /// `release` of a container that is not on this node.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -772,6 +806,14 @@ impl Handler<CoordinatorAnswer> for SchedulerActor {
                         }
                     };
                     let _ = p.reply.send(answer);
+                }
+            }
+            CoordinatorToWorker::Explained(d) => {
+                if let Some(p) = self.pending.remove(&d.correlation_id) {
+                    let _ = p.reply.send(AppResponse::Explained(Explained {
+                        request_id: p.request_id,
+                        jobs: d.jobs,
+                    }));
                 }
             }
             CoordinatorToWorker::ReservationNotice(n) => {

@@ -289,6 +289,9 @@ class AsyncClient:
     async def list_reservations(self, timeout=...):
         return await self.request({"type": "list_reservations"}, "reservations", timeout)
 
+    async def explain(self, job_id, timeout=...):
+        return await self.request({"type": "explain", "job_id": job_id}, "explained", timeout)
+
 
 class AsyncClientPool:
     """One subscribed :class:`AsyncClient` per worker endpoint."""

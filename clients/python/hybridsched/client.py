@@ -312,6 +312,11 @@ class Client:
         """The ``reservations`` frame (keys ``reservations`` and ``free``)."""
         return self.request({"type": "list_reservations"}, "reservations", timeout)
 
+    def explain(self, job_id, timeout=...):
+        """The ``explained`` frame for the app's waiting 3Sigma job ``job_id`` (key ``jobs``:
+        its runtime distribution, the options the last cycle considered and why it waits)."""
+        return self.request({"type": "explain", "job_id": job_id}, "explained", timeout)
+
 
 class ClientPool:
     """One subscribed :class:`Client` per worker endpoint, for starting containers on the

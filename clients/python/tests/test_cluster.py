@@ -130,3 +130,10 @@ def test_guaranteed_ask_beyond_capacity_arrives_in_several_frames(cluster):
         assert {pc.request_id for pc in pieces} == {pieces[0].request_id}
         for g in unstarted:
             local.release(g)
+
+
+def test_explain_answers_for_the_apps_own_waiting_jobs_only(cluster):
+    with client(cluster) as c:
+        frame = c.explain("py-no-such-job")
+        assert frame["type"] == "explained"
+        assert frame["jobs"] == []

@@ -31,6 +31,7 @@ pub enum AppRequest {
     UpdateReservation(UpdateReservation),
     DeleteReservation(DeleteReservation),
     ListReservations(ListReservations),
+    Explain(Explain),
 }
 
 impl AppRequest {
@@ -48,6 +49,7 @@ impl AppRequest {
             AppRequest::UpdateReservation(r) => Some(r.request_id),
             AppRequest::DeleteReservation(r) => Some(r.request_id),
             AppRequest::ListReservations(r) => Some(r.request_id),
+            AppRequest::Explain(r) => Some(r.request_id),
         }
     }
 }
@@ -308,6 +310,25 @@ pub struct ListReservations {
     pub request_id: u64,
 }
 
+/// Why the app's waiting GUARANTEED job `job_id` (an `allocate` with a `job`, planned by the
+/// coordinator's 3Sigma cycle) has not started; answered by `explained`, whose `jobs` is empty
+/// when the app has no such job waiting (placed, finished or never asked). An app sees only its
+/// own jobs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explain {
+    pub request_id: u64,
+    pub job_id: String,
+}
+
+/// Answer to `explain`: for each of the app's waiting jobs with that id, its runtime
+/// distribution, the options the last cycle considered with their expected utility, and why it
+/// was not started (capacity, a better-valued job, a reservation).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Explained {
+    pub request_id: u64,
+    pub jobs: Vec<crate::threesigma::JobExplanation>,
+}
+
 /// Give a container back (queued or running containers are stopped; unstarted grants freed).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Release {
@@ -370,6 +391,7 @@ pub enum AppResponse {
     Reservations(ReservationList),
     ReservationReprovisioned(ReservationReprovisioned),
     ReservationCancelled(ReservationCancelled),
+    Explained(Explained),
 }
 
 /// The `type` tags of the requests an app may send (to tell "unknown type" from "bad fields of a
@@ -386,6 +408,7 @@ pub const REQUEST_TYPES: &[&str] = &[
     "update_reservation",
     "delete_reservation",
     "list_reservations",
+    "explain",
 ];
 
 impl AppResponse {
@@ -398,6 +421,7 @@ impl AppResponse {
             | AppResponse::ReservationCancelled(_) => None,
             AppResponse::Reservation(r) => Some(r.request_id),
             AppResponse::Reservations(r) => Some(r.request_id),
+            AppResponse::Explained(r) => Some(r.request_id),
             AppResponse::Allocated(a) => Some(a.request_id),
             AppResponse::Promoted(p) => Some(p.request_id),
             AppResponse::ContainerAccepted(c) => Some(c.request_id),

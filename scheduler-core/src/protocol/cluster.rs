@@ -174,6 +174,7 @@ pub enum WorkerToCoordinator {
     Reservation(ReservationCall),
     GuaranteedFinished(GuaranteedFinished),
     ContainerResized(ContainerResized),
+    Explain(ExplainCall),
 }
 
 tag_first_deserialize!(WorkerToCoordinator, "type", {
@@ -187,6 +188,7 @@ tag_first_deserialize!(WorkerToCoordinator, "type", {
     "reservation" => Reservation(ReservationCall),
     "guaranteed_finished" => GuaranteedFinished(GuaranteedFinished),
     "container_resized" => ContainerResized(ContainerResized),
+    "explain" => Explain(ExplainCall),
 });
 
 /// GUARANTEED containers (issued by the guarantor) that ended on the sending node, sent the
@@ -312,6 +314,22 @@ pub struct ReservationCall {
     pub op: ReservationOp,
 }
 
+/// An app's `explain` of its waiting 3Sigma job, forwarded to the guarantor. Answered by
+/// [`ExplainDone`] or [`RequestFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainCall {
+    pub correlation_id: u64,
+    pub app_id: String,
+    pub job_id: String,
+}
+
+/// The answer to an [`ExplainCall`]: the app's waiting jobs with that id (none when it has none).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExplainDone {
+    pub correlation_id: u64,
+    pub jobs: Vec<crate::threesigma::JobExplanation>,
+}
+
 /// What a [`ReservationCall`] asks.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -354,6 +372,7 @@ pub enum CoordinatorToWorker {
     ReservationDone(ReservationDone),
     ReservationNotice(ReservationNotice),
     ResizeContainer(ResizeContainer),
+    Explained(ExplainDone),
 }
 
 tag_first_deserialize!(CoordinatorToWorker, "type", {
@@ -369,6 +388,7 @@ tag_first_deserialize!(CoordinatorToWorker, "type", {
     "reservation_done" => ReservationDone(ReservationDone),
     "reservation_notice" => ReservationNotice(ReservationNotice),
     "resize_container" => ResizeContainer(ResizeContainer),
+    "explained" => Explained(ExplainDone),
 });
 
 /// A registered application, as workers need it to authenticate and police it.

@@ -252,6 +252,7 @@ pub fn validate_request(request: &AppRequest) -> Result<(), ErrorFrame> {
         }
         AppRequest::DeleteReservation(d) => check_reservation_id(id, &d.reservation_id),
         AppRequest::ListReservations(_) => Ok(()),
+        AppRequest::Explain(e) => check_len(id, "job_id", &e.job_id, MAX_JOB_ID_BYTES),
         AppRequest::StartContainer(s) => {
             check_token(id, &s.token)?;
             check_launch(id, &s.launch)

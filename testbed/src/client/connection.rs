@@ -9,8 +9,8 @@ use scheduler_core::protocol::app::{
     Subscribe, Welcome,
 };
 use scheduler_core::protocol::app::{
-    DeleteReservation, ListReservations, ReservationAccepted, ReservationList, Reserve,
-    UpdateReservation,
+    DeleteReservation, Explain, Explained, ListReservations, ReservationAccepted, ReservationList,
+    Reserve, UpdateReservation,
 };
 use scheduler_core::reservation::ReservationDefinition;
 use scheduler_core::token::ContainerToken;
@@ -641,6 +641,18 @@ impl AppClient {
         {
             AppResponse::Reservations(r) => Ok(r),
             other => Err(unexpected("list_reservations", other)),
+        }
+    }
+
+    /// Why the app's waiting 3Sigma job `job_id` has not started (empty when none waits).
+    pub async fn explain(&self, job_id: &str) -> Result<Explained, ClientError> {
+        let job_id = job_id.to_string();
+        match self
+            .call(|request_id| AppRequest::Explain(Explain { request_id, job_id }))
+            .await?
+        {
+            AppResponse::Explained(e) => Ok(e),
+            other => Err(unexpected("explain", other)),
         }
     }
 }

@@ -289,6 +289,7 @@ fn response_name(r: &AppResponse) -> &'static str {
         AppResponse::Reservations(_) => "reservations",
         AppResponse::ReservationReprovisioned(_) => "reservation_reprovisioned",
         AppResponse::ReservationCancelled(_) => "reservation_cancelled",
+        AppResponse::Explained(_) => "explained",
     }
 }
 
