@@ -1002,11 +1002,7 @@ impl Handler<ExplainRequest> for GuarantorActor {
         // Only the asking app's own jobs, by job id (not by ask key: keys are the guarantor's).
         let jobs = self
             .core
-            .explain_jobs(Some(&call.job_id), usize::MAX)
-            .into_iter()
-            .filter(|j| j.app_id.as_str() == call.app_id && j.job_id.as_str() == call.job_id)
-            .take(MAX_EXPLAINED_JOBS)
-            .collect();
+            .explain_app_jobs(&call.app_id, &call.job_id, MAX_EXPLAINED_JOBS);
         let _ = tx.send(CoordinatorToWorker::Explained(ExplainDone {
             correlation_id: call.correlation_id,
             jobs,

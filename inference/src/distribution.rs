@@ -436,12 +436,14 @@ impl RuntimeDistribution {
     /// just past the top). An empirical distribution gives probability 0 to anything longer
     /// than the longest runtime it has seen, yet the next run exceeds the maximum of `n`
     /// exchangeable runs with probability `1/(n + 1)`, and more often when runtimes drift;
-    /// `RuntimePredictor::upper_tail` measures how often and by how much. `largest_observed` is
-    /// kept (exp-inc's start, 3Sigma §4.2.1). A `mass` outside (0, ½) or a `ratio` not above 1
-    /// changes nothing.
+    /// `RuntimePredictor::upper_tail` measures how often and by how much. `largest_observed` (the
+    /// history's longest runtime) is kept; exp-inc (3Sigma §4.2.1) takes over past the tail's
+    /// end, where no mass is left. A `mass` outside (0, ½), or a `ratio` that does not put the
+    /// tail's end at a finite runtime above the top, changes nothing.
     pub fn with_upper_tail(&self, mass: f64, ratio: f64) -> Self {
         let top = self.support_max();
-        if !(mass > 0.0 && mass < 0.5 && ratio.is_finite() && ratio > 1.0 && top > 0.0) {
+        let hi = top * ratio;
+        if !(mass > 0.0 && mass < 0.5 && top > 0.0 && hi.is_finite() && hi > top) {
             return self.clone();
         }
         let keep = (0.5 - mass) / 0.5;
@@ -487,7 +489,6 @@ impl RuntimeDistribution {
                 ));
             }
         }
-        let hi = top * ratio;
         pieces.push(Piece {
             lo: top,
             hi,
@@ -1064,7 +1065,7 @@ mod tests {
         assert_eq!(
             tailed.largest_observed(),
             20.0,
-            "exp-inc still starts at the history's top"
+            "the history's longest runtime is kept"
         );
         // The lower half and the median stay; the upper half holds 0.4 instead of 0.5.
         assert!(close(tailed.median(), 15.0, 1e-9));
@@ -1092,6 +1093,8 @@ mod tests {
             (0.0, 2.0),
             (0.5, 2.0),
             (0.1, 1.0),
+            (0.1, 1.0 + f64::EPSILON / 4.0),
+            (0.1, f64::MAX),
             (0.1, f64::NAN),
             (-0.1, 2.0),
         ] {

@@ -572,6 +572,10 @@ pub struct UpperTailRecord {
 /// Decay per finished job of [`UpperTailRecord`].
 const UPPER_TAIL_DECAY: f64 = 0.001;
 
+/// Outcomes scored before the record gives a tail: one recent window's worth (the first
+/// exceedance alone would say "all of them").
+const UPPER_TAIL_MIN_SCORED: f64 = 20.0;
+
 impl UpperTailRecord {
     fn record(&mut self, support_max: f64, runtime: f64) {
         let keep = 1.0 - UPPER_TAIL_DECAY;
@@ -591,9 +595,9 @@ impl UpperTailRecord {
     /// geometric mean, not the arithmetic one: on the traces the ratios run up to 10⁶ (a
     /// history of seconds-long runs, then a job of days), and their arithmetic mean
     /// (7–500,000× by trace) would stretch every tail over days. `(0, 1)`, no tail, before any
-    /// exceeded.
+    /// exceeded or before [`UPPER_TAIL_MIN_SCORED`] outcomes.
     pub fn tail(&self) -> (f64, f64) {
-        if self.exceeded <= 0.0 || self.scored <= 0.0 {
+        if self.exceeded <= 0.0 || self.scored < UPPER_TAIL_MIN_SCORED {
             return (0.0, 1.0);
         }
         let geometric_mean_ratio = (self.log_ratio_sum / self.exceeded).exp().max(1.0);

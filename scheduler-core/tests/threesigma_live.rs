@@ -255,6 +255,32 @@ fn a_started_job_goes_where_the_placer_preempts_no_queueable_work() {
     }
 }
 
+/// `explain` for an app (the app protocol's) lists only that app's jobs of the id it names, and
+/// its reason counts the other jobs that took the room where the operator's names them.
+#[test]
+fn an_apps_explanation_shows_its_own_jobs_and_only_counts_others() {
+    let (_, g) = first_cycle_starts(10.0);
+    // Both jobs are app "app"'s, id "j": the SLO job (ask 2) started, the best-effort job
+    // (ask 1) waits behind it.
+    let operator = g.explain_jobs(Some("1"), 1);
+    assert_eq!(operator.len(), 1);
+    assert!(
+        operator[0].reason.contains("ask 2"),
+        "the operator sees which job took the room: {}",
+        operator[0].reason
+    );
+    let own = g.explain_app_jobs("app", "j", 16);
+    assert_eq!(own.len(), 1, "{own:?}");
+    assert_eq!(own[0].ask_key, 1);
+    assert!(
+        own[0].reason.contains("1 other job") && !own[0].reason.contains("ask "),
+        "the app is told how many, not which: {}",
+        own[0].reason
+    );
+    assert!(g.explain_app_jobs("other-app", "j", 16).is_empty());
+    assert!(g.explain_app_jobs("app", "1", 16).is_empty(), "by job id, not ask key");
+}
+
 #[test]
 fn bad_jobs_and_a_full_queue_are_refused_by_name() {
     let mut g = guarantor(LiveThreeSigmaConfig {

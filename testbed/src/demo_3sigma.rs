@@ -166,7 +166,8 @@ impl Demo {
         });
         let (report_ids, report_at) = report_run?;
         let (etl_ids, etl_at) = etl_run?;
-        if let Some(e) = explained?.jobs.first() {
+        // A transient error (e.g. the worker between coordinator sessions) only skips the line.
+        if let Some(e) = explained.ok().as_ref().and_then(|e| e.jobs.first()) {
             let b = &e.belief;
             println!(
                 "   explain {etl_id} while both wait: runtime p10/p50/p90 = {:.1}/{:.1}/{:.1} s \

@@ -132,7 +132,7 @@ def test_guaranteed_ask_beyond_capacity_arrives_in_several_frames(cluster):
             local.release(g)
 
 
-def test_explain_answers_for_the_apps_own_waiting_jobs_only(cluster):
+def test_explain_of_a_job_that_does_not_wait_is_empty(cluster):
     with client(cluster) as c:
         frame = c.explain("py-no-such-job")
         assert frame["type"] == "explained"

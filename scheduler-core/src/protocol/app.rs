@@ -168,6 +168,8 @@ pub enum JobUtility {
 /// Features one job description may carry, and bytes of each name and value.
 pub const MAX_JOB_FEATURES: usize = 16;
 pub const MAX_JOB_FEATURE_BYTES: usize = 128;
+/// Feature names the cluster sets itself (from the app id and the ask); an app may not.
+pub const RESERVED_JOB_FEATURES: &[&str] = &["user", "user+name", "resources"];
 
 impl JobSpec {
     /// The job description 3σSched plans with (times in seconds since the Unix epoch), or what
@@ -187,6 +189,12 @@ impl JobSpec {
             if k.len() > MAX_JOB_FEATURE_BYTES || v.len() > MAX_JOB_FEATURE_BYTES {
                 return Err(format!(
                     "job.features: names and values are at most {MAX_JOB_FEATURE_BYTES} bytes"
+                ));
+            }
+            if RESERVED_JOB_FEATURES.contains(&k.as_str()) {
+                return Err(format!(
+                    "job.features.{k}: set by the cluster from the app id and the ask, not by \
+                     the app"
                 ));
             }
         }
@@ -217,8 +225,10 @@ impl JobSpec {
         if let Some(name) = self.features.get("name") {
             features.push(("user+name".to_string(), format!("{app_id}/{name}")));
         }
+        // An app's features are its own: the value is prefixed with the app id, so one app can
+        // neither feed another's runtime histories nor read them back through `explain`.
         for (k, v) in &self.features {
-            features.push((k.clone(), v.clone()));
+            features.push((k.clone(), format!("{app_id}/{v}")));
         }
         features.push((
             "resources".to_string(),
@@ -658,6 +668,48 @@ impl ErrorFrame {
 mod tests {
     use super::*;
     use crate::codec::{from_payload, to_payload};
+
+    /// An app cannot set the features the cluster derives from its id (to feed or read another
+    /// app's runtime histories), and its own features are kept apart from other apps'.
+    #[test]
+    fn job_features_are_the_apps_own() {
+        let spec = |features: &[(&str, &str)]| JobSpec {
+            utility: JobUtility::BestEffort {
+                value: 1.0,
+                zero_after_ms: 60_000,
+            },
+            features: features
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            required: vec![],
+            preferred: vec![],
+            non_preferred_slowdown: None,
+        };
+        for key in RESERVED_JOB_FEATURES {
+            let e = spec(&[(key, "victim")])
+                .description("mallory", Resources::new(1000, 512), 1, 0)
+                .unwrap_err();
+            assert!(e.contains(&format!("job.features.{key}")), "{e}");
+        }
+        let d = spec(&[("name", "etl")])
+            .description("alice", Resources::new(1000, 512), 2, 0)
+            .unwrap();
+        let features: Vec<(&str, &str)> = d
+            .features
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            features,
+            [
+                ("user+name", "alice/etl"),
+                ("name", "alice/etl"),
+                ("resources", "1000m/512Mi x2"),
+                ("user", "alice"),
+            ]
+        );
+    }
 
     #[test]
     fn requests_round_trip_with_type_tag() {

@@ -33,7 +33,9 @@ use serde::{Deserialize, Serialize};
 /// its views name, with their keys (`ClusterView::entries`), and the cluster in sum
 /// (`ClusterView::cluster`); a join answer's directory is the node's own entry and a delta names
 /// only departures, so a join costs O(k) instead of O(nodes).
-pub const CLUSTER_PROTOCOL_VERSION: u32 = 9;
+/// 10 (issue 13): `explain` (`ExplainCall` / `ExplainDone`), an app's question why its waiting
+/// 3Sigma job has not started; a coordinator of 9 would close the session on it.
+pub const CLUSTER_PROTOCOL_VERSION: u32 = 10;
 
 /// A list of QUEUEABLE keys on the wire as three columns (cluster protocol 7, issue 17):
 /// `{node_ids: [..], node_epochs: [..], secrets: bin}`, `secrets` being the 32 raw bytes of each

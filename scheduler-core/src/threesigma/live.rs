@@ -243,8 +243,23 @@ struct WaitingJob {
     belief: RuntimeBelief,
     belief_source: String,
     submit_s: f64,
-    explanation: Option<(u64, Vec<ConsideredOption>, String)>,
+    explanation: Option<Explanation>,
 }
+
+/// What the last cycle said of a waiting job.
+#[derive(Debug, Clone)]
+struct Explanation {
+    cycle_ms: u64,
+    options: Vec<ConsideredOption>,
+    /// For the operator: other jobs are named by ask key.
+    reason: String,
+    /// For the job's app: other jobs (maybe other apps') are only counted.
+    reason_for_app: String,
+}
+
+/// Ask keys an operator's `explain` names when better-valued jobs took the room (the rest are
+/// counted), so a reason stays a line.
+const BETTER_JOBS_NAMED: usize = 5;
 
 #[derive(Debug, Clone)]
 struct RunningLiveJob {
@@ -772,6 +787,8 @@ impl Guarantor {
                     .then(a.start_in_s.total_cmp(&b.start_in_s))
             });
             options.truncate(8);
+            // Set where the operator's reason names other jobs.
+            let mut reason_for_app = None;
             let reason = if let Some(r) = not_enacted.get(&job.id) {
                 (*r).to_string()
             } else if job.choices.is_empty() {
@@ -826,12 +843,11 @@ impl Guarantor {
                         )
                     }
                 } else {
-                    let better: Vec<String> = job
+                    let better: Vec<u64> = job
                         .choices
                         .iter()
                         .flat_map(|c| step0_users.get(&c.partition).cloned().unwrap_or_default())
                         .filter(|k| *k != job.id)
-                        .map(|k| format!("ask {k}"))
                         .collect();
                     if better.is_empty() {
                         format!(
@@ -839,15 +855,34 @@ impl Guarantor {
                              start{planned}"
                         )
                     } else {
+                        let mut named: Vec<String> = better
+                            .iter()
+                            .take(BETTER_JOBS_NAMED)
+                            .map(|k| format!("ask {k}"))
+                            .collect();
+                        if better.len() > BETTER_JOBS_NAMED {
+                            named.push(format!("{} more", better.len() - BETTER_JOBS_NAMED));
+                        }
+                        reason_for_app = Some(format!(
+                            "a better-valued job: the room now went to {} other job{} (higher \
+                             total expected utility){planned}",
+                            better.len(),
+                            if better.len() == 1 { "" } else { "s" }
+                        ));
                         format!(
                             "a better-valued job: the room now went to {} (higher total expected \
                              utility){planned}",
-                            better.join(", ")
+                            named.join(", ")
                         )
                     }
                 }
             };
-            waiting.explanation = Some((cycle_ms, options, reason));
+            waiting.explanation = Some(Explanation {
+                cycle_ms,
+                options,
+                reason_for_app: reason_for_app.unwrap_or_else(|| reason.clone()),
+                reason,
+            });
         }
         let report = LiveCycleReport {
             record: decision.record.clone(),
@@ -1028,8 +1063,8 @@ impl Guarantor {
         self.threesigma.as_ref()?.last_record.as_ref()
     }
 
-    /// `explain` for waiting 3Sigma jobs: `filter` picks by ask key or job id (all when `None`),
-    /// at most `limit` of them in queue order.
+    /// `explain` for waiting 3Sigma jobs (the operator's): `filter` picks by ask key or job id
+    /// (all when `None`), at most `limit` of them in queue order.
     pub fn explain_jobs(&self, filter: Option<&str>, limit: usize) -> Vec<JobExplanation> {
         let Some(live) = &self.threesigma else {
             return Vec::new();
@@ -1040,28 +1075,59 @@ impl Guarantor {
                 filter.is_none_or(|f| w.ask.job_id.as_str() == f || w.ask.ask_key.to_string() == f)
             })
             .take(limit)
-            .map(|w| {
-                let (cycle_at_ms, options, reason) = match &w.explanation {
-                    Some((at, options, reason)) => (Some(*at), options.clone(), reason.clone()),
-                    None => (
-                        None,
-                        Vec::new(),
-                        "submitted after the last 3Sigma cycle: planned at the next".to_string(),
-                    ),
-                };
-                JobExplanation {
-                    ask_key: w.ask.ask_key,
-                    app_id: w.ask.app_id.clone(),
-                    job_id: w.ask.job_id.clone(),
-                    gang: w.ask.count,
-                    resources: w.ask.resources,
-                    utility: w.description.utility,
-                    belief: BeliefSummary::of(&w.belief, w.belief_source.clone()),
-                    cycle_at_ms,
-                    options,
-                    reason,
-                }
-            })
+            .map(|w| w.explained(false))
             .collect()
+    }
+
+    /// `explain` on the app protocol: app `app_id`'s own waiting 3Sigma jobs of id `job_id`, at
+    /// most `limit`, with other jobs only counted in the reason.
+    pub fn explain_app_jobs(
+        &self,
+        app_id: &str,
+        job_id: &str,
+        limit: usize,
+    ) -> Vec<JobExplanation> {
+        let Some(live) = &self.threesigma else {
+            return Vec::new();
+        };
+        live.waiting
+            .iter()
+            .filter(|w| w.ask.app_id.as_str() == app_id && w.ask.job_id.as_str() == job_id)
+            .take(limit)
+            .map(|w| w.explained(true))
+            .collect()
+    }
+}
+
+impl WaitingJob {
+    fn explained(&self, for_app: bool) -> JobExplanation {
+        let (cycle_at_ms, options, reason) = match &self.explanation {
+            Some(e) => (
+                Some(e.cycle_ms),
+                e.options.clone(),
+                if for_app {
+                    e.reason_for_app.clone()
+                } else {
+                    e.reason.clone()
+                },
+            ),
+            None => (
+                None,
+                Vec::new(),
+                "submitted after the last 3Sigma cycle: planned at the next".to_string(),
+            ),
+        };
+        JobExplanation {
+            ask_key: self.ask.ask_key,
+            app_id: self.ask.app_id.clone(),
+            job_id: self.ask.job_id.clone(),
+            gang: self.ask.count,
+            resources: self.ask.resources,
+            utility: self.description.utility,
+            belief: BeliefSummary::of(&self.belief, self.belief_source.clone()),
+            cycle_at_ms,
+            options,
+            reason,
+        }
     }
 }
