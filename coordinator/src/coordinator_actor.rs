@@ -693,40 +693,37 @@ impl CoordinatorActor {
         });
     }
 
+    /// Whether `app_id` is registered; if not, request `correlation_id` is failed with
+    /// `bad_credentials`.
+    fn registered_or_fail(&self, tx: &WorkerTx, correlation_id: u64, app_id: &str) -> bool {
+        if self.app(app_id).is_some() {
+            return true;
+        }
+        Self::fail(
+            tx,
+            correlation_id,
+            ErrorCode::BadCredentials,
+            format!("app {app_id:?} is not registered with the coordinator"),
+        );
+        false
+    }
+
     /// A reservation request (Morpheus §6) of a registered app, for the guarantor.
     fn reservation(&mut self, session_id: SessionId, tx: WorkerTx, call: ReservationCall) {
-        if self.app(&call.app_id).is_none() {
-            return Self::fail(
-                &tx,
-                call.correlation_id,
-                ErrorCode::BadCredentials,
-                format!(
-                    "app {:?} is not registered with the coordinator",
-                    call.app_id
-                ),
-            );
+        if self.registered_or_fail(&tx, call.correlation_id, &call.app_id) {
+            self.guarantor().do_send(ReservationRequest {
+                session_id,
+                tx,
+                call,
+            });
         }
-        self.guarantor().do_send(ReservationRequest {
-            session_id,
-            tx,
-            call,
-        });
     }
 
     /// An app's `explain` of its waiting 3Sigma job, for the guarantor.
     fn explain(&mut self, tx: WorkerTx, call: ExplainCall) {
-        if self.app(&call.app_id).is_none() {
-            return Self::fail(
-                &tx,
-                call.correlation_id,
-                ErrorCode::BadCredentials,
-                format!(
-                    "app {:?} is not registered with the coordinator",
-                    call.app_id
-                ),
-            );
+        if self.registered_or_fail(&tx, call.correlation_id, &call.app_id) {
+            self.guarantor().do_send(ExplainRequest { tx, call });
         }
-        self.guarantor().do_send(ExplainRequest { tx, call });
     }
 
     /// A promotion asked through `requester`'s worker. The container is located by the

@@ -90,13 +90,10 @@ async fn first_run(dir: tempfile::TempDir) -> tempfile::TempDir {
     h.dir
 }
 
-async fn second_run(dir: tempfile::TempDir) {
-    let h = Harness::start_in_with(dir, |s| {
-        s.threesigma.as_mut().expect("on by default").cycle_ms = CYCLE_MS;
-    })
-    .await;
+/// Node `node-a` (2 slots) joins; plain GUARANTEED work of app `demo` fills it, then `demo`'s
+/// job `job-1` (a 2-container SLO job) is asked and waits until a cycle has explained it.
+async fn a_job_waiting_behind_plain_work(h: &Harness) -> TestWorker {
     let (mut w, _) = h.join("node-a", 2000, 2048).await;
-    // Plain GUARANTEED work fills the node: the job waits and is explained.
     w.send(&allocate_guaranteed(1, "demo", 2000, 2048, 1)).await;
     w.expect("the plain grant", |m| {
         matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
@@ -116,7 +113,16 @@ async fn second_run(dir: tempfile::TempDir) {
         })
     })
     .await;
-    let g = guarantor.send(AdminGuarantor).await.unwrap();
+    w
+}
+
+async fn second_run(dir: tempfile::TempDir) {
+    let h = Harness::start_in_with(dir, |s| {
+        s.threesigma.as_mut().expect("on by default").cycle_ms = CYCLE_MS;
+    })
+    .await;
+    let _w = a_job_waiting_behind_plain_work(&h).await;
+    let g = h.server.guarantor.send(AdminGuarantor).await.unwrap();
     let job = &g.threesigma.unwrap().waiting_jobs[0];
     assert!(
         job.belief.source.starts_with("3σPredict"),
@@ -160,27 +166,7 @@ async fn an_app_explains_its_own_waiting_job_and_no_other_apps() {
         s.threesigma.as_mut().expect("on by default").cycle_ms = CYCLE_MS;
     })
     .await;
-    let (mut w, _) = h.join("node-a", 2000, 2048).await;
-    // Plain GUARANTEED work fills the node: the job waits.
-    w.send(&allocate_guaranteed(1, "demo", 2000, 2048, 1)).await;
-    w.expect("the plain grant", |m| {
-        matches!(m, CoordinatorToWorker::GuaranteedAllocated(_))
-    })
-    .await;
-    let now = h.clock.now_ms();
-    w.send(&job_ask(2, now + 60_000)).await;
-    let guarantor = h.server.guarantor.clone();
-    let clock = h.clock.clone();
-    until("a cycle to explain the waiting job", async || {
-        clock.advance(Duration::from_millis(CYCLE_MS));
-        let g = guarantor.send(AdminGuarantor).await.unwrap();
-        g.threesigma.is_some_and(|t| {
-            t.waiting_jobs
-                .first()
-                .is_some_and(|j| j.cycle_at_ms.is_some())
-        })
-    })
-    .await;
+    let mut w = a_job_waiting_behind_plain_work(&h).await;
     let explain = |correlation_id: u64, app_id: &str| {
         WorkerToCoordinator::Explain(ExplainCall {
             correlation_id,

@@ -1261,19 +1261,23 @@ mod tests {
         assert!((ratio(&prediction.distribution) - ratio(&widened)).abs() < 1e-9);
     }
 
+    /// Uniform numbers in [0, 1) from a seeded 64-bit LCG (Knuth's MMIX constants).
+    fn uniform_stream(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
     #[test]
     fn the_spread_is_calibrated_online_to_the_coverage_target() {
         // Each job is the first of its name (no history but the user's, which drifts): the
         // histograms alone miss the target. The calibrated intervals hold ~80 % of outcomes.
         // (Without calibration, `calibration_rate: 0.0`, this stream is covered 94.5 %.)
         let mut predictor = RuntimePredictor::default();
-        let mut seed = 11u64;
-        let mut uniform = || {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = uniform_stream(11);
         let (mut inside, mut scored) = (0u32, 0u32);
         for i in 0..6000 {
             let level = 100.0 * (1.0 + (i / 500) as f64); // drifts upwards every 500 jobs
@@ -1305,13 +1309,7 @@ mod tests {
                 upper_tail,
                 ..PredictorConfig::default()
             });
-            let mut seed = 5u64;
-            let mut uniform = || {
-                seed = seed
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (seed >> 11) as f64 / (1u64 << 53) as f64
-            };
+            let mut uniform = uniform_stream(5);
             let (mut exceeded, mut above_p99, mut scored) = (0u32, 0u32, 0u32);
             for i in 0..6000 {
                 // A drift of 2 % per job, and one job in 10 runs 2–4× its level.

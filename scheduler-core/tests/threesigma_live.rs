@@ -278,7 +278,10 @@ fn an_apps_explanation_shows_its_own_jobs_and_only_counts_others() {
         own[0].reason
     );
     assert!(g.explain_app_jobs("other-app", "j", 16).is_empty());
-    assert!(g.explain_app_jobs("app", "1", 16).is_empty(), "by job id, not ask key");
+    assert!(
+        g.explain_app_jobs("app", "1", 16).is_empty(),
+        "by job id, not ask key"
+    );
 }
 
 #[test]
